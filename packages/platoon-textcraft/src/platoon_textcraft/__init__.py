@@ -1,0 +1,1 @@
+"""platoon-textcraft: a first-party plugin package of platoon, found through entry points."""

@@ -1,0 +1,31 @@
+"""Deprecations: the warning class users filter on, and the record a config class uses to list its old keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PlatoonDeprecationWarning(FutureWarning):
+    """A deprecated config key, variable or command that still works in this release (shown by default)."""
+
+
+@dataclass(frozen=True)
+class DeprecatedKey:
+    """A config key that still works until `removed_in`: renamed (`renamed_to`) or replaced (`instead`)."""
+
+    removed_in: str
+    renamed_to: str | None = None
+    instead: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.renamed_to is None) == (self.instead is None):
+            raise ValueError("DeprecatedKey needs exactly one of renamed_to and instead")
+
+    @property
+    def replacement(self) -> str:
+        return self.renamed_to if self.renamed_to is not None else str(self.instead)
+
+
+def deprecation_message(path: str, key: DeprecatedKey) -> str:
+    """`<path>: deprecated; use <replacement> instead (platoon <removed_in> removes it)` (core.md 4.8)."""
+    return f"{path}: deprecated; use {key.replacement} instead (platoon {key.removed_in} removes it)"

@@ -1,0 +1,178 @@
+"""The whole contract between platoon's core and its plugins, as pluggy hookspecs.
+
+A plugin is a distribution that declares entry points in the groups below. The entry point's *name* is the
+component's name exactly as configs write it (without `@version`); its *value* is a light module carrying
+`@platoon.hookimpl` functions (or, the 0.2.0 form, the component object itself). platoon imports that module
+the first time a config or command names the component, registers it with the plugin manager and asks the hook
+of that kind for the name.
+
+Registration hooks are synchronous and cheap: they receive the requested `name` and return what the plugin
+provides under it (or everything it provides; platoon keeps what carries that name), never a live service or
+a started process. Example, a package `acme-agents` with
+
+    [project.entry-points."platoon.harnesses"]
+    acme-solver = "acme_agents.plugin"
+
+and in `acme_agents/plugin.py`:
+
+    import platoon
+
+    @platoon.hookimpl
+    def platoon_register_harnesses(name):
+        from acme_agents.solver import solve   # an @platoon.harness("acme-solver") function
+        return solve
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("platoon")
+hookimpl = pluggy.HookimplMarker("platoon")
+
+#: kind -> entry-point group (core.md 6.1)
+ENTRY_POINT_GROUPS: dict[str, str] = {
+    "harness": "platoon.harnesses",
+    "program": "platoon.programs",
+    "environment": "platoon.environments",
+    "reward_processor": "platoon.reward_processors",
+    "service": "platoon.services",
+    "sandbox_runtime": "platoon.sandbox_runtimes",
+    "command": "platoon.commands",
+}
+
+#: kind -> the hook asked for components of that kind
+REGISTRATION_HOOKS: dict[str, str] = {
+    "harness": "platoon_register_harnesses",
+    "program": "platoon_register_programs",
+    "environment": "platoon_register_environments",
+    "reward_processor": "platoon_register_reward_processors",
+    "service": "platoon_register_services",
+    "sandbox_runtime": "platoon_register_sandbox_runtimes",
+    "command": "platoon_register_commands",
+}
+
+
+@dataclass(frozen=True)
+class CommandGroup:
+    """A command group mounted as `platoon <name> ...`.
+
+    `app` is a `typer.Typer` or an import string `module:attr` naming one; the string form keeps the group's
+    module unimported until the group runs.
+    """
+
+    name: str
+    summary: str
+    app: Any
+
+
+@dataclass(frozen=True)
+class ServiceFactory:
+    """An environment service for a name (`harbor`, `table`) or a URI scheme (`python`, `ors+http`).
+
+    `factory` is a callable or an import string `module:attr`; it is called with the entry's `service_kwargs`
+    (and, for a URI scheme, the URI) to build the service when a rollout needs it.
+    """
+
+    name: str
+    summary: str
+    factory: Callable[..., Any] | str
+
+
+@dataclass(frozen=True)
+class SandboxRuntime:
+    """A sandbox provider class (harness.md 5.1), named as Harbor's `service_kwargs.provider` names it."""
+
+    name: str
+    summary: str
+    provider: type | str
+
+
+@dataclass(frozen=True)
+class RewardProcessor:
+    """A reward processor: `fn(trajectory_dict) -> (score, components)`, named by `environments[].reward_processor`."""
+
+    name: str
+    summary: str
+    fn: Callable[[Mapping[str, Any]], tuple[float, Mapping[str, float]]] | str
+
+
+@hookspec
+def platoon_register_harnesses(name: str) -> Any:
+    """Harnesses called `name` (`environments[].harness`, `ep.run(harness=...)`, `ctx.agents.spawn(harness=...)`).
+
+    Return an `@platoon.harness` function, a `platoon.FunctionHarness`, a `HarnessSpec`, a path to a `.toml`
+    spec or a directory of them, a module whose import registers harnesses, a list of these, or None.
+    Several versions of one name may be returned together; `name@version` picks among them.
+    """
+
+
+@hookspec
+def platoon_register_programs(name: str) -> Any:
+    """Episode programs called `name` (`environments[].program`).
+
+    Return an `@platoon.program` function, a list of them (versions), a module whose import registers them,
+    or None.
+    """
+
+
+@hookspec
+def platoon_register_environments(name: str) -> Any:
+    """Named environments called `name` (`environments[].env`): a `platoon.EnvironmentEntry` or a list of versions."""
+
+
+@hookspec
+def platoon_register_reward_processors(name: str) -> Any:
+    """The reward processor called `name`: a `RewardProcessor` or a plain callable `fn(trajectory_dict)`."""
+
+
+@hookspec
+def platoon_register_services(name: str) -> Any:
+    """The environment service for `name` (a service name or a URI scheme): a `ServiceFactory`."""
+
+
+@hookspec
+def platoon_register_sandbox_runtimes(name: str) -> Any:
+    """The sandbox provider called `name`: a `SandboxRuntime` (or the provider class itself)."""
+
+
+@hookspec
+def platoon_register_commands(name: str) -> Any:
+    """The command group called `name`, mounted as `platoon <name>`: a `CommandGroup` (or a `typer.Typer`)."""
+
+
+# Named seams (core.md 6.5): hooks that are not components. `platoon.hooks.hooks(name)` returns the functions
+# registered with `platoon.hooks.register` and these hookimpls of loaded plugins together.
+
+
+@hookspec
+def platoon_rollout_worker_telemetry() -> Mapping[str, float] | None:
+    """Counters every rollout host reports (`rollout_worker.telemetry`), e.g. `{"sandboxes_started": 3.0}`."""
+
+
+@hookspec
+def platoon_rollout_worker_diagnostics() -> Mapping[str, str] | None:
+    """Short strings for a rollout worker's diagnostic marker (`rollout_worker.diagnostics`)."""
+
+
+@hookspec
+def platoon_trajectory_error_completion_ids(steps: list[Any]) -> set[str] | None:
+    """Completion ids among `steps` whose actions failed (`trajectory.error_completion_ids`)."""
+
+
+@hookspec
+def platoon_trajectory_message_completion_ids(steps: list[Any]) -> set[str] | None:
+    """Completion ids among `steps` that only sent a message (`trajectory.message_completion_ids`)."""
+
+
+#: seam name (as `platoon.hooks` names it) -> hookspec name
+SEAM_HOOKS: dict[str, str] = {
+    "rollout_worker.telemetry": "platoon_rollout_worker_telemetry",
+    "rollout_worker.diagnostics": "platoon_rollout_worker_diagnostics",
+    "trajectory.error_completion_ids": "platoon_trajectory_error_completion_ids",
+    "trajectory.message_completion_ids": "platoon_trajectory_message_completion_ids",
+}

@@ -1,6 +1,7 @@
 """platoon: train LLM agents with reinforcement learning through a Tinker-compatible service.
 
-`import platoon as pt` is cheap: every public name is imported on first use (core.md 2.1).
+`import platoon as pt` is cheap: every public name is imported on first use and then cached (core.md 2.1), so
+importing platoon never pulls in torch, transformers, tinker, openreward, docker or mcp.
 """
 
 from __future__ import annotations
@@ -12,24 +13,95 @@ from platoon._version import running_version
 
 __version__ = running_version()
 
-# public name -> module that defines it
-_EXPORTS: dict[str, str] = {}
+_AGENT = "platoon.harness.agent"
+_SERVICE = "platoon.envs.service"
 
-__all__: list[str] = sorted(_EXPORTS)
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "AgentAPI",
+            "AgentContext",
+            "AgentFn",
+            "AgentResult",
+            "AgentStatus",
+            "Budget",
+            "CallKind",
+            "ChatReply",
+            "McpEndpoint",
+            "ModelEndpoint",
+            "SubagentResult",
+            "ToolAccess",
+        ],
+        _AGENT,
+    ),
+    **dict.fromkeys(
+        ["EnvSession", "EnvironmentService", "ForkMode", "Outcome", "SessionNeeds", "ToolResult", "ToolSpec"],
+        _SERVICE,
+    ),
+    "EnvironmentEntry": "platoon.envs.named",
+    "EpisodeContext": "platoon.programs.context",
+    "EpisodeProgram": "platoon.programs.registry",
+    "program": "platoon.programs.registry",
+    "FunctionHarness": "platoon.harness.function",
+    "get_harness": "platoon.harness.registry",
+    "PlatoonDeprecationWarning": "platoon.deprecations",
+    "Task": "platoon.task",
+    "Trajectory": "platoon.trajectory",
+    "TrajectoryCollection": "platoon.trajectory",
+    "hookimpl": "platoon.hookspecs",
+}
+#: public submodules: `pt.harness` (also the decorator) and `pt.gym`
+_SUBMODULES = {"harness": "platoon.harness", "gym": "platoon.gym"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
+    if name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'platoon' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(__all__))
 
 
-if TYPE_CHECKING:  # pragma: no cover
-    pass
+if TYPE_CHECKING:
+    from platoon import gym as gym
+    from platoon import harness as harness
+    from platoon.deprecations import PlatoonDeprecationWarning as PlatoonDeprecationWarning
+    from platoon.envs.named import EnvironmentEntry as EnvironmentEntry
+    from platoon.envs.service import EnvironmentService as EnvironmentService
+    from platoon.envs.service import EnvSession as EnvSession
+    from platoon.envs.service import ForkMode as ForkMode
+    from platoon.envs.service import Outcome as Outcome
+    from platoon.envs.service import SessionNeeds as SessionNeeds
+    from platoon.envs.service import ToolResult as ToolResult
+    from platoon.envs.service import ToolSpec as ToolSpec
+    from platoon.harness.agent import AgentAPI as AgentAPI
+    from platoon.harness.agent import AgentContext as AgentContext
+    from platoon.harness.agent import AgentFn as AgentFn
+    from platoon.harness.agent import AgentResult as AgentResult
+    from platoon.harness.agent import AgentStatus as AgentStatus
+    from platoon.harness.agent import Budget as Budget
+    from platoon.harness.agent import CallKind as CallKind
+    from platoon.harness.agent import ChatReply as ChatReply
+    from platoon.harness.agent import McpEndpoint as McpEndpoint
+    from platoon.harness.agent import ModelEndpoint as ModelEndpoint
+    from platoon.harness.agent import SubagentResult as SubagentResult
+    from platoon.harness.agent import ToolAccess as ToolAccess
+    from platoon.harness.function import FunctionHarness as FunctionHarness
+    from platoon.harness.registry import get_harness as get_harness
+    from platoon.hookspecs import hookimpl as hookimpl
+    from platoon.programs.context import EpisodeContext as EpisodeContext
+    from platoon.programs.registry import EpisodeProgram as EpisodeProgram
+    from platoon.programs.registry import program as program
+    from platoon.task import Task as Task
+    from platoon.trajectory import Trajectory as Trajectory
+    from platoon.trajectory import TrajectoryCollection as TrajectoryCollection

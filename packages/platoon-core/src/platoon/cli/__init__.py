@@ -1,0 +1,55 @@
+"""The `platoon` command line (typer). `main(argv)` is the console script and is also called in process.
+
+Exit codes (core.md 3.1): 0 ok, 1 runtime failure, 64 usage error (click's 2 is mapped), 78 configuration a run
+refuses; a non-zero integer a command returns becomes the exit status.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+
+from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on `argv` (default: `sys.argv[1:]`) and return the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "viz":
+        # The trajectory viewer parses its own arguments (core.md 3.1).
+        from platoon.cli.pending import viz
+
+        return viz(args[1:])
+
+    from typer import Abort, Exit
+    from typer._click.exceptions import ClickException, UsageError
+
+    from platoon.cli.app import build_command
+    from platoon.cli.output import err
+    from platoon.deprecations import PlatoonDeprecationWarning
+
+    command = build_command()
+    try:
+        with warnings.catch_warnings():
+            result = command.main(args=args, prog_name="platoon", standalone_mode=False)
+    except UsageError as exc:
+        exc.show()
+        return EX_USAGE
+    except ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except Exit as exc:
+        return exc.exit_code
+    except Abort:
+        err("aborted")
+        return 130
+    except PlatoonDeprecationWarning as warning:
+        err(f"{warning}; the warning filters make deprecations errors")
+        return EX_CONFIG
+    except PlatoonError as exc:
+        err(str(exc))
+        return exc.exit_code
+    except BrokenPipeError:
+        return 1
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -1,0 +1,124 @@
+"""The root typer app: core's command groups, plus plugin groups found through `platoon.commands` entry points.
+
+Plugin groups are listed from installed metadata and imported only when invoked, so `platoon --help` stays fast
+and a broken plugin cannot take it down.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from typer import _click
+from typer.core import TyperCommand, TyperGroup
+
+from platoon.cli import components, config, extensions, pending
+from platoon.cli.output import new_app
+from platoon.errors import ExtensionError
+
+
+class PlatoonGroup(TyperGroup):
+    """The root group: core commands are registered; plugin groups are resolved lazily by name."""
+
+    def _plugin_groups(self) -> dict[str, Any]:
+        from platoon import plugins
+
+        return {info.name: info for info in plugins.entry_points("command") if info.name not in self.commands}
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return sorted([*self.commands, *self._plugin_groups()])
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is not None:
+            return command
+        info = self._plugin_groups().get(cmd_name)
+        if info is None:
+            return None
+        # A stand-in for help listings; running the group loads the real one (resolve_command).
+        return TyperCommand(name=cmd_name, help=f"Commands of {info.distribution} (an extension).")
+
+    def resolve_command(
+        self, ctx: _click.Context, args: list[str]
+    ) -> tuple[str | None, _click.Command | None, list[str]]:
+        name = args[0] if args else None
+        if name is not None and name not in self.commands and name in self._plugin_groups():
+            return name, _load_plugin_group(name), args[1:]
+        return super().resolve_command(ctx, args)
+
+
+def _load_plugin_group(name: str) -> _click.Command:
+    from platoon import plugins
+
+    try:
+        group = plugins.get_command_group(name)
+        app = plugins.resolve_target(group.app)
+    except ExtensionError:
+        raise
+    except Exception as exc:  # the plugin's own import failure: its fault, reported by name
+        raise ExtensionError(f"command group {name!r} failed to load: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(app, typer.Typer):
+        raise ExtensionError(f"command group {name!r} is {type(app).__name__}, not a typer.Typer")
+    command = typer.main.get_command(app)
+    command.name = name
+    return command
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from platoon._version import UNKNOWN_VERSION, running_version
+
+        version = running_version()
+        print("unknown" if version == UNKNOWN_VERSION else version)
+        raise typer.Exit(0)
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        cls=PlatoonGroup,
+        name="platoon",
+        help="Train LLM agents with reinforcement learning through a Tinker-compatible service.",
+        no_args_is_help=True,
+        add_completion=False,
+        # Plain help output: rich formatting would add a tenth of a second to every `--help`.
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+    @app.callback()
+    def root(
+        version: Annotated[
+            bool,
+            typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+        ] = False,
+    ) -> None:
+        """Train LLM agents with reinforcement learning through a Tinker-compatible service."""
+
+    app.command("train")(pending.train)
+    app.command("eval")(pending.eval_)
+    app.command("rollout")(pending.rollout)
+    app.command("prepare")(pending.prepare)
+    app.add_typer(config.app, name="config")
+    app.add_typer(components.harness_app, name="harness")
+    app.add_typer(components.program_app, name="program")
+    app.add_typer(components.env_app, name="env")
+    app.add_typer(extensions.app, name="extensions")
+    tinker_app = new_app("The local Tinker-compatible training server.")
+    tinker_app.command("serve")(pending.tinker_serve)
+    app.add_typer(tinker_app, name="tinker")
+    app.command(
+        "viz",
+        help="The trajectory viewer: platoon viz tail|replay|show-dump.",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(_viz_placeholder)
+    return app
+
+
+def _viz_placeholder() -> int:
+    # `main` hands `viz` to the viewer before typer parses; this entry only lists the command in --help.
+    return pending.viz([])
+
+
+def build_command() -> _click.Command:
+    return typer.main.get_command(build_app())

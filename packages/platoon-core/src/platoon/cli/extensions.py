@@ -1,0 +1,261 @@
+"""`platoon extensions list|show|check`: what installed packages provide, read from metadata (core.md 3.13).
+
+`list` and `show` import nothing unless `--load` is given; `check` is the command that imports on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import typer
+
+from platoon.cli.output import dump_json, err, new_app, out, table
+from platoon.errors import EX_CONFIG, ExtensionError
+
+app = new_app("What installed extensions provide, and whether they load.")
+
+KINDS = ("harness", "program", "environment", "reward_processor", "service", "sandbox_runtime", "command")
+KindOption = Annotated[
+    str | None, typer.Option("--kind", help=f"Only this kind: {', '.join(KINDS)}.", show_default=False)
+]
+
+
+def _check_kind(kind: str | None) -> None:
+    if kind is not None and kind not in KINDS:
+        raise typer.BadParameter(f"{kind!r} is not one of {', '.join(KINDS)}", param_hint="--kind")
+
+
+def _record(info: Any) -> dict[str, Any]:
+    from platoon import plugins
+
+    return {
+        "kind": info.kind,
+        "name": info.name,
+        "distribution": info.distribution,
+        "version": info.distribution_version,
+        "value": info.value,
+        "status": plugins.status(info),
+        "builtin": info.builtin,
+        "requires": list(info.requires),
+    }
+
+
+@app.command("list")
+def list_(kind: KindOption = None, json_output: bool = False) -> None:
+    """List every component installed extensions provide (metadata only; nothing is imported)."""
+    from platoon import plugins
+
+    _check_kind(kind)
+    records = [_record(info) for info in plugins.entry_points(kind)]
+    if json_output:
+        out(dump_json(records))
+        return
+    if not records:
+        out("(no extensions installed)")
+        return
+    rows = [(r["kind"], r["name"], r["distribution"], r["version"], r["status"], r["value"]) for r in records]
+    out(table(("kind", "name", "distribution", "version", "status", "source"), rows))
+
+
+def _loaded_versions(info: Any) -> list[str] | None:
+    """The versions the component provides, once its entry point is loaded (None while it is not)."""
+    from platoon import plugins
+    from platoon.harness.function import record_of as harness_record, registered_harnesses
+    from platoon.programs.registry import record_of as program_record, registered_programs
+
+    if plugins.status(info) != "loaded":
+        return None
+    versions: set[str] = set()
+    for answer in plugins.ask(info.kind, info.name, plugins.load(info)):
+        record = {"harness": harness_record, "program": program_record}.get(info.kind, lambda a: a)(answer)
+        if getattr(record, "name", None) == info.name and getattr(record, "version", None):
+            versions.add(record.version)
+    # Modules may register on import instead of answering the hook.
+    registries = {"harness": registered_harnesses, "program": registered_programs}
+    if info.kind in registries:
+        versions |= {r.version for r in registries[info.kind]().values() if r.name == info.name}
+    return sorted(versions)
+
+
+def _requires_text(info: Any) -> str:
+    if info.builtin:
+        return "- (part of platoon)"
+    return ", ".join(info.requires) if info.requires else "- (states no requirement on platoon)"
+
+
+@app.command()
+def show(
+    name: Annotated[str, typer.Argument(help="A component name as configs write it.", show_default=False)],
+    kind: KindOption = None,
+    load: Annotated[bool, typer.Option("--load", help="Import the component to show its versions.")] = False,
+    json_output: bool = False,
+) -> int:
+    """Show where a component comes from, what it requires and whether it loads."""
+    from platoon import plugins
+
+    _check_kind(kind)
+    if ":" in name:
+        err(f"{name!r} is an import string (module:attr), not an extension's component name")
+        return EX_CONFIG
+    bare = name.split("@", 1)[0]
+    infos = [i for i in plugins.entry_points(kind) if i.name == bare]
+    if not infos:
+        err(f"no installed extension provides a component named {bare!r} (see `platoon extensions list`)")
+        return EX_CONFIG
+    status_code = 0
+    blocks = []
+    for info in infos:
+        error: str | None = None
+        if load and plugins.first_party_shadow(info) is None:
+            try:
+                plugins.load(info)
+            except ExtensionError as exc:
+                error = str(exc)
+                status_code = EX_CONFIG
+        failure = plugins.failure(info)
+        if failure is not None:
+            error = str(failure)
+        versions = _loaded_versions(info)
+        record = _record(info) | {
+            "entry_point": f"{info.group}: {info.name}",
+            "used_in": plugins.USED_IN[info.kind],
+            "registers": [n for n in plugins.registered_by(info) if n != info.name],
+            "error": error,
+            "versions": versions,
+        }
+        blocks.append(record)
+    if json_output:
+        out(dump_json(blocks))
+        return status_code
+    texts = []
+    for record, info in zip(blocks, infos, strict=True):
+        versions = record["versions"]
+        lines = [
+            f"{info.name}  ({info.kind})",
+            "version: "
+            + (", ".join(versions) or "-" if versions is not None else "unknown until it is loaded (--load imports it)"),
+            f"distribution: {info.distribution or '-'} {info.distribution_version or ''}".rstrip(),
+            f"entry point: {record['entry_point']}",
+            f"source: {info.value}",
+            f"requires: {_requires_text(info)}",
+            f"status: {record['status']}" if record["error"] is None else f"status: failed to load: {record['error']}",
+            f"used in: {record['used_in']}",
+        ]
+        if record["registers"]:
+            lines.append("registers: " + ", ".join(record["registers"]))
+        texts.append("\n".join(lines))
+    out("\n\n".join(texts))
+    return status_code
+
+
+def suggested_requirement(version: str) -> str:
+    """`platoon>=0.2,<0.3` below 1.0, `platoon>=1.4,<2` from 1.0; a prerelease is its own lower bound."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return "platoon>=0.2,<0.3"
+    lower = str(v) if v.is_prerelease else f"{v.major}.{v.minor}"
+    upper = f"0.{v.minor + 1}" if v.major == 0 else str(v.major + 1)
+    return f"platoon>={lower},<{upper}"
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
+    """(severity, distribution label, message) for every problem of the installed extensions."""
+    from packaging.requirements import Requirement
+
+    from platoon import plugins
+    from platoon._version import running_version
+    from platoon.naming import NAME_RE, is_reserved, owner
+
+    wanted = {_normalize(d) for d in dists}
+
+    def selected(info: Any) -> bool:
+        return not wanted or _normalize(info.distribution or "") in wanted
+
+    infos = [i for i in plugins.entry_points() if selected(i)]
+    problems: list[tuple[str, str, str]] = []
+    owners: dict[str, set[str]] = {}
+    checked_dists: dict[str, Any] = {}
+    for info in infos:
+        where = f"{info.group}: {info.name}"
+        if not NAME_RE.match(info.name) or info.name.endswith(".toml"):
+            problems.append(
+                ("error", info.label, f"{where}: {info.name!r} does not follow the naming rule (lower-case words "
+                 "joined by '.', '_' or '-')")
+            )
+        if info.builtin:
+            continue
+        checked_dists.setdefault(info.label, info)
+        if is_reserved(info.name, info.kind):
+            problems.append(
+                ("error", info.label, f"{where}: {info.name!r} is reserved for platoon's own components; "
+                 f"use your own prefix, for example 'acme-{info.name.removeprefix('platoon-')}'")
+            )
+        elif plugins.first_party_shadow(info) is not None:
+            problems.append(
+                ("warning", info.label, f"{where}: a first-party component has this name, so platoon never loads "
+                 "this one (first-party components take precedence)")
+            )
+        owners.setdefault(info.label, set()).add(owner(info.name))
+    for label, names in owners.items():
+        if len(names) > 1:
+            problems.append(
+                ("warning", label, f"names components with more than one owner prefix ({', '.join(sorted(names))}); "
+                 "use one prefix per distribution")
+            )
+    suggestion = suggested_requirement(running_version())
+    for label, info in checked_dists.items():
+        problem = plugins.requirement_problem(info)
+        if problem is not None:
+            problems.append(("error", label, problem))
+        elif not info.requires:
+            problems.append(
+                ("warning", label, f"states no requirement on platoon; declare one, for example {suggestion!r}")
+            )
+        else:
+            for req in info.requires:
+                if not any(s.operator in ("<", "<=", "==", "~=", "===") for s in Requirement(req).specifier):
+                    problems.append(
+                        ("warning", label, f"requires {req} without an upper bound; a minor release of platoon may "
+                         f"break it: use for example {suggestion!r}")
+                    )
+    for info in plugins.retired_entry_points():
+        if selected(info):
+            problems.append(
+                ("warning", info.label, f"{info.group}: {info.name}: the group 'platoon.plugins' is retired and "
+                 "never read; declare each component in its own group (platoon.harnesses, platoon.programs, ...)")
+            )
+    if load:
+        for info in infos:
+            if plugins.first_party_shadow(info) is not None:
+                continue
+            try:
+                plugins.load(info)
+            except ExtensionError as exc:
+                problems.append(("error", info.label, str(exc)))
+    return problems
+
+
+@app.command()
+def check(
+    dists: Annotated[list[str] | None, typer.Argument(help="Only these distributions.", show_default=False)] = None,
+    load: Annotated[bool, typer.Option("--load", help="Also import every component.")] = False,
+) -> int:
+    """Check installed extensions: names, platoon requirements and, with --load, that they import."""
+    problems = check_problems(list(dists or []), load)
+    for severity, label, message in problems:
+        out(f"{severity}: {label}: {message}")
+    errors = sum(1 for p in problems if p[0] == "error")
+    warnings_ = len(problems) - errors
+    if problems:
+        out(f"{errors} error(s), {warnings_} warning(s)")
+    else:
+        out("ok: no problems found")
+    return EX_CONFIG if errors else 0

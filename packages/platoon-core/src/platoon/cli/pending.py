@@ -1,0 +1,66 @@
+"""Commands whose machinery is built in a later release step: each says so in one line and exits 1.
+
+They are registered now so that `platoon --help` shows the whole command line; none of them pretends to work.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from platoon.cli.output import err
+
+NOT_AVAILABLE = 1
+
+
+def not_available(command: str, what: str) -> int:
+    err(f"`platoon {command}` is not available yet in this build; it arrives with {what}")
+    return NOT_AVAILABLE
+
+
+ConfigArg = Annotated[str, typer.Argument(help="The run's config file.", show_default=False)]
+Overrides = Annotated[list[str] | None, typer.Argument(help="k=v overrides.", show_default=False)]
+
+
+def train(config: ConfigArg, overrides: Overrides = None, prepare: bool = False) -> int:
+    """Train on a config through a Tinker-compatible service."""
+    return not_available("train", "the Tinker trainer")
+
+
+def eval_(config: ConfigArg, overrides: Overrides = None, prepare: bool = False) -> int:
+    """Evaluate a policy on every task of a split and write a report."""
+    return not_available("eval", "the evaluator")
+
+
+def rollout(
+    config: ConfigArg,
+    overrides: Overrides = None,
+    task: Annotated[str, typer.Option(help="The task id (ENV::ID in a mixture).")] = "",
+    split: str | None = None,
+    output_dir: str | None = None,
+    model: str | None = None,
+    model_path: str | None = None,
+    renderer: str | None = None,
+    json_output: bool = False,
+    prepare: bool = False,
+) -> int:
+    """Roll out one task and print its agent tree."""
+    return not_available("rollout", "the episode runtime")
+
+
+def prepare(config: ConfigArg, overrides: Overrides = None, dry_run: bool = False) -> int:
+    """Make what a config needs once per site (datasets, images, toolchains, tokenizer)."""
+    return not_available("prepare", "site preparation")
+
+
+def tinker_serve(
+    host: str = "127.0.0.1", port: int = 0, dir: str | None = None, model: str = "platoon/toy"
+) -> int:
+    """Run the local Tinker-compatible training server in the foreground."""
+    return not_available("tinker serve", "the local Tinker-compatible server")
+
+
+def viz(argv: list[str]) -> int:
+    """`platoon viz tail|replay|show-dump` bypasses typer (core.md 3.1)."""
+    return not_available("viz", "the trajectory viewer")

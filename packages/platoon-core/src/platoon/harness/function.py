@@ -1,0 +1,100 @@
+"""Function harnesses: `@platoon.harness(name)` records an async function as the harness `name@version`.
+
+The registry here holds every function harness registered in this process, whoever registered it (an entry
+point's module, a config's `package:`, a test); lookups by reference go through `platoon.harness.registry`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from platoon.naming import check_name, check_not_reserved, check_version
+
+#: the attribute that ties a decorated function to its record
+HARNESS_ATTR = "__platoon_harness__"
+RUNTIMES = ("inline",)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class FunctionHarness:
+    """A harness that is an `async def fn(ctx: AgentContext) -> AgentResult`, run inline in the rollout's loop."""
+
+    name: str
+    version: str
+    runtime: str
+    executes_model_code: bool
+    fn: Callable[..., Any]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def source(self) -> str:
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+    @property
+    def kind(self) -> str:
+        return "function"
+
+    @property
+    def doc(self) -> str:
+        return inspect.getdoc(self.fn) or ""
+
+
+_HARNESSES: dict[str, FunctionHarness] = {}
+
+
+def register(record: FunctionHarness) -> FunctionHarness:
+    """Record a harness; the same function again replaces its record, a different one under its ref is refused."""
+    existing = _HARNESSES.get(record.ref)
+    if existing is not None and existing.source != record.source:
+        raise ValueError(
+            f"harness {record.ref} is defined twice: by {existing.source} and by {record.source}; "
+            "give one of them another name or version"
+        )
+    _HARNESSES[record.ref] = record
+    return record
+
+
+def harness(
+    name: str, *, version: str = "1", runtime: str = "inline", executes_model_code: bool = False
+) -> Callable[[F], F]:
+    """Register `async def fn(ctx) -> AgentResult` as the function harness `name@version`; returns fn unchanged."""
+    check_name(name, what="harness name")
+    check_version(version)
+    if runtime not in RUNTIMES:
+        raise ValueError(f"harness runtime {runtime!r} is not supported: the only runtime is 'inline'")
+
+    def decorate(fn: F) -> F:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"harness {name!r} must be an async function (async def), got {fn!r}")
+        check_not_reserved(name, "harness", getattr(fn, "__module__", None))
+        record = register(FunctionHarness(name, version, runtime, bool(executes_model_code), fn))
+        setattr(fn, HARNESS_ATTR, record)
+        return fn
+
+    return decorate
+
+
+def record_of(value: Any) -> FunctionHarness | None:
+    """The record behind a FunctionHarness or a decorated function (registering it if it is not yet)."""
+    if isinstance(value, FunctionHarness):
+        return register(value)
+    record = getattr(value, HARNESS_ATTR, None)
+    if isinstance(record, FunctionHarness):
+        return register(record)
+    return None
+
+
+def registered_harnesses() -> dict[str, FunctionHarness]:
+    return dict(_HARNESSES)
+
+
+def clear_registry() -> None:
+    _HARNESSES.clear()

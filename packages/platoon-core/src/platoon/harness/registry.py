@@ -1,0 +1,101 @@
+"""`get_harness(ref)`: find a harness by `name[@version]`, a `.toml` path or `module:function` (harness.md 2.2).
+
+Names are looked up in installed entry points (group `platoon.harnesses`, imported when named) and in harnesses
+registered by imported modules; version prefixes match at dots (`@2` matches `2.4.6`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+from platoon import plugins
+from platoon.errors import ExtensionError
+from platoon.harness.function import FunctionHarness, record_of, registered_harnesses
+from platoon.naming import is_reserved, pick_version, split_ref
+
+
+def _from_import_string(ref: str) -> FunctionHarness:
+    target = ref.removeprefix("python://")
+    module_name, _, attr = target.partition(":")
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise ExtensionError(f"harness {ref!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
+    record = record_of(value)
+    if record is None:
+        raise ExtensionError(f"harness {ref!r} is not an @platoon.harness function")
+    return record
+
+
+def _absorb(answers: list[Any], name: str) -> None:
+    """Register what a plugin's hook gave for `name` (functions, records; spec files come with the spec runner)."""
+    for answer in answers:
+        if record_of(answer) is not None:
+            if answer_name(answer) != name:
+                warnings.warn(
+                    f"the entry point {name!r} gave the harness {answer_name(answer)!r}: "
+                    "name each entry point after the harness",
+                    stacklevel=3,
+                )
+            continue
+        if isinstance(answer, str) or hasattr(answer, "__fspath__"):
+            raise ExtensionError(
+                f"harness {name!r} is a TOML spec ({answer}); TOML-spec harnesses are not available in this "
+                "build yet (the spec runner is still to come)"
+            )
+        raise ExtensionError(f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness")
+
+
+def answer_name(answer: Any) -> str | None:
+    record = record_of(answer)
+    return record.name if record else None
+
+
+def _versions(name: str) -> dict[str, FunctionHarness]:
+    return {r.version: r for r in registered_harnesses().values() if r.name == name}
+
+
+def get_harness(ref: str) -> FunctionHarness:
+    """The harness a config or code names. Unknown or ambiguous names raise ExtensionError (a ValueError)."""
+    if not isinstance(ref, str) or not ref:
+        raise ExtensionError(f"harness reference {ref!r} is not a name, a .toml path or module:function")
+    if ref.endswith(".toml"):
+        raise ExtensionError(
+            f"harness {ref!r} is a TOML spec; TOML-spec harnesses are not available in this build yet "
+            "(the spec runner is still to come)"
+        )
+    if ":" in ref:
+        return _from_import_string(ref)
+    name, wanted = split_ref(ref)
+    if plugins.candidates("harness", name):
+        _absorb(plugins.load_named("harness", name), name)
+    versions = _versions(name)
+    if not versions and not is_reserved(name, "harness"):
+        # Legacy names: an entry point may register harnesses under names other than its own.
+        failed = plugins.load_all("harness")
+        versions = _versions(name)
+        if versions:
+            warnings.warn(
+                f"harness {name!r} was found only by loading every harness entry point; "
+                "name each entry point after the harness it provides",
+                stacklevel=2,
+            )
+        elif failed:
+            pass  # the unknown-name error below lists them
+    if not versions:
+        raise plugins.unknown_name_error(
+            "harness",
+            name,
+            [r.ref for r in registered_harnesses().values()],
+            "provide one with @platoon.harness in a module an entry point (group 'platoon.harnesses') or an "
+            "environment's package: imports, or name it as module:function",
+        )
+    try:
+        version = pick_version(name, wanted, versions, kind="harness")
+    except (LookupError, ValueError) as exc:
+        raise ExtensionError(str(exc)) from exc
+    return versions[version]

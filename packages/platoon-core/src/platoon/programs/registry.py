@@ -1,0 +1,134 @@
+"""Episode programs: `@platoon.program(name)` records `async def program(ep) -> Outcome` as `name@version`.
+
+`get_program(ref)` resolves what an entry's `program:` names: `name@version`, a bare name with one registered
+version, or `module:attr` (an undecorated callable becomes a record named by the reference, with no version).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from platoon.errors import ExtensionError
+from platoon.naming import check_name, check_not_reserved, check_version, pick_version, split_ref
+
+PROGRAM_ATTR = "__platoon_program__"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class EpisodeProgram:
+    """A registered episode program; `version` is "" for an undecorated callable named by `module:attr`."""
+
+    name: str
+    version: str
+    fn: Callable[..., Any]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}" if self.version else self.name
+
+    @property
+    def source(self) -> str:
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+    @property
+    def doc(self) -> str:
+        return inspect.getdoc(self.fn) or ""
+
+
+_PROGRAMS: dict[str, EpisodeProgram] = {}
+
+
+def _register(record: EpisodeProgram) -> EpisodeProgram:
+    existing = _PROGRAMS.get(record.ref)
+    if existing is not None and existing.source != record.source:
+        raise ValueError(
+            f"program {record.ref} is defined twice: by {existing.source} and by {record.source}; "
+            "give one of them another name or version"
+        )
+    _PROGRAMS[record.ref] = record
+    return record
+
+
+def program(name: str, *, version: str = "1") -> Callable[[F], F]:
+    """Register `async def program(ep: EpisodeContext) -> Outcome` as `name@version`; returns it unchanged."""
+    check_name(name, what="program name")
+    check_version(version)
+
+    def decorate(fn: F) -> F:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"program {name!r} must be an async function (async def), got {fn!r}")
+        check_not_reserved(name, "program", getattr(fn, "__module__", None))
+        setattr(fn, PROGRAM_ATTR, _register(EpisodeProgram(name, version, fn)))
+        return fn
+
+    return decorate
+
+
+def record_of(value: Any) -> EpisodeProgram | None:
+    if isinstance(value, EpisodeProgram):
+        return _register(value)
+    record = getattr(value, PROGRAM_ATTR, None)
+    return _register(record) if isinstance(record, EpisodeProgram) else None
+
+
+def registered_programs() -> dict[str, EpisodeProgram]:
+    return dict(_PROGRAMS)
+
+
+def clear_registry() -> None:
+    _PROGRAMS.clear()
+
+
+def _from_import_string(ref: str) -> EpisodeProgram:
+    module_name, _, attr = ref.removeprefix("python://").partition(":")
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise ExtensionError(f"program {ref!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
+    record = record_of(value)
+    if record is not None:
+        return record
+    if not callable(value):
+        raise TypeError(f"program {ref!r} is {type(value).__name__}, not a callable")
+    return EpisodeProgram(ref, "", value)
+
+
+def get_program(ref: str) -> EpisodeProgram:
+    """The program an entry's `program:` names; unknown or ambiguous names raise ExtensionError."""
+    from platoon import plugins
+
+    if not isinstance(ref, str) or not ref:
+        raise ExtensionError(f"program reference {ref!r} is not a name or module:attr")
+    if ":" in ref:
+        return _from_import_string(ref)
+    name, wanted = split_ref(ref)
+    if plugins.candidates("program", name):
+        for answer in plugins.load_named("program", name):
+            record = record_of(answer)
+            if record is None:
+                raise ExtensionError(f"program entry point {name!r} gave {type(answer).__name__}, not a program")
+            if record.name != name:
+                raise ExtensionError(
+                    f"program entry point {name!r} gave the program {record.name!r}: "
+                    "an entry point must be named after the program it provides"
+                )
+    versions = {r.version: r for r in _PROGRAMS.values() if r.name == name}
+    if not versions:
+        raise plugins.unknown_name_error(
+            "program",
+            name,
+            [r.ref for r in _PROGRAMS.values()],
+            "provide one with @platoon.program in a module that an entry point (group 'platoon.programs') or an "
+            "environment's package: imports, or name it as module:attr",
+        )
+    try:
+        return versions[pick_version(name, wanted, versions, kind="program")]
+    except (LookupError, ValueError) as exc:
+        raise ExtensionError(str(exc)) from exc

@@ -100,10 +100,13 @@ def _refuse_mapping(value: Any) -> Any:
     return value
 
 
-def _refuse_bool_weight(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(f"{yaml_scalar(value)} is not a weight: give a positive number or `tasks`")
-    return value
+def _check_weight(value: Any) -> Any:
+    # One clear message instead of one per union member: a weight is `tasks` or a positive finite number.
+    if value == "tasks" and isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise ValueError(f"{yaml_scalar(value)} is not a weight: give a positive finite number or `tasks`")
 
 
 class EnvironmentConfig(ConfigModel):
@@ -140,7 +143,7 @@ class EnvironmentConfig(ConfigModel):
         default_factory=dict, description="workflow kwargs of evaluations (run-level)"
     )
     name: str | None = Field(None, description="the entry's name; required and unique in a mixture; no `::`")
-    weight: Annotated[PositiveWeight | Literal["tasks"], BeforeValidator(_refuse_bool_weight)] = Field(
+    weight: Annotated[Float | Literal["tasks"], BeforeValidator(_check_weight)] = Field(
         "tasks", description="mixture weight: a positive number, or `tasks` (its task count); all-or-none"
     )
     service: str | None = Field(

@@ -96,7 +96,7 @@ def _platoon_requirements(dist: metadata.Distribution) -> tuple[str, ...]:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
-    extras = [""] + list(dist.metadata.get_all("Provides-Extra") or [])
+    extras = ["", *list(dist.metadata.get_all("Provides-Extra") or [])]
     found: list[str] = []
     for line in dist.requires or []:
         try:
@@ -320,24 +320,13 @@ def load_named(kind: str, name: str) -> list[Any]:
     found = candidates(kind, name)
     if len(found) > 1 and len({i.distribution for i in found}) > 1:
         owners = " and ".join(f"{i.label} ({i.group}: {i.value})" for i in found)
-        raise ExtensionError(f"{kind} {name!r} is claimed by two distributions: {owners}; uninstall one of them")
+        raise ExtensionError(
+            f"{kind} {name!r} is claimed by two distributions: {owners}; uninstall one of them"
+        )
     answers: list[Any] = []
     for info in found:
         answers.extend(ask(kind, name, load(info)))
     return answers
-
-
-def load_all(kind: str) -> list[EntryPointInfo]:
-    """Import every not-yet-loaded entry point of `kind` (failures recorded, not raised); returns the failures."""
-    failed = []
-    for info in entry_points(kind):
-        if first_party_shadow(info) is not None:
-            continue
-        try:
-            load(info)
-        except ExtensionError:
-            failed.append(info)
-    return failed
 
 
 # ---------------------------------------------------------------------------------------------- lookups
@@ -359,22 +348,20 @@ def _component_name(kind: str, answer: Any) -> str | None:
 def unknown_name_error(kind: str, name: str, registered: Iterable[str], how: str) -> ExtensionError:
     """The unknown-name message of core.md 6.2: what is registered and installed, close names, how to add one."""
     registered = sorted(set(registered))
-    installed = [i for i in entry_points(kind)]
-    names = sorted(set(registered) | {i.name for i in installed})
-    parts = [f"unknown {kind.replace('_', ' ')} {name!r}"]
+    installed = entry_points(kind)
+    names = sorted({ref.split("@", 1)[0] for ref in registered} | {i.name for i in installed})
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    head = f"unknown {kind.replace('_', ' ')} {name!r}"
     if close:
-        parts.append("did you mean " + ", ".join(close) + "?")
-    parts.append("registered: " + (", ".join(registered) or "none"))
-    parts.append(
-        "installed entry points: "
-        + (", ".join(f"{i.name} ({i.label})" for i in installed) if installed else "none")
-    )
+        head += f" (did you mean {', '.join(close)}?)"
+    parts = [
+        "registered: " + (", ".join(registered) or "none"),
+        "installed entry points: " + (", ".join(f"{i.name} ({i.label})" for i in installed) or "none"),
+    ]
     failed = failures(kind)
     if failed:
         parts.append("failed to load: " + ", ".join(f"{i.name} ({i.label})" for i in failed))
-    parts.append(how)
-    return ExtensionError("; ".join(parts))
+    return ExtensionError(f"{head}. {'; '.join(parts)}; {how}")
 
 
 def get_component(kind: str, name: str) -> Any:

@@ -6,6 +6,7 @@ registered by imported modules; version prefixes match at dots (`@2` matches `2.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import warnings
 from typing import Any
@@ -47,7 +48,9 @@ def _absorb(answers: list[Any], name: str) -> None:
                 f"harness {name!r} is a TOML spec ({answer}); TOML-spec harnesses are not available in this "
                 "build yet (the spec runner is still to come)"
             )
-        raise ExtensionError(f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness")
+        raise ExtensionError(
+            f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness"
+        )
 
 
 def answer_name(answer: Any) -> str | None:
@@ -76,7 +79,10 @@ def get_harness(ref: str) -> FunctionHarness:
     versions = _versions(name)
     if not versions and not is_reserved(name, "harness"):
         # Legacy names: an entry point may register harnesses under names other than its own.
-        failed = plugins.load_all("harness")
+        for info in plugins.entry_points("harness"):
+            if plugins.first_party_shadow(info) is None:
+                with contextlib.suppress(ExtensionError):  # recorded; the unknown-name error lists it
+                    _absorb(plugins.ask("harness", info.name, plugins.load(info)), info.name)
         versions = _versions(name)
         if versions:
             warnings.warn(
@@ -84,14 +90,12 @@ def get_harness(ref: str) -> FunctionHarness:
                 "name each entry point after the harness it provides",
                 stacklevel=2,
             )
-        elif failed:
-            pass  # the unknown-name error below lists them
     if not versions:
         raise plugins.unknown_name_error(
             "harness",
             name,
             [r.ref for r in registered_harnesses().values()],
-            "provide one with @platoon.harness in a module an entry point (group 'platoon.harnesses') or an "
+            "provide one with @platoon.harness in a module that an entry point (group 'platoon.harnesses') or an "
             "environment's package: imports, or name it as module:function",
         )
     try:

@@ -94,14 +94,13 @@ def version_matches(version: str, wanted: str) -> bool:
 def pick_version(name: str, wanted: str | None, versions: Iterable[str], *, kind: str) -> str:
     """The one registered version that `name[@wanted]` means, or a ValueError saying why there is none."""
     versions = sorted(set(versions))
-    if wanted is None:
-        candidates = versions
-    else:
-        candidates = [v for v in versions if version_matches(v, wanted)]
+    candidates = versions if wanted is None else [v for v in versions if version_matches(v, wanted)]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
         have = ", ".join(f"{name}@{v}" for v in versions) or "none"
         raise LookupError(f"{kind} {name}@{wanted} is not registered (registered versions: {have})")
     refs = ", ".join(f"{name}@{v}" for v in candidates)
-    raise ValueError(f"{kind} {name!r} is ambiguous: it matches {refs}; name one, for example {name}@{candidates[-1]}")
+    raise ValueError(
+        f"{kind} {name!r} is ambiguous: it matches {refs}; name one, for example {name}@{candidates[-1]}"
+    )

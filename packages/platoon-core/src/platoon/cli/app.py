@@ -90,7 +90,9 @@ def build_app() -> typer.Typer:
     def root(
         version: Annotated[
             bool,
-            typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+            typer.Option(
+                "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+            ),
         ] = False,
     ) -> None:
         """Train LLM agents with reinforcement learning through a Tinker-compatible service."""

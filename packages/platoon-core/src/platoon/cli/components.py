@@ -111,7 +111,10 @@ SERVICE_SCHEMES = (
     ("harbor", "Harbor task datasets graded by their own tests (platoon-harbor)"),
     ("table", "a task table: rows of tasks from a file or inline"),
     ("python://pkg.module:EnvClass", "an ORS environment class, in process"),
-    ("ors+http://HOST:PORT[,...]/EnvName", "ORS servers (also ors+https; a pool sharded by rollout; ?variant=Env)"),
+    (
+        "ors+http://HOST:PORT[,...]/EnvName",
+        "ORS servers (also ors+https; a pool sharded by rollout; ?variant=Env)",
+    ),
     ("ors+http:///EnvName", "ORS servers listed in OPENREWARD_SESSION_URLS_<LABEL>"),
     ("pkg.module:Class", "any environment-service class"),
 )
@@ -173,7 +176,13 @@ def env_list(
     out("Named environments (an environments entry's `env`):")
     named = plugins.entry_points("environment")
     if named:
-        out(table(("env", "distribution", "source"), [(i.name, i.distribution, i.value) for i in named], indent="  "))
+        out(
+            table(
+                ("env", "distribution", "source"),
+                [(i.name, i.distribution, i.value) for i in named],
+                indent="  ",
+            )
+        )
     else:
         out("  (none installed)")
     if config is not None:
@@ -203,7 +212,9 @@ def env_show(name: NameArg) -> int:
         out(f"description: {entry.description}")
     out(
         yaml.safe_dump(
-            {"entry": entry.entry(), "harness_defaults": entry.harness_defaults}, sort_keys=False, allow_unicode=True
+            {"entry": entry.entry(), "harness_defaults": entry.harness_defaults},
+            sort_keys=False,
+            allow_unicode=True,
         ).rstrip()
     )
     return 0

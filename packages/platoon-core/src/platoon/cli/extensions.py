@@ -61,8 +61,10 @@ def list_(kind: KindOption = None, json_output: bool = False) -> None:
 def _loaded_versions(info: Any) -> list[str] | None:
     """The versions the component provides, once its entry point is loaded (None while it is not)."""
     from platoon import plugins
-    from platoon.harness.function import record_of as harness_record, registered_harnesses
-    from platoon.programs.registry import record_of as program_record, registered_programs
+    from platoon.harness.function import record_of as harness_record
+    from platoon.harness.function import registered_harnesses
+    from platoon.programs.registry import record_of as program_record
+    from platoon.programs.registry import registered_programs
 
     if plugins.status(info) != "loaded":
         return None
@@ -134,12 +136,18 @@ def show(
         lines = [
             f"{info.name}  ({info.kind})",
             "version: "
-            + (", ".join(versions) or "-" if versions is not None else "unknown until it is loaded (--load imports it)"),
+            + (
+                ", ".join(versions) or "-"
+                if versions is not None
+                else "unknown until it is loaded (--load imports it)"
+            ),
             f"distribution: {info.distribution or '-'} {info.distribution_version or ''}".rstrip(),
             f"entry point: {record['entry_point']}",
             f"source: {info.value}",
             f"requires: {_requires_text(info)}",
-            f"status: {record['status']}" if record["error"] is None else f"status: failed to load: {record['error']}",
+            f"status: {record['status']}"
+            if record["error"] is None
+            else f"status: failed to load: {record['error']}",
             f"used in: {record['used_in']}",
         ]
         if record["registers"]:
@@ -187,28 +195,44 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
         where = f"{info.group}: {info.name}"
         if not NAME_RE.match(info.name) or info.name.endswith(".toml"):
             problems.append(
-                ("error", info.label, f"{where}: {info.name!r} does not follow the naming rule (lower-case words "
-                 "joined by '.', '_' or '-')")
+                (
+                    "error",
+                    info.label,
+                    f"{where}: {info.name!r} does not follow the naming rule (lower-case words "
+                    "joined by '.', '_' or '-')",
+                )
             )
         if info.builtin:
             continue
         checked_dists.setdefault(info.label, info)
         if is_reserved(info.name, info.kind):
             problems.append(
-                ("error", info.label, f"{where}: {info.name!r} is reserved for platoon's own components; "
-                 f"use your own prefix, for example 'acme-{info.name.removeprefix('platoon-')}'")
+                (
+                    "error",
+                    info.label,
+                    f"{where}: {info.name!r} is reserved for platoon's own components; "
+                    f"use your own prefix, for example 'acme-{info.name.removeprefix('platoon-')}'",
+                )
             )
         elif plugins.first_party_shadow(info) is not None:
             problems.append(
-                ("warning", info.label, f"{where}: a first-party component has this name, so platoon never loads "
-                 "this one (first-party components take precedence)")
+                (
+                    "warning",
+                    info.label,
+                    f"{where}: a first-party component has this name, so platoon never loads "
+                    "this one (first-party components take precedence)",
+                )
             )
         owners.setdefault(info.label, set()).add(owner(info.name))
     for label, names in owners.items():
         if len(names) > 1:
             problems.append(
-                ("warning", label, f"names components with more than one owner prefix ({', '.join(sorted(names))}); "
-                 "use one prefix per distribution")
+                (
+                    "warning",
+                    label,
+                    f"names components with more than one owner prefix ({', '.join(sorted(names))}); "
+                    "use one prefix per distribution",
+                )
             )
     suggestion = suggested_requirement(running_version())
     for label, info in checked_dists.items():
@@ -217,20 +241,32 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
             problems.append(("error", label, problem))
         elif not info.requires:
             problems.append(
-                ("warning", label, f"states no requirement on platoon; declare one, for example {suggestion!r}")
+                (
+                    "warning",
+                    label,
+                    f"states no requirement on platoon; declare one, for example {suggestion!r}",
+                )
             )
         else:
             for req in info.requires:
                 if not any(s.operator in ("<", "<=", "==", "~=", "===") for s in Requirement(req).specifier):
                     problems.append(
-                        ("warning", label, f"requires {req} without an upper bound; a minor release of platoon may "
-                         f"break it: use for example {suggestion!r}")
+                        (
+                            "warning",
+                            label,
+                            f"requires {req} without an upper bound; a minor release of platoon may "
+                            f"break it: use for example {suggestion!r}",
+                        )
                     )
     for info in plugins.retired_entry_points():
         if selected(info):
             problems.append(
-                ("warning", info.label, f"{info.group}: {info.name}: the group 'platoon.plugins' is retired and "
-                 "never read; declare each component in its own group (platoon.harnesses, platoon.programs, ...)")
+                (
+                    "warning",
+                    info.label,
+                    f"{info.group}: {info.name}: the group 'platoon.plugins' is retired and "
+                    "never read; declare each component in its own group (platoon.harnesses, platoon.programs, ...)",
+                )
             )
     if load:
         for info in infos:
@@ -245,7 +281,9 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
 
 @app.command()
 def check(
-    dists: Annotated[list[str] | None, typer.Argument(help="Only these distributions.", show_default=False)] = None,
+    dists: Annotated[
+        list[str] | None, typer.Argument(help="Only these distributions.", show_default=False)
+    ] = None,
     load: Annotated[bool, typer.Option("--load", help="Also import every component.")] = False,
 ) -> int:
     """Check installed extensions: names, platoon requirements and, with --load, that they import."""

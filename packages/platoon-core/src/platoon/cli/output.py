@@ -19,9 +19,13 @@ def out(text: str = "") -> None:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str = "") -> str:
     """Column-aligned text with two-space gaps and no trailing spaces."""
-    cells = [list(map(str, headers))] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    cells = [list(map(str, headers))] + [
+        ["-" if c is None or c == "" else str(c) for c in row] for row in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = [indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines = [
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
     return "\n".join(lines)
 
 

@@ -133,9 +133,13 @@ def resolve_environment(ref: str) -> EnvironmentEntry:
             for part in attr.split("."):
                 value = getattr(value, part)
         except (ImportError, AttributeError) as exc:
-            raise ExtensionError(f"environment {ref!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
+            raise ExtensionError(
+                f"environment {ref!r} cannot be imported: {type(exc).__name__}: {exc}"
+            ) from exc
         if not isinstance(value, EnvironmentEntry):
-            raise ExtensionError(f"environment {ref!r} is {type(value).__name__}, not a platoon.EnvironmentEntry")
+            raise ExtensionError(
+                f"environment {ref!r} is {type(value).__name__}, not a platoon.EnvironmentEntry"
+            )
         return value
     name, wanted = split_ref(ref)
     for info in plugins.candidates("environment", name):

@@ -113,7 +113,9 @@ def get_program(ref: str) -> EpisodeProgram:
         for answer in plugins.load_named("program", name):
             record = record_of(answer)
             if record is None:
-                raise ExtensionError(f"program entry point {name!r} gave {type(answer).__name__}, not a program")
+                raise ExtensionError(
+                    f"program entry point {name!r} gave {type(answer).__name__}, not a program"
+                )
             if record.name != name:
                 raise ExtensionError(
                     f"program entry point {name!r} gave the program {record.name!r}: "

@@ -206,11 +206,12 @@ class SessionNeeds:
             for name, value in changes.items():
                 setattr(s, name, value)
         except AttributeError:  # dataclasses.FrozenInstanceError is an AttributeError
-            if not dataclasses.is_dataclass(s):
+            if not dataclasses.is_dataclass(s) or isinstance(s, type):
                 raise TypeError(
                     f"cannot apply session needs to {type(s).__name__}: it is immutable"
                 ) from None
-            return dataclasses.replace(s, **changes)
+            replaced: Any = dataclasses.replace(s, **changes)
+            return replaced
         return spec
 
 

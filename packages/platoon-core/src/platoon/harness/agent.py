@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -70,7 +70,7 @@ class ToolAccess(enum.StrEnum):
     READ_ONLY = "read_only"
 
 
-def _member[E: enum.StrEnum](enum_cls: type[E], value: object, what: str) -> E:
+def _member[E: enum.StrEnum](enum_cls: type[E], value: str, what: str) -> E:
     """`enum_cls(value)` with a message that lists the accepted values (the stock one does not)."""
     try:
         return enum_cls(value)
@@ -381,8 +381,9 @@ class AgentContext(Protocol):
         ...
 
 
-#: A function harness: `async def fn(ctx: AgentContext) -> AgentResult`.
-AgentFn = Callable[[AgentContext], Awaitable[AgentResult]]
+#: A function harness: `async def fn(ctx: AgentContext) -> AgentResult` (a coroutine function, so the runtime
+#: can run it as a task).
+AgentFn = Callable[[AgentContext], Coroutine[Any, Any, AgentResult]]
 
 
 def out_of_steps(ctx: AgentContext, steps_taken: int) -> bool:

@@ -274,20 +274,12 @@ def is_training_schema(schema: type[BaseModel] | None) -> bool:
 
 
 def _registry_lookup(name: str) -> Any:
+    """A trainer config registered with `platoon.registry.register_trainer_config` (LookupError if none)."""
     registry = importlib.import_module("platoon.registry")
-
-    for getter in ("get_trainer_config", "resolve_trainer_config"):
-        ask = getattr(registry, getter, None)
-        if ask is not None:
-            return ask(name)
-    for getter in ("lookup", "resolve", "get"):
-        ask = getattr(registry, getter, None)
-        if ask is not None:
-            return ask("trainer_config", name)
-    table = getattr(registry, "TRAINER_CONFIGS", None)
-    if isinstance(table, Mapping):
-        return table[name]
-    raise LookupError(name)
+    found = registry.lookup("trainer_config", name)
+    if found is None:
+        raise LookupError(f"no trainer_config is registered as {name!r}")
+    return found
 
 
 def resolve_trainer_config(ref: str, package: Any = None) -> type[BaseModel]:

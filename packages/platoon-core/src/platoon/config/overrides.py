@@ -218,6 +218,16 @@ def is_list_typed(tp: Any) -> bool:
     return any(list_item_type(m) is not None for m in members)
 
 
+def _navigable(tp: Any) -> bool:
+    """Whether a value of this type can hold keys or indices (models, mappings, lists, free-form)."""
+    tp = unwrap(tp)
+    members = [m for m in (union_members(tp) or [tp]) if m is not NoneType]
+    return any(
+        is_any(m) or is_model(m) or mapping_value_type(m) is not None or list_item_type(m) is not None
+        for m in members
+    )
+
+
 def describe(tp: Any) -> str:
     """A type as messages name it, without an article: `int`, `mapping (Class)`, `one of 'a', 'b'`, ..."""
     tp = unwrap(tp)
@@ -507,6 +517,9 @@ def _apply_one(data: dict[str, Any], ov: Override, schema: type[BaseModel] | Non
         if last:
             _set(node, key, current, ctp, ov, dotted)
             return
+        if not _navigable(ctp):
+            nxt = segments[position + 1]
+            raise _Bad(f"{dotted}.{nxt}: {dotted} is {article(describe(ctp))}, which has no key {nxt!r}")
         if current is None:
             if is_list_typed(ctp):
                 raise _Bad(f"{dotted}: has no entries to index")

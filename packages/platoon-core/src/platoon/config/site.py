@@ -143,11 +143,10 @@ def _provider_problem(name: str) -> str | None:
                     cls = getattr(cls, part)
             else:
                 plugins = importlib.import_module("platoon.plugins")
-                for getter in ("get_sandbox_provider", "get_sandbox_runtime", "get_provider"):
-                    ask = getattr(plugins, getter, None)
-                    if ask is not None:
-                        cls = ask(name)
-                        break
+                runtime = plugins.get_sandbox_runtime(name)
+                cls = getattr(runtime, "provider", runtime)
+                if isinstance(cls, str):
+                    cls = plugins.resolve_target(cls)
         except Exception as exc:  # an unresolvable provider is refused, never a traceback
             return f"provider: {name} does not resolve ({type(exc).__name__}: {exc})"
         if cls is None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,3 +270,17 @@ def test_outcome_is_a_plain_dataclass() -> None:
         "failure_kind": None,
         "metadata": {},
     }
+
+
+def test_api_modules_import_nothing_heavy() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import platoon.envs, platoon.envs.service, platoon.task, platoon.trajectory, platoon.rewards
+        import platoon.registry, platoon.gym, platoon.harness.agent
+        heavy = {"pydantic", "openreward", "torch", "transformers", "tinker", "yaml", "typer", "docker", "mcp"}
+        print(sorted(m for m in sys.modules if m.split(".")[0] in heavy or m.startswith("platoon.config")))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

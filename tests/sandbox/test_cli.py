@@ -1,0 +1,14 @@
+"""`platoon sandbox`: found through platoon-sandbox's entry point."""
+
+from __future__ import annotations
+
+from platoon.cli import main
+
+
+def test_sandbox_reap_says_it_is_not_available_yet(capsys):
+    assert main(["--help"]) == 0
+    assert "\n  sandbox " in capsys.readouterr().out
+    assert main(["sandbox", "reap", "runs/x"]) == 1
+    assert capsys.readouterr().err == (
+        "platoon: `platoon sandbox reap` is not available yet in this build; it arrives with the sandbox providers\n"
+    )

@@ -500,7 +500,11 @@ def load_config(
     env = os.environ if environ is None else environ
     if kind not in KINDS:
         raise ConfigError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
-    argv_config, override_texts = split_library_argv(list(overrides))
+    override_texts = list(overrides)
+    argv_config = None
+    if any(item.startswith("-") for item in override_texts):
+        # The library argv form; plain `k=v` lists (the command line's) keep malformed items for their message.
+        argv_config, override_texts = split_library_argv(override_texts)
     if argv_config is not None:
         if path is not None:
             raise ConfigError(f"a config file is named twice: {os.fspath(path)} and --config {argv_config}")

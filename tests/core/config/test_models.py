@@ -19,7 +19,7 @@ from platoon.train.tinker.config_defs import (
     WorkflowConfig,
     training_problems,
 )
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 
 def config(**sections: Any) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def build(**sections: Any) -> PlatoonTinkerRLTrainerConfig:
     return PlatoonTinkerRLTrainerConfig.model_validate(config(**sections))
 
 
-def errors(model: type, data: Any) -> list[tuple[str, str, str]]:
+def errors(model: type[BaseModel], data: Any) -> list[tuple[str, str, str]]:
     """(dotted path, error type, message) of each problem."""
     with pytest.raises(ValidationError) as info:
         model.model_validate(data)
@@ -45,7 +45,7 @@ def errors(model: type, data: Any) -> list[tuple[str, str, str]]:
     ]
 
 
-def messages(model: type, data: Any) -> str:
+def messages(model: type[BaseModel], data: Any) -> str:
     return "\n".join(f"{loc}: {msg}" for loc, _, msg in errors(model, data))
 
 
@@ -257,7 +257,7 @@ def test_ints_and_floats() -> None:
         (StatsConfig, {"experiment_name": "a/b"}, "experiment_name"),
     ],
 )
-def test_bounds(model: type, data: dict[str, Any], loc: str) -> None:
+def test_bounds(model: type[BaseModel], data: dict[str, Any], loc: str) -> None:
     if model is TrainConfig:
         data = {"model_name": "m", "renderer_name": "r", **data}
     assert [found[0] for found in errors(model, data)] == [loc]

@@ -6,7 +6,7 @@ writes them partially (core.md 11.3), `lay_over`, and numeric types that never t
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import NoneType, UnionType
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
@@ -163,7 +163,7 @@ def section_default[M: BaseModel](model: type[M], *, description: str = "", **pa
     return Field(default_factory=factory, description=description)
 
 
-def laid_over(factory: Callable[[], Any] | None) -> tuple[type[BaseModel], dict[str, Any]] | None:
+def laid_over(factory: object) -> tuple[type[BaseModel], dict[str, Any]] | None:
     """The (model, partial mapping) a `section_default` factory builds from, else None."""
     return getattr(factory, "__laid_over__", None)
 
@@ -172,7 +172,7 @@ def laid_over(factory: Callable[[], Any] | None) -> tuple[type[BaseModel], dict[
 def _laid_fields(cls: type[BaseModel]) -> dict[str, tuple[type[BaseModel], dict[str, Any]]]:
     fields = {}
     for name, info in cls.model_fields.items():
-        laid = laid_over(info.default_factory)  # type: ignore[arg-type]
+        laid = laid_over(info.default_factory)
         if laid is not None:
             fields[name] = laid
     return fields

@@ -282,8 +282,12 @@ def check_mixture(entries: Sequence[Mapping[str, Any] | BaseModel], path: str = 
     numeric = [i for i, w in enumerate(weights) if _is_number(w)]
     by_tasks = [i for i, w in enumerate(weights) if w is _UNSET or w == "tasks"]
     if numeric and by_tasks:
-        # Blame the fewer side: that is where the user most likely forgot or added a weight.
-        wrong, right = (by_tasks, numeric) if len(by_tasks) <= len(numeric) else (numeric, by_tasks)
+        # Blame the fewer side (where a weight was most likely forgotten or added); on a tie, the side
+        # without the first entry, which sets the convention.
+        if len(by_tasks) != len(numeric):
+            wrong, right = (by_tasks, numeric) if len(by_tasks) < len(numeric) else (numeric, by_tasks)
+        else:
+            wrong, right = (numeric, by_tasks) if 0 in by_tasks else (by_tasks, numeric)
         for i in wrong:
             shown = "tasks" if weights[i] is _UNSET else yaml_scalar(weights[i])
             problems.append(

@@ -480,3 +480,26 @@ def test_loaded_config_fields(tmp_path: Path) -> None:
     assert isinstance(loaded, LoadedConfig)
     assert loaded.path == cfg and loaded.site is None and loaded.site_gave == {}
     assert loaded.site_looked_at == Path(os.environ["XDG_CONFIG_HOME"]) / "platoon" / "site.yaml"
+
+
+def test_deprecated_service_options_come_from_the_service_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from platoon.deprecations import DeprecatedKey
+
+    class Service:
+        DEPRECATED_KEYS = {"cache": DeprecatedKey("0.3.0", instead="the site profile's cache")}
+
+    fake = types.SimpleNamespace(
+        get_service=lambda name: types.SimpleNamespace(factory=Service if name == "svc" else None),
+        service_scheme=lambda service: service.partition("://")[0],
+        resolve_target=lambda target: target,
+    )
+    monkeypatch.setitem(sys.modules, "platoon.plugins", fake)
+    entry = {"service": "svc", "service_kwargs": {"cache": "/c", "other": 1}}
+    cfg = write(tmp_path / "c.yaml", {**TRAIN, "environments": [entry]})
+    (record,) = load_config(cfg, cwd=tmp_path).deprecations
+    assert record.message == (
+        "environments.0.service_kwargs.cache: deprecated; use the site profile's cache instead "
+        "(platoon 0.3.0 removes it)"
+    )

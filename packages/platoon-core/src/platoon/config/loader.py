@@ -410,13 +410,18 @@ def normalize_numbers(value: Any, tp: Any) -> Any:
 
 
 def _service_deprecations(service: Any) -> Mapping[str, DeprecatedKey]:
+    """The deprecated `service_kwargs` keys a service class declares (its `DEPRECATED_KEYS`), if it resolves."""
     if not isinstance(service, str) or not service:
         return {}
     try:
         plugins = importlib.import_module("platoon.plugins")
-        ask = getattr(plugins, "get_service_deprecated_keys", None)
-        return dict(ask(service) or {}) if ask is not None else {}
+        factory = plugins.get_service(plugins.service_scheme(service)).factory
+        if isinstance(factory, str):
+            factory = plugins.resolve_target(factory)
+        declared = getattr(factory, "DEPRECATED_KEYS", None) or {}
+        return {k: v for k, v in dict(declared).items() if isinstance(v, DeprecatedKey)}
     except Exception:
+        # A service that does not resolve is reported by component resolution, not here.
         return {}
 
 

@@ -241,7 +241,10 @@ class ConfigModel(StrictModel):
         try:
             return handler(data)
         except ValidationError as exc:
-            if not any(kept.values()):
+            noted = any(
+                e["type"] == "value_error" and e["loc"] and kept.get(str(e["loc"][0])) for e in exc.errors()
+            )
+            if not noted:
                 raise
             raise _note_kept(cls.__name__, exc, kept) from None
 

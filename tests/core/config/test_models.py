@@ -673,3 +673,29 @@ def test_subclasses_keep_the_rules() -> None:
     cfg = MyConfig.model_validate(config(train={"workflow_config": {"rollout_isolation": "process"}}))
     assert cfg.eval.workflow_config.rollout_isolation == "process"
     assert "at least one group" in messages(MyConfig, config(train={"max_concurrent_rollouts": 1}))
+
+
+def test_section_default_is_reusable_and_counts_a_renamed_key_as_one() -> None:
+    from platoon.config_defs import ConfigModel, section_default
+
+    class Holder(ConfigModel):
+        rollout: RolloutConfig = section_default(RolloutConfig, propagate_root_success=True, max_steps=5)
+
+    assert Holder().rollout.propagate_root_success is True and Holder().rollout.max_steps == 5
+    # The old spelling replaces the default written under the new name instead of conflicting with it.
+    held = Holder.model_validate({"rollout": {"propogate_root_success": False}})
+    assert held.rollout.propagate_root_success is False and held.rollout.max_steps == 5
+    assert Holder.model_validate({"rollout": {"verbose": False}}).rollout.propagate_root_success is True
+
+
+def test_config_modules_import_nothing_heavy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, platoon.train.tinker.config_defs, platoon.eval.run, platoon.config.environments;"
+        "heavy = {'torch', 'transformers', 'tinker', 'openreward', 'docker', 'mcp', 'yaml', 'tokenizers'};"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

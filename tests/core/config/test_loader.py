@@ -503,3 +503,14 @@ def test_deprecated_service_options_come_from_the_service_class(
         "environments.0.service_kwargs.cache: deprecated; use the site profile's cache instead "
         "(platoon 0.3.0 removes it)"
     )
+
+
+def test_importing_the_config_package_stays_light(run_python: Any) -> None:
+    code = (
+        "import sys, platoon.config as c; c.load_config; c.apply_overrides; c.describe_site; "
+        "heavy = [m for m in ('platoon.plugins', 'platoon.train.tinker.config_defs', 'platoon.eval.config_defs') "
+        "if m in sys.modules]; print(heavy)"
+    )
+    result = run_python(code, path=tuple(Path(p) for p in sys.path if p))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeGuard, Union
 
 import yaml
 from pydantic import BaseModel
@@ -64,7 +64,7 @@ def is_any(tp: Any) -> bool:
     return tp is Any or tp is object or isinstance(tp, typing.TypeVar)
 
 
-def is_model(tp: Any) -> bool:
+def is_model(tp: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
@@ -89,8 +89,8 @@ def list_item_type(tp: Any) -> Any | None:
         from collections import abc
 
         if issubclass(origin, (abc.Sequence, abc.Set)) and not issubclass(origin, Mapping):
-            args = typing.get_args(tp)
-            return unwrap(args[0]) if args else Any
+            params = typing.get_args(tp)
+            return unwrap(params[0]) if params else Any
     except TypeError:
         pass
     return None

@@ -21,7 +21,9 @@ def platoon_script() -> str:
     script = Path(sys.executable).with_name("platoon")
     found = str(script) if script.exists() else shutil.which("platoon")
     if not found:
-        raise SystemExit("the platoon console script is not installed in this environment: run `uv sync` first")
+        raise SystemExit(
+            "the platoon console script is not installed in this environment: run `uv sync` first"
+        )
     return found
 
 

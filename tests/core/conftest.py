@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from platoon import plugins
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "extensions"
@@ -70,7 +69,9 @@ def _run_python(
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120
+    )
 
 
 @pytest.fixture

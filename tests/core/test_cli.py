@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
-
 from platoon.cli import main
 
-CORE_COMMANDS = ["config", "env", "eval", "extensions", "harness", "prepare", "program", "rollout", "tinker", "train",
-                 "viz"]
+CORE_COMMANDS = [
+    "config",
+    "env",
+    "eval",
+    "extensions",
+    "harness",
+    "prepare",
+    "program",
+    "rollout",
+    "tinker",
+    "train",
+    "viz",
+]
 
 
 def test_help_lists_every_command(capsys):
@@ -51,7 +61,9 @@ def test_commands_of_later_releases_say_so_and_fail(argv, command, capsys):
     assert captured.out == ""
     lines = captured.err.splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith(f"platoon: `platoon {command}` is not available yet in this build; it arrives with ")
+    assert lines[0].startswith(
+        f"platoon: `platoon {command}` is not available yet in this build; it arrives with "
+    )
 
 
 def test_harness_show_unknown_is_a_config_error(capsys):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
 import platoon as pt
+import pytest
 from platoon import plugins
 from platoon.cli import main
 from platoon.errors import ExtensionError
@@ -108,7 +107,9 @@ def test_ignore_requirements_variable_downgrades_to_a_warning(with_extensions, m
 
 
 def test_broken_extension_is_reported_by_name_and_breaks_nothing_else(with_extensions, capsys):
-    with pytest.raises(ExtensionError, match=r"acme-broken \(acme-broken, .*\) failed to load: RuntimeError: "):
+    with pytest.raises(
+        ExtensionError, match=r"acme-broken \(acme-broken, .*\) failed to load: RuntimeError: "
+    ):
         pt.get_harness("acme-broken")
     # the recorded failure is raised again, unchanged; other extensions still load
     with pytest.raises(ExtensionError, match="acme-broken cannot find its model weights"):
@@ -167,12 +168,17 @@ def test_two_distributions_claiming_one_name(extension_dirs, monkeypatch, fresh_
     assert "acme_clash" not in sys.modules
 
 
-def test_check_reports_reserved_names_and_missing_upper_bounds(extension_dirs, monkeypatch, fresh_plugins, capsys):
+def test_check_reports_reserved_names_and_missing_upper_bounds(
+    extension_dirs, monkeypatch, fresh_plugins, capsys
+):
     monkeypatch.syspath_prepend(str(extension_dirs["clash"]))
     plugins.reset()
     assert main(["extensions", "check", "acme-clash"]) == 78
     out = capsys.readouterr().out
-    assert "error: acme-clash: platoon.programs: single: 'single' is reserved for platoon's own components" in out
+    assert (
+        "error: acme-clash: platoon.programs: single: 'single' is reserved for platoon's own components"
+        in out
+    )
     assert "warning: acme-clash: requires platoon-core>=0.2 without an upper bound" in out
     assert "warning: acme-clash: names components with more than one owner prefix (acme, single)" in out
     assert out.splitlines()[-1] == "1 error(s), 2 warning(s)"

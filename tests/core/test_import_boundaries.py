@@ -9,7 +9,17 @@ from pathlib import Path
 
 import platoon
 
-HEAVY = ["torch", "transformers", "tinker", "openreward", "docker", "mcp", "starlette", "uvicorn", "tokenizers"]
+HEAVY = [
+    "torch",
+    "transformers",
+    "tinker",
+    "openreward",
+    "docker",
+    "mcp",
+    "starlette",
+    "uvicorn",
+    "tokenizers",
+]
 PLUGIN_PACKAGES = ["platoon_harnesses", "platoon_sandbox", "platoon_harbor", "platoon_textcraft"]
 CORE_SRC = Path(platoon.__file__).parent
 
@@ -70,7 +80,9 @@ def test_no_core_source_names_a_plugin_package():
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            offenders += [f"{path.relative_to(CORE_SRC)}: {n}" for n in names if n.split(".")[0] in PLUGIN_PACKAGES]
+            offenders += [
+                f"{path.relative_to(CORE_SRC)}: {n}" for n in names if n.split(".")[0] in PLUGIN_PACKAGES
+            ]
     assert offenders == []
 
 

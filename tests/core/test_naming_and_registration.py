@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import platoon as pt
+import pytest
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_version, pick_version, version_matches
 from platoon.programs import get_program
@@ -90,7 +89,9 @@ def test_different_function_under_one_ref_names_both(fresh_plugins):
 
 
 def test_get_harness_by_import_string(fresh_plugins):
-    with pytest.raises(ExtensionError, match=r"'python://platoon.programs.builtin:single' is not an @platoon.harness"):
+    with pytest.raises(
+        ExtensionError, match=r"'python://platoon.programs.builtin:single' is not an @platoon.harness"
+    ):
         pt.get_harness("python://platoon.programs.builtin:single")
     with pytest.raises(ExtensionError, match=r"cannot be imported: ModuleNotFoundError"):
         pt.get_harness("no_such_module:fn")
@@ -106,7 +107,9 @@ def test_unknown_harness_lists_what_exists(fresh_plugins):
     with pytest.raises(ExtensionError) as caught:
         pt.get_harness("acme-solvr")
     message = str(caught.value)
-    assert message.startswith("unknown harness 'acme-solvr' (did you mean acme-solver?). registered: acme-solver@1;")
+    assert message.startswith(
+        "unknown harness 'acme-solvr' (did you mean acme-solver?). registered: acme-solver@1;"
+    )
     assert "provide one with @platoon.harness" in message
 
 

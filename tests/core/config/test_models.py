@@ -382,11 +382,12 @@ def test_training_problems() -> None:
     (problem,) = training_problems(build())
     assert "num_epochs or max_training_steps" in problem
     cfg = build(train={"num_epochs": 1, "workflow_config": {"rollout_config": {"judges": False}}})
-    # eval inherits training's rollout config, so both sections turn judges off.
+    # eval inherits training's rollout config: the switch is reported once, where it was made
     assert [p.split(":")[0] for p in training_problems(cfg)] == [
-        "train.workflow_config.rollout_config.judges",
-        "eval.workflow_config.rollout_config.judges",
+        "train.workflow_config.rollout_config.judges"
     ]
+    cfg = build(train={"num_epochs": 1}, eval={"workflow_config": {"rollout_config": {"judges": False}}})
+    assert [p.split(":")[0] for p in training_problems(cfg)] == ["eval.workflow_config.rollout_config.judges"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

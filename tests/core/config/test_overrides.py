@@ -222,9 +222,9 @@ def test_list_indices_including_negative() -> None:
 def test_list_index_errors() -> None:
     data = {"environments": [{"name": "a"}]}
     assert problems(data, "environments.3.seed=1", "environments.x.seed=1", "environments.-2.seed=1") == [
-        "override 'environments.3.seed=1': environments.3: index 3 is out of range (the list has 1 entries)",
+        "override 'environments.3.seed=1': environments.3: index 3 is out of range (the list has 1 entry)",
         "override 'environments.x.seed=1': environments.x: 'x' is not a list index (an integer)",
-        "override 'environments.-2.seed=1': environments.-2: index -2 is out of range (the list has 1 entries)",
+        "override 'environments.-2.seed=1': environments.-2: index -2 is out of range (the list has 1 entry)",
     ]
 
 

@@ -60,4 +60,6 @@ class NotPrepared(ConfigError):
         super().__init__(list(problems))
 
     def render(self) -> str:
-        return "\n".join(["what the run needs is not prepared on this site:", *(f"  {p}" for p in self.problems)])
+        return "\n".join(
+            ["what the run needs is not prepared on this site:", *(f"  {p}" for p in self.problems)]
+        )

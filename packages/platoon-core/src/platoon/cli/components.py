@@ -32,7 +32,7 @@ def harness_list() -> None:
     from platoon import plugins
     from platoon.harness.function import registered_harnesses
 
-    rows = []
+    rows: list[tuple[str, ...]] = []
     loaded_names = set()
     for record in sorted(registered_harnesses().values(), key=lambda r: r.ref):
         loaded_names.add(record.name)
@@ -42,7 +42,7 @@ def harness_list() -> None:
             continue
         state = plugins.status(info)
         source = info.value if state in ("ok", "loaded") else f"{info.value} ({state})"
-        rows.append((info.name, "-", info.distribution, source))
+        rows.append((info.name, "-", info.label, source))
     for info, error in plugins.failures("harness").items():
         err(f"{info.name} failed to load, so its harnesses are missing: {error}")
     if not rows:

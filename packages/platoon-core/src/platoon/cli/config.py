@@ -1,13 +1,204 @@
-"""`platoon config show|validate` (placeholder until the loader lands)."""
+"""`platoon config show|validate`: a config as a run resolves it, and every problem a run would refuse (core.md 3.7, 3.8).
+
+Both load through `platoon.config.load_config` (extends, overrides, named environments, paths, site profile,
+validation), so what they print is what a run will use.
+"""
 
 from __future__ import annotations
 
-from platoon.cli.output import new_app
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
 
-app = new_app("Show and validate configs.")
+import typer
+
+from platoon.cli.output import err, new_app, out
+from platoon.errors import EX_CONFIG, EX_USAGE, ConfigError
+
+app = new_app("Show and validate configs as a run resolves them.")
+
+KIND_CHOICES = ("auto", "train", "eval", "none")
+KindOption = Annotated[
+    str, typer.Option("--kind", help="Which schema: auto (from the file's keys), train, eval or none.")
+]
+SchemaOption = Annotated[
+    str | None,
+    typer.Option("--schema", help="Validate against this class (module:Class).", show_default=False),
+]
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KIND_CHOICES:
+        raise typer.BadParameter(f"{kind!r} is not one of {', '.join(KIND_CHOICES)}", param_hint="--kind")
+
+
+def deprecation_lines(loaded: Any) -> list[str]:
+    """The loaded config's deprecation messages, passed through Python's warning filters first.
+
+    An `error` filter raises PlatoonDeprecationWarning (the command line exits 78); an `ignore` filter drops it.
+    Each message is returned once; the command prints them.
+    """
+    from platoon.deprecations import PlatoonDeprecationWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        for record in loaded.deprecations:
+            warnings.warn(record.message, PlatoonDeprecationWarning, stacklevel=2)
+    seen: dict[str, None] = {}
+    for warning in caught:
+        if issubclass(warning.category, PlatoonDeprecationWarning):
+            seen.setdefault(str(warning.message))
+    return list(seen)
+
+
+def _to_yaml(data: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False).rstrip()
+
+
+def _with_defaults(loaded: Any) -> Any:
+    """The built object with every field, leaving out deprecated keys that are still at their defaults."""
+    from pydantic import BaseModel
+
+    def dump(model: BaseModel) -> dict[str, Any]:
+        deprecated = getattr(type(model), "DEPRECATED_KEYS", {})
+        result: dict[str, Any] = {}
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            if name in deprecated and name not in model.model_fields_set and value == info.default:
+                continue
+            result[name] = walk(value)
+        return result
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, BaseModel):
+            return dump(value)
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        if hasattr(value, "value") and type(value).__module__ != "builtins":  # enums
+            return value.value
+        return value
+
+    return dump(loaded.config)
 
 
 @app.command()
-def show(config: str) -> int:
-    """Print a config as a run resolves it."""
-    return 1
+def show(
+    config: Annotated[str, typer.Argument(help="The config file.", show_default=False)],
+    overrides: Annotated[list[str] | None, typer.Argument(help="k=v overrides.", show_default=False)] = None,
+    kind: KindOption = "auto",
+    schema: SchemaOption = None,
+    defaults: Annotated[bool, typer.Option("--defaults", help="Print every field, defaults filled.")] = False,
+) -> int:
+    """Print a config as a run resolves it: extends, overrides, named environments, paths, site profile."""
+    from platoon.config import load_config
+
+    _check_kind(kind)
+    loaded = load_config(config, overrides or [], kind=kind, schema=schema)
+    for line in deprecation_lines(loaded):
+        err(line)
+    if defaults:
+        if loaded.config is None:
+            err(f"{config}: --defaults needs a schema; this file has none (give --kind or --schema)")
+            return EX_CONFIG
+        out(_to_yaml(_with_defaults(loaded)))
+    else:
+        out(_to_yaml(loaded.data))
+    return 0
+
+
+def _split_files(items: list[str]) -> tuple[list[str], list[str]]:
+    """Positional items with `=` that are not existing files are overrides applied to every file."""
+    files: list[str] = []
+    overrides: list[str] = []
+    for item in items:
+        (overrides if "=" in item and not Path(item).is_file() else files).append(item)
+    return files, overrides
+
+
+def _validate_one(
+    path: str,
+    overrides: list[str],
+    *,
+    kind: str,
+    schema: str | None,
+    resolve: bool,
+    strict: bool,
+    tasks: bool,
+) -> tuple[bool, bool]:
+    """Print one file's verdict; returns (failed, tasks_unavailable)."""
+    from platoon.config import load_config
+    from platoon.config.checks import component_problems, run_problems
+
+    try:
+        loaded = load_config(path, overrides, kind=kind, schema=schema)
+    except ConfigError as exc:
+        out(f"FAIL {path}")
+        for problem in exc.problems:
+            out(f"  {problem}")
+        return True, False
+    problems: list[str] = []
+    if loaded.config is not None:
+        problems += run_problems(loaded.config, kind=loaded.kind)
+        report_only = getattr(loaded.config, "stage", None) == "report"
+        if resolve and not report_only:
+            problems += component_problems(loaded.config)
+    deprecations = deprecation_lines(loaded)
+    failed = bool(problems) or (strict and bool(deprecations))
+    schema_name = type(loaded.config).__name__ if loaded.config is not None else "no schema"
+    out(f"FAIL {path}" if failed else f"ok   {path} ({schema_name})")
+    for problem in problems:
+        out(f"  {problem}")
+    for line in deprecations:
+        out(f"  {line}")
+    tasks_unavailable = False
+    if tasks:
+        if loaded.kind == "train":
+            out(
+                "  tasks: not listed: listing a training config's tasks needs its environment services, which are"
+            )
+            out("  not available yet in this build")
+            tasks_unavailable = True
+        else:
+            out("  tasks: only a training config's tasks are listed")
+    return failed, tasks_unavailable
+
+
+@app.command()
+def validate(
+    items: Annotated[
+        list[str] | None,
+        typer.Argument(help="Config files, then k=v overrides for all of them.", show_default=False),
+    ] = None,
+    kind: KindOption = "auto",
+    schema: SchemaOption = None,
+    resolve: Annotated[
+        bool,
+        typer.Option("--resolve/--no-resolve", help="Resolve (import) every component the config names."),
+    ] = True,
+    strict: Annotated[bool, typer.Option("--strict", help="Deprecations count as failures.")] = False,
+    tasks: Annotated[
+        bool, typer.Option("--tasks", help="List a training config's tasks as a run would.")
+    ] = False,
+) -> int:
+    """Check configs as a run would: schema, mixture rules, components, deprecations; exit 78 if any fails."""
+    _check_kind(kind)
+    files, overrides = _split_files(list(items or []))
+    if not files:
+        print("platoon config validate: name at least one config file", file=sys.stderr)
+        return EX_USAGE
+    any_failed = any_unavailable = False
+    for path in files:
+        failed, unavailable = _validate_one(
+            path, overrides, kind=kind, schema=schema, resolve=resolve, strict=strict, tasks=tasks
+        )
+        any_failed |= failed
+        any_unavailable |= unavailable
+    if any_failed:
+        return EX_CONFIG
+    return 1 if any_unavailable else 0

@@ -61,23 +61,27 @@ def list_(kind: KindOption = None, json_output: bool = False) -> None:
 def _loaded_versions(info: Any) -> list[str] | None:
     """The versions the component provides, once its entry point is loaded (None while it is not)."""
     from platoon import plugins
-    from platoon.harness.function import record_of as harness_record
-    from platoon.harness.function import registered_harnesses
-    from platoon.programs.registry import record_of as program_record
-    from platoon.programs.registry import registered_programs
+    from platoon.harness import function as harnesses
+    from platoon.programs import registry as programs
 
     if plugins.status(info) != "loaded":
         return None
-    versions: set[str] = set()
+    records: list[Any] = []
     for answer in plugins.ask(info.kind, info.name, plugins.load(info)):
-        record = {"harness": harness_record, "program": program_record}.get(info.kind, lambda a: a)(answer)
-        if getattr(record, "name", None) == info.name and getattr(record, "version", None):
-            versions.add(record.version)
+        if info.kind == "harness":
+            records.append(harnesses.record_of(answer))
+        elif info.kind == "program":
+            records.append(programs.record_of(answer))
+        else:
+            records.append(answer)
     # Modules may register on import instead of answering the hook.
-    registries = {"harness": registered_harnesses, "program": registered_programs}
-    if info.kind in registries:
-        versions |= {r.version for r in registries[info.kind]().values() if r.name == info.name}
-    return sorted(versions)
+    if info.kind == "harness":
+        records += harnesses.registered_harnesses().values()
+    elif info.kind == "program":
+        records += programs.registered_programs().values()
+    return sorted(
+        {r.version for r in records if getattr(r, "name", None) == info.name and getattr(r, "version", None)}
+    )
 
 
 def _requires_text(info: Any) -> str:

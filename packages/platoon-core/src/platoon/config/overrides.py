@@ -483,7 +483,8 @@ def _index(segment: str, items: list[Any], dotted: str) -> int:
     except ValueError:
         raise _Bad(f"{dotted}: {segment!r} is not a list index (an integer)") from None
     if not -len(items) <= index < len(items):
-        raise _Bad(f"{dotted}: index {index} is out of range (the list has {len(items)} entries)")
+        count = f"{len(items)} entry" if len(items) == 1 else f"{len(items)} entries"
+        raise _Bad(f"{dotted}: index {index} is out of range (the list has {count})")
     return index if index >= 0 else len(items) + index
 
 

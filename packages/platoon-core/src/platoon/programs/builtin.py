@@ -7,8 +7,7 @@ rewards, then propagate root success) and grades; `gym` scores a step environmen
 
 from __future__ import annotations
 
-from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from platoon.hookspecs import hookimpl
 from platoon.programs.registry import program
@@ -17,6 +16,10 @@ if TYPE_CHECKING:
     from platoon.envs.service import Outcome
     from platoon.programs.context import EpisodeContext
     from platoon.trajectory import TrajectoryCollection
+
+
+def _number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _last_step_misc(trajectory: Any) -> dict[str, Any] | None:
@@ -39,7 +42,7 @@ def propagate_root_success(collection: TrajectoryCollection) -> None:
     root = trajectories[0]
     root_misc = _last_step_misc(root) or {}
     success = root_misc.get("reward/success")
-    if not isinstance(success, Real) or isinstance(success, bool):
+    if not _number(success):
         success = 0.0 if _forced_zero(root) else root.reward
     for trajectory in trajectories:
         reward = 0.0 if _forced_zero(trajectory) else float(success)
@@ -50,7 +53,7 @@ def propagate_root_success(collection: TrajectoryCollection) -> None:
         for step in trajectory.steps:
             reward_misc = step.misc.get("reward_misc") or {}
             launched = reward_misc.get("reward/subagent_launched")
-            if isinstance(launched, Real) and not isinstance(launched, bool) and launched > 0:
+            if _number(launched) and launched > 0:
                 reward_misc["reward/subagent_succeeded"] = launched * float(success)
 
 
@@ -74,7 +77,7 @@ async def gym(ep: EpisodeContext) -> Outcome:
 
     result = await ep.run()
     gym_return = ep.root.misc.get("gym_return")
-    if result.status in ("completed", "limit") and isinstance(gym_return, Real):
+    if result.status in ("completed", "limit") and _number(gym_return):
         return Outcome("scored", rewards={"reward": float(gym_return)})
     return await ep.grade()
 

@@ -565,7 +565,9 @@ def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
         problems.append("train: set num_epochs or max_training_steps (at least one is required to train)")
     for section in ("train", "eval"):
         rollout = getattr(config, section).workflow_config.rollout_config
-        if not rollout.judges:
+        # eval inherits train's rollout config: report the switch once, where it was made
+        inherited = section == "eval" and not config.train.workflow_config.rollout_config.judges
+        if not rollout.judges and not inherited:
             problems.append(
                 f"{section}.workflow_config.rollout_config.judges: {yaml_scalar(rollout.judges)}: a training config "
                 "may not turn judges off"

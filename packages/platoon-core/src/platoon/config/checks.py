@@ -1,0 +1,113 @@
+"""The checks a run makes on a loaded config beyond its schema: mixture rules, rollouts that could never train,
+and every component the entries name resolving (core.md 3.8, 4.7, 4.9).
+
+`platoon config validate` reports these so that it refuses what a run would refuse, before any run starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from platoon.errors import ExtensionError
+
+#: the workflow and rollouts core provides itself (they arrive with the trainer): nothing to look up
+BUILTIN_WORKFLOWS = frozenset({"group_rollout"})
+BUILTIN_ROLLOUTS = frozenset({"harness_rollout"})
+
+
+def _entries(config: Any) -> list[Any]:
+    return list(getattr(config, "environments", None) or [])
+
+
+def run_problems(config: Any, *, kind: str) -> list[str]:
+    """Mixture rules and, for training, the settings under which no rollout could ever train."""
+    from platoon.config.environments import check_environments_defined, check_mixture
+
+    if kind not in ("train", "eval"):
+        return []
+    entries = _entries(config)
+    problems = check_environments_defined(entries) or check_mixture(entries)
+    if kind == "train":
+        from platoon.train.tinker.config_defs import training_problems
+
+        problems += training_problems(config)
+    return problems
+
+
+def _import_string(ref: str) -> Any:
+    module_name, _, attr = ref.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for part in filter(None, attr.split(".")):
+        value = getattr(value, part)
+    return value
+
+
+def _references(entry: Any) -> Iterator[tuple[str, str, Callable[[str], Any]]]:
+    """(config key, reference, resolver) for every component an entry names."""
+    from platoon import plugins, registry
+    from platoon.harness.registry import get_harness
+    from platoon.programs.registry import get_program
+
+    def registered(kind: str) -> Callable[[str], Any]:
+        def resolve(ref: str) -> Any:
+            found = registry.lookup(kind, ref)
+            if found is not None:
+                return found
+            if ":" in ref or "." in ref:
+                return registry.resolve_import_string(ref)
+            raise ExtensionError(
+                f"unknown {kind.replace('_', ' ')} {ref!r}: register one with "
+                f"platoon.registry.register_{kind}() in the entry's package, or name it as module:attr"
+            )
+
+        return resolve
+
+    def service(ref: str) -> Any:
+        if "://" not in ref and ":" in ref:
+            return _import_string(ref)
+        return plugins.get_service(plugins.service_scheme(ref))
+
+    harness = entry.harness
+    if isinstance(harness, str):
+        yield "harness", harness, get_harness
+    elif isinstance(harness, dict):
+        for ref in harness:
+            yield f"harness.{ref}", ref, get_harness
+    yield "program", entry.program, get_program
+    if entry.service:
+        yield "service", entry.service, service
+    if entry.reward_processor:
+        yield "reward_processor", entry.reward_processor, plugins.get_reward_processor
+    for key in ("dataset_loader", "eval_dataset_loader", "task_loader"):
+        ref = getattr(entry, key)
+        if ref:
+            yield key, ref, registered("task_loader" if key == "task_loader" else "dataset_loader")
+    for key in ("rollout", "eval_rollout"):
+        ref = getattr(entry, key)
+        if ref and ref not in BUILTIN_ROLLOUTS:
+            yield key, ref, registered("rollout")
+    if entry.workflow not in BUILTIN_WORKFLOWS:
+        yield "workflow", entry.workflow, registered("workflow")
+
+
+def component_problems(config: Any) -> list[str]:
+    """Resolve (importing where needed) every component the config's entries name; one line per failure."""
+    problems: list[str] = []
+    for index, entry in enumerate(_entries(config)):
+        where = f"environments.{index}"
+        if entry.package:
+            try:
+                importlib.import_module(entry.package)
+            except Exception as exc:  # the user's package: any failure to import it is reported, not raised
+                problems.append(
+                    f"{where}.package: {entry.package} failed to import: {type(exc).__name__}: {exc}"
+                )
+                continue
+        for key, ref, resolve in _references(entry):
+            try:
+                resolve(ref)
+            except (ExtensionError, ValueError, TypeError, ImportError, AttributeError) as exc:
+                problems.append(f"{where}.{key}: {exc}")
+    return problems

@@ -1,0 +1,224 @@
+"""`platoon config show|validate` on real files: every problem a user can make, its exit code and its message."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+
+import pytest
+from platoon.cli import main
+
+BASE = """
+    log_path: runs
+    train:
+      model_name: platoon/toy
+      renderer_name: qwen3_instruct
+      max_training_steps: 5
+    environments:
+      - service: table
+        harness: acme-solver@1
+"""
+
+
+@pytest.fixture
+def configs(tmp_path, monkeypatch):
+    """Write configs into a temporary project and run from there: `configs(name=text, ...)`."""
+    monkeypatch.chdir(tmp_path)
+
+    def write(**files: str) -> None:
+        for name, text in files.items():
+            (tmp_path / f"{name}.yaml").write_text(textwrap.dedent(text))
+
+    write(base=BASE)
+    return write
+
+
+def validate(capsys, *argv: str) -> tuple[int, list[str]]:
+    code = main(["config", "validate", *argv])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_a_valid_config(configs, capsys):
+    assert validate(capsys, "--no-resolve", "base.yaml") == (
+        0,
+        ["ok   base.yaml (PlatoonTinkerRLTrainerConfig)"],
+    )
+
+
+def test_unknown_key_with_did_you_mean(configs, capsys):
+    configs(c="extends: base.yaml\ntrain:\n  batch_sise: 4\n")
+    assert validate(capsys, "--no-resolve", "c.yaml") == (
+        78,
+        ["FAIL c.yaml", "  train.batch_sise: unknown key; did you mean train.batch_size?"],
+    )
+
+
+def test_wrong_types_reported_together(configs, capsys):
+    configs(c="extends: base.yaml\ntrain:\n  batch_size: many\n  num_epochs: true\n")
+    code, lines = validate(capsys, "--no-resolve", "c.yaml")
+    assert code == 78
+    assert lines[0] == "FAIL c.yaml"
+    assert sorted(lines[1:]) == [
+        "  train.batch_size: 'many' is not an int",
+        "  train.num_epochs: True is not an int",
+    ]
+
+
+def test_missing_extends_file(configs, capsys):
+    configs(c="extends: nowhere.yaml\n")
+    assert validate(capsys, "c.yaml") == (
+        78,
+        ["FAIL c.yaml", "  c.yaml: extends nowhere.yaml, which does not exist"],
+    )
+
+
+def test_cyclic_extends(configs, capsys):
+    configs(a="extends: b.yaml\n", b="extends: a.yaml\n")
+    assert validate(capsys, "a.yaml") == (78, ["FAIL a.yaml", "  extends cycle: a.yaml -> b.yaml -> a.yaml"])
+
+
+def test_bad_override_paths(configs, capsys):
+    code, lines = validate(
+        capsys, "--no-resolve", "base.yaml", "train.bach_size=3", "environments.5.name=x", "x"
+    )
+    assert code == 78
+    assert lines[:3] == [
+        "FAIL base.yaml",
+        "  override 'train.bach_size=3': train.bach_size: unknown key; did you mean train.batch_size?",
+        "  override 'environments.5.name=x': environments.5: index 5 is out of range (the list has 1 entry)",
+    ]
+    assert lines[3:] == ["FAIL x", "  x: no such config file"]
+
+
+def test_overrides_are_typed_by_the_schema(configs, capsys):
+    assert main(["config", "show", "base.yaml", "train.batch_size=8", "stats.trial_name=1"]) == 0
+    out = capsys.readouterr().out
+    assert "  batch_size: 8\n" in out
+    assert "  trial_name: '1'\n" in out
+
+
+DEPRECATED = """
+    extends: base.yaml
+    train:
+      rollout_group_key: task_family
+      workflow_config:
+        rollout_config:
+          propogate_root_success: true
+"""
+DEPRECATION_LINES = [
+    "  train.rollout_group_key: deprecated; use label_by instead (platoon 0.3.0 removes it)",
+    "  train.workflow_config.rollout_config.propogate_root_success: deprecated; use propagate_root_success "
+    "instead (platoon 0.3.0 removes it)",
+]
+
+
+def test_deprecated_keys_warn_but_work(configs, capsys):
+    configs(c=DEPRECATED)
+    assert validate(capsys, "--no-resolve", "c.yaml") == (
+        0,
+        ["ok   c.yaml (PlatoonTinkerRLTrainerConfig)", *DEPRECATION_LINES],
+    )
+    assert main(["config", "show", "--defaults", "c.yaml"]) == 0
+    captured = capsys.readouterr()
+    assert "label_by: task_family" in captured.out
+    assert "propagate_root_success: true" in captured.out
+    assert captured.err.splitlines() == [f"platoon: {line.strip()}" for line in DEPRECATION_LINES]
+
+
+def test_strict_fails_on_deprecations(configs, capsys):
+    configs(c=DEPRECATED)
+    assert validate(capsys, "--no-resolve", "--strict", "c.yaml") == (78, ["FAIL c.yaml", *DEPRECATION_LINES])
+
+
+def test_an_error_warning_filter_makes_a_deprecation_exit_78(configs, capsys):
+    configs(c=DEPRECATED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert main(["config", "show", "c.yaml"]) == 78
+    assert capsys.readouterr().err == (
+        "platoon: train.rollout_group_key: deprecated; use label_by instead (platoon 0.3.0 removes it); "
+        "the warning filters make deprecations errors\n"
+    )
+
+
+def test_rollouts_that_could_never_train_are_refused(configs, capsys):
+    configs(
+        endless="extends: base.yaml\ntrain:\n  max_training_steps: null\n",
+        judgeless="extends: base.yaml\ntrain:\n  workflow_config:\n    rollout_config:\n      judges: false\n",
+        empty="extends: base.yaml\nenvironments: []\n",
+    )
+    assert validate(capsys, "--no-resolve", "endless.yaml") == (
+        78,
+        [
+            "FAIL endless.yaml",
+            "  train: set num_epochs or max_training_steps (at least one is required to train)",
+        ],
+    )
+    assert validate(capsys, "--no-resolve", "judgeless.yaml") == (
+        78,
+        [
+            "FAIL judgeless.yaml",
+            "  train.workflow_config.rollout_config.judges: false: a training config may not turn judges off",
+        ],
+    )
+    assert validate(capsys, "--no-resolve", "empty.yaml") == (
+        78,
+        ["FAIL empty.yaml", "  environments: Config must define at least one environment in `environments`"],
+    )
+
+
+def test_mixture_rules(configs, capsys):
+    configs(
+        mix="""
+        extends: base.yaml
+        environments:
+          - {name: a, service: table, weight: 2}
+          - {name: a, service: table}
+        """
+    )
+    code, lines = validate(capsys, "--no-resolve", "mix.yaml")
+    assert code == 78 and lines[0] == "FAIL mix.yaml"
+    assert any(line.startswith("  environments.1.name: ") for line in lines)
+    assert any("weight" in line for line in lines[1:])
+
+
+def test_components_are_resolved_and_extensions_loaded_when_named(configs, capsys, with_extensions):
+    assert "acme_agents" not in sys.modules
+    code, lines = validate(capsys, "base.yaml")
+    assert "acme_agents.solver" in sys.modules  # the config named acme-solver@1
+    assert code == 78  # the table service arrives with the episode runtime
+    assert lines == [
+        "FAIL base.yaml",
+        "  environments.0.service: unknown service 'table'. registered: none; installed entry points: none; "
+        "provide one with an entry point in the group 'platoon.services'",
+    ]
+    configs(c="extends: base.yaml\nenvironments:\n  - service: table\n    harness: acme-broken\n")
+    code, lines = validate(capsys, "c.yaml")
+    assert lines[1].startswith(
+        "  environments.0.harness: acme-broken (acme-broken, entry point platoon.harnesses"
+    )
+
+
+def test_named_environment_expands_as_the_lowest_layer(configs, capsys, with_extensions):
+    configs(c="extends: base.yaml\nenvironments:\n  - env: acme-arith\n    harness_options: {top_k: 5}\n")
+    assert main(["config", "show", "c.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "- env: acme-arith@2\n" in out
+    assert "  service: table\n  harness: acme-solver\n" in out
+    assert "    temperature: 0.5\n    top_k: 5\n" in out
+
+
+def test_missing_file_and_no_file(configs, capsys):
+    assert main(["config", "show", "nothere.yaml"]) == 78
+    assert capsys.readouterr().err == "platoon: nothere.yaml: no such config file\n"
+    assert main(["config", "validate"]) == 64
+    assert capsys.readouterr().err == "platoon config validate: name at least one config file\n"
+    assert main(["config", "show", "base.yaml", "--kind", "yaml"]) == 64
+
+
+def test_tasks_are_not_listed_yet_and_say_so(configs, capsys):
+    code, lines = validate(capsys, "--no-resolve", "--tasks", "base.yaml")
+    assert code == 1
+    assert lines[0] == "ok   base.yaml (PlatoonTinkerRLTrainerConfig)"
+    assert lines[1].startswith("  tasks: not listed:")

@@ -34,6 +34,7 @@ class EnvironmentEntry:
     def __init__(
         self,
         name: str,
+        /,
         version: str = "1",
         *,
         description: str = "",

@@ -93,7 +93,10 @@ def test_get_harness_by_import_string(fresh_plugins):
         ExtensionError, match=r"'python://platoon.programs.builtin:single' is not an @platoon.harness"
     ):
         pt.get_harness("python://platoon.programs.builtin:single")
-    with pytest.raises(ExtensionError, match=r"cannot be imported: ModuleNotFoundError"):
+    with pytest.raises(
+        ExtensionError,
+        match=r"^harness: cannot import 'no_such_module:fn': importing 'no_such_module' failed \(ModuleNotFoundError",
+    ):
         pt.get_harness("no_such_module:fn")
     with pytest.raises(ExtensionError, match="TOML-spec harnesses are not available in this build yet"):
         pt.get_harness("agents/bash.toml")

@@ -8,7 +8,6 @@ import it once, register it with the plugin manager, ask the kind's hook for the
 from __future__ import annotations
 
 import difflib
-import importlib
 import os
 import threading
 import warnings
@@ -267,6 +266,7 @@ def load(info: EntryPointInfo) -> Any:
                 _state.failures[info] = error
                 raise error
             warnings.warn(problem, stacklevel=2)
+        before = _registered_names()
         try:
             value = info.entry_point().load()
         except Exception as exc:  # an extension's import failure is the extension's, reported by name
@@ -282,7 +282,17 @@ def load(info: EntryPointInfo) -> Any:
             if not manager.is_registered(value):
                 manager.register(value, name=value.__name__)
         _state.loaded[info] = value
+        _state.registers[info] = sorted(_registered_names() - before - {info.name})
         return value
+
+
+def _registered_names() -> set[str]:
+    """Names in the versioned registries: what importing a module registered shows up here."""
+    from platoon.envs.named import REGISTRY as environments
+    from platoon.harness.function import REGISTRY as harnesses
+    from platoon.programs.registry import REGISTRY as programs
+
+    return {r.name for registry in (harnesses, programs, environments) for r in registry.records().values()}
 
 
 def _flatten(answers: Iterable[Any]) -> Iterator[Any]:
@@ -455,10 +465,6 @@ def get_sandbox_runtime(name: str) -> hookspecs.SandboxRuntime:
 
 def resolve_target(target: Any) -> Any:
     """A record's lazy target: an import string `module:attr` is imported now; anything else is returned."""
-    if not isinstance(target, str):
-        return target
-    module_name, _, attr = target.partition(":")
-    value: Any = importlib.import_module(module_name)
-    for part in filter(None, attr.split(".")):
-        value = getattr(value, part)
-    return value
+    from platoon.registry import resolve_import_string
+
+    return resolve_import_string(target) if isinstance(target, str) else target

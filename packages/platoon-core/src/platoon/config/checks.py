@@ -36,14 +36,6 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
     return problems
 
 
-def _import_string(ref: str) -> Any:
-    module_name, _, attr = ref.partition(":")
-    value: Any = importlib.import_module(module_name)
-    for part in filter(None, attr.split(".")):
-        value = getattr(value, part)
-    return value
-
-
 def _references(entry: Any) -> Iterator[tuple[str, str, Callable[[str], Any]]]:
     """(config key, reference, resolver) for every component an entry names."""
     from platoon import plugins, registry
@@ -66,7 +58,7 @@ def _references(entry: Any) -> Iterator[tuple[str, str, Callable[[str], Any]]]:
 
     def service(ref: str) -> Any:
         if "://" not in ref and ":" in ref:
-            return _import_string(ref)
+            return registry.resolve_import_string(ref)
         return plugins.get_service(plugins.service_scheme(ref))
 
     harness = entry.harness

@@ -7,12 +7,12 @@ Entries come from the `platoon.environments` entry-point group or are named by `
 from __future__ import annotations
 
 import copy
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from platoon.errors import ExtensionError
-from platoon.naming import check_name, check_version, pick_version, split_ref
+from platoon.naming import check_name, check_version, split_ref
+from platoon.versioned import VersionedRegistry, import_target
 
 #: keys a named environment may not set: they belong to the config that uses it
 FORBIDDEN_KEYS = (
@@ -110,17 +110,7 @@ def _schema_problems(keys: Mapping[str, Any]) -> list[str]:
     return []
 
 
-_ENVIRONMENTS: dict[str, EnvironmentEntry] = {}
-
-
-def _register(entry: EnvironmentEntry, source: str | None) -> None:
-    existing = _ENVIRONMENTS.get(entry.ref)
-    if existing is not None and existing is not entry and existing.source != source:
-        raise ExtensionError(
-            f"environment {entry.ref} is defined twice: by {existing.source} and by {source}; keep one of them"
-        )
-    entry.source = entry.source or source
-    _ENVIRONMENTS[entry.ref] = entry
+REGISTRY: VersionedRegistry[EnvironmentEntry] = VersionedRegistry("environment")
 
 
 def resolve_environment(ref: str) -> EnvironmentEntry:
@@ -128,15 +118,7 @@ def resolve_environment(ref: str) -> EnvironmentEntry:
     from platoon import plugins
 
     if ":" in ref:
-        module_name, _, attr = ref.partition(":")
-        try:
-            value: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                value = getattr(value, part)
-        except (ImportError, AttributeError) as exc:
-            raise ExtensionError(
-                f"environment {ref!r} cannot be imported: {type(exc).__name__}: {exc}"
-            ) from exc
+        value = import_target(ref, what="environment")
         if not isinstance(value, EnvironmentEntry):
             raise ExtensionError(
                 f"environment {ref!r} is {type(value).__name__}, not a platoon.EnvironmentEntry"
@@ -151,7 +133,11 @@ def resolve_environment(ref: str) -> EnvironmentEntry:
                     "not a platoon.EnvironmentEntry"
                 )
             if answer.name == name:
-                _register(answer, f"{info.label} ({info.group}: {info.value})")
+                answer.source = answer.source or f"{info.label} ({info.group}: {info.value})"
+                try:
+                    REGISTRY.add(answer)
+                except ValueError as exc:
+                    raise ExtensionError(str(exc)) from exc
             elif answer.name in {i.name for i in plugins.entry_points("environment")}:
                 continue  # another entry point's environment, answered by a shared plugin module
             else:
@@ -159,20 +145,16 @@ def resolve_environment(ref: str) -> EnvironmentEntry:
                     f"environment entry point {name!r} gave the environment {answer.name!r}: "
                     "an entry point must be named after the environment it provides"
                 )
-    versions = {e.version: e for e in _ENVIRONMENTS.values() if e.name == name}
-    if not versions:
+    if not REGISTRY.versions(name):
         raise plugins.unknown_name_error(
             "environment",
             name,
-            list(_ENVIRONMENTS),
+            list(REGISTRY.records()),
             "provide one with a platoon.EnvironmentEntry in an entry point of the group 'platoon.environments', "
             "or name it as module:attr",
         )
-    try:
-        return versions[pick_version(name, wanted, versions, kind="environment")]
-    except (LookupError, ValueError) as exc:
-        raise ExtensionError(str(exc)) from exc
+    return REGISTRY.pick(name, wanted)
 
 
 def clear_registry() -> None:
-    _ENVIRONMENTS.clear()
+    REGISTRY.clear()

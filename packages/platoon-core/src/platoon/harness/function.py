@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from platoon.naming import check_name, check_not_reserved, check_version
+from platoon.versioned import VersionedRegistry
 
 #: the attribute that ties a decorated function to its record
 HARNESS_ATTR = "__platoon_harness__"
@@ -47,19 +48,12 @@ class FunctionHarness:
         return inspect.getdoc(self.fn) or ""
 
 
-_HARNESSES: dict[str, FunctionHarness] = {}
+REGISTRY: VersionedRegistry[FunctionHarness] = VersionedRegistry("harness")
 
 
 def register(record: FunctionHarness) -> FunctionHarness:
     """Record a harness; the same function again replaces its record, a different one under its ref is refused."""
-    existing = _HARNESSES.get(record.ref)
-    if existing is not None and existing.source != record.source:
-        raise ValueError(
-            f"harness {record.ref} is defined twice: by {existing.source} and by {record.source}; "
-            "give one of them another name or version"
-        )
-    _HARNESSES[record.ref] = record
-    return record
+    return REGISTRY.add(record)
 
 
 def harness(
@@ -93,8 +87,8 @@ def record_of(value: Any) -> FunctionHarness | None:
 
 
 def registered_harnesses() -> dict[str, FunctionHarness]:
-    return dict(_HARNESSES)
+    return REGISTRY.records()
 
 
 def clear_registry() -> None:
-    _HARNESSES.clear()
+    REGISTRY.clear()

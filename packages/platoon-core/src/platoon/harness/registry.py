@@ -7,26 +7,18 @@ registered by imported modules; version prefixes match at dots (`@2` matches `2.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import warnings
 from typing import Any
 
 from platoon import plugins
 from platoon.errors import ExtensionError
-from platoon.harness.function import FunctionHarness, record_of, registered_harnesses
-from platoon.naming import is_reserved, pick_version, split_ref
+from platoon.harness.function import REGISTRY, FunctionHarness, record_of, registered_harnesses
+from platoon.naming import is_reserved, split_ref
+from platoon.versioned import import_target
 
 
 def _from_import_string(ref: str) -> FunctionHarness:
-    target = ref.removeprefix("python://")
-    module_name, _, attr = target.partition(":")
-    try:
-        value: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError) as exc:
-        raise ExtensionError(f"harness {ref!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
-    record = record_of(value)
+    record = record_of(import_target(ref, what="harness"))
     if record is None:
         raise ExtensionError(f"harness {ref!r} is not an @platoon.harness function")
     return record
@@ -58,10 +50,6 @@ def answer_name(answer: Any) -> str | None:
     return record.name if record else None
 
 
-def _versions(name: str) -> dict[str, FunctionHarness]:
-    return {r.version: r for r in registered_harnesses().values() if r.name == name}
-
-
 def get_harness(ref: str) -> FunctionHarness:
     """The harness a config or code names. Unknown or ambiguous names raise ExtensionError (a ValueError)."""
     if not isinstance(ref, str) or not ref:
@@ -76,14 +64,14 @@ def get_harness(ref: str) -> FunctionHarness:
     name, wanted = split_ref(ref)
     if plugins.candidates("harness", name):
         _absorb(plugins.load_named("harness", name), name)
-    versions = _versions(name)
+    versions = REGISTRY.versions(name)
     if not versions and not is_reserved(name, "harness"):
         # Legacy names: an entry point may register harnesses under names other than its own.
         for info in plugins.entry_points("harness"):
             if plugins.first_party_shadow(info) is None:
                 with contextlib.suppress(ExtensionError):  # recorded; the unknown-name error lists it
                     _absorb(plugins.ask("harness", info.name, plugins.load(info)), info.name)
-        versions = _versions(name)
+        versions = REGISTRY.versions(name)
         if versions:
             warnings.warn(
                 f"harness {name!r} was found only by loading every harness entry point; "
@@ -98,8 +86,4 @@ def get_harness(ref: str) -> FunctionHarness:
             "provide one with @platoon.harness in a module that an entry point (group 'platoon.harnesses') or an "
             "environment's package: imports, or name it as module:function",
         )
-    try:
-        version = pick_version(name, wanted, versions, kind="harness")
-    except (LookupError, ValueError) as exc:
-        raise ExtensionError(str(exc)) from exc
-    return versions[version]
+    return REGISTRY.pick(name, wanted)

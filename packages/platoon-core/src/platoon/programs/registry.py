@@ -6,14 +6,14 @@ version, or `module:attr` (an undecorated callable becomes a record named by the
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from platoon.errors import ExtensionError
-from platoon.naming import check_name, check_not_reserved, check_version, pick_version, split_ref
+from platoon.naming import check_name, check_not_reserved, check_version, split_ref
+from platoon.versioned import VersionedRegistry, import_target
 
 PROGRAM_ATTR = "__platoon_program__"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,18 +40,7 @@ class EpisodeProgram:
         return inspect.getdoc(self.fn) or ""
 
 
-_PROGRAMS: dict[str, EpisodeProgram] = {}
-
-
-def _register(record: EpisodeProgram) -> EpisodeProgram:
-    existing = _PROGRAMS.get(record.ref)
-    if existing is not None and existing.source != record.source:
-        raise ValueError(
-            f"program {record.ref} is defined twice: by {existing.source} and by {record.source}; "
-            "give one of them another name or version"
-        )
-    _PROGRAMS[record.ref] = record
-    return record
+REGISTRY: VersionedRegistry[EpisodeProgram] = VersionedRegistry("program")
 
 
 def program(name: str, *, version: str = "1") -> Callable[[F], F]:
@@ -63,7 +52,7 @@ def program(name: str, *, version: str = "1") -> Callable[[F], F]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"program {name!r} must be an async function (async def), got {fn!r}")
         check_not_reserved(name, "program", getattr(fn, "__module__", None))
-        setattr(fn, PROGRAM_ATTR, _register(EpisodeProgram(name, version, fn)))
+        setattr(fn, PROGRAM_ATTR, REGISTRY.add(EpisodeProgram(name, version, fn)))
         return fn
 
     return decorate
@@ -71,27 +60,21 @@ def program(name: str, *, version: str = "1") -> Callable[[F], F]:
 
 def record_of(value: Any) -> EpisodeProgram | None:
     if isinstance(value, EpisodeProgram):
-        return _register(value)
+        return REGISTRY.add(value)
     record = getattr(value, PROGRAM_ATTR, None)
-    return _register(record) if isinstance(record, EpisodeProgram) else None
+    return REGISTRY.add(record) if isinstance(record, EpisodeProgram) else None
 
 
 def registered_programs() -> dict[str, EpisodeProgram]:
-    return dict(_PROGRAMS)
+    return REGISTRY.records()
 
 
 def clear_registry() -> None:
-    _PROGRAMS.clear()
+    REGISTRY.clear()
 
 
 def _from_import_string(ref: str) -> EpisodeProgram:
-    module_name, _, attr = ref.removeprefix("python://").partition(":")
-    try:
-        value: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError) as exc:
-        raise ExtensionError(f"program {ref!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
+    value = import_target(ref, what="program")
     record = record_of(value)
     if record is not None:
         return record
@@ -121,16 +104,12 @@ def get_program(ref: str) -> EpisodeProgram:
                     f"program entry point {name!r} gave the program {record.name!r}: "
                     "an entry point must be named after the program it provides"
                 )
-    versions = {r.version: r for r in _PROGRAMS.values() if r.name == name}
-    if not versions:
+    if not REGISTRY.versions(name):
         raise plugins.unknown_name_error(
             "program",
             name,
-            [r.ref for r in _PROGRAMS.values()],
+            list(REGISTRY.records()),
             "provide one with @platoon.program in a module that an entry point (group 'platoon.programs') or an "
             "environment's package: imports, or name it as module:attr",
         )
-    try:
-        return versions[pick_version(name, wanted, versions, kind="program")]
-    except (LookupError, ValueError) as exc:
-        raise ExtensionError(str(exc)) from exc
+    return REGISTRY.pick(name, wanted)

@@ -16,7 +16,9 @@ harness_app = new_app("The harnesses a config can name.")
 program_app = new_app("The episode programs a config can name.")
 env_app = new_app("Environment services and named environments.")
 
-NameArg = Annotated[str, typer.Argument(help="name, name@version or module:attr", show_default=False)]
+NameArg = Annotated[
+    str, typer.Argument(metavar="NAME", help="name, name@version or module:attr", show_default=False)
+]
 
 
 def _label(info: Any) -> str:
@@ -124,18 +126,14 @@ def _environments_table(path: str) -> int:
     """`Environments of <config>:` with one row per entry (the file is read, not validated)."""
     from pathlib import Path
 
-    import yaml
+    from platoon.config.loader import read_yaml_mapping
 
     config = Path(path)
     if not config.is_file():
         err(f"{path}: no such config file")
         return EX_CONFIG
-    try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        err(f"{path}: invalid YAML: {exc}")
-        return EX_CONFIG
-    entries = data.get("environments") if isinstance(data, dict) else None
+    data = read_yaml_mapping(config, path)
+    entries = data.get("environments")
     out(f"Environments of {path}:")
     if entries is None:
         out("  (none: the config sets no environments)")
@@ -165,7 +163,9 @@ def _environments_table(path: str) -> int:
 
 @env_app.command("list")
 def env_list(
-    config: Annotated[str | None, typer.Argument(help="Also list this config's environments.")] = None,
+    config: Annotated[
+        str | None, typer.Argument(metavar="[CONFIG]", help="Also list this config's environments.")
+    ] = None,
 ) -> int:
     """List environment services and named environments (metadata only), and a config's entries."""
     from platoon import plugins

@@ -20,11 +20,21 @@ app = new_app("Show and validate configs as a run resolves them.")
 
 KIND_CHOICES = ("auto", "train", "eval", "none")
 KindOption = Annotated[
-    str, typer.Option("--kind", help="Which schema: auto (from the file's keys), train, eval or none.")
+    str,
+    typer.Option(
+        "--kind",
+        metavar="auto|train|eval|none",
+        help="Which schema: auto (from the file's keys), train, eval or none.",
+    ),
 ]
 SchemaOption = Annotated[
     str | None,
-    typer.Option("--schema", help="Validate against this class (module:Class).", show_default=False),
+    typer.Option(
+        "--schema",
+        metavar="MODULE:CLASS",
+        help="Validate against this class (module:Class).",
+        show_default=False,
+    ),
 ]
 
 
@@ -89,8 +99,10 @@ def _with_defaults(loaded: Any) -> Any:
 
 @app.command()
 def show(
-    config: Annotated[str, typer.Argument(help="The config file.", show_default=False)],
-    overrides: Annotated[list[str] | None, typer.Argument(help="k=v overrides.", show_default=False)] = None,
+    config: Annotated[str, typer.Argument(metavar="CONFIG", help="The config file.", show_default=False)],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(metavar="[K=V]...", help="k=v overrides.", show_default=False)
+    ] = None,
     kind: KindOption = "auto",
     schema: SchemaOption = None,
     defaults: Annotated[bool, typer.Option("--defaults", help="Print every field, defaults filled.")] = False,
@@ -173,7 +185,11 @@ def _validate_one(
 def validate(
     items: Annotated[
         list[str] | None,
-        typer.Argument(help="Config files, then k=v overrides for all of them.", show_default=False),
+        typer.Argument(
+            metavar="CONFIG... [K=V]...",
+            help="Config files, then k=v overrides for all of them.",
+            show_default=False,
+        ),
     ] = None,
     kind: KindOption = "auto",
     schema: SchemaOption = None,

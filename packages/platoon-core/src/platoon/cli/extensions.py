@@ -17,7 +17,8 @@ app = new_app("What installed extensions provide, and whether they load.")
 
 KINDS = ("harness", "program", "environment", "reward_processor", "service", "sandbox_runtime", "command")
 KindOption = Annotated[
-    str | None, typer.Option("--kind", help=f"Only this kind: {', '.join(KINDS)}.", show_default=False)
+    str | None,
+    typer.Option("--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}.", show_default=False),
 ]
 
 
@@ -92,7 +93,9 @@ def _requires_text(info: Any) -> str:
 
 @app.command()
 def show(
-    name: Annotated[str, typer.Argument(help="A component name as configs write it.", show_default=False)],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="A component name as configs write it.", show_default=False)
+    ],
     kind: KindOption = None,
     load: Annotated[bool, typer.Option("--load", help="Import the component to show its versions.")] = False,
     json_output: bool = False,
@@ -286,7 +289,8 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
 @app.command()
 def check(
     dists: Annotated[
-        list[str] | None, typer.Argument(help="Only these distributions.", show_default=False)
+        list[str] | None,
+        typer.Argument(metavar="[DIST]...", help="Only these distributions.", show_default=False),
     ] = None,
     load: Annotated[bool, typer.Option("--load", help="Also import every component.")] = False,
 ) -> int:

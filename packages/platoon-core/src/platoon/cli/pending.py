@@ -19,8 +19,12 @@ def not_available(command: str, what: str) -> int:
     return NOT_AVAILABLE
 
 
-ConfigArg = Annotated[str, typer.Argument(help="The run's config file.", show_default=False)]
-Overrides = Annotated[list[str] | None, typer.Argument(help="k=v overrides.", show_default=False)]
+ConfigArg = Annotated[
+    str, typer.Argument(metavar="CONFIG", help="The run's config file.", show_default=False)
+]
+Overrides = Annotated[
+    list[str] | None, typer.Argument(metavar="[K=V]...", help="k=v overrides.", show_default=False)
+]
 
 
 def train(config: ConfigArg, overrides: Overrides = None, prepare: bool = False) -> int:

@@ -157,19 +157,9 @@ class _FileLoader:
             return None
         shown = self.show(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            self.problems.append(f"{shown}: cannot be read ({exc.strerror or exc})")
-            return None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            self.problems.append(f"{shown}: invalid YAML: {_yaml_error(exc)}")
-            return None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            self.problems.append(f"{shown}: the top level must be a mapping, got {yaml_kind(data)}")
+            data = read_yaml_mapping(path, shown)
+        except ConfigError as exc:
+            self.problems.extend(exc.problems)
             return None
         bases = self._bases(data.pop("extends", None), shown)
         origin = None if real == self.top.resolve() else shown
@@ -209,6 +199,25 @@ class _FileLoader:
             return list(value)
         self.problems.append(f"{shown}: extends must be a path or a list of non-empty paths, got {value!r}")
         return []
+
+
+def read_yaml_mapping(path: Path, shown: str) -> dict[str, Any]:
+    """A YAML file's top-level mapping (an empty file is `{}`); one ConfigError line when it is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown}: not a YAML file (its bytes are not UTF-8 text)") from None
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{shown}: invalid YAML: {_yaml_error(exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: the top level must be a mapping, got {yaml_kind(data)}")
+    return data
 
 
 def _yaml_error(exc: yaml.YAMLError) -> str:

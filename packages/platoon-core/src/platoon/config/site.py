@@ -251,7 +251,11 @@ def load_site(env: Mapping[str, str] | None = None) -> SiteProfile | None:
     cached = _CACHE.get(key)
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    profile = parse_site(path, path.read_text(encoding="utf-8"), environ)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"site profile {path}: cannot be read as YAML text ({exc})") from None
+    profile = parse_site(path, text, environ)
     _CACHE[key] = (stamp, profile)
     return profile
 
@@ -259,7 +263,7 @@ def load_site(env: Mapping[str, str] | None = None) -> SiteProfile | None:
 def _referenced(path: Path) -> set[str]:
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return set()
     return {m.group("braced") or m.group("plain") for m in _VAR.finditer(text)}
 

@@ -134,3 +134,19 @@ def test_programs(fresh_plugins):
         pt.program("single")(loop)
     with pytest.raises(ExtensionError, match="unknown program 'acme-lop' \\(did you mean acme-loop\\?\\)"):
         get_program("acme-lop")
+
+
+def test_a_gym_loop_belongs_to_its_callers_module(fresh_plugins):
+    class Env:
+        async def reset(self, task):
+            return "start"
+
+        async def step(self, action):
+            return "end", 1.0, True
+
+    play = pt.gym.loop(Env)
+    assert play.__module__ == __name__
+    with pytest.raises(ValueError, match="reserved"):
+        pt.harness("platoon-gym-walker")(play)
+    assert pt.harness("acme-gym-walker")(play) is play
+    assert pt.get_harness("acme-gym-walker").source == f"{__name__}:gym_loop[{Env.__qualname__}]"

@@ -101,11 +101,14 @@ def loop(
             await _close(env)
 
     gym_loop.__qualname__ = gym_loop.__name__ = f"gym_loop[{getattr(env_factory, '__qualname__', 'env')}]"
+    # The harness belongs to the caller's module: its source, and whether it may use a reserved name, follow that.
+    gym_loop.__module__ = _caller_module()
     return gym_loop
 
 
 def _caller_module() -> str:
-    frame = sys._getframe(2)  # as_environment's caller
+    """The module that called the public function calling this (`loop`'s or `as_environment`'s caller)."""
+    frame = sys._getframe(2)
     return str(frame.f_globals.get("__name__", __name__))
 
 

@@ -1,0 +1,60 @@
+"""The recording model gateway: render, sample, parse and record every model call (train.md 6).
+
+Light to import: names are resolved from their modules on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_CORE = "platoon.gateway.core"
+_RECORDS = "platoon.gateway.records"
+
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "AgentClosed",
+            "ContextWindowExceeded",
+            "GatewayError",
+            "ModelGateway",
+            "PermissionDenied",
+            "RolloutRecorder",
+            "SampleTimeout",
+            "resolve_sample_timeout",
+        ],
+        _CORE,
+    ),
+    **dict.fromkeys(["AgentRecord", "CallRecord", "Interaction"], _RECORDS),
+    "build_collection": "platoon.gateway.trace",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'platoon.gateway' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from platoon.gateway.core import AgentClosed as AgentClosed
+    from platoon.gateway.core import ContextWindowExceeded as ContextWindowExceeded
+    from platoon.gateway.core import GatewayError as GatewayError
+    from platoon.gateway.core import ModelGateway as ModelGateway
+    from platoon.gateway.core import PermissionDenied as PermissionDenied
+    from platoon.gateway.core import RolloutRecorder as RolloutRecorder
+    from platoon.gateway.core import SampleTimeout as SampleTimeout
+    from platoon.gateway.core import resolve_sample_timeout as resolve_sample_timeout
+    from platoon.gateway.records import AgentRecord as AgentRecord
+    from platoon.gateway.records import CallRecord as CallRecord
+    from platoon.gateway.records import Interaction as Interaction
+    from platoon.gateway.trace import build_collection as build_collection

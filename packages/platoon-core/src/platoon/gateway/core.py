@@ -1,0 +1,748 @@
+"""The recording model gateway core: every model call is rendered, sampled, parsed and recorded with its exact tokens.
+
+In process and transport-free (train.md 6.1); the HTTP dialects and the MCP tool plane sit on top of `ModelGateway.chat`
+and `ModelGateway.agent_for_key`. The hot path avoids deep copies and logging: it runs several times per episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import os
+import secrets
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from platoon.gateway.records import AgentRecord, CallRecord, Interaction
+from platoon.harness.agent import ChatReply
+
+if TYPE_CHECKING:
+    from platoon.task import Task
+
+__all__ = [
+    "CALL_ID_PREFIX",
+    "DEFAULT_SAMPLE_TIMEOUT_SECONDS",
+    "SAMPLE_TIMEOUT_ENV",
+    "AgentClosed",
+    "ContextWindowExceeded",
+    "GatewayError",
+    "ModelGateway",
+    "PermissionDenied",
+    "RolloutRecorder",
+    "SampleTimeout",
+    "resolve_sample_timeout",
+]
+
+log = logging.getLogger(__name__)
+
+#: Call ids are `tinker-sampling-<hex>`: the interaction map and the trajectory steps are keyed by them.
+CALL_ID_PREFIX = "tinker-sampling-"
+SAMPLE_TIMEOUT_ENV = "TINKER_SAMPLE_TIMEOUT_SECONDS"
+DEFAULT_SAMPLE_TIMEOUT_SECONDS = 600.0
+#: Calls slower than this are logged (the only logging on the call path).
+SLOW_CALL_SECONDS = 30.0
+#: Closed agent keys remembered so that late calls get 410 (agent closed) rather than 401 (unknown key).
+MAX_CLOSED_KEYS = 65536
+
+_KINDS = frozenset(("policy", "aux", "judge"))
+_ACCESS_RANK = {"full": 2, "no_terminal": 1, "read_only": 0}
+_PRECEDENCES = ("request", "config")
+#: Chat Completions parameters accepted and ignored in process (they shape transport replies, not sampling).
+_IGNORED_PARAMS = frozenset(
+    (
+        "n",
+        "stream",
+        "stream_options",
+        "tool_choice",
+        "parallel_tool_calls",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "metadata",
+        "store",
+        "frequency_penalty",
+        "presence_penalty",
+        "response_format",
+        "model",
+        "timeout",
+    )
+)
+
+_tinker_module: Any = None
+
+
+def _tinker() -> Any:
+    """The Tinker SDK, imported once on the first sampled call (importing platoon must stay light)."""
+    global _tinker_module
+    if _tinker_module is None:
+        import tinker
+
+        _tinker_module = tinker
+    return _tinker_module
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+class GatewayError(Exception):
+    """A refused or failed model call; `status` is the HTTP status the dialects answer with, `kind` the error type."""
+
+    status: int = 400
+    kind: str = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(
+        self, message: str, *, status: int | None = None, kind: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if kind is not None:
+            self.kind = kind
+        if code is not None:
+            self.code = code
+
+
+class PermissionDenied(GatewayError):
+    """A call the agent may not make: a non-policy call from a policy-only key, or a judge call with judges off."""
+
+    status = 403
+    kind = "permission_error"
+    code = "permission_denied"
+
+
+class AgentClosed(GatewayError):
+    """A call on a closed agent, or on a gateway that shut down."""
+
+    status = 410
+    kind = "agent_closed"
+    code = "agent_closed"
+
+
+class AuthenticationFailed(GatewayError):
+    """An unknown agent key."""
+
+    status = 401
+    kind = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ContextWindowExceeded(GatewayError):
+    """The rendered prompt leaves no room for a single completion token in the context window."""
+
+    status = 400
+    kind = "invalid_request_error"
+    code = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, window: int):
+        self.prompt_tokens = prompt_tokens
+        self.window = window
+        super().__init__(
+            f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+            f"{prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+
+
+class SampleTimeout(GatewayError, TimeoutError):
+    """A `sample_async` round trip that outlived the sample timeout (HTTP 504, `sample_timeout`)."""
+
+    status = 504
+    kind = "timeout"
+    code = "sample_timeout"
+
+
+class SamplingFailed(GatewayError):
+    """The sampler failed (or answered something other than one sequence); counted in the agent's gateway errors."""
+
+    status = 500
+    kind = "server_error"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Settings
+
+
+def resolve_sample_timeout(configured: float | None) -> float:
+    """The sample timeout: the config key, else `$TINKER_SAMPLE_TIMEOUT_SECONDS`, else 600 s (train.md 2.17).
+
+    Raises `ValueError` for a value that is not a finite positive number (a config error at start).
+    """
+    if configured is not None:
+        return _positive_seconds(configured, "sample_timeout_seconds")
+    raw = os.environ.get(SAMPLE_TIMEOUT_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{SAMPLE_TIMEOUT_ENV} must be a number of seconds; got {raw!r}") from None
+        return _positive_seconds(value, SAMPLE_TIMEOUT_ENV)
+    return DEFAULT_SAMPLE_TIMEOUT_SECONDS
+
+
+def _positive_seconds(value: Any, what: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{what} must be a finite positive number of seconds; got {value!r}")
+    return float(value)
+
+
+@dataclass
+class _AgentSettings:
+    """Per-agent gateway state that is not part of the record: inherited by the agent's children."""
+
+    sampling: dict[str, Any]  # the agent's sampling defaults (over the gateway's)
+    policy_only: bool  # a key placed where policy-run code can read it: aux and judge calls are refused
+
+
+@dataclass(eq=False)
+class RolloutRecorder:
+    """One rollout's shared state: its agents in opening order and the interaction map keyed by call id."""
+
+    rollout_id: str
+    judges: bool = True
+    sampling_precedence: str = "request"
+    #: the rollout config's inference params (`temperature`, `top_p`, `top_k`, `max_completion_tokens`)
+    config_sampling: dict[str, Any] = field(default_factory=dict)
+    agents: list[AgentRecord] = field(default_factory=list)
+    interactions: dict[str, Interaction] = field(default_factory=dict)
+    _settings: dict[str, _AgentSettings] = field(default_factory=dict, repr=False)
+
+    def root(self) -> AgentRecord:
+        """The rollout's root agent (the first agent opened without a parent)."""
+        for agent in self.agents:
+            if agent.parent is None:
+                return agent
+        raise LookupError(f"rollout {self.rollout_id} has no root agent")
+
+    def agent(self, agent_id: str) -> AgentRecord:
+        """The agent with this id."""
+        for agent in self.agents:
+            if agent.agent_id == agent_id:
+                return agent
+        raise KeyError(agent_id)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The gateway
+
+
+class ModelGateway:
+    """One per process: owns the sampler, the renderer, the model name, the sampling defaults and the timeouts."""
+
+    def __init__(
+        self,
+        sampler: Any,
+        renderer: Any,
+        *,
+        model_name: str,
+        max_tokens: int = 4096,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        context_window_length: int | None = None,
+        sample_timeout_seconds: float | None = None,
+    ) -> None:
+        if context_window_length is not None and context_window_length < 1:
+            raise ValueError(
+                f"context_window_length must be a positive token count; got {context_window_length!r}"
+            )
+        #: swappable: a worker's following client replaces the sampler when new weights are published
+        self.sampler = sampler
+        self.renderer = renderer
+        self.model_name = model_name
+        self.defaults: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "seed": seed,
+        }
+        self.context_window_length = context_window_length
+        self.sample_timeout_seconds = resolve_sample_timeout(sample_timeout_seconds)
+        # The renderer's stops and render kwargs are fixed for its life: work them out once, not per call.
+        self._stop_ids: list[int] = list(renderer.stop_token_ids())
+        self._stop_set = frozenset(self._stop_ids)
+        self._render_kwargs = _accepted_kwargs(renderer.render_prompt)
+        self._dropped_render_kwargs: set[str] = set()
+        self._rollouts: dict[str, RolloutRecorder] = {}
+        self._by_key: dict[str, AgentRecord] = {}
+        self._closed_keys: OrderedDict[str, None] = OrderedDict()
+        self._shut_down = False
+
+    @property
+    def tokenizer(self) -> Any:
+        """The renderer's tokenizer."""
+        return self.renderer.tokenizer
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shut_down
+
+    # ---- rollouts and agents -------------------------------------------------------------------------------
+
+    def open_rollout(
+        self,
+        rollout_id: str | None = None,
+        *,
+        judges: bool = True,
+        sampling_precedence: str = "request",
+        config_sampling: Mapping[str, Any] | None = None,
+    ) -> RolloutRecorder:
+        """Start recording a rollout; its agents are opened with `open_agent` (the root first)."""
+        if self._shut_down:
+            raise AgentClosed("the model gateway is shutting down: no new rollouts")
+        if sampling_precedence not in _PRECEDENCES:
+            raise ValueError(
+                f"sampling_precedence must be 'request' or 'config'; got {sampling_precedence!r}"
+            )
+        rollout_id = rollout_id or str(uuid.uuid4())
+        if rollout_id in self._rollouts:
+            raise ValueError(f"rollout {rollout_id!r} is already open on this gateway")
+        config = {k: v for k, v in (config_sampling or {}).items() if v is not None}
+        if "max_tokens" in config and "max_completion_tokens" not in config:
+            config["max_completion_tokens"] = config.pop("max_tokens")
+        rollout = RolloutRecorder(
+            rollout_id, judges=judges, sampling_precedence=sampling_precedence, config_sampling=config
+        )
+        self._rollouts[rollout_id] = rollout
+        return rollout
+
+    def rollout(self, rollout_id: str) -> RolloutRecorder:
+        """The open rollout with this id."""
+        return self._rollouts[rollout_id]
+
+    def release_rollout(self, rollout: RolloutRecorder) -> None:
+        """Close the rollout's agents and forget it (its records stay on the `RolloutRecorder`)."""
+        for agent in rollout.agents:
+            self.close_agent(agent)
+        self._rollouts.pop(rollout.rollout_id, None)
+
+    def open_agent(
+        self,
+        rollout: RolloutRecorder,
+        *,
+        parent: AgentRecord | None = None,
+        role: str = "policy",
+        goal: str | None = None,
+        task: Task | None = None,
+        max_steps: int | None = None,
+        access: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        policy_only: bool | None = None,
+    ) -> AgentRecord:
+        """Mint an agent: a random 256-bit URL-safe secret and fresh agent and trajectory ids.
+
+        A child gets depth+1 and `fork_step` = the parent's step count (its policy and aux calls so far); it
+        inherits the parent's access (a narrower `access` may be asked for, never a wider one), sampling defaults
+        and policy-only restriction. `sampling` sets this agent's own defaults over the inherited ones.
+        """
+        if self._shut_down:
+            raise AgentClosed("the model gateway is shutting down: no new agents")
+        if self._rollouts.get(rollout.rollout_id) is not rollout:
+            raise ValueError(f"rollout {rollout.rollout_id!r} is not open on this gateway")
+        if access is not None and access not in _ACCESS_RANK:
+            raise ValueError(f"access must be one of {', '.join(_ACCESS_RANK)}; got {access!r}")
+        if parent is None:
+            if any(agent.parent is None for agent in rollout.agents):
+                raise ValueError(f"rollout {rollout.rollout_id} already has a root agent; pass parent=")
+            depth, fork_step = 0, None
+            access = access or "full"
+            inherited: dict[str, Any] = {}
+            restricted = bool(policy_only)
+        else:
+            if parent.rollout_id != rollout.rollout_id:
+                raise ValueError("a child agent must be opened in its parent's rollout")
+            depth = parent.depth + 1
+            fork_step = sum(1 for call in parent.calls if call.kind != "judge")
+            if access is None or _ACCESS_RANK[access] > _ACCESS_RANK[parent.access]:
+                access = parent.access
+            parent_settings = rollout._settings[parent.agent_id]
+            inherited = parent_settings.sampling
+            restricted = parent_settings.policy_only or bool(policy_only)
+        agent = AgentRecord(
+            agent_id=str(uuid.uuid4()),
+            secret=secrets.token_urlsafe(32),
+            rollout_id=rollout.rollout_id,
+            trajectory_id=str(uuid.uuid4()),
+            role=role,
+            parent=parent,
+            depth=depth,
+            fork_step=fork_step,
+            goal=goal,
+            task=task,
+            max_steps=max_steps,
+            access=access,
+            started=time.perf_counter(),
+        )
+        own = {k: v for k, v in (sampling or {}).items() if v is not None}
+        rollout._settings[agent.agent_id] = _AgentSettings(
+            sampling={**inherited, **own} if own else inherited, policy_only=restricted
+        )
+        rollout.agents.append(agent)
+        self._by_key[agent.secret] = agent
+        return agent
+
+    def agent_for_key(self, key: str) -> AgentRecord:
+        """The open agent a key belongs to: 401 for an unknown key, 410 for a closed agent (the transports' auth)."""
+        agent = self._by_key.get(key)
+        if agent is not None:
+            return agent
+        if key in self._closed_keys:
+            raise AgentClosed("this agent is closed: its rollout has finished")
+        raise AuthenticationFailed("unknown agent key")
+
+    def close_agent(self, agent: AgentRecord) -> None:
+        """Close an agent: later calls are refused (410) and nothing more is recorded on it."""
+        if agent.closed:
+            return
+        agent.closed = True
+        if agent.ended is None:
+            agent.ended = time.perf_counter()
+        if self._by_key.pop(agent.secret, None) is not None:
+            self._closed_keys[agent.secret] = None
+            while len(self._closed_keys) > MAX_CLOSED_KEYS:
+                self._closed_keys.popitem(last=False)
+
+    def shut_down(self) -> None:
+        """Close every agent and refuse new rollouts and agents (a stopping worker)."""
+        self._shut_down = True
+        for agent in list(self._by_key.values()):
+            self.close_agent(agent)
+
+    # ---- the call path -------------------------------------------------------------------------------------
+
+    async def chat(
+        self,
+        agent: AgentRecord,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        kind: str = "policy",
+        **sampling: Any,
+    ) -> ChatReply:
+        """Render, sample, parse and record one call (train.md 6.1); `sampling` are Chat Completions parameters."""
+        # 1. Refusals before sampling.
+        if kind not in _KINDS:
+            raise GatewayError(f"unknown call kind {kind!r}: use policy, aux or judge")
+        if self._shut_down:
+            raise AgentClosed("the model gateway is shutting down")
+        if agent.closed:
+            raise AgentClosed("this agent is closed: its rollout has finished")
+        rollout = self._rollouts.get(agent.rollout_id)
+        if rollout is None:
+            raise AgentClosed("this agent's rollout is no longer open")
+        settings = rollout._settings[agent.agent_id]
+        if kind != "policy":
+            if settings.policy_only:
+                raise PermissionDenied(f"this agent key may make policy calls only, not {kind} calls")
+            if kind == "judge" and not rollout.judges:
+                agent.misc["judges_refused"] = agent.misc.get("judges_refused", 0) + 1
+                raise PermissionDenied("judge calls are disabled for this rollout (judges: false)")
+        # The gateway-enforced step budget (a synthetic stop instead of a sample) hooks in here.
+        stopped = self._budget_stop(agent, kind)
+        if stopped is not None:
+            return stopped
+
+        # 2. Prepare the sampling parameters and the render kwargs.
+        params, stop, render_kwargs = self._prepare(rollout, settings, kind, sampling)
+
+        # 3. Render.
+        prompt = self.renderer.render_prompt(messages, tools=tools or None, **render_kwargs)
+
+        # 4. Fit to the context window.
+        max_tokens = params["max_tokens"]
+        window = self.context_window_length
+        if window is not None:
+            headroom = window - len(prompt)
+            if headroom < 1:
+                agent.context_overflows += 1
+                raise ContextWindowExceeded(len(prompt), window)
+            if max_tokens is None or max_tokens > headroom:
+                max_tokens = headroom
+
+        # 5. Sample once under the sample timeout.
+        tinker = _tinker()
+        sampling_params = tinker.SamplingParams(
+            max_tokens=max_tokens,
+            seed=params["seed"],
+            stop=self._stop_ids if stop is None else stop,
+            temperature=params["temperature"],
+            top_k=params["top_k"],
+            top_p=params["top_p"],
+        )
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.sample_timeout_seconds):
+                response = await self.sampler.sample_async(
+                    prompt=tinker.ModelInput.from_ints(prompt), num_samples=1, sampling_params=sampling_params
+                )
+            sequences = response.sequences
+            if len(sequences) != 1:
+                raise SamplingFailed(f"the sampler returned {len(sequences)} sequences for one sample")
+        except TimeoutError:
+            agent.gateway_errors += 1
+            raise SampleTimeout(
+                f"sampling did not finish within the sample timeout of {self.sample_timeout_seconds:g}s"
+            ) from None
+        except GatewayError:
+            agent.gateway_errors += 1
+            raise
+        except Exception as exc:  # any sampler failure is the gateway's, not the harness's
+            agent.gateway_errors += 1
+            raise SamplingFailed(f"sampling failed: {type(exc).__name__}: {exc}") from exc
+        ended = time.perf_counter()
+        if ended - started > SLOW_CALL_SECONDS:
+            log.warning("slow model call: %.1fs for %d prompt tokens", ended - started, len(prompt))
+        sequence = sequences[0]
+        tokens = list(sequence.tokens)
+        stop_reason = str(sequence.stop_reason)
+
+        # 6. Parse.
+        message, generation = self._parse(tokens, stop_reason, stop)
+
+        # 7. Record, only while the agent is open (a closed agent's late reply is returned, not recorded).
+        call_id = CALL_ID_PREFIX + uuid.uuid4().hex
+        if not agent.closed:
+            rollout.interactions[call_id] = Interaction(
+                call_id=call_id,
+                prompt_tokens=tuple(prompt),
+                sampled_tokens=tuple(tokens),
+                logprobs=tuple(sequence.logprobs or ()),
+                stop_reason=stop_reason,
+                routing_id=_routing_id(sequence),
+            )
+            n_prompt, n_completion = len(prompt), len(tokens)
+            agent.calls.append(
+                CallRecord(
+                    call_id=call_id,
+                    kind=kind,
+                    model=self.model_name,
+                    message=message,
+                    finish_reason=generation["finish_reason"],
+                    usage={
+                        "prompt_tokens": n_prompt,
+                        "completion_tokens": n_completion,
+                        "total_tokens": n_prompt + n_completion,
+                    },
+                    started=started,
+                    ended=ended,
+                    generation=generation,
+                )
+            )
+        return ChatReply(call_id, message, generation["finish_reason"])
+
+    def _budget_stop(self, agent: AgentRecord, kind: str) -> ChatReply | None:
+        """The gateway-enforced step budget's synthetic stop (train.md 6.1 "Budget stop"); none is enforced yet."""
+        return None
+
+    def _prepare(
+        self, rollout: RolloutRecorder, settings: _AgentSettings, kind: str, request: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[Any] | None, dict[str, Any]]:
+        """Sampling = the request's own over the agent's defaults over the gateway's; the config's for policy
+        calls under `sampling_precedence: config`. Returns the params, the caller's stop list (None: the
+        renderer's stop tokens) and the render kwargs."""
+        own: dict[str, Any] = {}
+        render_kwargs: dict[str, Any] = {}
+        stop: list[Any] | None = None
+        if request:
+            extra = request.get("extra_body")
+            if isinstance(extra, Mapping):
+                # OpenAI clients send extra_body keys at the top level; the top level wins.
+                request = {**extra, **request}
+            for key, value in request.items():
+                if value is None:
+                    continue
+                if key in ("max_tokens", "max_completion_tokens"):
+                    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                        raise GatewayError(f"{key} must be a non-negative integer; got {value!r}")
+                    if key == "max_completion_tokens" or "max_completion_tokens" not in request:
+                        own["max_tokens"] = value
+                elif key == "temperature":
+                    own[key] = _number(key, value, 0.0, 2.0)
+                elif key == "top_p":
+                    own[key] = _number(key, value, 0.0, 1.0)
+                elif key in ("top_k", "seed"):
+                    if isinstance(value, bool) or not isinstance(value, int):
+                        raise GatewayError(f"{key} must be an integer; got {value!r}")
+                    own[key] = value
+                elif key == "stop":
+                    stop = _stop_list(value)
+                elif key == "chat_template_kwargs":
+                    if not isinstance(value, Mapping):
+                        raise GatewayError("chat_template_kwargs must be an object")
+                    render_kwargs.update(value)
+                elif key == "reasoning_effort":
+                    if value == "none":
+                        render_kwargs.setdefault("enable_thinking", False)
+                elif key == "n":
+                    if value != 1:
+                        raise GatewayError(f"n must be 1; got {value!r}")
+                elif key not in _IGNORED_PARAMS and key != "extra_body":
+                    raise GatewayError(f"unsupported sampling parameter {key!r}")
+        params = (
+            {**self.defaults, **settings.sampling, **own} if settings.sampling else {**self.defaults, **own}
+        )
+        if kind == "policy" and rollout.sampling_precedence == "config":
+            config = rollout.config_sampling
+            for key in ("temperature", "top_p", "top_k"):
+                params[key] = config.get(key, self.defaults[key])
+            if "max_completion_tokens" in config:
+                params["max_tokens"] = config["max_completion_tokens"]
+        if render_kwargs:
+            render_kwargs = self._filter_render_kwargs(render_kwargs)
+        return params, stop, render_kwargs
+
+    def _filter_render_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        accepted = self._render_kwargs
+        if accepted is None:
+            return kwargs
+        kept = {k: v for k, v in kwargs.items() if k in accepted}
+        for name in kwargs.keys() - kept.keys():
+            if name not in self._dropped_render_kwargs:  # logged once per name, not per call
+                self._dropped_render_kwargs.add(name)
+                log.info("the renderer takes no %r render kwarg: ignored", name)
+        return kept
+
+    def _parse(
+        self, tokens: list[int], stop_reason: str, stop: list[Any] | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The assistant message and the generation counters of one sampled sequence."""
+        parsed = self.renderer.parse_completion(tokens, stop_reason)
+        raw = parsed.message
+        content = raw.get("content")
+        if not isinstance(content, str):
+            content = "" if content is None else str(content)
+        unparsed = getattr(parsed, "unparsed_tool_calls", 0)
+        if isinstance(unparsed, (list, tuple)):
+            # Raw text of tool blocks the parser could not read: shown to the harness so it sees what was written.
+            for text in unparsed:
+                if isinstance(text, str) and text and text not in content:
+                    content = f"{content}\n{text}" if content else text
+        # Tool calls only when the turn ended on a stop token: a truncated response never runs tools.
+        ended_on_stop = stop_reason != "length" and (
+            (bool(tokens) and tokens[-1] in self._stop_set)
+            if stop is None
+            else _ends_on_caller_stop(tokens, stop)
+        )
+        tool_calls = (
+            [_openai_tool_call(call) for call in raw.get("tool_calls") or ()] if ended_on_stop else []
+        )
+        reasoning = raw.get("reasoning_content") or None
+        if tool_calls:
+            finish_reason = "tool_calls"
+        elif stop_reason == "length":
+            finish_reason = "length"
+        else:
+            finish_reason = "stop"
+        message = {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": tool_calls or None,
+            "reasoning_content": reasoning,
+        }
+        generation = {
+            "stop_reason": stop_reason,
+            "generated_tokens": len(tokens),
+            "parse_success": bool(getattr(parsed, "ok", True)),
+            "parsed_tool_calls": _count(getattr(parsed, "parsed_tool_calls", 0)),
+            "emitted_tool_calls": len(tool_calls),
+            "recovered_tool_calls": _count(getattr(parsed, "recovered_tool_calls", 0)),
+            "unparsed_tool_calls": _count(unparsed),
+            "finish_reason": finish_reason,
+        }
+        return message, generation
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _accepted_kwargs(fn: Any) -> frozenset[str] | None:
+    """The keyword names `fn` takes beyond messages and tools; None when it takes any (`**kwargs`)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    names = set()
+    for param in parameters:
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if param.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            names.add(param.name)
+    return frozenset(names - {"tools"})
+
+
+def _number(key: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise GatewayError(f"{key} must be a number in [{low:g}, {high:g}]; got {value!r}")
+    return float(value)
+
+
+def _stop_list(value: Any) -> list[Any]:
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Sequence) and all(
+        isinstance(item, (str, int)) and not isinstance(item, bool) for item in value
+    ):
+        return list(value)
+    raise GatewayError(f"stop must be a string or a list of strings or token ids; got {value!r}")
+
+
+def _ends_on_caller_stop(tokens: list[int], stop: list[Any]) -> bool:
+    # Token-id stops are checked on the last token; a string stop is trusted to the sampler's stop reason.
+    if not tokens:
+        return False
+    return tokens[-1] in stop or any(isinstance(item, str) for item in stop)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    return int(value or 0)
+
+
+def _routing_id(sequence: Any) -> str | None:
+    # Workers patch the response model to keep the per-sequence routing id (train.md 3); otherwise it is an extra.
+    routing = getattr(sequence, "routing_id", None)
+    if routing is None:
+        extra = getattr(sequence, "model_extra", None)
+        if extra:
+            routing = extra.get("routing_id")
+    return None if routing is None else str(routing)
+
+
+def _openai_tool_call(call: Any) -> dict[str, Any]:
+    """An OpenAI tool-call dict with JSON-string arguments and an id (minted when the renderer gave none)."""
+    if isinstance(call, Mapping):
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            function = call
+        call_id = call.get("id")
+        name = function.get("name")
+        arguments = function.get("arguments")
+    else:
+        function = getattr(call, "function", None) or call
+        call_id = getattr(call, "id", None)
+        name = getattr(function, "name", None)
+        arguments = getattr(function, "arguments", None)
+    if not isinstance(arguments, str):
+        arguments = json.dumps({} if arguments is None else arguments, ensure_ascii=False)
+    return {
+        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }

@@ -1,8 +1,22 @@
-"""platoon-harnesses's hook implementations: the light module its entry points name (imported only when named)."""
+"""platoon-harnesses's hook implementations: the light module its entry points name (imported only when named).
+
+Harness modules are imported inside the hook, so listing components never imports them (nor IPython).
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from platoon.hookspecs import CommandGroup, hookimpl
+
+#: harness name -> (module, function) of the built-in function harnesses (harness.md 4)
+FUNCTION_HARNESSES: dict[str, tuple[str, str]] = {
+    "platoon-react": ("platoon_harnesses.react", "react"),
+    "platoon-codeact": ("platoon_harnesses.codeact.harness", "codeact"),
+    "platoon-oracle": ("platoon_harnesses.oracle", "oracle"),
+    "platoon-noop": ("platoon_harnesses.noop", "noop"),
+}
 
 
 @hookimpl
@@ -10,3 +24,13 @@ def platoon_register_commands(name: str) -> CommandGroup | None:
     if name == "toolchain":
         return CommandGroup("toolchain", "toolchain builds", "platoon_harnesses.cli:app")
     return None
+
+
+@hookimpl
+def platoon_register_harnesses(name: str) -> Any:
+    """The decorated function of the built-in function harness `name`, or None for any other name."""
+    target = FUNCTION_HARNESSES.get(name)
+    if target is None:
+        return None
+    module, attr = target
+    return getattr(importlib.import_module(module), attr)

@@ -126,10 +126,7 @@ class FakeSampler:
         assert num_samples == 1
         tokens = prompt.to_ints()
         self.requests.append({"prompt": tokens, "params": sampling_params})
-        if callable(self.script):
-            reply = self.script(CharTokenizer().decode(tokens))
-        else:
-            reply = self.script.pop(0)
+        reply = self.script(CharTokenizer().decode(tokens)) if callable(self.script) else self.script.pop(0)
         if isinstance(reply, str):
             reply = Reply(reply)
         if self.on_sample is not None:

@@ -339,7 +339,7 @@ def test_policy_only_agents_and_their_children_make_policy_calls_only(make_gatew
 
 def test_a_closed_agent_is_refused_with_410(make_gateway, sampler):
     gateway = make_gateway()
-    rollout, agent = open_root(gateway)
+    _rollout, agent = open_root(gateway)
     assert gateway.agent_for_key(agent.secret) is agent
     gateway.close_agent(agent)
     assert agent.closed and agent.ended is not None

@@ -1,0 +1,227 @@
+"""`harness_rollout`: one task through a function harness end to end (core.md 2.7, train.md 6.7) — open the
+session, run the episode program, build the trajectories, run finalizers, apply the entry's reward processor,
+close the session.
+
+`Route` is what an environment entry says about running its harness: harness, program, options, agents settings,
+exit policies and reward processor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from platoon.config.environments import AgentsConfig, HarnessExitPolicy
+from platoon.envs.service import EnvSetupError, Outcome
+from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
+
+if TYPE_CHECKING:
+    from platoon.config.environments import EnvironmentConfig
+    from platoon.config_defs import RolloutConfig
+    from platoon.envs.service import EnvironmentService
+    from platoon.harness.function import FunctionHarness
+    from platoon.task import Task
+    from platoon.trajectory import TrajectoryCollection
+
+__all__ = ["Route", "draw_harness", "harness_rollout", "recorded_rollout"]
+
+log = logging.getLogger("platoon.episode")
+
+_UNTRAINABLE = ("trajectory_invalid", "trajectory_timed_out", "trajectory_cancelled")
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            merged[key] = _deep_merge(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def draw_harness(weights: Mapping[str, float], *, seed: int, task_id: str) -> str:
+    """The harness of a mixture for one task (train.md 2.2): deterministic from sha256("<seed>:<task id>")."""
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
+    names = sorted(weights)
+    total = sum(float(weights[name]) for name in names)
+    point = int.from_bytes(digest[:8], "big") / 2**64 * total
+    for name in names:
+        point -= float(weights[name])
+        if point < 0:
+            return name
+    return names[-1]  # float rounding at the very top of the range
+
+
+@dataclass(frozen=True)
+class Route:
+    """How an entry runs its harness; `harness` is a ref or a `FunctionHarness`, `program` a ref or a record."""
+
+    harness: str | FunctionHarness | Any | None = None
+    program: str | Any = "single"
+    harness_options: Mapping[str, Any] = field(default_factory=dict)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    on_harness_exit: HarnessExitPolicy = field(default_factory=HarnessExitPolicy)
+    on_context_overflow: str = "grade"
+    reward_processor: str | None = None
+
+    @classmethod
+    def from_entry(
+        cls, entry: EnvironmentConfig, *, split: str = "train", task_id: str | None = None
+    ) -> Route:
+        """The route of an `environments` entry: a harness mixture draws per task (give `task_id`); non-train
+        splits deep-merge `eval_overrides.harness_options` over `harness_options`."""
+        harness: Any = entry.harness
+        if isinstance(harness, Mapping):
+            if task_id is None:
+                raise ValueError("a harness mixture draws per task: give task_id")
+            harness = draw_harness(harness, seed=entry.seed, task_id=str(task_id))
+        options = dict(entry.harness_options)
+        if split != "train" and entry.eval_overrides.harness_options:
+            options = _deep_merge(options, entry.eval_overrides.harness_options)
+        return cls(
+            harness=harness,
+            program=entry.program,
+            harness_options=options,
+            agents=entry.agents,
+            on_harness_exit=entry.on_harness_exit,
+            on_context_overflow=entry.on_context_overflow,
+            reward_processor=entry.reward_processor,
+        )
+
+
+def _program_ref(program: Any) -> str:
+    return str(getattr(program, "ref", None) or program)
+
+
+def _harness_misc(harness: Any, route: Route, program: Any) -> dict[str, Any]:
+    """The root's misc `harness` of a function-harness rollout (core.md 2.7)."""
+    if harness is None and route.harness is not None:
+        try:
+            from platoon.episode.subagents import resolve_function_harness
+
+            harness = resolve_function_harness(route.harness)
+        except Exception:  # the misc records what ran; an unresolvable route harness never ran
+            harness = None
+    return {
+        "spec": None if harness is None else harness.ref,
+        "kind": "function",
+        "runtime": None if harness is None else harness.runtime,
+        "executes_model_code": False if harness is None else harness.executes_model_code,
+        "program": _program_ref(program),
+    }
+
+
+def _apply_reward_processor(ref: str, collection: TrajectoryCollection) -> None:
+    """Score each trainable trajectory with the processor: the score becomes its reward, the components go to
+    its misc `reward_components` (untrainable trajectories keep reward 0: failures are not zeros to re-score)."""
+    from platoon import plugins
+
+    processor = plugins.get_reward_processor(ref)
+    for trajectory in collection.trajectories.values():
+        if any(trajectory.misc.get(marker) for marker in _UNTRAINABLE):
+            continue
+        score, components = processor(trajectory.to_dict())
+        trajectory.reward = float(score)
+        trajectory.misc["reward_components"] = dict(components or {})
+    root = collection.root
+    if root is not None:
+        root.misc["reward_processor"] = ref
+
+
+async def _close_session(session: Any) -> None:
+    try:
+        await session.close()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the trajectories are built; a failed teardown is the service's to report
+        log.warning("closing the environment session failed: %s: %s", type(exc).__name__, exc)
+
+
+async def harness_rollout(
+    task: Task,
+    *,
+    service: EnvironmentService,
+    route: Route,
+    config: RolloutConfig,
+    gateway: Any,
+    rollout_id: str | None = None,
+) -> TrajectoryCollection:
+    """Run one task through the route's program and harness; returns the rollout's trajectories (root first)."""
+    collection, _ = await recorded_rollout(
+        task, service=service, route=route, config=config, gateway=gateway, rollout_id=rollout_id
+    )
+    return collection
+
+
+async def recorded_rollout(
+    task: Task,
+    *,
+    service: EnvironmentService,
+    route: Route,
+    config: RolloutConfig,
+    gateway: Any,
+    rollout_id: str | None = None,
+) -> tuple[TrajectoryCollection, Any]:
+    """`harness_rollout`, also returning the gateway's `RolloutRecorder` (its interactions hold the exact tokens)."""
+    from platoon.programs.registry import get_program
+
+    program = get_program(route.program) if isinstance(route.program, str) else route.program
+    rollout = gateway.open_rollout(
+        rollout_id,
+        judges=bool(getattr(config, "judges", True)),
+        sampling_precedence=getattr(config, "sampling_precedence", "request"),
+        config_sampling=_config_sampling(config),
+    )
+    try:
+        try:
+            session = await service.open(task, rollout_id=rollout.rollout_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # No session: the rollout still yields its root, marked untrainable (never a 0).
+            kind = exc.failure_kind if isinstance(exc, EnvSetupError) else "env_setup"
+            outcome = Outcome.infra(kind, reason=f"{type(exc).__name__}: {exc}")
+            root = gateway.open_agent(rollout, role="policy", goal=task.goal, task=task)
+            root.misc["harness"] = _harness_misc(None, route, program)
+            return build_collection(rollout, outcome), rollout
+        try:
+            episode = Episode(
+                task=task, session=session, config=config, route=route, gateway=gateway, rollout=rollout
+            )
+            outcome = await run_program(program, episode)
+            episode.root_record.misc["harness"] = _harness_misc(episode.harness, route, program)
+            collection = build_collection(rollout, outcome)
+            if episode.finalizers:
+                collection, failed = await run_finalizers(
+                    episode.finalizers, collection, lambda o: build_collection(rollout, o)
+                )
+                outcome = failed or outcome
+            if route.reward_processor:
+                _apply_reward_processor(route.reward_processor, collection)
+            if getattr(config, "verbose", False):
+                log.info(
+                    "rollout %s task %s: %s%s",
+                    rollout.rollout_id,
+                    task.id,
+                    outcome.status,
+                    "" if outcome.reward is None else f" reward={outcome.reward:g}",
+                )
+            return collection, rollout
+        finally:
+            await _close_session(session)
+    finally:
+        gateway.release_rollout(rollout)
+
+
+def _config_sampling(config: Any) -> dict[str, Any] | None:
+    params = getattr(config, "inference_params", None)
+    if params is None:
+        return None
+    dump = getattr(params, "model_dump", None)
+    return dump() if callable(dump) else dict(params)

@@ -476,7 +476,12 @@ class ModelGateway:
 
         # 5. Sample once under the sample timeout.
         tinker = _tinker()
-        sampling_params = tinker.SamplingParams(
+        # Built without validation: the values are checked above, and validating a long token list costs more
+        # than the rest of the gateway's work on a call.
+        model_input = tinker.ModelInput.model_construct(
+            chunks=[tinker.EncodedTextChunk.model_construct(tokens=prompt, type="encoded_text")]
+        )
+        sampling_params = tinker.SamplingParams.model_construct(
             max_tokens=max_tokens,
             seed=params["seed"],
             stop=self._stop_ids if stop is None else stop,
@@ -488,7 +493,7 @@ class ModelGateway:
         try:
             async with asyncio.timeout(self.sample_timeout_seconds):
                 response = await self.sampler.sample_async(
-                    prompt=tinker.ModelInput.from_ints(prompt), num_samples=1, sampling_params=sampling_params
+                    prompt=model_input, num_samples=1, sampling_params=sampling_params
                 )
             sequences = response.sequences
             if len(sequences) != 1:
@@ -717,9 +722,11 @@ def _count(value: Any) -> int:
 
 def _routing_id(sequence: Any) -> str | None:
     # Workers patch the response model to keep the per-sequence routing id (train.md 3); otherwise it is an extra.
-    routing = getattr(sequence, "routing_id", None)
+    # Read from the instance dict: a missing attribute on a pydantic model costs a slow __getattr__ fallback.
+    fields = getattr(sequence, "__dict__", None) or {}
+    routing = fields.get("routing_id")
     if routing is None:
-        extra = getattr(sequence, "model_extra", None)
+        extra = getattr(sequence, "__pydantic_extra__", None)
         if extra:
             routing = extra.get("routing_id")
     return None if routing is None else str(routing)

@@ -32,11 +32,14 @@ class Parsed:
     parsed_tool_calls: int = 0
     emitted_tool_calls: int = 0
     recovered_tool_calls: int = 0
-    unparsed_tool_calls: Any = 0
+    unparsed_tool_calls: int = 0
 
 
 class FakeRenderer:
-    """`role:content` lines then `assistant:`; completions may hold `THINK:<text>|` and `CALL <json>` lines."""
+    """`role:content` lines then `assistant:`; completions may hold `THINK:<text>|` and `CALL <json>` lines.
+
+    Unlike the real renderers it emits every parsed call, so the tests see the gateway enforce the emit rule.
+    """
 
     def __init__(self) -> None:
         self.tokenizer = CharTokenizer()
@@ -80,6 +83,7 @@ class FakeRenderer:
                     )
                 except (ValueError, KeyError):
                     unparsed.append(line)
+                    lines.append(line)  # like the real renderers: unparsed blocks stay visible in the content
             else:
                 lines.append(line)
         message = {
@@ -89,7 +93,7 @@ class FakeRenderer:
             "reasoning_content": reasoning,
         }
         finish = "tool_calls" if calls else ("length" if stop_reason == "length" else "stop")
-        return Parsed(message, not unparsed, finish, len(calls), len(calls), 0, unparsed)
+        return Parsed(message, not unparsed, finish, len(calls), len(calls), 0, len(unparsed))
 
 
 @dataclass

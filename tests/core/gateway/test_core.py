@@ -128,6 +128,7 @@ def test_tool_calls_are_emitted_with_ids_when_a_stop_token_was_sampled(make_gate
 
 
 def test_truncated_responses_never_run_tools(make_gateway, sampler):
+    # The fake renderer emits every parsed call: the gateway enforces the rule whatever the renderer does.
     gateway = make_gateway()
     sampler.script = [
         Reply(CALL, stop_reason="length"),  # cut off by the completion budget
@@ -139,9 +140,11 @@ def test_truncated_responses_never_run_tools(make_gateway, sampler):
     for call in agent.calls:
         assert call.message["tool_calls"] is None
         assert call.generation["parsed_tool_calls"] == 1 and call.generation["emitted_tool_calls"] == 0
+        # what the model wrote stays visible
+        assert json.loads(call.message["content"]) == {"name": "search", "arguments": '{"q": "x"}'}
 
 
-def test_unparsed_tool_blocks_are_shown_in_the_content(make_gateway, sampler):
+def test_unparsed_tool_blocks_are_counted(make_gateway, sampler):
     gateway = make_gateway()
     sampler.script = ["text\nCALL {broken"]
     _, agent = open_root(gateway)
@@ -154,15 +157,17 @@ def test_unparsed_tool_blocks_are_shown_in_the_content(make_gateway, sampler):
 
 def test_a_caller_stop_list_replaces_the_renderer_stops(make_gateway, sampler):
     gateway = make_gateway()
-    sampler.script = [Reply("ab", eos=False), "cd", Reply(CALL, eos=False)]
+    sampler.script = [Reply("ab", eos=False), "cd", Reply(CALL, eos=False), Reply(CALL + "\n\xff", eos=False)]
     _, agent = open_root(gateway)
     chat(gateway, agent, stop="END")
     chat(gateway, agent)
-    reply = chat(gateway, agent, stop=["END"])
+    by_string = chat(gateway, agent, stop=["END"])
+    by_token = chat(gateway, agent, stop=[255])
     stops = [request["params"].stop for request in sampler.requests]
-    assert stops == [["END"], [EOS], ["END"]]
-    # a sampled stop string ends the turn: the tool calls it wrote are emitted
-    assert reply.finish_reason == "tool_calls"
+    assert stops == [["END"], [EOS], ["END"], [255]]
+    # a stop string is not a stop token: the calls are not run; a caller's stop token ends the turn
+    assert by_string.finish_reason == "stop" and by_string.tool_calls == ()
+    assert by_token.finish_reason == "tool_calls" and len(by_token.tool_calls) == 1
 
 
 # ---- sampling precedence -----------------------------------------------------------------------------------

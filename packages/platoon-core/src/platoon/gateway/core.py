@@ -626,26 +626,27 @@ class ModelGateway:
         self, tokens: list[int], stop_reason: str, stop: list[Any] | None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The assistant message and the generation counters of one sampled sequence."""
+        # The renderer reads content, reasoning and tool blocks, and appends the raw text of blocks it did not
+        # emit (unparsed ones included) to the content, so the harness sees what the model wrote.
         parsed = self.renderer.parse_completion(tokens, stop_reason)
         raw = parsed.message
         content = raw.get("content")
         if not isinstance(content, str):
             content = "" if content is None else str(content)
-        unparsed = getattr(parsed, "unparsed_tool_calls", 0)
-        if isinstance(unparsed, (list, tuple)):
-            # Raw text of tool blocks the parser could not read: shown to the harness so it sees what was written.
-            for text in unparsed:
-                if isinstance(text, str) and text and text not in content:
-                    content = f"{content}\n{text}" if content else text
-        # Tool calls only when the turn ended on a stop token: a truncated response never runs tools.
-        ended_on_stop = stop_reason != "length" and (
-            (bool(tokens) and tokens[-1] in self._stop_set)
-            if stop is None
-            else _ends_on_caller_stop(tokens, stop)
-        )
-        tool_calls = (
-            [_openai_tool_call(call) for call in raw.get("tool_calls") or ()] if ended_on_stop else []
-        )
+        # Tool calls only when a stop token was sampled and the budget did not run out: a truncated response
+        # never runs tools. Enforced here too, whatever the renderer did; a stop *string* is not a stop token.
+        last = tokens[-1] if tokens else None
+        emit = stop_reason != "length" and (last in self._stop_set if stop is None else last in stop)
+        calls = raw.get("tool_calls") or ()
+        if emit:
+            tool_calls = [_openai_tool_call(call) for call in calls]
+        else:
+            tool_calls = []
+            for (
+                call
+            ) in calls:  # rare: a renderer that emitted calls the rule forbids; keep their text visible
+                function = _openai_tool_call(call)["function"]
+                content += json.dumps({"name": function["name"], "arguments": function["arguments"]})
         reasoning = raw.get("reasoning_content") or None
         if tool_calls:
             finish_reason = "tool_calls"
@@ -666,7 +667,7 @@ class ModelGateway:
             "parsed_tool_calls": _count(getattr(parsed, "parsed_tool_calls", 0)),
             "emitted_tool_calls": len(tool_calls),
             "recovered_tool_calls": _count(getattr(parsed, "recovered_tool_calls", 0)),
-            "unparsed_tool_calls": _count(unparsed),
+            "unparsed_tool_calls": _count(getattr(parsed, "unparsed_tool_calls", 0)),
             "finish_reason": finish_reason,
         }
         return message, generation
@@ -705,13 +706,6 @@ def _stop_list(value: Any) -> list[Any]:
     ):
         return list(value)
     raise GatewayError(f"stop must be a string or a list of strings or token ids; got {value!r}")
-
-
-def _ends_on_caller_stop(tokens: list[int], stop: list[Any]) -> bool:
-    # Token-id stops are checked on the last token; a string stop is trusted to the sampler's stop reason.
-    if not tokens:
-        return False
-    return tokens[-1] in stop or any(isinstance(item, str) for item in stop)
 
 
 def _count(value: Any) -> int:

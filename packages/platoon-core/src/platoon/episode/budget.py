@@ -53,14 +53,14 @@ class Reservation:
 class AgentBudget:
     """One agent's node in the tracker; implements the `Budget` protocol a harness sees (`remaining`, `used`)."""
 
-    tracker: BudgetTracker
+    tracker: BudgetTracker = field(repr=False)
     agent_id: str
     allocation: int | None  # None or 0: unbounded
-    steps: Callable[[], int]  # the agent's own policy steps so far (read from its gateway record)
+    steps: Callable[[], int] = field(repr=False)  # the agent's own policy steps so far (read from its gateway record)
     depth: int = 0
-    parent: AgentBudget | None = None
+    parent: AgentBudget | None = field(default=None, repr=False)
     verifier_level: int = _POLICY
-    children: list[AgentBudget] = field(default_factory=list)
+    children: list[AgentBudget] = field(default_factory=list, repr=False)
     reserved: int = 0
 
     def remaining(self) -> float:

@@ -42,9 +42,9 @@ async def run_agent(agent: Agent, fn: Any = None, *, timeout: float | None = Non
     result: AgentResult
     try:
         try:
-            # asyncio.timeout rather than wait_for: no extra task per run, and a TimeoutError the harness raises
+            # asyncio.timeout_at rather than wait_for: no extra task per run, and a TimeoutError the harness raises
             # itself stays a crash (only an expired deadline is a timeout).
-            async with asyncio.timeout(deadline) as scope:
+            async with asyncio.timeout_at(deadline) as scope:
                 value = await fn(agent)
         except TimeoutError as exc:
             if scope.expired():

@@ -684,7 +684,9 @@ def _accepted_kwargs(fn: Any) -> frozenset[str] | None:
     except (TypeError, ValueError):
         return frozenset()
     names = set()
-    for param in parameters:
+    for position, param in enumerate(parameters):
+        if position == 0:  # the messages
+            continue
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             return None
         if param.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):

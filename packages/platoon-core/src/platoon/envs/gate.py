@@ -1,0 +1,311 @@
+"""The per-live-env admission gate (core.md 7.6): turn-taking for every agent acting on one live environment.
+
+Operations come in three classes: `serial` (one at a time), `concurrent` (declared safe; run beside others) and
+`exclusive` (waits for everything that arrived earlier, runs alone, holds back everything that arrived later).
+Each caller has at most one waiter in the shared queue; its next operation joins the back when the previous one is
+granted, so calls are FIFO per caller and round-robin across callers. A waiter not admitted within
+`queue_timeout_s` gets `EnvBusy` and never runs; an admitted operation runs shielded to completion even if its
+caller gives up. asyncio only; one gate belongs to one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+__all__ = ["DEFAULT_QUEUE_TIMEOUT_S", "OP_CLASSES", "EnvBusy", "Gate", "GateClosed", "OpClass"]
+
+T = TypeVar("T")
+
+OpClass = Literal["serial", "concurrent", "exclusive"]
+
+#: The operation classes, in the order of how much they hold back.
+OP_CLASSES: tuple[str, ...] = ("concurrent", "serial", "exclusive")
+
+#: How long a waiter may queue before it is refused unrun.
+DEFAULT_QUEUE_TIMEOUT_S = 240.0
+
+# The gates whose grant the running code holds: an acquire from inside one would wait for itself.
+_HELD: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "platoon_gate_held", default=frozenset()
+)
+
+
+class EnvBusy(Exception):
+    """An operation waited longer than the queue deadline and was not run."""
+
+    def __init__(self, message: str, *, waited_s: float, limit_s: float) -> None:
+        super().__init__(message)
+        self.waited_s = waited_s
+        self.limit_s = limit_s
+
+
+class GateClosed(Exception):
+    """The gate was closed (its environment is going away) before the operation was admitted."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    seq: int
+    op_class: str
+    caller: Hashable
+    what: str
+    future: asyncio.Future[None]
+    queued_at: float
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _Caller:
+    pending: deque[_Waiter] = field(default_factory=deque)
+
+
+class Gate:
+    """Admission control for one live environment shared by several agents.
+
+    `await gate.run(fn, "serial", caller=agent_id)` waits for a turn, then runs `fn()` (a coroutine function)
+    shielded: cancelling the caller after admission does not stop the operation, and the grant is released only
+    when it ends. `caller` is the fairness key (an agent id, or the session view); None makes the call its own
+    caller. `what` names the operation in `EnvBusy` messages.
+    """
+
+    def __init__(self, *, queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S, name: str = "env") -> None:
+        if queue_timeout_s is not None and (
+            isinstance(queue_timeout_s, bool)
+            or not isinstance(queue_timeout_s, (int, float))
+            or not math.isfinite(queue_timeout_s)
+            or queue_timeout_s <= 0
+        ):
+            raise ValueError(
+                f"queue_timeout_s must be a positive number of seconds or None; got {queue_timeout_s!r}"
+            )
+        self.queue_timeout_s = None if queue_timeout_s is None else float(queue_timeout_s)
+        self.name = name
+        self._seq = itertools.count()
+        self._callers: dict[Hashable, _Caller] = {}
+        # Heads of the callers' private queues, in the order they joined the shared queue.
+        self._queue: list[_Waiter] = []
+        self._running: dict[str, int] = {"serial": 0, "concurrent": 0, "exclusive": 0}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+
+    # -- state -------------------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        """Admitted operations that have not ended."""
+        return sum(self._running.values())
+
+    @property
+    def waiting(self) -> int:
+        """Operations waiting for a turn."""
+        return sum(len(c.pending) for c in self._callers.values())
+
+    def holds(self) -> bool:
+        """Whether the running code is inside an operation admitted by this gate."""
+        return id(self) in _HELD.get()
+
+    # -- the public operations ---------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        op_class: OpClass | str = "serial",
+        *,
+        caller: Hashable | None = None,
+        what: str = "",
+    ) -> T:
+        """Wait for a turn of `op_class`, then run `fn()` to completion under the grant and return its result.
+
+        Raises `EnvBusy` when not admitted within `queue_timeout_s` (the operation never ran), `GateClosed` when
+        the gate closes first, and `RuntimeError` when called from inside an operation this gate admitted.
+        """
+        waiter = await self._admit(op_class, caller, what)
+        task = asyncio.ensure_future(self._granted(fn, waiter))
+        self._tasks.add(task)
+        task.add_done_callback(self._op_done)
+        # The shield keeps an admitted operation running when the caller is cancelled; its grant is released
+        # when the operation itself ends (`_granted`'s finally), never before.
+        return await asyncio.shield(task)
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until no admitted operation is in flight (at most `timeout_s`); True when none is."""
+        if not self.in_flight:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return not self.in_flight
+        return True
+
+    def cancel_in_flight(self) -> int:
+        """Cancel the tasks of admitted operations still running (for a bounded teardown); returns how many."""
+        tasks = [t for t in self._tasks if not t.done()]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def close(self) -> None:
+        """Refuse every waiter and every later operation with `GateClosed`; idempotent.
+
+        Admitted operations keep running; `drain` waits for them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        waiters = [w for c in self._callers.values() for w in c.pending]
+        self._callers.clear()
+        self._queue.clear()
+        for waiter in waiters:
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            if not waiter.future.done():
+                waiter.future.set_exception(GateClosed(f"{self.name} is closed: the operation was not run"))
+                # Retrieved here so an abandoned waiter's failure is never reported as unretrieved.
+                waiter.future.exception()
+
+    # -- admission ---------------------------------------------------------------------------------------------
+
+    async def _admit(self, op_class: str, caller: Hashable | None, what: str) -> _Waiter:
+        if op_class not in OP_CLASSES:
+            raise ValueError(f"operation class must be one of {', '.join(OP_CLASSES)}; got {op_class!r}")
+        if self.holds():
+            raise RuntimeError(
+                f"re-entrant acquire of {self.name}'s gate from inside an operation it admitted "
+                "(the inner call would wait for the outer one forever)"
+            )
+        if self._closed:
+            raise GateClosed(f"{self.name} is closed: the operation was not run")
+        loop = asyncio.get_running_loop()
+        key: Hashable = object() if caller is None else caller
+        waiter = _Waiter(next(self._seq), op_class, key, what, loop.create_future(), time.monotonic())
+        entry = self._callers.setdefault(key, _Caller())
+        entry.pending.append(waiter)
+        if len(entry.pending) == 1:
+            self._queue.append(waiter)
+        if self.queue_timeout_s is not None:
+            waiter.timer = loop.call_later(self.queue_timeout_s, self._expire, waiter)
+        self._schedule()
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                # Granted in the same instant the caller gave up: the operation will not run, so give the turn back.
+                self._release(waiter)
+            else:
+                self._withdraw(waiter)
+            raise
+        return waiter
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if waiter.future.done():
+            return
+        waited = time.monotonic() - waiter.queued_at
+        limit = self.queue_timeout_s or 0.0
+        ahead = self.in_flight
+        doing = f"{waiter.what} " if waiter.what else ""
+        self._withdraw(waiter)
+        waiter.future.set_exception(
+            EnvBusy(
+                f"{doing}not run: env busy (waited {waited:.1f} s behind {ahead} operation(s) in flight on "
+                f"{self.name}; the limit is {limit:g} s)",
+                waited_s=waited,
+                limit_s=limit,
+            )
+        )
+
+    def _withdraw(self, waiter: _Waiter) -> None:
+        """Take a waiter that was never granted out of the queues; its caller's next call takes its place."""
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        entry = self._callers.get(waiter.caller)
+        if entry is None or waiter not in entry.pending:
+            return
+        was_head = entry.pending[0] is waiter
+        entry.pending.remove(waiter)
+        if was_head:
+            position = self._queue.index(waiter)
+            if entry.pending:
+                # The caller keeps its place in the round: it did not get a turn.
+                self._queue[position] = entry.pending[0]
+            else:
+                del self._queue[position]
+        if not entry.pending:
+            self._callers.pop(waiter.caller, None)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Grant every waiter that may start now, in shared-queue order."""
+        progress = True
+        while progress and not self._closed:
+            progress = False
+            if self._running["exclusive"]:
+                return
+            # The earliest-arrived waiting exclusive operation is a barrier: nothing that arrived after it starts
+            # before it has ended, and it starts once everything that arrived before it has ended.
+            barrier = min(
+                (w.seq for c in self._callers.values() for w in c.pending if w.op_class == "exclusive"),
+                default=None,
+            )
+            for waiter in list(self._queue):
+                if barrier is not None and waiter.seq > barrier:
+                    continue
+                if waiter.op_class == "exclusive":
+                    earlier_waiting = any(
+                        w.seq < waiter.seq for c in self._callers.values() for w in c.pending
+                    )
+                    if self.in_flight or earlier_waiting:
+                        continue
+                elif waiter.op_class == "serial" and self._running["serial"]:
+                    # A concurrent waiter further back may still pass this one: it waits only for the slot.
+                    continue
+                self._grant(waiter)
+                progress = True
+                break
+
+    def _grant(self, waiter: _Waiter) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        entry = self._callers[waiter.caller]
+        entry.pending.popleft()
+        self._queue.remove(waiter)
+        if entry.pending:
+            # The caller's next call joins the back once this one has its turn: round-robin across callers.
+            self._queue.append(entry.pending[0])
+        else:
+            del self._callers[waiter.caller]
+        self._running[waiter.op_class] += 1
+        self._idle.clear()
+        waiter.future.set_result(None)
+
+    def _release(self, waiter: _Waiter) -> None:
+        self._running[waiter.op_class] -= 1
+        if not self.in_flight:
+            self._idle.set()
+        self._schedule()
+
+    async def _granted(self, fn: Callable[[], Awaitable[T]], waiter: _Waiter) -> T:
+        _HELD.set(_HELD.get() | {id(self)})
+        try:
+            return await fn()
+        finally:
+            self._release(waiter)
+
+    def _op_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        # A caller that gave up never reads the result; read it here so the loop does not report it unretrieved.
+        if not task.cancelled():
+            task.exception()

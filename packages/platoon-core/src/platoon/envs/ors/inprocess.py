@@ -1,0 +1,1044 @@
+"""`service: python://pkg.mod:EnvClass`: an OpenReward `Environment` subclass run in process (harness.md 7).
+
+One instance per session, driven as the SDK's server drives it: constructed with `task_spec` and `secrets`, `setup`,
+`get_prompt`, tools through `Environment._call_tool`, `teardown`. Every call goes through the session's gate
+(`platoon.envs.gate`); grading fails closed (harness.md 7.3). The SDK is imported on first use, never at module
+import: this module is what the `python` service entry point names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextvars
+import copy
+import dataclasses
+import inspect
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed, OpClass
+from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
+from platoon.task import Task
+
+__all__ = ["InProcessOrsService", "InProcessOrsSession", "InvalidCall", "load_env_class"]
+
+log = logging.getLogger(__name__)
+
+SCHEME = "python://"
+REFERENCE_PREFIX = "openreward:v1:"
+
+# Keys of `service_kwargs` that only remote `ors+http(s)://` services understand.
+_REMOTE_ONLY = (
+    "environment",
+    "env_name",
+    "urls",
+    "variant",
+    "api_key",
+    "api_url",
+    "label",
+    "session_urls_env_var",
+    "legacy_global_pool",
+    "env_class",
+    "tool_routing_overrides",
+    "bridge_tools",
+    "log_dir",
+)
+_TASK_NAME_KEYS = ("task_name", "id", "task_id", "name")
+_TOOL_ERROR_KEY = "openhands.dev/tool-error"
+_TERMINAL_META_KEY = "openreward.dev/terminal-tool"
+_ROUTING_KEY = "x-openhands-tool-routing"
+
+# The set of still-running sync environment calls of the lease whose code is running, so teardown can wait for them.
+_SYNC_WORK: contextvars.ContextVar[set[asyncio.Future[None]] | None] = contextvars.ContextVar(
+    "platoon_ors_sync_work", default=None
+)
+
+
+class InvalidCall(Exception):
+    """Raised by environment code for a call the policy got wrong (unknown tool, bad arguments, episode over).
+
+    The call is answered with an error result and the session lives on; any other exception a tool raises is
+    classified (a terminal tool that raised is an infrastructure failure, never a zero).
+    """
+
+
+# -- running environment code ------------------------------------------------------------------------------------
+
+
+async def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # Daemon threads, not the loop's executor: a hung sync environment must not keep the process from exiting.
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[Any] = loop.create_future()
+    ended: asyncio.Future[None] = loop.create_future()
+    tracker = _SYNC_WORK.get()
+    if tracker is not None:
+        tracker.add(ended)
+        ended.add_done_callback(tracker.discard)
+    context = contextvars.copy_context()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if not result.done():
+            if ok:
+                result.set_result(value)
+            else:
+                result.set_exception(value)
+        if not ended.done():
+            ended.set_result(None)
+
+    def work() -> None:
+        try:
+            value, ok = context.run(fn, *args, **kwargs), True
+        except BaseException as exc:
+            value, ok = exc, False
+        try:
+            loop.call_soon_threadsafe(deliver, ok, value)
+        except RuntimeError:  # the loop is gone; nobody is waiting any more
+            pass
+
+    threading.Thread(target=work, name="platoon-ors-sync", daemon=True).start()
+    return await result
+
+
+async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run environment code as the SDK's server does: async awaited, sync on a (daemon) thread."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    value = await _in_daemon_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+_sdk_ready = False
+_sdk_lock = threading.Lock()
+
+
+def _sdk() -> Any:
+    """`openreward.environments`, imported on first use, with the update check off and INFO logs quieted."""
+    global _sdk_ready
+    # The SDK's update check would reach pypi.org from every process that serves environments.
+    os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+    try:
+        import openreward.environments as sdk
+        from openreward import log_utils
+        from openreward.environments import environment as sdk_environment
+    except ImportError as exc:
+        raise ImportError(
+            f"python:// services need the openreward SDK ({exc}); install it with: pip install 'platoon[ors]'"
+        ) from exc
+    with _sdk_lock:
+        if not _sdk_ready:
+            if not os.environ.get("OPENREWARD_LOG_LEVEL"):
+                # The SDK logs every tool call at INFO to stdout, which is a harness's stdout in process.
+                saved = os.environ.get("OPENREWARD_LOG_LEVEL")
+                os.environ["OPENREWARD_LOG_LEVEL"] = "WARNING"
+                try:
+                    sdk_environment.logger = log_utils.get_logger("openreward.environments")
+                finally:
+                    if saved is None:
+                        os.environ.pop("OPENREWARD_LOG_LEVEL", None)
+                    else:
+                        os.environ["OPENREWARD_LOG_LEVEL"] = saved
+            # Sync tool bodies then run on daemon threads that teardown can wait for, like the rest of the env code.
+            sdk_environment.run_user_callable = _call
+            _sdk_ready = True
+    return sdk
+
+
+def load_env_class(service: str | type) -> type:
+    """The `Environment` subclass a `python://pkg.mod:Class` reference names (or the class itself)."""
+    sdk = _sdk()
+    if isinstance(service, type):
+        cls = service
+        ref = f"{cls.__module__}:{cls.__qualname__}"
+    else:
+        if not isinstance(service, str):
+            raise ValueError(f"a python:// service needs python://pkg.module:Class; got {service!r}")
+        ref = service.removeprefix(SCHEME)
+        module_name, sep, attr = ref.partition(":")
+        if not sep or not module_name or not attr:
+            raise ValueError(f"service {service!r}: write python://pkg.module:Class (a module, ':', a class)")
+        import importlib
+
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"service {service!r}: cannot import {module_name!r}: {exc}") from exc
+        target: Any = module
+        for part in attr.split("."):
+            try:
+                target = getattr(target, part)
+            except AttributeError:
+                raise ValueError(f"service {service!r}: {module_name!r} has no attribute {attr!r}") from None
+        cls = target
+    if not isinstance(cls, type) or not issubclass(cls, sdk.Environment):
+        raise ValueError(f"service python://{ref}: {cls!r} is not an openreward Environment subclass")
+    return cls
+
+
+# -- small helpers -----------------------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _names(value: Any, what: str) -> set[str]:
+    if value is None:
+        return set()
+    if callable(value):
+        value = value()
+    if isinstance(value, str):
+        return {value}
+    if not isinstance(value, Iterable):
+        raise ValueError(f"{what} must be a list of tool names; got {value!r}")
+    return {str(v) for v in value}
+
+
+def _class_hook(cls: type, attr: str) -> Any:
+    value = getattr(cls, attr, None)
+    return value() if callable(value) else value
+
+
+def _strip_titles(schema: Any) -> Any:
+    # Pydantic's generated titles are noise to a model; a property *named* "title" maps to a schema, not a string.
+    if isinstance(schema, Mapping):
+        return {k: _strip_titles(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+def _block_dict(block: Any) -> dict[str, Any]:
+    if isinstance(block, Mapping):
+        return dict(block)
+    dumped: dict[str, Any] = block.model_dump(exclude_none=True)
+    return dumped
+
+
+def _prompt_text(blocks: Iterable[dict[str, Any]]) -> str:
+    parts = []
+    for block in blocks:
+        if block.get("type", "text") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(f"[image: {block.get('mimeType') or block.get('type')}]")
+    return "\n".join(parts)
+
+
+def _error(text: str, code: str, **metadata: Any) -> ToolResult:
+    result = ToolResult.text(text, is_error=True)
+    result.metadata = {"error": code, **metadata}
+    return result
+
+
+def _resolve_callable(value: Any, what: str) -> Callable[[str], str] | None:
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str):
+        from platoon.registry import resolve_import_string
+
+        target = resolve_import_string(value)
+        if callable(target):
+            return target
+    raise ValueError(f"{what} must be a callable or a module:attr naming one; got {value!r}")
+
+
+def _options(
+    service: str | type,
+    /,
+    *,
+    split: str = "train",
+    task_names: list[str] | None = None,
+    task_indices: list[int] | None = None,
+    max_tool_calls: int = 0,
+    terminal_tools: list[str] | None = None,
+    read_only_tools: list[str] | None = None,
+    concurrent_tools: list[str] | None = None,
+    queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S,
+    tool_meta: Mapping[str, Mapping[str, Any]] | None = None,
+    result_format: str = "blocks",
+    close_timeout_s: float = 30.0,
+    secrets: Mapping[str, str] | None = None,
+    prompt_filter: Callable[[str], str] | str | None = None,
+    name: str | None = None,
+) -> None:
+    """The options of a python:// service (its signature is the service's, for binding checks)."""
+
+
+_SIGNATURE = inspect.signature(_options)
+_KNOWN = tuple(p for p in _SIGNATURE.parameters if p != "service")
+
+
+# -- the service -------------------------------------------------------------------------------------------------
+
+
+class InProcessOrsService:
+    """The `python://` service: `InProcessOrsService("python://pkg.mod:Class", split="train", ...)`.
+
+    Task ids are `<split>:<index>`; `get_task` also takes a task name (in the default split) or an
+    `openreward:v1:` reference. Options are those of harness.md 7.1 that apply in process.
+    """
+
+    path_options: tuple[str, ...] = ()
+
+    def __init__(self, service: str | type, /, **options: Any) -> None:
+        for key in options:
+            if key in _REMOTE_ONLY:
+                raise ValueError(
+                    f"service_kwargs.{key} applies to remote ors+http(s):// services, not to python:// (in process)"
+                )
+            if key not in _KNOWN:
+                raise ValueError(
+                    f"service_kwargs.{key} is not an option of python:// services (options: {', '.join(_KNOWN)})"
+                )
+        bound = _SIGNATURE.bind(service, **options)
+        bound.apply_defaults()
+        o = bound.arguments
+        self.env_class: Any = load_env_class(service)
+        self.uri = (
+            service if isinstance(service, str) else f"{SCHEME}{service.__module__}:{service.__qualname__}"
+        )
+        self.name: str = o["name"] or self.env_class.__name__
+        where = f"service {self.name!r}"
+        if not isinstance(o["split"], str) or not o["split"]:
+            raise ValueError(f"{where}: split must be a split name; got {o['split']!r}")
+        self.split: str = o["split"]
+        if o["task_names"] is not None and o["task_indices"] is not None:
+            raise ValueError(f"{where}: give task_names or task_indices, not both")
+        self.task_names = None if o["task_names"] is None else [str(n) for n in o["task_names"]]
+        indices = o["task_indices"]
+        if indices is not None and any(isinstance(i, bool) or not isinstance(i, int) for i in indices):
+            raise ValueError(f"{where}: task_indices must be integers; got {indices!r}")
+        self.task_indices = None if indices is None else list(indices)
+        cap = o["max_tool_calls"]
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(
+                f"{where}: max_tool_calls must be a non-negative integer (0 = no cap); got {cap!r}"
+            )
+        self.max_tool_calls: int = cap
+        self.queue_timeout_s: float | None = o["queue_timeout_s"]
+        Gate(queue_timeout_s=self.queue_timeout_s)  # checks the value now, where the config wrote it
+        if o["result_format"] != "blocks":
+            raise ValueError(
+                f"{where}: result_format {o['result_format']!r} is not served in process; use 'blocks'"
+            )
+        close_timeout = _number(o["close_timeout_s"])
+        if close_timeout is None or close_timeout <= 0:
+            raise ValueError(
+                f"{where}: close_timeout_s must be a positive number; got {o['close_timeout_s']!r}"
+            )
+        self.close_timeout_s = close_timeout
+        secrets = o["secrets"] or {}
+        if not isinstance(secrets, Mapping):
+            raise ValueError(f"{where}: secrets must be a mapping of names to strings")
+        self._secrets = {str(k): str(v) for k, v in secrets.items()}
+        self.prompt_filter = _resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
+        tool_meta = o["tool_meta"] or {}
+        if not isinstance(tool_meta, Mapping) or not all(isinstance(v, Mapping) for v in tool_meta.values()):
+            raise ValueError(f"{where}: tool_meta must map tool names to mappings")
+        self._learned_terminal: set[str] = set()
+        self._splits: list[str] | None = None
+        self._tools = _ToolTable(
+            self.env_class,
+            terminal=_names(o["terminal_tools"], "terminal_tools"),
+            read_only=_names(o["read_only_tools"], "read_only_tools"),
+            concurrent=_names(o["concurrent_tools"], "concurrent_tools"),
+            meta=tool_meta,
+            where=where,
+        )
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+
+    async def list_splits(self) -> list[str]:
+        if self._splits is None:
+            splits = await _call(self.env_class._list_splits_cached)
+            self._splits = [s if isinstance(s, str) else str(s.name) for s in splits]
+        return list(self._splits)
+
+    async def _specs(self, split: str) -> list[Mapping[str, Any]]:
+        splits = await self.list_splits()
+        if split not in splits:
+            raise ValueError(f"{self.name} has no split {split!r} (splits: {', '.join(splits)})")
+        return list(await self.env_class._list_tasks_cached(split))
+
+    async def list_tasks(self, split: str) -> list[str]:
+        """The task ids of `split`; the default split is narrowed by `task_names` or `task_indices`."""
+        specs = await self._specs(split)
+        indices = list(range(len(specs)))
+        if split == self.split and self.task_indices is not None:
+            bad = [i for i in self.task_indices if not 0 <= i < len(specs)]
+            if bad:
+                raise ValueError(
+                    f"{self.name}: task_indices {bad} are out of range for split {split!r} ({len(specs)} tasks)"
+                )
+            indices = list(self.task_indices)
+        elif split == self.split and self.task_names is not None:
+            by_name = {_task_name(spec, i): i for i, spec in enumerate(specs)}
+            missing = [n for n in self.task_names if n not in by_name]
+            if missing:
+                raise ValueError(
+                    f"{self.name}: task_names not in split {split!r}: {', '.join(map(repr, missing[:5]))}"
+                )
+            wanted = set(self.task_names)
+            indices = [i for i in indices if _task_name(specs[i], i) in wanted]
+        return [f"{split}:{i}" for i in indices]
+
+    async def list_task_names(self, split: str) -> dict[str, str]:
+        """Every task of `split` (not narrowed): id -> name."""
+        return {f"{split}:{i}": _task_name(spec, i) for i, spec in enumerate(await self._specs(split))}
+
+    async def get_task(self, task_id: str) -> Task:
+        split, index = await self._locate(task_id)
+        spec = (await self._specs(split))[index]
+        goal = spec.get("goal")
+        misc_spec = spec.get("misc")
+        misc = dict(misc_spec) if isinstance(misc_spec, Mapping) else {}
+        misc["ors"] = {"split": split, "index": index, "name": _task_name(spec, index)}
+        # The spec's max_steps is the environment's business: budgets come from the config.
+        return Task(goal=goal if isinstance(goal, str) else None, id=f"{split}:{index}", misc=misc)
+
+    async def _locate(self, task_id: str) -> tuple[str, int]:
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError(f"{self.name}: a task id is a non-empty string; got {task_id!r}")
+        if task_id.startswith(REFERENCE_PREFIX):
+            return await self._reference(task_id)
+        split, sep, index_text = task_id.rpartition(":")
+        if sep and index_text.isdigit() and split in await self.list_splits():
+            index = int(index_text)
+            count = len(await self._specs(split))
+            if index >= count:
+                raise ValueError(f"{self.name} has no task {task_id!r}: split {split!r} has {count} tasks")
+            return split, index
+        for i, spec in enumerate(await self._specs(self.split)):
+            if _task_name(spec, i) == task_id:
+                return self.split, i
+        raise ValueError(
+            f"{self.name} has no task {task_id!r}: give <split>:<index> or a task name of split {self.split!r}"
+        )
+
+    async def _reference(self, task_id: str) -> tuple[str, int]:
+        payload = task_id[len(REFERENCE_PREFIX) :]
+        try:
+            data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        except (ValueError, binascii.Error):
+            raise ValueError(
+                f"{self.name}: {task_id[:40]!r} is not a valid openreward:v1: task reference"
+            ) from None
+        if not isinstance(data, Mapping) or not isinstance(data.get("split"), str):
+            raise ValueError(f"{self.name}: an openreward:v1: reference needs split and index")
+        environment = data.get("environment")
+        known = {self.name.lower(), self.env_class.__name__.lower()}
+        if environment is not None and str(environment).lower() not in known:
+            raise ValueError(f"{self.name}: task reference is for environment {environment!r}, not this one")
+        index = data.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(
+                f"{self.name}: an openreward:v1: reference needs an integer index; got {index!r}"
+            )
+        return await self._locate(f"{data['split']}:{index}")
+
+    # -- sessions --------------------------------------------------------------------------------------------
+
+    async def open(
+        self, task: Task, *, rollout_id: str, needs: SessionNeeds | None = None
+    ) -> InProcessOrsSession:
+        """Construct the environment for `task`, run `setup`, fetch the prompt (failures: `EnvSetupError`)."""
+        try:
+            split, index = self._task_position(task)
+            spec = copy.deepcopy(dict((await self._specs(split))[index]))
+        except (ValueError, IndexError) as exc:
+            raise EnvSetupError("env_config", f"{self.name}: {exc}") from None
+        label = f"{self.name} {split}:{index}"
+        tracker: set[asyncio.Future[None]] = set()
+        token = _SYNC_WORK.set(tracker)
+        try:
+            try:
+                env = await _call(self.env_class, task_spec=spec, secrets=dict(self._secrets))
+            except Exception as exc:
+                raise EnvSetupError(
+                    "env_setup", f"{label}: constructing the environment raised {type(exc).__name__}: {exc}"
+                ) from exc
+            try:
+                await _call(env.setup)
+            except Exception as exc:
+                await _teardown(env, self.close_timeout_s, label)
+                raise EnvSetupError(
+                    "env_setup", f"{label}: setup raised {type(exc).__name__}: {exc}"
+                ) from exc
+            try:
+                blocks = [_block_dict(b) for b in await _call(env.get_prompt)]
+                text = _prompt_text(blocks)
+                if self.prompt_filter is not None:
+                    text = str(self.prompt_filter(text))
+            except Exception as exc:
+                await _teardown(env, self.close_timeout_s, label)
+                raise EnvSetupError(
+                    "env_setup", f"{label}: getting the prompt raised {type(exc).__name__}: {exc}"
+                ) from exc
+        finally:
+            _SYNC_WORK.reset(token)
+        lease = _Lease(self, env, spec, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label)
+        lease.sync_work = tracker
+        instruction = text or task.goal
+        if task.goal is None and instruction:
+            task = dataclasses.replace(task, goal=instruction)
+        log.debug("ors session opened: %s (rollout %s)", label, rollout_id)
+        return InProcessOrsSession(lease, task, instruction, blocks, rollout_id)
+
+    def _task_position(self, task: Task) -> tuple[str, int]:
+        ors = task.misc.get("ors") if isinstance(task.misc, Mapping) else None
+        if (
+            isinstance(ors, Mapping)
+            and isinstance(ors.get("split"), str)
+            and isinstance(ors.get("index"), int)
+        ):
+            return ors["split"], ors["index"]
+        split, sep, index_text = (task.id or "").rpartition(":")
+        if sep and index_text.isdigit():
+            return split, int(index_text)
+        raise ValueError(f"task {task.id!r} is not a task of this service (get it with get_task)")
+
+    def learn_terminal(self, name: str) -> None:
+        """Remember a tool seen ending an episode, for environments that declare no terminal tool."""
+        self._learned_terminal.add(name)
+
+    def __repr__(self) -> str:
+        return f"InProcessOrsService({self.uri!r})"
+
+
+# Config checks bind `service_kwargs` against the factory's signature without building it: show them the options.
+setattr(  # noqa: B010
+    InProcessOrsService.__init__,
+    "__signature__",
+    _SIGNATURE.replace(
+        parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+            *_SIGNATURE.parameters.values(),
+        ]
+    ),
+)
+
+
+def _task_name(spec: Mapping[str, Any], index: int) -> str:
+    for key in _TASK_NAME_KEYS:
+        value = spec.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+            return str(value)
+    return f"task-{index}"
+
+
+async def _teardown(env: Any, timeout_s: float, label: str) -> None:
+    try:
+        await asyncio.wait_for(_call(env.teardown), timeout_s)
+    except TimeoutError:
+        log.warning("%s: teardown did not finish within %g s", label, timeout_s)
+    except Exception as exc:
+        log.warning("%s: teardown raised %s: %s", label, type(exc).__name__, exc)
+
+
+# -- tools -------------------------------------------------------------------------------------------------------
+
+
+class _ToolTable:
+    """The class's tools with platoon's hints: terminal, read-only, call class, meta (harness.md 7.2)."""
+
+    def __init__(
+        self,
+        cls: type,
+        *,
+        terminal: set[str],
+        read_only: set[str],
+        concurrent: set[str],
+        meta: Mapping[str, Mapping[str, Any]],
+        where: str,
+    ) -> None:
+        from openreward.environments.environment import _introspect_tool
+
+        try:
+            listing = cls.list_tools()  # type: ignore[attr-defined]
+        except ValueError as exc:  # the SDK's own checks (two terminal tools, a missing @tool, ...)
+            raise ValueError(f"{where}: {exc}") from None
+        term = listing.terminal_tool
+        specs: list[tuple[str, str, Any]] = [(t.name, t.description, t.input_schema) for t in listing.tools]
+        if term is not None:
+            fn = getattr(cls, term.name)
+            _, hints, params = _introspect_tool(fn)
+            schema = hints[params[0].name].model_json_schema() if params else None
+            specs.append((term.name, term.description or (fn.__doc__ or "").strip(), schema))
+        names = {name for name, _, _ in specs}
+        declared_terminal = set(terminal) | _names(
+            _class_hook(cls, "platoon_terminal_tools"), "platoon_terminal_tools"
+        )
+        if term is not None:
+            declared_terminal.add(term.name)
+        for name in names:
+            if getattr(getattr(cls, name), "_env_tool_exclusive", False):
+                declared_terminal.add(name)
+        concurrent_names = set(concurrent) | _names(
+            _class_hook(cls, "platoon_concurrent_tools"), "platoon_concurrent_tools"
+        )
+        for name in names:
+            if getattr(getattr(cls, name), "_env_tool_concurrent", False):
+                concurrent_names.add(name)
+        read_only_names = set(read_only) | _names(
+            _class_hook(cls, "platoon_read_only_tools"), "platoon_read_only_tools"
+        )
+        for option, given in (
+            ("terminal_tools", terminal),
+            ("read_only_tools", read_only),
+            ("concurrent_tools", concurrent),
+        ):
+            unknown = sorted(given - names)
+            if unknown:
+                raise ValueError(
+                    f"{where}: {option} names unknown tools {unknown} (tools: {', '.join(sorted(names))})"
+                )
+        class_meta = _class_hook(cls, "platoon_tool_meta") or {}
+        self.declared_terminal = declared_terminal
+        self.specs: dict[str, tuple[str, Any, dict[str, Any]]] = {}
+        self.read_only: set[str] = set()
+        for name, description, schema in specs:
+            merged: dict[str, Any] = {}
+            merged.update(class_meta.get(name) or {})
+            merged.update(meta.get(name) or {})
+            if term is not None and name == term.name:
+                merged[_TERMINAL_META_KEY] = {"arg": term.arg}
+            if isinstance(schema, Mapping) and _ROUTING_KEY in schema:
+                merged[_ROUTING_KEY] = schema[_ROUTING_KEY]
+            annotations = merged.get("annotations")
+            says_read_only = bool(
+                merged.get("platoon.dev/read-only")
+                or merged.get("readOnlyHint")
+                or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
+            )
+            if name not in declared_terminal and (name in read_only_names or says_read_only):
+                self.read_only.add(name)
+            self.specs[name] = (description, _strip_titles(schema), merged)
+        self.concurrent = concurrent_names - declared_terminal
+
+    def listing(self, learned: set[str]) -> list[ToolSpec]:
+        # Learned terminal tools count only for environments that declare none.
+        terminal = self.declared_terminal or learned
+        return [
+            ToolSpec(
+                name,
+                description,
+                schema,
+                terminal=name in terminal,
+                read_only=name in self.read_only,
+                meta=dict(meta) or None,
+            )
+            for name, (description, schema, meta) in self.specs.items()
+        ]
+
+    def op_class(self, name: str) -> OpClass:
+        if name in self.declared_terminal:
+            return "exclusive"
+        if name in self.concurrent:
+            return "concurrent"
+        return "serial"
+
+
+# -- leases and sessions -----------------------------------------------------------------------------------------
+
+
+class _Lease:
+    """One live environment instance and its accounting, shared by every session view forked `shared`."""
+
+    def __init__(
+        self,
+        service: InProcessOrsService,
+        env: Any,
+        spec: dict[str, Any],
+        gate: Gate,
+        label: str,
+        *,
+        parent: _Lease | None = None,
+    ) -> None:
+        self.service = service
+        self.env = env
+        self.spec = spec
+        self.gate = gate
+        self.label = label
+        self.parent = parent
+        # A fork-hook child shares its parent's gate and backend; only the owner closes them.
+        self.owns_backend = parent is None
+        self.refs = 1
+        self.closed = False
+        self.finished = False
+        self.terminal: ToolResult | None = None
+        self.cap_hit = False
+        self.last_reward: float | None = None
+        self.turns = 0
+        self.infra: list[str] = []
+        self.tool_errors: list[str] = []
+        self.tools: list[ToolSpec] | None = None
+        self.ending_in_flight = 0
+        self.sync_work: set[asyncio.Future[None]] = set()
+        self._closing: asyncio.Task[None] | None = None
+
+    @property
+    def table(self) -> _ToolTable:
+        return self.service._tools
+
+    def may_end(self, name: str) -> bool:
+        declared = self.table.declared_terminal
+        return name in declared if declared else True
+
+    def copy_accounting(self, other: _Lease) -> None:
+        self.finished, self.terminal, self.cap_hit = other.finished, other.terminal, other.cap_hit
+        self.last_reward, self.turns = other.last_reward, other.turns
+        self.infra, self.tool_errors = list(other.infra), list(other.tool_errors)
+        self.tools = other.tools
+
+    def refusal(self) -> ToolResult | None:
+        """Why a call may not run now (not counted), or None."""
+        if self.closed:
+            return _error("Not run: the environment session is closed.", "session_closed")
+        if self.finished:
+            return _error(
+                "Not run: the episode has already finished; no further tool calls are accepted.",
+                "environment_already_finished",
+            )
+        cap = self.service.max_tool_calls
+        if cap and self.turns >= cap:
+            self.finished = True
+            self.cap_hit = True
+            return _error(
+                f"Not run: the limit of {cap} tool calls is reached; the episode is over.",
+                "max_tool_calls_exceeded",
+            )
+        return None
+
+    async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        # Refusals are checked again once admitted: the call we queued behind may have ended the episode.
+        refused = self.refusal()
+        if refused is not None:
+            return refused
+        self.turns += 1
+        ending = self.may_end(name)
+        self.ending_in_flight += ending
+        token = _SYNC_WORK.set(self.sync_work)
+        log.debug("%s: tool call %d: %s", self.label, self.turns, name)
+        try:
+            out = await self.env._call_tool(name, arguments)
+        except InvalidCall as exc:
+            return _error(str(exc) or f"Invalid call to {name!r}.", "invalid_call")
+        except Exception as exc:
+            what = f"{type(exc).__name__}: {exc}"
+            if name in self.table.declared_terminal:
+                # A crashed submit must never score 0: the measurement failed, not the policy.
+                self.infra.append(f"terminal tool {name!r} raised {what}")
+                return _error(f"Tool {name!r} failed in the environment ({what}).", "env_error")
+            self.tool_errors.append(f"{name}: {what}")
+            return _error(f"Tool {name!r} raised {what}", "tool_raised")
+        finally:
+            self.ending_in_flight -= ending
+            _SYNC_WORK.reset(token)
+        root = out.root
+        if not root.ok:
+            return _error(root.error, root.reason or "invalid_call")
+        output = root.output
+        metadata = dict(output.metadata or {})
+        result = ToolResult(
+            [_block_dict(b) for b in output.blocks],
+            is_error=bool(metadata.get(_TOOL_ERROR_KEY)),
+            finished=bool(output.finished),
+            reward=output.reward,
+            metadata=metadata,
+        )
+        reward = _number(output.reward)
+        if reward is not None:
+            self.last_reward = reward
+        if result.finished and not self.finished:
+            self.finished = True
+            self.terminal = result
+            if not self.table.declared_terminal:
+                self.service.learn_terminal(name)
+        return result
+
+    async def grade(self, caller: Any) -> Outcome:
+        decided = self._decided()
+        if decided is not None:
+            return decided
+        hook = getattr(self.env, "platoon_grade", None)
+        if hook is not None:
+            try:
+                return await self.gate.run(
+                    lambda: self._run_hook(hook), "exclusive", caller=caller, what="grade"
+                )
+            except EnvBusy as exc:
+                return Outcome.infra("env_busy", reason=str(exc))
+            except GateClosed:
+                return Outcome.infra("env_error", reason="the session closed before it was graded")
+        # Without a hook, let calls in flight land first: one of them may be the submit.
+        await self.gate.drain(self.service.queue_timeout_s)
+        decided = self._decided()
+        if decided is not None:
+            return decided
+        if self.ending_in_flight:
+            return Outcome.infra("env_busy", reason="a call that may end the episode is still running")
+        return self._fallback()
+
+    def _decided(self) -> Outcome | None:
+        if self.terminal is not None:
+            result = self.terminal
+            if result.metadata.get("invalid"):
+                return Outcome.infra(
+                    "env_invalid", status="invalid", reason="the environment marked the grade invalid"
+                )
+            reward = _number(result.reward)
+            if reward is None:
+                return Outcome.infra(
+                    "no_reward", status="invalid", reason="the finishing result has no numeric reward"
+                )
+            return Outcome("scored", {"reward": reward})
+        cap = self.service.max_tool_calls
+        if self.cap_hit or (cap and self.turns >= cap):
+            if self.last_reward is None:
+                return Outcome(
+                    "scored", {"reward": 0.0}, reason="max_tool_calls", metadata={"platoon_zero": True}
+                )
+            return Outcome("scored", {"reward": self.last_reward}, reason="max_tool_calls")
+        return None
+
+    async def _run_hook(self, hook: Callable[[], Any]) -> Outcome:
+        decided = self._decided()  # a submit may have landed while the grade waited for its turn
+        if decided is not None:
+            return decided
+        token = _SYNC_WORK.set(self.sync_work)
+        try:
+            value = await _call(hook)
+        except Exception as exc:
+            return Outcome.infra("env_error", reason=f"platoon_grade raised {type(exc).__name__}: {exc}")
+        finally:
+            _SYNC_WORK.reset(token)
+        return _outcome_of(value)
+
+    def _fallback(self) -> Outcome:
+        if self.infra:
+            return Outcome.infra("env_error", reason="; ".join(self.infra))
+        metadata: dict[str, Any] = {"platoon_zero": True}
+        if self.tool_errors:
+            metadata["tool_errors"] = list(self.tool_errors)
+        return Outcome("scored", {"reward": 0.0}, reason="no_submit", metadata=metadata)
+
+    async def release(self) -> None:
+        self.refs -= 1
+        if self.refs > 0:
+            return
+        if self._closing is None:
+            self.closed = True
+            # A task, shielded: cancelling the caller must not cut the drain and teardown short.
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        timeout = self.service.close_timeout_s
+        drained = await self.gate.drain(timeout)
+        if self.owns_backend:
+            self.gate.close()
+            if not drained:
+                log.warning("%s: calls still running after %g s; cancelling them", self.label, timeout)
+                self.gate.cancel_in_flight()
+            if self.sync_work:
+                # Sync environment code cannot be interrupted: teardown must not run beside it.
+                await asyncio.gather(*list(self.sync_work), return_exceptions=True)
+            await _teardown(self.env, timeout, self.label)
+        log.debug("%s: closed after %d tool call(s)", self.label, self.turns)
+        if self.parent is not None:
+            await self.parent.release()
+
+
+def _outcome_of(value: Any) -> Outcome:
+    """A `platoon_grade()` return: an Outcome, a number, or a mapping / ToolOutput with `reward` / `invalid`."""
+    if isinstance(value, Outcome):
+        return value
+    number = _number(value)
+    if number is not None:
+        return Outcome("scored", {"reward": number})
+    if isinstance(value, Mapping):
+        reward, invalid, metadata = value.get("reward"), value.get("invalid"), value.get("metadata")
+        invalid = invalid or (isinstance(metadata, Mapping) and metadata.get("invalid"))
+    elif hasattr(value, "reward") and hasattr(value, "metadata"):
+        reward, invalid = value.reward, (value.metadata or {}).get("invalid")
+    else:
+        return Outcome.infra(
+            "no_reward", status="invalid", reason=f"platoon_grade returned {type(value).__name__}"
+        )
+    if invalid:
+        return Outcome.infra("env_invalid", status="invalid", reason="platoon_grade marked the grade invalid")
+    number = _number(reward)
+    if number is None:
+        return Outcome.infra("no_reward", status="invalid", reason="platoon_grade gave no numeric reward")
+    return Outcome("scored", {"reward": number})
+
+
+def _has_own_teardown(cls: type) -> bool:
+    from openreward.environments import Environment
+
+    return getattr(cls, "teardown", None) is not Environment.teardown
+
+
+def _deepcopy_env(env: Any) -> Any:
+    # The SDK's per-instance locks belong to this instance's calls; the copy makes its own on first use.
+    memo: dict[int, Any] = {}
+    for attr in ("_exclusive_gate", "_tool_locks"):
+        value = env.__dict__.get(attr)
+        if value is not None:
+            memo[id(value)] = None
+    return copy.deepcopy(env, memo)
+
+
+class InProcessOrsSession:
+    """A view of a live in-process environment (core.md 7.2): tools, calls through the gate, grading, forks."""
+
+    sandbox = None
+    #: calls go through this session's own gate; the runtime need not serialise them
+    manages_concurrency = True
+
+    def __init__(
+        self,
+        lease: _Lease,
+        task: Task,
+        instruction: str | None,
+        prompt_blocks: list[dict[str, Any]],
+        rollout_id: str,
+    ) -> None:
+        self._lease = lease
+        self._task = task
+        self._instruction = instruction
+        #: the prompt's content blocks (text and images), for multimodal harnesses
+        self.prompt_blocks = prompt_blocks
+        self._rollout_id = rollout_id
+        self._closed = False
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    @property
+    def instruction(self) -> str | None:
+        return self._instruction
+
+    @property
+    def env(self) -> Any:
+        """The live `Environment` instance (for tests and debugging; calls should go through `call_tool`)."""
+        return self._lease.env
+
+    @property
+    def finished(self) -> bool:
+        return self._lease.finished
+
+    async def tools(self) -> list[ToolSpec]:
+        """Every tool, the terminal one included (hidden from models by harnesses, not here)."""
+        lease = self._lease
+        if lease.tools is None:
+            service = lease.service
+
+            async def listing() -> list[ToolSpec]:
+                return service._tools.listing(service._learned_terminal)
+
+            # The first listing is an exclusive turn, as on a server where listing may touch live state.
+            lease.tools = await lease.gate.run(listing, "exclusive", caller=self, what="tool listing")
+        return list(lease.tools)
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any], *, on_behalf_of: str | None = None
+    ) -> ToolResult:
+        """Run a tool; refusals, bad calls and tool failures come back as error results."""
+        if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
+            return _error(
+                f"Invalid arguments: give a JSON object with string keys; got {type(arguments).__name__}.",
+                "invalid_arguments",
+            )
+        lease = self._lease
+        refused = lease.refusal()
+        if refused is not None:
+            return refused
+        args = dict(arguments)
+        try:
+            return await lease.gate.run(
+                lambda: lease.execute(name, args),
+                lease.table.op_class(name),
+                caller=on_behalf_of if on_behalf_of is not None else self,
+                what=f"tool call {name!r}",
+            )
+        except EnvBusy as exc:
+            log.info("%s: %s", lease.label, exc)
+            return _error(f"Not run: env busy ({exc}). This call does not count; try again.", "env_busy")
+        except GateClosed:
+            return _error("Not run: the environment session is closed.", "session_closed")
+
+    async def grade(self) -> Outcome:
+        """The outcome, failing closed (harness.md 7.3); never raises."""
+        try:
+            return await self._lease.grade(self)
+        except Exception as exc:  # grading must report, never raise
+            return Outcome.infra("env_error", reason=f"grading raised {type(exc).__name__}: {exc}")
+
+    async def fork(
+        self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None
+    ) -> InProcessOrsSession:
+        """A session for a child: `shared` (same live state), `copy` (a snapshot) or `fresh` (a new session)."""
+        mode = ForkMode(mode)
+        lease = self._lease
+        if lease.closed or self._closed:
+            raise EnvSetupError("env_setup", f"{lease.label}: cannot fork a closed session")
+        if mode is ForkMode.FRESH:
+            return await lease.service.open(task or self._task, rollout_id=self._rollout_id)
+        if mode is ForkMode.COPY:
+            return await self._copy(task)
+        hook = getattr(lease.env, "platoon_fork", None)
+        if task is not None and hook is not None:
+            child_spec = {**lease.spec, "goal": task.goal}
+            child_env = await lease.gate.run(
+                lambda: _call(hook, child_spec), "exclusive", caller=self, what="fork"
+            )
+            child = _Lease(lease.service, child_env, child_spec, lease.gate, lease.label, parent=lease)
+            lease.refs += 1  # the child keeps its parent alive until it closes
+            return InProcessOrsSession(child, task, task.goal, self.prompt_blocks, self._rollout_id)
+        lease.refs += 1
+        return InProcessOrsSession(
+            lease, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
+        )
+
+    async def _copy(self, task: Task | None) -> InProcessOrsSession:
+        lease = self._lease
+        env_class = type(lease.env)
+        snapshot = getattr(lease.env, "platoon_copy", None)
+        if snapshot is None and _has_own_teardown(env_class):
+            raise EnvSetupError(
+                "env_config",
+                f"{env_class.__name__} defines teardown but not platoon_copy(), so a copy fork cannot be made "
+                "safely: define platoon_copy() or fork with mode shared or fresh",
+            )
+
+        async def take() -> Any:
+            return await _call(snapshot) if snapshot is not None else _deepcopy_env(lease.env)
+
+        twin = await lease.gate.run(take, "exclusive", caller=self, what="copy")
+        service = lease.service
+        gate = Gate(queue_timeout_s=service.queue_timeout_s, name=f"{lease.label} (copy)")
+        copied = _Lease(service, twin, copy.deepcopy(lease.spec), gate, f"{lease.label} (copy)")
+        copied.copy_accounting(lease)
+        return InProcessOrsSession(
+            copied, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
+        )
+
+    async def close(self) -> None:
+        """Release this view; the last one drains calls, closes the gate and tears the environment down."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._lease.release()

@@ -65,7 +65,8 @@ def test_a_call_records_the_exact_prompt_sampled_tokens_and_logprobs(make_gatewa
 
     (call,) = agent.calls
     assert call.call_id == reply.call_id and call.kind == "policy" and call.model == "fake/model"
-    assert call.message is reply.message and call.finish_reason == "stop"
+    assert call.message == reply.message and call.message is not reply.message
+    assert call.finish_reason == "stop"
     assert call.usage == {
         "prompt_tokens": len(prompt),
         "completion_tokens": 6,

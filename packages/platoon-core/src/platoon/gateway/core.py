@@ -72,6 +72,15 @@ _IGNORED_PARAMS = frozenset(
         "response_format",
         "model",
         "timeout",
+        "logit_bias",
+        "service_tier",
+        "modalities",
+        "audio",
+        "prediction",
+        "verbosity",
+        "web_search_options",
+        "safety_identifier",
+        "prompt_cache_key",
     )
 )
 
@@ -548,7 +557,8 @@ class ModelGateway:
                     generation=generation,
                 )
             )
-        return ChatReply(call_id, message, generation["finish_reason"])
+        # The reply gets its own top-level dict: a harness editing it must not rewrite the recorded step.
+        return ChatReply(call_id, dict(message), generation["finish_reason"])
 
     def _budget_stop(self, agent: AgentRecord, kind: str) -> ChatReply | None:
         """The gateway-enforced step budget's synthetic stop (train.md 6.1 "Budget stop"); none is enforced yet."""

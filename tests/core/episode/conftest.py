@@ -219,13 +219,14 @@ async def open_episode(
 ) -> Episode:
     """An episode on a fresh session of `service`, as harness_rollout builds it."""
     gateway = gateway or make_gateway()
-    rollout = gateway.open_rollout()
+    config = config or RolloutConfig()
+    rollout = gateway.open_rollout(judges=config.judges)
     task = task or Task(goal="solve it", id="t1")
     session = await service.open(task, rollout_id=rollout.rollout_id)
     return Episode(
         task=task,
         session=session,
-        config=config or RolloutConfig(),
+        config=config,
         route=route(harness, **route_kwargs),
         gateway=gateway,
         rollout=rollout,

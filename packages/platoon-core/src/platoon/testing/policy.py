@@ -1,0 +1,278 @@
+"""The scripted policy (core.md 8.3): a Tinker sampler that answers from a script instead of a model.
+
+A script is a sequence of completions consumed in order, or a function of the decoded prompt; each answer is
+encoded with the policy's tokenizer and returned as a real Tinker `SampleResponse`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import tinker
+
+_USER_OPEN = "<|im_start|>user\n"
+_TURN_END = "<|im_end|>"
+_PROMPT_TAIL = 300
+
+
+class ScriptExhaustedError(AssertionError):
+    """The policy was called more times than its script has completions."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One scripted completion. `length` means the sampler ran out of tokens: no stop token, no tool calls.
+
+    `delay` (seconds) is slept asynchronously before answering; `logprob` overrides the policy's per-token one.
+    """
+
+    text: str
+    stop_reason: Literal["stop", "length"] = "stop"
+    routing_id: str | None = None
+    delay: float = 0.0
+    logprob: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"Completion.text must be a str; got {type(self.text).__name__}")
+        if self.stop_reason not in ("stop", "length"):
+            raise ValueError(f"Completion.stop_reason must be 'stop' or 'length'; got {self.stop_reason!r}")
+        if self.delay < 0:
+            raise ValueError(f"Completion.delay must be >= 0; got {self.delay!r}")
+
+
+@dataclass(frozen=True)
+class PolicyCall:
+    """One call to the policy: the decoded prompt, the completion text, the sampling params, the completion and the
+    sampled tokens (the stop token included when there is one); `prompt_tokens` is the exact prompt."""
+
+    prompt: str
+    text: str
+    sampling_params: Any
+    completion: Completion
+    tokens: list[int]
+    prompt_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def last_user_message(self) -> str:
+        return last_user_message(self.prompt)
+
+
+def last_user_message(prompt: str) -> str:
+    """The content of the prompt's last Qwen3 user turn (tool results are user turns too); "" if there is none."""
+    start = prompt.rfind(_USER_OPEN)
+    if start < 0:
+        return ""
+    body = prompt[start + len(_USER_OPEN) :]
+    end = body.find(_TURN_END)
+    return body if end < 0 else body[:end]
+
+
+def tool_call(name: str, arguments: Mapping[str, Any] | None = None, /, **kwargs: Any) -> str:
+    """The Qwen3 text of one tool call: `<tool_call>`, newline, `{"name", "arguments"}` JSON, newline, `</tool_call>`.
+
+    Keyword arguments are added to (and override) `arguments`.
+    """
+    args = {**(arguments or {}), **kwargs}
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def rules(
+    table: Mapping[str, str | Completion | Callable[[str], str | Completion]],
+    *,
+    default: str | Completion | Callable[[str], str | Completion] | None = None,
+) -> Callable[[str], str | Completion]:
+    """A script function answering by the first key (in table order) that the last user message starts with.
+
+    A value may be a completion or a function of the prompt. With no match and no default the call fails with an
+    `AssertionError` quoting the message.
+    """
+    entries = list(table.items())
+
+    def answer(prompt: str) -> str | Completion:
+        message = last_user_message(prompt)
+        for prefix, value in entries:
+            if message.startswith(prefix):
+                return value(prompt) if callable(value) else value
+        if default is None:
+            raise AssertionError(f"no rule matches the last user message {message!r}")
+        return default(prompt) if callable(default) else default
+
+    return answer
+
+
+def sample_response(
+    tokens: Iterable[int],
+    *,
+    stop_reason: str = "stop",
+    routing_id: str | None = None,
+    logprob: float | None = -0.25,
+) -> tinker.SampleResponse:
+    """A Tinker `SampleResponse` with one sequence of `tokens`, each with log-probability `logprob`.
+
+    The SDK's sequence model drops unknown fields, so a routing id is attached as an attribute (and kept as a
+    field where workers patched the model to allow extras).
+    """
+    import tinker
+
+    ids = [int(t) for t in tokens]
+    logprobs = None if logprob is None else [float(logprob)] * len(ids)
+    sequence = tinker.SampledSequence(
+        stop_reason=stop_reason,
+        tokens=ids,
+        logprobs=logprobs,
+        **({"routing_id": routing_id} if routing_id is not None else {}),
+    )
+    if routing_id is not None and getattr(sequence, "routing_id", None) != routing_id:
+        object.__setattr__(sequence, "routing_id", routing_id)
+    return tinker.SampleResponse(sequences=[sequence])
+
+
+class ScriptedPolicy:
+    """A Tinker sampler that answers from a script (`sample_async`, and a blocking `sample`).
+
+    The script is a sequence of str/`Completion` consumed in order, or a function of the decoded prompt returning
+    one. A completion that stops on `stop` gets the stop token appended (the tokenizer's EOS unless `stop_token`
+    is given); every token gets log-probability `logprob` unless the completion sets its own. When the sampling
+    params give `max_tokens` and the completion is longer, it is cut there with stop reason `length`, as a real
+    sampler would.
+    """
+
+    def __init__(
+        self,
+        script: Iterable[str | Completion] | Callable[[str], str | Completion] = (),
+        *,
+        tokenizer: Any = None,
+        stop_token: int | None = None,
+        logprob: float = -0.25,
+    ) -> None:
+        if isinstance(script, (str, bytes, Completion)):
+            raise TypeError(
+                "ScriptedPolicy's script is a sequence of completions or a function of the prompt, not a single "
+                f"{type(script).__name__}: wrap it in a list"
+            )
+        self._function: Callable[[str], str | Completion] | None = None
+        self._items: list[Completion] = []
+        if callable(script):
+            self._function = script
+        else:
+            self._items = [_as_completion(item, f"script item {i}") for i, item in enumerate(script)]
+        if tokenizer is None:
+            from platoon.testing.tokenizer import toy_tokenizer
+
+            tokenizer = toy_tokenizer()
+        self.tokenizer = tokenizer
+        if stop_token is None:
+            stop_token = getattr(tokenizer, "eos_token_id", None)
+            if stop_token is None:
+                raise ValueError("the tokenizer has no EOS token: give ScriptedPolicy a stop_token")
+        self.stop_token = int(stop_token)
+        self.logprob = float(logprob)
+        self.calls: list[PolicyCall] = []
+        self._next = 0
+
+    @property
+    def script(self) -> tuple[Completion, ...] | Callable[[str], str | Completion]:
+        """The script: the completions (as `Completion`s) or the function."""
+        return self._function if self._function is not None else tuple(self._items)
+
+    @property
+    def remaining(self) -> int | None:
+        """How many scripted completions are left (None for a function script)."""
+        return None if self._function is not None else len(self._items) - self._next
+
+    @property
+    def prompts(self) -> list[str]:
+        """The decoded prompt of every call so far."""
+        return [call.prompt for call in self.calls]
+
+    # ---- the sampler interface -----------------------------------------------------------------------------
+
+    async def sample_async(
+        self,
+        prompt: Any,
+        num_samples: int = 1,
+        sampling_params: Any = None,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> tinker.SampleResponse:
+        """Answer the next scripted completion for `prompt` (a `ModelInput` or token ids)."""
+        completion, response = self._answer(prompt, num_samples, sampling_params)
+        if completion.delay:
+            await asyncio.sleep(completion.delay)
+        return response
+
+    def sample(
+        self,
+        prompt: Any,
+        num_samples: int = 1,
+        sampling_params: Any = None,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> tinker.SampleResponse:
+        """The blocking form of `sample_async` (the delay is slept in this thread)."""
+        completion, response = self._answer(prompt, num_samples, sampling_params)
+        if completion.delay:
+            time.sleep(completion.delay)
+        return response
+
+    def _answer(
+        self, prompt: Any, num_samples: int, sampling_params: Any
+    ) -> tuple[Completion, tinker.SampleResponse]:
+        if num_samples != 1:
+            raise ValueError(f"ScriptedPolicy samples one sequence per call; got num_samples={num_samples}")
+        prompt_tokens = _prompt_ids(prompt)
+        text = str(self.tokenizer.decode(prompt_tokens))
+        completion = self._completion_for(text)
+        tokens = list(self.tokenizer.encode(completion.text, add_special_tokens=False))
+        stop_reason: str = completion.stop_reason
+        if stop_reason == "stop":
+            tokens.append(self.stop_token)
+        max_tokens = getattr(sampling_params, "max_tokens", None)
+        if isinstance(max_tokens, int) and 0 <= max_tokens < len(tokens):
+            tokens, stop_reason = tokens[:max_tokens], "length"
+        self.calls.append(
+            PolicyCall(text, completion.text, sampling_params, completion, tokens, prompt_tokens)
+        )
+        logprob = self.logprob if completion.logprob is None else completion.logprob
+        response = sample_response(
+            tokens, stop_reason=stop_reason, routing_id=completion.routing_id, logprob=logprob
+        )
+        return completion, response
+
+    def _completion_for(self, prompt: str) -> Completion:
+        call_number = len(self.calls) + 1
+        if self._function is not None:
+            return _as_completion(
+                self._function(prompt), f"the script function's answer to call {call_number}"
+            )
+        if self._next >= len(self._items):
+            raise ScriptExhaustedError(
+                f"ScriptedPolicy: the script ran out at call {call_number} (it has {len(self._items)} "
+                f"completions); the prompt ends with: {prompt[-_PROMPT_TAIL:]!r}"
+            )
+        completion = self._items[self._next]
+        self._next += 1
+        return completion
+
+
+def _as_completion(value: Any, what: str) -> Completion:
+    if isinstance(value, Completion):
+        return value
+    if isinstance(value, str):
+        return Completion(value)
+    raise TypeError(f"{what} must be a str or a Completion; got {type(value).__name__}")
+
+
+def _prompt_ids(prompt: Any) -> list[int]:
+    if hasattr(prompt, "to_ints"):
+        return [int(t) for t in prompt.to_ints()]
+    if isinstance(prompt, Iterable) and not isinstance(prompt, (str, bytes)):
+        return [int(t) for t in prompt]
+    raise TypeError(f"the prompt must be a tinker ModelInput or token ids; got {type(prompt).__name__}")

@@ -5,11 +5,11 @@ Run beside `platoon-oracle` to check a dataset: a sound task scores 0 when nothi
 
 from __future__ import annotations
 
-import platoon
 from platoon.harness.agent import AgentContext, AgentResult
+from platoon.harness.function import harness
 
 
-@platoon.harness("platoon-noop")
+@harness("platoon-noop")
 async def noop(ctx: AgentContext) -> AgentResult:
     """Do nothing and finish: the environment grades the untouched task (a sound task scores 0)."""
     return AgentResult("completed")

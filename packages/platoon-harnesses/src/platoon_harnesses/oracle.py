@@ -9,8 +9,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-import platoon
 from platoon.harness.agent import AgentContext, AgentResult
+from platoon.harness.function import harness
 
 #: how much of the solution's output the trajectory keeps
 OUTPUT_CHARS = 2000
@@ -31,7 +31,7 @@ def _output(result: Any) -> str:
     return str(output)
 
 
-@platoon.harness("platoon-oracle")
+@harness("platoon-oracle")
 async def oracle(ctx: AgentContext) -> AgentResult:
     """Run the task's `solution/solve.sh` in the session; the session is graded whatever the exit code."""
     run_solution = getattr(ctx.session, "run_solution", None)
@@ -48,7 +48,9 @@ async def oracle(ctx: AgentContext) -> AgentResult:
         result = await result
     exit_code = _field(result, "exit_code")
     timed_out = bool(_field(result, "timed_out"))
-    ctx.annotate(oracle={"exit_code": exit_code, "timed_out": timed_out, "output": _output(result)[-OUTPUT_CHARS:]})
+    ctx.annotate(
+        oracle={"exit_code": exit_code, "timed_out": timed_out, "output": _output(result)[-OUTPUT_CHARS:]}
+    )
     if timed_out:
         return AgentResult("timeout")
     return AgentResult("completed", final_message=f"solve.sh exited with {exit_code}")

@@ -10,7 +10,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import platoon
 from platoon.harness.agent import (
     LIMIT_MESSAGE,
     AgentContext,
@@ -19,6 +18,7 @@ from platoon.harness.agent import (
     terminal_arguments,
     terminal_tool,
 )
+from platoon.harness.function import harness
 
 OPTIONS = ("system_prompt", "sampling")
 
@@ -33,9 +33,7 @@ def _options(options: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
         )
     system_prompt = options.get("system_prompt")
     if system_prompt is not None and not isinstance(system_prompt, str):
-        raise ValueError(
-            f"platoon-react: system_prompt must be a string, got {type(system_prompt).__name__}"
-        )
+        raise ValueError(f"platoon-react: system_prompt must be a string, got {type(system_prompt).__name__}")
     sampling = options.get("sampling")
     if sampling is None:
         sampling = {}
@@ -52,7 +50,7 @@ def _arguments(text: str) -> dict[str, Any]:
     return value
 
 
-@platoon.harness("platoon-react")
+@harness("platoon-react")
 async def react(ctx: AgentContext) -> AgentResult:
     """A tool-calling loop: Chat Completions tools until the model answers without one (harness.md 4.1)."""
     system_prompt, sampling = _options(ctx.options)

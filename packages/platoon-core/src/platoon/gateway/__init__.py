@@ -16,12 +16,14 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         [
             "AgentClosed",
+            "AuthenticationFailed",
             "ContextWindowExceeded",
             "GatewayError",
             "ModelGateway",
             "PermissionDenied",
             "RolloutRecorder",
             "SampleTimeout",
+            "SamplingFailed",
             "resolve_sample_timeout",
         ],
         _CORE,
@@ -47,12 +49,14 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from platoon.gateway.core import AgentClosed as AgentClosed
+    from platoon.gateway.core import AuthenticationFailed as AuthenticationFailed
     from platoon.gateway.core import ContextWindowExceeded as ContextWindowExceeded
     from platoon.gateway.core import GatewayError as GatewayError
     from platoon.gateway.core import ModelGateway as ModelGateway
     from platoon.gateway.core import PermissionDenied as PermissionDenied
     from platoon.gateway.core import RolloutRecorder as RolloutRecorder
     from platoon.gateway.core import SampleTimeout as SampleTimeout
+    from platoon.gateway.core import SamplingFailed as SamplingFailed
     from platoon.gateway.core import resolve_sample_timeout as resolve_sample_timeout
     from platoon.gateway.records import AgentRecord as AgentRecord
     from platoon.gateway.records import CallRecord as CallRecord

@@ -31,12 +31,14 @@ __all__ = [
     "DEFAULT_SAMPLE_TIMEOUT_SECONDS",
     "SAMPLE_TIMEOUT_ENV",
     "AgentClosed",
+    "AuthenticationFailed",
     "ContextWindowExceeded",
     "GatewayError",
     "ModelGateway",
     "PermissionDenied",
     "RolloutRecorder",
     "SampleTimeout",
+    "SamplingFailed",
     "resolve_sample_timeout",
 ]
 

@@ -84,7 +84,7 @@ class Sampler:
         self.prompts.append(text)
         if self.delay:
             await asyncio.sleep(self.delay)
-        out = CharTokenizer().encode(self.answer(text)) + [EOS]
+        out = [*CharTokenizer().encode(self.answer(text)), EOS]
         sequence = tinker.SampledSequence(stop_reason="stop", tokens=out, logprobs=[-0.5] * len(out))
         return tinker.SampleResponse(sequences=[sequence])
 
@@ -146,7 +146,9 @@ class FakeSession:
     async def fork(self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None) -> FakeSession:
         if self.service.fork_error is not None:
             raise self.service.fork_error
-        return FakeSession(task or self.task, service=self.service, parent=self, mode=None if mode is None else str(mode))
+        return FakeSession(
+            task or self.task, service=self.service, parent=self, mode=None if mode is None else str(mode)
+        )
 
     async def close(self) -> None:
         self.closed = True

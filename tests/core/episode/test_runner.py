@@ -111,8 +111,11 @@ def test_the_agent_waits_for_children_left_running(service: FakeService):
         if ctx.depth == 0:
             await ctx.chat([{"role": "user", "content": "go"}])
             # un-awaited spawns: the runner must find them after the harness returns
-            asyncio.ensure_future(ctx.agents.spawn("child a", max_steps=2))
-            asyncio.ensure_future(ctx.agents.spawn("child b", max_steps=2))
+            ctx.annotate(
+                pending=[
+                    asyncio.ensure_future(ctx.agents.spawn(g, max_steps=2)) for g in ("child a", "child b")
+                ]
+            )
             return AgentResult(final_message="parent done")
         await asyncio.sleep(0.02)
         done.append(ctx.task.goal)
@@ -135,7 +138,7 @@ def test_the_agent_waits_for_children_left_running(service: FakeService):
 def test_children_still_running_at_the_deadline_are_cancelled(service: FakeService):
     async def h(ctx: Any) -> AgentResult:
         if ctx.depth == 0:
-            asyncio.ensure_future(ctx.agents.spawn("slow child", max_steps=2))
+            ctx.annotate(pending=asyncio.ensure_future(ctx.agents.spawn("slow child", max_steps=2)))
             return AgentResult()
         await asyncio.sleep(10)
         return AgentResult()
@@ -155,7 +158,7 @@ def test_children_still_running_at_the_deadline_are_cancelled(service: FakeServi
 def test_a_harness_reporting_timeout_gets_its_children_cancelled_without_waiting(service: FakeService):
     async def h(ctx: Any) -> AgentResult:
         if ctx.depth == 0:
-            asyncio.ensure_future(ctx.agents.spawn("slow child", max_steps=2))
+            ctx.annotate(pending=asyncio.ensure_future(ctx.agents.spawn("slow child", max_steps=2)))
             await asyncio.sleep(0.01)
             return AgentResult("timeout", error="gave up")
         await asyncio.sleep(10)
@@ -184,7 +187,10 @@ def test_spawns_after_the_agent_finished_are_refused(service: FakeService):
         await ep.run()
         late = await holder["ctx"].agents.spawn("too late")
         assert not late.launched and late.agent_id == "" and late.trajectory_id == ""
-        assert late.message == "Failed to launch subagent for goal too late: the parent agent has already finished."
+        assert (
+            late.message
+            == "Failed to launch subagent for goal too late: the parent agent has already finished."
+        )
         assert late.result.status == "error"
 
     run(main())

@@ -92,7 +92,9 @@ def test_rejections_return_results_with_exact_texts(service: FakeService):
         assert not result.launched and result.agent_id == "" and result.trajectory_id == ""
         assert isinstance(result.message, LaunchFailure) and result.result.status == "error"
         assert result.result.error == result.message
-    assert zero.message == "Failed to launch subagent for goal g1: max_steps must be a positive integer; got 0."
+    assert (
+        zero.message == "Failed to launch subagent for goal g1: max_steps must be a positive integer; got 0."
+    )
     assert boolean.message.endswith("got True.")
     assert big.message == (
         "Not enough budget to launch subagent for goal g3. Requested 51 steps (max_steps 50 + 1) but only 10 "

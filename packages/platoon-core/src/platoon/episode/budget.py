@@ -56,7 +56,9 @@ class AgentBudget:
     tracker: BudgetTracker = field(repr=False)
     agent_id: str
     allocation: int | None  # None or 0: unbounded
-    steps: Callable[[], int] = field(repr=False)  # the agent's own policy steps so far (read from its gateway record)
+    steps: Callable[[], int] = field(
+        repr=False
+    )  # the agent's own policy steps so far (read from its gateway record)
     depth: int = 0
     parent: AgentBudget | None = field(default=None, repr=False)
     verifier_level: int = _POLICY

@@ -1,0 +1,160 @@
+"""Gateways over a scripted policy (core.md 8.4): `make_gateway` builds a real `ModelGateway` on the toy tokenizer,
+and `serve_policy` installs one as the process-default gateway for in-process rollouts.
+
+The gateway runs in process: this build serves no HTTP yet, so `serve_policy` makes the gateway available to
+code that asks `default_gateway()` (the `platoon rollout` side comes with that command).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from platoon.gateway.core import ModelGateway
+    from platoon.testing.policy import ScriptedPolicy
+
+__all__ = ["DefaultPolicy", "default_gateway", "default_policy", "make_gateway", "serve_policy"]
+
+#: The key `serve_policy` sets when none is set: the Tinker SDK wants one even though nothing leaves the process.
+TESTING_API_KEY = "tml-platoon-testing"
+
+
+def _policy(policy: Any, tokenizer: Any) -> ScriptedPolicy:
+    from platoon.testing.policy import ScriptedPolicy
+
+    if isinstance(policy, ScriptedPolicy):
+        return policy
+    if hasattr(policy, "sample_async"):
+        return policy  # any Tinker-like sampler is served as it is
+    return ScriptedPolicy(policy, tokenizer=tokenizer)
+
+
+def _same_tokenizer(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    vocab_a = getattr(a, "get_vocab", None)
+    vocab_b = getattr(b, "get_vocab", None)
+    if callable(vocab_a) and callable(vocab_b):
+        return bool(vocab_a() == vocab_b())
+    return False
+
+
+def make_gateway(
+    policy: Any = (),
+    *,
+    tokenizer: Any = None,
+    renderer: Any = None,
+    renderer_kwargs: Mapping[str, Any] | None = None,
+    model_name: str = "platoon/toy",
+    **settings: Any,
+) -> ModelGateway:
+    """A real `ModelGateway` sampling `policy` (a `ScriptedPolicy`, or a script list/function wrapped in one).
+
+    `renderer` is a platoon renderer name (default `qwen3_instruct`; `renderer_kwargs` set as attributes, an
+    unknown one a `ValueError`) or a renderer object (then `renderer_kwargs` is refused). `settings` are the
+    gateway's: `max_tokens`, `temperature`, `top_k`, `top_p`, `seed`, `context_window_length`,
+    `sample_timeout_seconds`. The policy's and the gateway's tokenizers must match.
+    """
+    from platoon.gateway.core import ModelGateway
+    from platoon.train.tinker.renderers.base import get_renderer
+
+    if renderer is not None and not isinstance(renderer, str):
+        if renderer_kwargs:
+            raise ValueError("renderer_kwargs apply to a renderer given by name, not to a renderer object")
+        renderer_obj = renderer
+        tokenizer = tokenizer if tokenizer is not None else renderer.tokenizer
+    else:
+        if tokenizer is None:
+            from platoon.testing.tokenizer import toy_tokenizer
+
+            tokenizer = toy_tokenizer()
+        from platoon.testing.tokenizer import TOY_RENDERER_NAME
+
+        renderer_obj = get_renderer(
+            renderer or TOY_RENDERER_NAME, tokenizer, renderer_kwargs=dict(renderer_kwargs or {})
+        )
+    sampler = _policy(policy, tokenizer)
+    policy_tokenizer = getattr(sampler, "tokenizer", None)
+    if policy_tokenizer is not None and not _same_tokenizer(policy_tokenizer, renderer_obj.tokenizer):
+        raise ValueError(
+            "the policy's tokenizer and the gateway's differ: give ScriptedPolicy the gateway's tokenizer"
+        )
+    return ModelGateway(sampler, renderer_obj, model_name=model_name, **settings)
+
+
+@dataclass(frozen=True)
+class DefaultPolicy:
+    """What `serve_policy` installed: the policy and how gateways over it are made."""
+
+    policy: Any
+    tokenizer: Any
+    renderer: Any
+    settings: Mapping[str, Any]
+
+    def gateway(
+        self,
+        *,
+        model_name: str = "platoon/toy",
+        renderer: Any = None,
+        renderer_kwargs: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> ModelGateway:
+        """A gateway over the served policy; the served `renderer`, when one was given, wins over the caller's."""
+        chosen = self.renderer if self.renderer is not None else renderer
+        return make_gateway(
+            self.policy,
+            tokenizer=self.tokenizer,
+            renderer=chosen,
+            renderer_kwargs=None if self.renderer is not None else renderer_kwargs,
+            model_name=model_name,
+            **{**settings, **self.settings},
+        )
+
+
+_DEFAULT: DefaultPolicy | None = None
+
+
+def default_policy() -> DefaultPolicy | None:
+    """The policy `serve_policy` installed, or None."""
+    return _DEFAULT
+
+
+def default_gateway(**kwargs: Any) -> ModelGateway | None:
+    """A gateway over the served policy (see `DefaultPolicy.gateway`), or None when nothing is served."""
+    return None if _DEFAULT is None else _DEFAULT.gateway(**kwargs)
+
+
+@contextlib.contextmanager
+def serve_policy(
+    policy: Any = (), *, tokenizer: Any = None, renderer: Any = None, **settings: Any
+) -> Iterator[ScriptedPolicy]:
+    """Install `policy` as the process-default gateway's sampler until the block ends; yields the policy.
+
+    Sets `TINKER_API_KEY=tml-platoon-testing` when unset; restores the previous default and key on exit.
+    """
+    global _DEFAULT
+    if tokenizer is None:
+        if renderer is not None and not isinstance(renderer, str):
+            tokenizer = renderer.tokenizer
+        else:
+            from platoon.testing.tokenizer import toy_tokenizer
+
+            tokenizer = toy_tokenizer()
+    scripted = _policy(policy, tokenizer)
+    previous = _DEFAULT
+    previous_key = os.environ.get("TINKER_API_KEY")
+    _DEFAULT = DefaultPolicy(scripted, tokenizer, renderer, dict(settings))
+    if previous_key is None:
+        os.environ["TINKER_API_KEY"] = TESTING_API_KEY
+    try:
+        yield scripted
+    finally:
+        _DEFAULT = previous
+        if previous_key is None:
+            os.environ.pop("TINKER_API_KEY", None)
+        else:
+            os.environ["TINKER_API_KEY"] = previous_key

@@ -963,6 +963,8 @@ class InProcessOrsSession:
                 "invalid_arguments",
             )
         lease = self._lease
+        if self._closed:
+            return _error("Not run: this session view is closed.", "session_closed")
         refused = lease.refusal()
         if refused is not None:
             return refused

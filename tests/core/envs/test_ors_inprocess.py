@@ -19,7 +19,7 @@ from platoon.envs.service import EnvironmentService, EnvSession, EnvSetupError, 
 from platoon.task import Task
 from pydantic import BaseModel
 
-TASKS = {
+TASKS: dict[str, list[dict[str, Any]]] = {
     "train": [
         {"task_name": "small", "goal": "Guess a number between 1 and 10.", "target": 3, "misc": {"level": 1}},
         {"id": "big", "target": 70},
@@ -169,7 +169,7 @@ class TornDownEnv(NoTerminalEnv):
 class CopyableEnv(TornDownEnv):
     def platoon_copy(self) -> CopyableEnv:
         twin = CopyableEnv(self.task_spec)
-        twin.state = list(self.state) + ["copied"]
+        twin.state = [*self.state, "copied"]
         return twin
 
 
@@ -259,7 +259,7 @@ def test_bad_options_are_one_line_errors(options: dict[str, Any], message: str):
 
 def test_bad_references_are_one_line_errors(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "acme_guess_env", sys.modules[__name__])
-    with pytest.raises(ValueError, match="write python://pkg.module:Class"):
+    with pytest.raises(ValueError, match=r"write python://pkg\.module:Class"):
         InProcessOrsService("python://acme_guess_env")
     with pytest.raises(ValueError, match="cannot import 'acme_missing_mod'"):
         InProcessOrsService("python://acme_missing_mod:Env")

@@ -226,7 +226,8 @@ async def _child_life(
             ),
             parent=parent,
         )
-        counters = _anchor_counters(anchor)
+        # Verifier children grade; they are not delegation, so they never count on the anchor.
+        counters = None if role == "verifier" else _anchor_counters(anchor)
         if counters is not None:
             counters["reward/subagent_launched"] = counters.get("reward/subagent_launched", 0) + 1
         try:

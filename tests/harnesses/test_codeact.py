@@ -279,3 +279,30 @@ def test_prompt_builder_by_import_path_with_options() -> None:
     run(ctx)
     assert ctx.chats[0]["messages"][0] == {"role": "system", "content": "SYSTEM!!"}
     assert ctx.agents.spawns[0].kwargs["task_misc"] == {"level": 1, "targets": "t"}
+
+
+def test_end_to_end_on_number_search() -> None:
+    pytest.importorskip("tokenizers")
+    from platoon.envs.number_search import SERVICE
+    from platoon.testing.episode import run_episode
+
+    run = run_episode(
+        "train:0",  # the target is 228
+        service=SERVICE,
+        harness="platoon-codeact",
+        policy=["<python>\nprint(guess(100))\n", "<python>\nguess(228)\n"],
+        harness_options={
+            "prompt_builder": "platoon.envs.number_search.prompts:NumberSearchPromptBuilder",
+            "include_reasoning": False,
+            "subagents": False,
+        },
+    )
+    assert run.outcome is not None and run.outcome["status"] == "scored" and run.reward == 1.0
+    assert run.root.finish_message == "You guessed the number 228 correctly!"
+    first = run.root.steps[0].misc
+    assert (first["code"], first["output"], first["error"]) == (
+        "print(guess(100))",
+        "Too low, try again.\n",
+        None,
+    )
+    assert "[Cell 1 Output]\nToo low, try again." in run.policy.prompts[1]

@@ -113,3 +113,22 @@ print(json.dumps({"code": code, "loaded": loaded, "ipython": sorted(m for m in s
         assert name in listing
     assert report["loaded"] == ["platoon-react", "platoon-codeact", "platoon-oracle", "platoon-noop"]
     assert report["ipython"] == []  # neither listing nor loading the harnesses imports IPython
+
+
+def test_end_to_end_noop_scores_zero_and_oracle_needs_run_solution() -> None:
+    pytest.importorskip("tokenizers")
+    from platoon.envs.number_search import SERVICE
+    from platoon.testing.episode import run_episode
+
+    noop_run = run_episode("train:0", service=SERVICE, harness="platoon-noop", policy=[])
+    assert noop_run.outcome is not None
+    assert (noop_run.outcome["status"], noop_run.reward, noop_run.outcome["reason"]) == (
+        "scored",
+        0.0,
+        "no_submit",
+    )
+    assert noop_run.root.steps == []
+    oracle_run = run_episode("train:0", service=SERVICE, harness="platoon-oracle", policy=[])
+    assert oracle_run.outcome is not None
+    assert (oracle_run.outcome["status"], oracle_run.outcome["failure_kind"]) == ("error", "harness_crash")
+    assert "needs a session with run_solution()" in oracle_run.outcome["reason"]

@@ -127,3 +127,22 @@ def test_out_of_steps_is_limit() -> None:
 def test_bad_options_raise(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         run(fakes.FakeContext(replies=["x"], options=options))
+
+
+def test_end_to_end_on_number_search() -> None:
+    pytest.importorskip("tokenizers")
+    from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
+    from platoon.testing import tool_call
+    from platoon.testing.episode import run_episode
+
+    run = run_episode(
+        "train:0",  # the target is 228
+        service=SERVICE,
+        harness="platoon-react",
+        policy=[tool_call("guess", {"number": 100}), tool_call("guess", {"number": 228})],
+        harness_options={"system_prompt": REACT_SYSTEM_PROMPT},
+    )
+    assert run.outcome is not None and run.outcome["status"] == "scored" and run.reward == 1.0
+    assert run.root.finish_message == "You guessed the number 228 correctly!"
+    assert len(run.root.steps) == 2
+    assert "Too low, try again." in run.policy.prompts[1]

@@ -237,3 +237,14 @@ async def open_episode(
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def _forget_test_harnesses() -> Any:
+    """Test harnesses register themselves when run; drop them after each test so no listing elsewhere shows them."""
+    from platoon.harness.function import REGISTRY
+
+    yield
+    with REGISTRY._lock:
+        for ref in [ref for ref in REGISTRY._records if ref.startswith("test-")]:
+            del REGISTRY._records[ref]

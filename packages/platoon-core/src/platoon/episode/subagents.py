@@ -165,6 +165,8 @@ class Subagents:
             if not parent.keep:
                 life.cancel()
             raise
+        except Exception as exc:  # a runtime bug: still never raised into the parent's harness
+            return _launch_failed(goal, f"the subagent runtime failed ({type(exc).__name__}: {exc}).")
 
 
 async def _child_life(

@@ -581,3 +581,63 @@ def test_sync_tools_and_hooks_run_off_the_event_loop():
         await session.close()
 
     run(main())
+
+
+class SlowEnv(NoTerminalEnv):
+    """A slow submit, a slow serial tool and a concurrent tool, to watch the gate at work."""
+
+    @tool
+    async def work(self, params: Note) -> ToolOutput:
+        """Slow serial work."""
+        self.state.append(f"+{params.text}")
+        await asyncio.sleep(0.05)
+        self.state.append(f"-{params.text}")
+        return ToolOutput(blocks=[TextBlock(text=params.text)])
+
+    @tool(concurrent=True)
+    async def look(self) -> ToolOutput:
+        """A concurrent read."""
+        self.state.append("look")
+        return ToolOutput(blocks=[TextBlock(text="seen")])
+
+    @terminal
+    @tool
+    async def submit(self, params: Answer) -> ToolOutput:
+        """Submit after a while."""
+        await asyncio.sleep(float(params.answer))
+        return ToolOutput(blocks=[TextBlock(text="done")], reward=1.0, finished=True)
+
+
+def test_agents_take_turns_and_concurrent_tools_pass_serial_ones():
+    async def main() -> None:
+        session = await opened(SlowEnv)
+        calls = [session.call_tool("work", {"text": f"a{i}"}, on_behalf_of="a") for i in range(3)]
+        calls += [session.call_tool("work", {"text": f"b{i}"}, on_behalf_of="b") for i in range(2)]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await asyncio.sleep(0.005)
+        assert (await session.call_tool("look", {}, on_behalf_of="c")).as_text() == "seen"
+        await asyncio.gather(*tasks)
+        starts = [s[1:] for s in session.env.state if s.startswith("+")]
+        # a1 joined the queue when a0 was admitted, before b0 arrived; from then on the agents alternate.
+        assert starts == ["a0", "a1", "b0", "a2", "b1"]
+        assert session.env.state.index("look") < session.env.state.index("-a0")  # ran beside a0
+
+    run(main())
+
+
+def test_a_grade_waits_for_a_submit_in_flight_or_reports_env_busy():
+    async def main() -> None:
+        session = await opened(SlowEnv)
+        submit = asyncio.ensure_future(session.call_tool("submit", {"answer": "0.05"}))
+        await asyncio.sleep(0.005)
+        assert (await session.grade()).reward == 1.0
+        await submit
+        hurried = await opened(SlowEnv, queue_timeout_s=0.02)
+        slow = asyncio.ensure_future(hurried.call_tool("submit", {"answer": "0.2"}))
+        await asyncio.sleep(0.005)
+        busy = await hurried.grade()
+        assert (busy.status, busy.failure_kind) == ("error", "env_busy")
+        await slow
+        assert (await hurried.grade()).reward == 1.0
+
+    run(main())

@@ -306,3 +306,34 @@ def test_end_to_end_on_number_search() -> None:
         None,
     )
     assert "[Cell 1 Output]\nToo low, try again." in run.policy.prompts[1]
+
+
+def test_parent_and_children_run_cells_at_once_with_their_own_shells_and_output() -> None:
+    parent = make(
+        [
+            cell(
+                "import asyncio\nprint('parent before')\n"
+                "r = await asyncio.gather(launch_subagent('a', 3), launch_subagent('b', 3))\nprint(r)"
+            ),
+            cell("guess(7)"),
+        ]
+    )
+
+    async def spawn(goal: str, **kwargs: Any) -> Any:
+        parent.agents.spawns.append(fakes.Spawn(goal, kwargs))
+        child = make(
+            [cell(f"import time\nx = {goal!r}\ntime.sleep(0.2)\nprint('child', x)"), cell("finish(x * 2)")],
+            instruction=goal,
+        )
+        result = await codeact(child)
+        assert child.step_misc[0]["output"] == f"child {goal}\n"
+        assert child.step_misc[1]["error"] is None
+        from platoon.harness.agent import SubagentResult
+
+        return SubagentResult(goal, goal, goal, result, None, result.final_message or "")
+
+    parent.agents.spawn = spawn  # type: ignore[method-assign]
+    result = run(parent)
+    assert result.final_message == "You guessed the number 7 correctly!"
+    assert parent.step_misc[0]["output"] == "parent before\n['aa', 'bb']\n"
+    assert parent.step_misc[0]["error"] is None

@@ -332,7 +332,7 @@ def test_parent_and_children_run_cells_at_once_with_their_own_shells_and_output(
 
         return SubagentResult(goal, goal, goal, result, None, result.final_message or "")
 
-    parent.agents.spawn = spawn  # type: ignore[method-assign]
+    parent.agents.spawn = spawn
     result = run(parent)
     assert result.final_message == "You guessed the number 7 correctly!"
     assert parent.step_misc[0]["output"] == "parent before\n['aa', 'bb']\n"

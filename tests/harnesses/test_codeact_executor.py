@@ -397,3 +397,17 @@ def test_loop_detection() -> None:
     assert not stuck_in_loop(["a", "b", "c", "d"] * 4, threshold=4, window=3)  # period 4 > window
     assert not stuck_in_loop(["a"] * 10, threshold=4, window=0)  # window 0 disables
     assert stuck_in_loop([" a\n", "a"], threshold=2, window=1)  # compared stripped
+
+
+def test_closing_forgets_cell_sources() -> None:
+    import linecache
+
+    async def body(executor: CodeActExecutor, ctx: Any) -> list[str]:
+        await executor.run("x = 1")
+        return [key for key in linecache.cache if key.startswith("<")]
+
+    before = {key for key in linecache.cache if key.startswith("<")}
+    during = run_with(body)
+    assert any(key.startswith("<ipython-input") for key in during)
+    assert any(key.startswith("<cell function guess") for key in during)
+    assert {key for key in linecache.cache if key.startswith("<")} <= before

@@ -13,6 +13,7 @@ import concurrent.futures
 import contextvars
 import inspect
 import io
+import linecache
 import os
 import re
 import sys
@@ -671,7 +672,22 @@ class CodeActExecutor:
         if thread is not None and thread.is_alive():
             await asyncio.to_thread(thread.join, join_timeout)
         if thread is None or not thread.is_alive():
-            self._shell = None
+            self._release()
+
+    def _release(self) -> None:
+        """Forget the cells' and cell functions' sources and the namespace once no cell can run any more.
+
+        linecache keeps every cell's source for tracebacks; a worker running thousands of agents would
+        otherwise grow without bound.
+        """
+        shell, self._shell = self._shell, None
+        names = [getattr(fn, "__code__", None) for fn in self.namespace.values()]
+        keys = [code.co_filename for code in names if code is not None and code.co_filename.startswith("<")]
+        if shell is not None:
+            keys.extend(getattr(shell.compile, "_filename_map", {}))
+            shell.user_ns.clear()
+        for key in keys:
+            linecache.cache.pop(key, None)
 
     @property
     def final_message(self) -> str | None:

@@ -51,8 +51,9 @@ def test_a_harness_mixture_draws_per_task_deterministically():
     assert picks == [draw_harness({"b": 3, "a": 1}, seed=7, task_id=str(i)) for i in range(200)]
 
 
-def test_the_reward_processor_scores_trainable_trajectories(monkeypatch):
+def test_the_reward_processor_is_named_on_the_root_and_scores_only_trainable_trajectories(monkeypatch):
     from platoon import registry
+    from platoon.episode.rollout import process_rewards
 
     def doubled(trajectory: dict[str, Any]) -> tuple[float, dict[str, float]]:
         return 2 * trajectory["reward"], {"reward/success": trajectory["reward"]}
@@ -70,9 +71,12 @@ def test_the_reward_processor_scores_trainable_trajectories(monkeypatch):
             gateway=make_gateway(),
         )
     )
-    assert collection.root.reward == 1.0
-    assert collection.root.misc["reward_components"] == {"reward/success": 0.5}
+    # the rollout keeps the outcome's reward; the trainer and the evaluator run the processor once
+    assert collection.root.reward == 0.5
     assert collection.root.misc["reward_processor"] == "test-episode-doubled"
+    assert process_rewards("test-episode-doubled", collection) == {
+        collection.root.id: (1.0, {"reward/success": 0.5})
+    }
 
     service.grader = lambda session: Outcome.infra("env_error")
     collection = run(
@@ -84,7 +88,7 @@ def test_the_reward_processor_scores_trainable_trajectories(monkeypatch):
             gateway=make_gateway(),
         )
     )
-    assert collection.root.reward == 0.0 and "reward_components" not in collection.root.misc
+    assert collection.root.reward == 0.0 and process_rewards("test-episode-doubled", collection) == {}
 
 
 def test_tool_transform_applies_to_the_root_and_config_max_steps_overrides_the_task():

@@ -117,21 +117,23 @@ def _harness_misc(harness: Any, route: Route, program: Any) -> dict[str, Any]:
     }
 
 
-def _apply_reward_processor(ref: str, collection: TrajectoryCollection) -> None:
-    """Score each trainable trajectory with the processor: the score becomes its reward, the components go to
-    its misc `reward_components` (untrainable trajectories keep reward 0: failures are not zeros to re-score)."""
+def process_rewards(ref: str, collection: TrajectoryCollection) -> dict[str, tuple[float, dict[str, float]]]:
+    """Score each trainable trajectory with the reward processor `ref`: trajectory id -> (score, components).
+
+    Rollouts keep the rewards their outcomes gave; training conversion and evaluation reports run the processor
+    (train.md 2.7, 5.1), so it is applied once, where its result is used. Untrainable trajectories are skipped:
+    failures are not zeros to re-score.
+    """
     from platoon import plugins
 
     processor = plugins.get_reward_processor(ref)
-    for trajectory in collection.trajectories.values():
+    scores: dict[str, tuple[float, dict[str, float]]] = {}
+    for trajectory_id, trajectory in collection.trajectories.items():
         if any(trajectory.misc.get(marker) for marker in _UNTRAINABLE):
             continue
         score, components = processor(trajectory.to_dict())
-        trajectory.reward = float(score)
-        trajectory.misc["reward_components"] = dict(components or {})
-    root = collection.root
-    if root is not None:
-        root.misc["reward_processor"] = ref
+        scores[trajectory_id] = (float(score), dict(components or {}))
+    return scores
 
 
 async def _close_session(session: Any) -> None:
@@ -202,8 +204,9 @@ async def recorded_rollout(
                     episode.finalizers, collection, lambda o: build_collection(rollout, o)
                 )
                 outcome = failed or outcome
-            if route.reward_processor:
-                _apply_reward_processor(route.reward_processor, collection)
+            if route.reward_processor and collection.root is not None:
+                # Named for the consumers (trainer, evaluator) that run it: see process_rewards.
+                collection.root.misc["reward_processor"] = route.reward_processor
             if getattr(config, "verbose", False):
                 log.info(
                     "rollout %s task %s: %s%s",

@@ -282,7 +282,6 @@ def test_prompt_builder_by_import_path_with_options() -> None:
 
 
 def test_end_to_end_on_number_search() -> None:
-    pytest.importorskip("tokenizers")
     from platoon.envs.number_search import SERVICE
     from platoon.testing.episode import run_episode
 

@@ -116,7 +116,6 @@ print(json.dumps({"code": code, "loaded": loaded, "ipython": sorted(m for m in s
 
 
 def test_end_to_end_noop_scores_zero_and_oracle_needs_run_solution() -> None:
-    pytest.importorskip("tokenizers")
     from platoon.envs.number_search import SERVICE
     from platoon.testing.episode import run_episode
 

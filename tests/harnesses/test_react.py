@@ -130,7 +130,6 @@ def test_bad_options_raise(options: dict[str, Any], message: str) -> None:
 
 
 def test_end_to_end_on_number_search() -> None:
-    pytest.importorskip("tokenizers")
     from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
     from platoon.testing import tool_call
     from platoon.testing.episode import run_episode

@@ -215,7 +215,9 @@ def test_as_environment_without_openreward(monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.fixture(scope="module")
 def ors() -> Any:
-    return pytest.importorskip("openreward.environments")
+    import openreward.environments
+
+    return openreward.environments
 
 
 def _output(run: Any) -> Any:

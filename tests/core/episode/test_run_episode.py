@@ -13,8 +13,6 @@ from platoon.task import Task
 
 from .conftest import FakeService, fh
 
-pytest.importorskip("tokenizers")
-
 
 async def _echo(ctx: Any) -> AgentResult:
     reply = await ctx.chat([{"role": "user", "content": ctx.instruction}])

@@ -10,12 +10,10 @@ import asyncio
 import json
 from typing import Any
 
+import platoon.testing.policy as policy_module
+import platoon.train.tinker.renderers as renderers
 import pytest
-
-renderers = pytest.importorskip("platoon.train.tinker.renderers")
-policy_module = pytest.importorskip("platoon.testing.policy")
-
-from platoon.gateway import ModelGateway  # noqa: E402
+from platoon.gateway import ModelGateway
 
 TOOLS = [
     {

@@ -24,7 +24,7 @@ TOKENIZERS = {"toy": "toy", "qwen3": "real_qwen3"}  # golden file suffix -> test
 
 
 @cache
-def renders_dir() -> Path | None:
+def renders_dir() -> Path:
     """`shared/testdata/renders`: under $PLATOON_TESTDATA, else in the repository, else beside it."""
     for base in (
         os.environ.get("PLATOON_TESTDATA"),
@@ -33,24 +33,18 @@ def renders_dir() -> Path | None:
     ):
         if base and (Path(base) / "renders" / "index.json").is_file():
             return Path(base).resolve() / "renders"
-    return None
-
-
-pytestmark = pytest.mark.skipif(
-    renders_dir() is None, reason="shared/testdata/renders is not beside the repository"
-)
+    raise FileNotFoundError(
+        "the golden renders (shared/testdata/renders) are not beside the repository: set PLATOON_TESTDATA"
+    )
 
 
 @cache
 def golden(renderer: str, tokenizer: str) -> dict[str, Any]:
     directory = renders_dir()
-    assert directory is not None
     return json.loads((directory / f"{renderer}--{tokenizer}.json").read_text("utf-8"))
 
 
 def _params(kind: str) -> list[Any]:
-    if renders_dir() is None:
-        return []
     out = []
     for tok, label in TOKENIZERS.items():
         for name in RENDERERS:

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @cache
-def toy_spec() -> dict[str, Any] | None:
+def toy_spec() -> dict[str, Any]:
     for base in (
         os.environ.get("PLATOON_TESTDATA"),
         REPO / "shared" / "testdata",
@@ -30,12 +30,9 @@ def toy_spec() -> dict[str, Any] | None:
     ):
         if base and (Path(base) / "renders" / "toy-tokenizer.json").is_file():
             return json.loads((Path(base) / "renders" / "toy-tokenizer.json").read_text("utf-8"))
-    return None
-
-
-needs_spec = pytest.mark.skipif(
-    toy_spec() is None, reason="shared/testdata/renders is not beside the repository"
-)
+    raise FileNotFoundError(
+        "shared/testdata/renders/toy-tokenizer.json is not beside the repository: set PLATOON_TESTDATA"
+    )
 
 
 def _spec() -> dict[str, Any]:
@@ -59,7 +56,6 @@ def test_names_and_directory():
     assert sum(p.stat().st_size for p in TOY_TOKENIZER_DIR.glob("*.json")) < 8000  # "about 7 KB"
 
 
-@needs_spec
 def test_shipped_files_are_byte_identical_to_platoon_0_2_0():
     files = _spec()["files"]
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -98,7 +94,6 @@ def test_adapter_attributes():
     assert tok.decode(258) == "<|im_end|>"
 
 
-@needs_spec
 def test_vocabulary_matches_the_spec():
     spec = _spec()
     tok = toy_tokenizer()

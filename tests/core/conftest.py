@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from platoon import plugins
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "extensions"

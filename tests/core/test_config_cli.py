@@ -7,6 +7,7 @@ import textwrap
 import warnings
 
 import pytest
+
 from platoon.cli import main
 
 BASE = """

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-import platoon as pt
 import pytest
+
+import platoon as pt
 from platoon import plugins
 from platoon.cli import main
 from platoon.errors import ExtensionError

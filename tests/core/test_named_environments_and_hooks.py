@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 import types
 
-import platoon as pt
 import pytest
+
+import platoon as pt
 from platoon import hooks, plugins
 from platoon.errors import ExtensionError
 

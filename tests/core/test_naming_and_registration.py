@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import platoon as pt
 import pytest
+
+import platoon as pt
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_version, pick_version, version_matches
 from platoon.programs import get_program

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from platoon.envs.service import ToolResult, ToolSpec
 from platoon_harnesses.codeact.checks import CellChecks, check_cell, stuck_in_loop
 from platoon_harnesses.codeact.executor import CodeActExecutor, clean_text, result_value

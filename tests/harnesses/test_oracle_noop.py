@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import platoon
 import pytest
+
+import platoon
 from platoon.harness.agent import AgentResult
 from platoon.harness.function import FunctionHarness
 from platoon_harnesses.noop import noop

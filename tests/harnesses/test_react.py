@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from platoon.harness.agent import LIMIT_MESSAGE, AgentResult
 from platoon_harnesses.react import react
 

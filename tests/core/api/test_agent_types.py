@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+
 from platoon.envs.service import Outcome, ToolSpec
 from platoon.harness.agent import (
     CALL_KIND_HEADER,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from platoon import registry
 from platoon.errors import ExtensionError
 from platoon.registry import (

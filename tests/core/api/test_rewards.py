@@ -6,6 +6,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
+
 from platoon import hookspecs
 from platoon.hookspecs import RewardProcessor
 from platoon.rewards import DELEGATION_REWARD_CAP, delegation_capped, zero_subagent_rewards

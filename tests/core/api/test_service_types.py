@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from platoon.envs.service import (
     EnvironmentService,
     EnvNotPrepared,

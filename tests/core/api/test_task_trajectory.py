@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from platoon.harness.agent import AgentResult, LaunchFailure
 from platoon.task import SubTask, Task
 from platoon.trajectory import ParentInfo, Trajectory, TrajectoryCollection, TrajectoryStep

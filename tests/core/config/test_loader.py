@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from platoon.config import LoadedConfig, load_config, warn_deprecations
 from platoon.config.loader import ConfigFileNotFound
 from platoon.deprecations import PlatoonDeprecationWarning

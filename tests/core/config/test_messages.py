@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 import pytest
+from pydantic import AfterValidator, ValidationError, model_validator
+
 from platoon.config.base import StrictModel
 from platoon.config.messages import bool_number_problems, validation_problems
-from pydantic import AfterValidator, ValidationError, model_validator
 
 
 def _positive(value: int) -> int:

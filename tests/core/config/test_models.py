@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
+
 from platoon.config_defs import InferenceParams, RolloutConfig, kept_defaults, lay_over
 from platoon.deprecations import DeprecatedKey
 from platoon.train.tinker.config_defs import (
@@ -19,7 +21,6 @@ from platoon.train.tinker.config_defs import (
     WorkflowConfig,
     training_problems,
 )
-from pydantic import BaseModel, ValidationError
 
 
 def config(**sections: Any) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
+
 from platoon.config.environments import (
     AgentsConfig,
     EnvironmentConfig,
@@ -14,7 +16,6 @@ from platoon.config.environments import (
     check_mixture,
     run_level_values,
 )
-from pydantic import BaseModel, ValidationError
 
 
 def problems(data: Any, model: type[BaseModel] = EnvironmentConfig) -> list[tuple[str, str]]:

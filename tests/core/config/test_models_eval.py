@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
+
 from platoon.eval.config_defs import (
     EvalWorkflowConfig,
     HostedConfig,
@@ -13,7 +15,6 @@ from platoon.eval.config_defs import (
     PricingConfig,
 )
 from platoon.eval.run import PlatoonEvalConfig as PlatoonEvalConfigFromRun
-from pydantic import BaseModel, ValidationError
 
 HOSTED = {"base_url": "https://api.example.com/v1", "api_key_env": "EXAMPLE_API_KEY"}
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pytest
+
 from platoon.config import apply_overrides, parse_override, split_library_argv
 from platoon.config.base import StrictModel
 from platoon.errors import ConfigError

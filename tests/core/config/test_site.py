@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from platoon.config import describe_site, load_config, load_site
 from platoon.config.site import apply_site, deprecated_variables, parse_site, site_location
 from platoon.errors import ConfigError

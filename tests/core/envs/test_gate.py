@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+
 from platoon.envs.gate import EnvBusy, Gate, GateClosed
 
 

@@ -9,8 +9,9 @@ import sys
 import time
 from typing import Any
 
-import platoon as pt
 import pytest
+
+import platoon as pt
 from platoon import plugins
 from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
 from platoon.envs.number_search import env as ns

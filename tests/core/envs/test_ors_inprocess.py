@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from openreward.environments import Environment, TextBlock, ToolOutput, terminal, tool
+from pydantic import BaseModel
+
 from platoon import plugins
 from platoon.envs.ors.inprocess import InProcessOrsService, InProcessOrsSession, InvalidCall
 from platoon.envs.service import EnvironmentService, EnvSession, EnvSetupError, Outcome
 from platoon.task import Task
-from pydantic import BaseModel
 
 TASKS: dict[str, list[dict[str, Any]]] = {
     "train": [

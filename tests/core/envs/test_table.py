@@ -8,8 +8,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import platoon.envs
 import pytest
+
+import platoon.envs
 from platoon import plugins
 from platoon.envs import table as table_module
 from platoon.envs.service import EnvironmentService, EnvSession

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.config_defs import RolloutConfig
 from platoon.envs.service import ForkMode, Outcome, ToolResult, ToolSpec

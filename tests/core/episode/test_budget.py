@@ -6,6 +6,7 @@ import math
 import threading
 
 import pytest
+
 from platoon.episode.budget import BUDGET_GUIDANCE, BudgetError, BudgetTracker
 from platoon.harness.agent import Budget
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from platoon.config.environments import HarnessExitPolicy
 from platoon.envs.service import Outcome
 from platoon.episode.outcomes import classify, graded_with_reason, judge_run, safe_grade

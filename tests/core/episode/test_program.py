@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from platoon.config_defs import RolloutConfig
 from platoon.envs.service import Outcome
 from platoon.episode.program import Episode, run_program

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import pytest
+
 from platoon.envs.service import Outcome
 from platoon.harness.agent import AgentResult
 from platoon.task import Task

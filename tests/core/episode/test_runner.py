@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+
 from platoon.config_defs import RolloutConfig
 from platoon.harness.agent import AgentResult
 

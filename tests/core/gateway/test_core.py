@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import pytest
+
 from platoon.gateway import (
     AgentClosed,
     ContextWindowExceeded,

@@ -10,9 +10,10 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 import platoon.testing.policy as policy_module
 import platoon.train.tinker.renderers as renderers
-import pytest
 from platoon.gateway import ModelGateway
 
 TOOLS = [

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+
 from platoon.envs.service import Outcome
 from platoon.gateway import build_collection
 from platoon.gateway.records import AgentRecord

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import pytest
+
 from platoon.testing import Completion, ScriptedPolicy, tool_call, toy_renderer, toy_tokenizer
 from platoon.train.tinker.renderers import ParsedCompletion, get_renderer
 

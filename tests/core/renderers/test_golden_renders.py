@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from platoon.testing import toy_tokenizer
 from platoon.train.tinker.renderers import RendererError, get_renderer, message_to_jsonable
 

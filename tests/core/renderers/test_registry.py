@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import pytest
+
 from platoon.errors import ConfigError
 from platoon.testing import toy_tokenizer
 from platoon.train.tinker.renderers import (
@@ -113,8 +114,9 @@ def test_llama3_remap(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_im_end_must_be_one_token():
-    from platoon.train.tinker.renderers import RendererError, TokenizersTokenizer
     from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from platoon.train.tinker.renderers import RendererError, TokenizersTokenizer
 
     vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
     plain = Tokenizer(models.BPE(vocab=vocab, merges=[]))

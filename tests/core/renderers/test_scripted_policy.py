@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import tinker
+
 from platoon.testing import (
     Completion,
     PolicyCall,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from platoon.testing import TOY_MODEL_NAME, TOY_RENDERER_NAME, TOY_TOKENIZER_DIR, toy_renderer, toy_tokenizer
 from platoon.train.tinker.renderers import get_tokenizer
 

@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 from platoon.envs.service import ToolResult, ToolSpec
 from platoon.harness.agent import terminal_arguments
-
 from platoon_harnesses.codeact.checks import CellChecks, check_cell
 from platoon_harnesses.codeact.functions import (
     FINISH_DESCRIPTION,

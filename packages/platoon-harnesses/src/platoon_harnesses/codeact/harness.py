@@ -13,7 +13,6 @@ from typing import Any
 from platoon.harness.agent import LIMIT_MESSAGE, AgentContext, AgentResult, out_of_steps, terminal_tool
 from platoon.harness.codeact import PROMPT_MODES, CellFunction, CodeActCell, CodeActPromptBuilder
 from platoon.harness.function import harness
-
 from platoon_harnesses.codeact.checks import CellChecks, stuck_in_loop
 
 #: the message of an agent ended by loop detection

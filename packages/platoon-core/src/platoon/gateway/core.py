@@ -654,9 +654,8 @@ class ModelGateway:
             tool_calls = [_openai_tool_call(call) for call in calls]
         else:
             tool_calls = []
-            for (
-                call
-            ) in calls:  # rare: a renderer that emitted calls the rule forbids; keep their text visible
+            # Rare: a renderer that emitted calls the rule forbids; keep their text visible.
+            for call in calls:
                 function = _openai_tool_call(call)["function"]
                 content += json.dumps({"name": function["name"], "arguments": function["arguments"]})
         reasoning = raw.get("reasoning_content") or None

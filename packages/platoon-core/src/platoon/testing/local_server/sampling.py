@@ -1,0 +1,209 @@
+"""Sampling for the local server: a batched KV-cache decode loop with temperature, top-k, top-p, seed and stops.
+
+Returned logprobs are those of the distribution actually sampled from (`log_softmax(logits / T)` after the top-k
+and top-p masks), so on-policy importance ratios are 1 at temperature 1 (tinker-api.md 5.2).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+#: below this temperature sampling is greedy (the distribution is a point mass, logprob 0)
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """`SamplingParams` with the 0.16 defaults filled in (the SDK omits fields left at their default)."""
+
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop_tokens: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+    @classmethod
+    def parse(cls, params: dict[str, Any] | None, encode: Callable[[str], list[int]]) -> SamplingParams:
+        """Read a request's `sampling_params`; a stop string of one token becomes a stop token."""
+        params = params or {}
+        stop = params.get("stop")
+        stop_tokens: set[int] = set()
+        stop_strings: list[str] = []
+        for item in [stop] if isinstance(stop, str | int) else (stop or []):
+            if isinstance(item, bool) or not isinstance(item, str | int):
+                raise ValueError(f"a stop entry must be a token id or a string, not {item!r}")
+            if isinstance(item, int):
+                stop_tokens.add(item)
+            elif item:
+                ids = encode(item)
+                if len(ids) == 1:
+                    stop_tokens.add(ids[0])
+                else:
+                    stop_strings.append(item)
+        max_tokens = params.get("max_tokens")
+        if max_tokens is not None and int(max_tokens) < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        temperature = float(_default(params, "temperature", 1.0))
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        top_p = float(_default(params, "top_p", 1.0))
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        seed = params.get("seed")
+        return cls(
+            max_tokens=None if max_tokens is None else int(max_tokens),
+            seed=None if seed is None else int(seed),
+            stop_tokens=frozenset(stop_tokens),
+            stop_strings=tuple(stop_strings),
+            temperature=temperature,
+            top_k=int(_default(params, "top_k", -1)),
+            top_p=top_p,
+        )
+
+
+def _default(params: dict[str, Any], key: str, default: float) -> Any:
+    # An explicit null means the default, as an omitted field does.
+    value = params.get(key)
+    return default if value is None else value
+
+
+def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities of the sampling distribution for rows of raw logits: temperature, then top-k, top-p."""
+    import torch
+
+    scaled = logits.float() / params.temperature
+    vocab = scaled.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        probs = torch.softmax(scaled, dim=-1)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is below top_p
+        # (so the most likely token always stays).
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def pick(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its logprob under the sampling distribution."""
+    import torch
+
+    if params.temperature < GREEDY_TEMPERATURE:
+        tokens = torch.argmax(logits, dim=-1)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32)
+    logprobs = sampling_logprobs(logits, params)
+    tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@dataclass
+class Sequence:
+    """One sample being decoded."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "logprobs": self.logprobs, "stop_reason": self.stop_reason or "length"}
+
+
+def decode(
+    model: Any,
+    prompt_tokens: list[int],
+    *,
+    num_samples: int,
+    params: SamplingParams,
+    max_context: int,
+    decode_text: Callable[[list[int]], str],
+    prompt_logits: Callable[[torch.Tensor], None] | None = None,
+) -> list[Sequence]:
+    """Sample `num_samples` continuations of one prompt with a shared, batched KV cache.
+
+    The prompt is run once at batch size 1 (its logits are handed to `prompt_logits` for prompt logprobs) and the
+    cache is then repeated for the samples. Finished samples keep decoding in the batch but record nothing.
+    """
+    import torch
+
+    if not prompt_tokens:
+        raise ValueError("the prompt is empty: sampling needs at least one prompt token")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    room = max_context - len(prompt_tokens)
+    if room < 0:
+        raise ValueError(
+            f"the prompt has {len(prompt_tokens)} tokens, over the model's context of {max_context}"
+        )
+    max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+    generator = torch.Generator()
+    if params.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(params.seed)
+
+    sequences = [Sequence() for _ in range(num_samples)]
+    cache_kwarg = _cache_kwarg(model)
+    out = model(input_ids=torch.tensor([prompt_tokens]), use_cache=True)
+    if prompt_logits is not None:
+        prompt_logits(out.logits[0])
+    if max_tokens == 0:
+        return sequences
+    cache = _output_cache(out)
+    if num_samples > 1:
+        cache.batch_repeat_interleave(num_samples)
+    logits = out.logits[:, -1].expand(num_samples, -1)
+    open_rows = list(range(num_samples))
+    for step in range(max_tokens):
+        tokens, logprobs = pick(logits, params, generator)
+        token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+        still_open = []
+        for row in open_rows:
+            seq = sequences[row]
+            seq.tokens.append(token_list[row])
+            seq.logprobs.append(logprob_list[row])
+            if token_list[row] in params.stop_tokens or (
+                params.stop_strings and _ends_with_stop(seq.tokens, params.stop_strings, decode_text)
+            ):
+                seq.stop_reason = "stop"
+            else:
+                still_open.append(row)
+        open_rows = still_open
+        if not open_rows or step == max_tokens - 1:
+            break
+        out = model(input_ids=tokens[:, None], use_cache=True, **{cache_kwarg: cache})
+        cache = _output_cache(out)
+        logits = out.logits[:, -1]
+    return sequences
+
+
+def _cache_kwarg(model: Any) -> str:
+    # transformers 5.x renamed `past_key_values` to `cache` (the old name warns); 4.x knows only the old one.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _output_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
+def _ends_with_stop(
+    tokens: list[int], stops: tuple[str, ...], decode_text: Callable[[list[int]], str]
+) -> bool:
+    # Stop strings need incremental detokenisation: decode a tail long enough to hold the longest stop
+    # (every token decodes to at least one character or a partial byte).
+    tail = decode_text(tokens[-4 * max(len(s) for s in stops) :])
+    return any(stop in tail for stop in stops)

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from platoon.episode.budget import AgentBudget, BudgetTracker
+from platoon.gateway.mcp import bind_tools
 from platoon.harness.agent import (
     AgentAPI,
     CallKind,
@@ -29,7 +30,15 @@ if TYPE_CHECKING:
     from platoon.harness.function import FunctionHarness
     from platoon.task import Task
 
-__all__ = ["ACCESS_RANK", "Agent", "EndpointUnavailable", "EpisodeState", "clamp_access"]
+__all__ = [
+    "ACCESS_RANK",
+    "Agent",
+    "EndpointUnavailable",
+    "EpisodeState",
+    "clamp_access",
+    "run_tool",
+    "visible_tools",
+]
 
 #: Tool access from the most restrictive to the least (harness.md 2.6).
 ACCESS_RANK = {ToolAccess.READ_ONLY: 0, ToolAccess.NO_TERMINAL: 1, ToolAccess.FULL: 2}
@@ -53,6 +62,43 @@ def _visible(tool: ToolSpec, access: ToolAccess) -> bool:
     if access is ToolAccess.NO_TERMINAL:
         return not tool.terminal
     return bool(tool.read_only)
+
+
+async def visible_tools(
+    session: EnvSession, access: ToolAccess | str, transform: Any = None
+) -> list[ToolSpec]:
+    """The session's tools after the listing transform, filtered by `access` (shared with the MCP plane)."""
+    tools = await session.tools()
+    if transform is not None:
+        transformed = transform(tools)
+        tools = await transformed if inspect.isawaitable(transformed) else transformed
+    level = ToolAccess(access)
+    return [tool for tool in tools if _visible(tool, level)]
+
+
+async def run_tool(
+    record: AgentRecord, session: EnvSession, name: str, arguments: Mapping[str, Any]
+) -> ToolResult:
+    """Run a tool on `session` for the agent of `record` and record the call in its misc `tool_calls`.
+
+    The one path for tool calls, in process (`ctx.call_tool`) and over the MCP plane, so both record alike.
+    """
+    if getattr(session, "manages_concurrency", False):
+        # Sessions with their own gate queue each agent's calls fairly: name the calling agent (core.md 7.6).
+        result = await session.call_tool(name, arguments, on_behalf_of=record.agent_id)  # type: ignore[call-arg]
+    else:
+        result = await session.call_tool(name, arguments)
+    entry: dict[str, Any] = {
+        "name": name,
+        "arguments": dict(arguments),
+        "is_error": result.is_error,
+        "finished": result.finished,
+        "step": len(record.calls),  # the number of model calls made before this tool call
+    }
+    if result.reward is not None:
+        entry["reward"] = result.reward
+    record.misc.setdefault("tool_calls", []).append(entry)
+    return result
 
 
 @dataclass(eq=False)
@@ -115,6 +161,8 @@ class Agent:
         self._visible_tools: frozenset[str] | None = None
         self._api: AgentAPI | None = None
         episode.agents[record.agent_id] = self
+        # The one registration of an agent's tools for the MCP plane; a child's context rebinds to its session.
+        bind_tools(record, session, transform=tool_transform)
 
     # ---- identity
 
@@ -178,7 +226,14 @@ class Agent:
 
     @property
     def mcp(self) -> McpEndpoint | None:
-        return None  # no HTTP server, so no MCP tool plane
+        """The MCP tool plane next to the agent's model endpoint (`<gateway>/s/<secret>/mcp`); None without HTTP."""
+        try:
+            endpoint = self.endpoint
+        except EndpointUnavailable:
+            return None
+        base = endpoint.base_url.rstrip("/").removesuffix("/v1")
+        # Bearer auth by default: the key then stays out of process listings (train.md 6.6).
+        return McpEndpoint(url=f"{base}/mcp", headers={"Authorization": f"Bearer {self.record.secret}"})
 
     @property
     def budget(self) -> AgentBudget:
@@ -216,11 +271,7 @@ class Agent:
 
     async def list_tools(self) -> list[ToolSpec]:
         """The session's tools this agent may see (after the episode's tool transform for the root)."""
-        tools = await self._session.tools()
-        if self.tool_transform is not None:
-            transformed = self.tool_transform(tools)
-            tools = await transformed if inspect.isawaitable(transformed) else transformed
-        visible = [tool for tool in tools if _visible(tool, self._access)]
+        visible = await visible_tools(self._session, self._access, self.tool_transform)
         self._visible_tools = frozenset(tool.name for tool in visible)
         return visible
 
@@ -236,18 +287,7 @@ class Agent:
                     f"Tool {name!r} is not available to this agent (tool access: {self._access.value}).",
                     is_error=True,
                 )
-        result = await self._session.call_tool(name, arguments)
-        entry: dict[str, Any] = {
-            "name": name,
-            "arguments": dict(arguments),
-            "is_error": result.is_error,
-            "finished": result.finished,
-            "step": len(self.record.calls),  # the number of model calls made before this tool call
-        }
-        if result.reward is not None:
-            entry["reward"] = result.reward
-        self.record.misc.setdefault("tool_calls", []).append(entry)
-        return result
+        return await run_tool(self.record, self._session, name, arguments)
 
     # ---- annotations
 

@@ -53,7 +53,8 @@ _LENIENT = _decoder(False)
 
 def loads(text: str) -> tuple[Any, bool]:
     """Decode one JSON document: (value, recovered). Raises `ArgumentsError` when neither decode works."""
-    return _decode(text, raw=False)[:2]  # type: ignore[return-value]
+    value, _, recovered = _decode(text, raw=False)
+    return value, recovered
 
 
 def raw_decode(text: str, pos: int = 0) -> tuple[Any, int, bool]:
@@ -221,13 +222,13 @@ def literal_to_json(node: ast.AST) -> Any:
         return [literal_to_json(item) for item in node.elts]
     if isinstance(node, ast.Dict):
         out = {}
-        for key, value in zip(node.keys, node.values, strict=True):
-            if key is None:
+        for key_node, value_node in zip(node.keys, node.values, strict=True):
+            if key_node is None:
                 raise ValueError("a ** expansion is not a literal")
-            decoded = literal_to_json(key)
+            decoded = literal_to_json(key_node)
             if not isinstance(decoded, str):
                 raise ValueError("object keys must be strings")
-            out[decoded] = literal_to_json(value)
+            out[decoded] = literal_to_json(value_node)
         return out
     raise ValueError(f"not a literal: {type(node).__name__}")
 

@@ -1,7 +1,7 @@
 """The DeepSeek parsers: `deepseekv31` (alias `deepseek_v31`) and `deepseekv3` (alias `deepseek_v3`).
 
-Both use the `<｜tool▁calls▁begin｜>` section markup; V3.1 writes `NAME<｜tool▁sep｜>{json}` per call, V3 writes
-`function<｜tool▁sep｜>NAME` + a fenced json block. A missing section begin or end is fine.
+Both use the tool-calls section markup (full-width bars, written as escapes here); V3.1 writes NAME, the tool
+separator and {json} per call, V3 writes `function`, the separator, NAME and a fenced json block.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ from typing import Any
 from platoon.train.tinker.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
 from platoon.train.tinker.renderers.tool_parsers._common import ArgumentsError, loads, normalize_arguments
 
-SECTION_BEGIN, SECTION_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+# DeepSeek's markers use FULLWIDTH VERTICAL LINE (U+FF5C) and LOWER ONE EIGHTH BLOCK (U+2581).
+SECTION_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+SECTION_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
+CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
+SEP = "<\uff5ctool\u2581sep\uff5c>"
 
 
 class _DeepSeekParser(ToolCallParser):
@@ -79,7 +83,7 @@ class DeepSeekV31Parser(_DeepSeekParser):
         name, sep, payload = body.partition(SEP)
         name = name.strip()
         if not sep or not name:
-            return UnparsedToolCall(raw, "expected NAME<｜tool▁sep｜>{arguments}")
+            return UnparsedToolCall(raw, "expected NAME, the tool separator and {arguments}")
         read = _arguments(payload, raw)
         if isinstance(read, UnparsedToolCall):
             return read
@@ -93,7 +97,7 @@ class DeepSeekV3Parser(_DeepSeekParser):
     def _read_call(self, body: str, raw: str, closed: bool) -> ParsedToolCall | UnparsedToolCall:
         kind, sep, rest = body.partition(SEP)
         if not sep or kind.strip() != "function":
-            return UnparsedToolCall(raw, "expected function<｜tool▁sep｜>NAME")
+            return UnparsedToolCall(raw, "expected function, the tool separator and NAME")
         name, _, payload = rest.partition("\n")
         name = name.strip()
         if not name:

@@ -215,7 +215,9 @@ def test_save_and_load_round_trip_with_the_optimizer(backend: ModelBackend, tmp_
     fresh = ModelBackend.create(MODEL)
     fresh.load(str(tmp_path / "state"), with_optimizer=False)
     step(fresh)
-    assert not all(torch.equal(a, b) for a, b in zip(fresh.model.parameters(), backend.model.parameters()))
+    assert not all(
+        torch.equal(a, b) for a, b in zip(fresh.model.parameters(), backend.model.parameters(), strict=True)
+    )
 
     with pytest.raises(ValueError, match="no optimizer state"):
         ModelBackend.create(MODEL).load(str(tmp_path / "sampler"), with_optimizer=True)
@@ -226,7 +228,9 @@ def test_save_and_load_round_trip_with_the_optimizer(backend: ModelBackend, tmp_
 def test_base_weights_depend_on_the_name_only(backend: ModelBackend) -> None:
     same = ModelBackend.create(MODEL, lora_rank=8, seed=123)
     other = ModelBackend.create(str(TOY_TOKENIZER_DIR))
-    assert all(torch.equal(a, b) for a, b in zip(backend.model.parameters(), same.model.parameters()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(backend.model.parameters(), same.model.parameters(), strict=True)
+    )
     assert not torch.equal(backend.model.model.embed_tokens.weight, other.model.model.embed_tokens.weight)
     assert backend.model.config.vocab_size == 265 and backend.model.config.tie_word_embeddings
     info = same.info()

@@ -685,6 +685,15 @@ _BUILTIN: dict[str, str] = {
     "qwen3_instruct": "platoon.train.tinker.renderers.qwen3:Qwen3InstructRenderer",
     "qwen3_vl": "platoon.train.tinker.renderers.qwen3:Qwen3VLRenderer",
     "qwen3_vl_instruct": "platoon.train.tinker.renderers.qwen3:Qwen3VLInstructRenderer",
+    "role_colon": "platoon.train.tinker.renderers.role_colon:RoleColonRenderer",
+    "llama3": "platoon.train.tinker.renderers.llama3:Llama3Renderer",
+    "deepseekv3": "platoon.train.tinker.renderers.deepseek:DeepSeekV3DisableThinkingRenderer",
+    "deepseekv3_disable_thinking": "platoon.train.tinker.renderers.deepseek:DeepSeekV3DisableThinkingRenderer",
+    "deepseekv3_thinking": "platoon.train.tinker.renderers.deepseek:DeepSeekV3ThinkingRenderer",
+    "gpt_oss_no_sysprompt": "platoon.train.tinker.renderers.gpt_oss:GptOssNoSysPromptRenderer",
+    "gpt_oss_low_reasoning": "platoon.train.tinker.renderers.gpt_oss:GptOssLowReasoningRenderer",
+    "gpt_oss_medium_reasoning": "platoon.train.tinker.renderers.gpt_oss:GptOssMediumReasoningRenderer",
+    "gpt_oss_high_reasoning": "platoon.train.tinker.renderers.gpt_oss:GptOssHighReasoningRenderer",
 }
 #: built-in classes that take an image processor as their second argument
 _TAKES_IMAGE_PROCESSOR = {"qwen3_vl", "qwen3_vl_instruct"}

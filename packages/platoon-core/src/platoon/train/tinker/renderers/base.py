@@ -680,6 +680,15 @@ _CUSTOM: dict[str, RendererFactory] = {}
 
 #: built-in renderer names -> "module:class"; imported on first use, so the registry stays import-light
 _BUILTIN: dict[str, str] = {
+    "chat_template": "platoon.train.tinker.renderers.chat_template:ChatTemplateRenderer",
+    "qwen3_6_preserve_thinking": "platoon.train.tinker.renderers.chat_template:Qwen36PreserveThinkingRenderer",
+    "qwen3_6_preserve_thinking_disable_thinking": (
+        "platoon.train.tinker.renderers.chat_template:Qwen36PreserveThinkingDisableThinkingRenderer"
+    ),
+    "qwen3_8_preserve_thinking": "platoon.train.tinker.renderers.chat_template:Qwen38PreserveThinkingRenderer",
+    "qwen3_8_preserve_thinking_disable_thinking": (
+        "platoon.train.tinker.renderers.chat_template:Qwen38PreserveThinkingDisableThinkingRenderer"
+    ),
     "qwen3": "platoon.train.tinker.renderers.qwen3:Qwen3Renderer",
     "qwen3_disable_thinking": "platoon.train.tinker.renderers.qwen3:Qwen3DisableThinkingRenderer",
     "qwen3_instruct": "platoon.train.tinker.renderers.qwen3:Qwen3InstructRenderer",

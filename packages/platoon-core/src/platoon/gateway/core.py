@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from platoon.task import Task
 
 __all__ = [
+    "BUDGET_STOP_MESSAGE",
     "CALL_ID_PREFIX",
     "DEFAULT_SAMPLE_TIMEOUT_SECONDS",
     "SAMPLE_TIMEOUT_ENV",
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Call ids are `tinker-sampling-<hex>`: the interaction map and the trajectory steps are keyed by them.
 CALL_ID_PREFIX = "tinker-sampling-"
+#: The id of a budget stop reply: it is not sampled, so it names no interaction.
+BUDGET_STOP_CALL_PREFIX = "platoon-budget-stop-"
 SAMPLE_TIMEOUT_ENV = "TINKER_SAMPLE_TIMEOUT_SECONDS"
 DEFAULT_SAMPLE_TIMEOUT_SECONDS = 600.0
 #: Calls slower than this are logged (the only logging on the call path).
@@ -216,6 +219,27 @@ class _AgentSettings:
 
     sampling: dict[str, Any]  # the agent's sampling defaults (over the gateway's)
     policy_only: bool  # a key placed where policy-run code can read it: aux and judge calls are refused
+    #: the gateway-enforced step budget this agent's policy calls count against (shared with HTTP-minted children)
+    call_cap: _CallCap | None = None
+
+
+#: The budget stop's synthetic reply (train.md 6.1); `{n}` is the cap.
+BUDGET_STOP_MESSAGE = (
+    "[platoon] The step budget of {n} model calls is used up: no turns are left. Stop here; the task is graded as "
+    "it stands."
+)
+#: Stop replies sent past the cap before further policy calls are refused (400).
+MAX_BUDGET_STOPS = 8
+
+
+@dataclass(eq=False)
+class _CallCap:
+    """A gateway-enforced step budget: policy calls admitted (recorded or still sampling) and stop replies sent."""
+
+    owner: AgentRecord
+    limit: int
+    used: int = 0
+    stops: int = 0
 
 
 @dataclass(eq=False)
@@ -500,6 +524,12 @@ class ModelGateway:
             top_k=params["top_k"],
             top_p=params["top_p"],
         )
+        # A capped policy call counts against its budget while it samples (no await since the budget check, so
+        # concurrent calls see it); a failed or cancelled one gives its step back.
+        cap = settings.call_cap if kind == "policy" else None
+        if cap is not None:
+            cap.used += 1
+        sampled = False
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.sample_timeout_seconds):
@@ -509,6 +539,7 @@ class ModelGateway:
             sequences = response.sequences
             if len(sequences) != 1:
                 raise SamplingFailed(f"the sampler returned {len(sequences)} sequences for one sample")
+            sampled = True
         except TimeoutError:
             agent.gateway_errors += 1
             raise SampleTimeout(
@@ -520,6 +551,9 @@ class ModelGateway:
         except Exception as exc:  # any sampler failure is the gateway's, not the harness's
             agent.gateway_errors += 1
             raise SamplingFailed(f"sampling failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if cap is not None and not sampled:
+                cap.used -= 1
         ended = time.perf_counter()
         if ended - started > SLOW_CALL_SECONDS:
             log.warning("slow model call: %.1fs for %d prompt tokens", ended - started, len(prompt))
@@ -562,9 +596,61 @@ class ModelGateway:
         # The reply gets its own top-level dict: a harness editing it must not rewrite the recorded step.
         return ChatReply(call_id, dict(message), generation["finish_reason"])
 
+    def set_call_cap(self, agent: AgentRecord, max_calls: int) -> None:
+        """Enforce a step budget at the gateway (harness.md 3.5): `agent`'s policy calls, and those of the agents
+        it mints over HTTP (`share_call_cap`), in-flight ones included, are capped at `max_calls`; each policy call
+        past the cap gets the budget stop reply. The agent's misc `budget` records the cap and the stops."""
+        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
+            raise ValueError(f"the step budget must be a non-negative number of calls; got {max_calls!r}")
+        settings = self._settings_of(agent)
+        settings.call_cap = _CallCap(owner=agent, limit=max_calls, used=agent.policy_calls)
+        agent.misc["budget"] = {"enforce": "gateway", "max_steps": max_calls, "stops": 0}
+
+    def share_call_cap(self, parent: AgentRecord, child: AgentRecord) -> None:
+        """Count `child`'s policy calls against `parent`'s gateway-enforced step budget, if it has one."""
+        cap = self._settings_of(parent).call_cap
+        if cap is not None:
+            self._settings_of(child).call_cap = cap
+
+    def call_cap(self, agent: AgentRecord) -> int | None:
+        """The gateway-enforced step budget `agent`'s policy calls count against, or None."""
+        cap = self._settings_of(agent).call_cap
+        return None if cap is None else cap.limit
+
+    def _settings_of(self, agent: AgentRecord) -> _AgentSettings:
+        rollout = self._rollouts.get(agent.rollout_id)
+        if rollout is None or agent.agent_id not in rollout._settings:
+            raise ValueError(f"agent {agent.agent_id} is not in an open rollout of this gateway")
+        return rollout._settings[agent.agent_id]
+
     def _budget_stop(self, agent: AgentRecord, kind: str) -> ChatReply | None:
-        """The gateway-enforced step budget's synthetic stop (train.md 6.1 "Budget stop"); none is enforced yet."""
-        return None
+        """The gateway-enforced step budget's synthetic stop (train.md 6.1 "Budget stop"): a policy call past the
+        cap gets a final assistant message, not sampled and not recorded; past `MAX_BUDGET_STOPS` it is refused."""
+        if kind != "policy":
+            return None
+        rollout = self._rollouts.get(agent.rollout_id)
+        settings = None if rollout is None else rollout._settings.get(agent.agent_id)
+        cap = None if settings is None else settings.call_cap
+        if cap is None or cap.used < cap.limit:
+            return None
+        if cap.stops >= MAX_BUDGET_STOPS:
+            raise GatewayError(
+                f"the step budget of {cap.limit} model calls is used up and {MAX_BUDGET_STOPS} stop replies were "
+                "sent: no further model calls are answered"
+            )
+        cap.stops += 1
+        budget = cap.owner.misc.get("budget")
+        if isinstance(budget, dict):
+            budget["stops"] = cap.stops
+        else:
+            cap.owner.misc["budget"] = {"enforce": "gateway", "max_steps": cap.limit, "stops": cap.stops}
+        message = {
+            "role": "assistant",
+            "content": BUDGET_STOP_MESSAGE.format(n=cap.limit),
+            "tool_calls": None,
+            "reasoning_content": None,
+        }
+        return ChatReply(BUDGET_STOP_CALL_PREFIX + uuid.uuid4().hex, message, "stop")
 
     def _prepare(
         self, rollout: RolloutRecorder, settings: _AgentSettings, kind: str, request: dict[str, Any]

@@ -1,0 +1,331 @@
+"""`POST /v1/messages` and `/v1/messages/count_tokens`: the Anthropic Messages dialect (experimental; train.md 6.4).
+
+Anthropic clients take the base URL without `/v1`. Blocks become Chat Completions messages for `ModelGateway.chat`;
+the context overflow reads "prompt is too long: M tokens > N maximum", which triggers Claude Code's compaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from platoon.gateway.core import CALL_ID_PREFIX, ContextWindowExceeded, GatewayError
+from platoon.gateway.http.openai_chat import handle_errors
+from platoon.gateway.http.server import dumps
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from platoon.gateway.http.server import GatewayServer
+    from platoon.gateway.records import AgentRecord
+    from platoon.harness.agent import ChatReply
+
+__all__ = ["count_tokens_endpoint", "endpoint", "error_body", "parse_request"]
+
+_STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    410: "permission_error",
+    504: "timeout_error",
+}
+_IGNORED = frozenset(
+    ("model", "stream", "metadata", "service_tier", "container", "mcp_servers", "context_management")
+)
+
+
+def error_body(exc: GatewayError) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}` in Anthropic's error types."""
+    if isinstance(exc, ContextWindowExceeded):
+        message = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.window} maximum"
+    else:
+        message = exc.message
+    kind = _ERROR_TYPES.get(exc.status) or ("api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _error_response(server: GatewayServer, exc: GatewayError) -> Response:
+    return server.json(error_body(exc), status=exc.status)
+
+
+def _text_blocks(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise GatewayError(f"{where}: content must be a string or a list of blocks")
+    texts = []
+    for block in content:
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise GatewayError(f"{where}: only text blocks are supported here")
+        texts.append(str(block.get("text") or ""))
+    return "".join(texts)
+
+
+def _assistant(content: Any, where: str) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    if not isinstance(content, list):
+        raise GatewayError(f"{where}: content must be a string or a list of blocks")
+    reasoning: list[str] = []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "thinking":
+            reasoning.append(str(block.get("thinking") or ""))
+        elif kind == "redacted_thinking":
+            continue  # opaque: nothing to re-render
+        elif kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "tool_use":
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": arguments},
+                }
+            )
+        else:
+            raise GatewayError(f"{where}: assistant block type {kind!r} is not supported")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _user(content: Any, where: str) -> list[dict[str, Any]]:
+    """Tool results first (as tool messages), then the user's text, if any."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    if not isinstance(content, list):
+        raise GatewayError(f"{where}: content must be a string or a list of blocks")
+    results: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "tool_result":
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block.get("tool_use_id"),
+                    "content": _text_blocks(block.get("content") or "", where),
+                }
+            )
+        else:
+            raise GatewayError(
+                f"{where}: user block type {kind!r} is not supported (text and tool_result only)"
+            )
+    if texts:
+        results.append({"role": "user", "content": "".join(texts)})
+    return results
+
+
+def parse_request(
+    body: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]:
+    """(messages, tools, sampling) of a Messages body (train.md 6.4)."""
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system:
+        messages.append({"role": "system", "content": _text_blocks(system, "system")})
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise GatewayError("messages must be a non-empty list")
+    for index, message in enumerate(raw):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise GatewayError(f"{where} must be an object")
+        role = message.get("role")
+        if role == "assistant":
+            messages.append(_assistant(message.get("content"), where))
+        elif role == "user":
+            messages.extend(_user(message.get("content"), where))
+        else:
+            raise GatewayError(f"{where}: role must be user or assistant; got {role!r}")
+
+    tools: list[dict[str, Any]] = []
+    raw_tools = body.get("tools") or []
+    if not isinstance(raw_tools, list):
+        raise GatewayError("tools must be a list")
+    for tool in raw_tools:
+        # Every named entry is shown as a function (server tools too, though nothing runs them).
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str) and tool["name"]:
+            function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+            if tool.get("description") is not None:
+                function["description"] = tool["description"]
+            tools.append({"type": "function", "function": function})
+
+    sampling: dict[str, Any] = {}
+    for key, value in body.items():
+        if value is None or key in ("messages", "system", "tools") or key in _IGNORED:
+            continue
+        if key in ("max_tokens", "temperature", "top_p", "top_k"):
+            sampling[key] = value
+        elif key == "tool_choice":
+            choice = value.get("type") if isinstance(value, dict) else value
+            if choice not in ("auto", "none"):
+                raise GatewayError(f"tool_choice {choice!r} is not supported (auto or none)")
+        elif key == "stop_sequences":
+            if value:
+                raise GatewayError(
+                    "stop_sequences are not supported: they would replace the end-of-turn stops"
+                )
+        elif key == "thinking":
+            if isinstance(value, dict) and value.get("type") == "disabled":
+                sampling["chat_template_kwargs"] = {"enable_thinking": False}
+        else:
+            raise GatewayError(f"unsupported Messages parameter {key!r}")
+    return messages, tools or None, sampling
+
+
+def _message_id(call_id: str) -> str:
+    return "msg_" + (call_id[len(CALL_ID_PREFIX) :] if call_id.startswith(CALL_ID_PREFIX) else call_id)
+
+
+def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
+    """thinking (signed `platoon:<call id>`, unchecked), text (when there is content or no tool calls), tool_use."""
+    message = reply.message
+    blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append(
+            {
+                "type": "thinking",
+                "thinking": message["reasoning_content"],
+                "signature": f"platoon:{reply.call_id}",
+            }
+        )
+    content = message.get("content") or ""
+    tool_calls = message.get("tool_calls") or ()
+    if content or not tool_calls:
+        blocks.append({"type": "text", "text": content})
+    for call in tool_calls:
+        arguments = call["function"]["arguments"]
+        try:
+            parsed = json.loads(arguments) if arguments else {}
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            parsed = {"_raw_arguments": arguments}
+        blocks.append(
+            {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": parsed}
+        )
+    return blocks
+
+
+def message(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> dict[str, Any]:
+    prompt, completion = server.usage(agent, reply.call_id)
+    return {
+        "id": _message_id(reply.call_id),
+        "type": "message",
+        "role": "assistant",
+        "model": server.gateway.model_name,
+        "content": content_blocks(reply),
+        "stop_reason": _STOP_REASONS.get(reply.finish_reason or "stop", "end_turn"),
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt, "output_tokens": completion},
+    }
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + dumps({"type": kind, **fields}) + b"\n\n"
+
+
+def events(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> Iterator[bytes]:
+    """`message_start`, per block start/delta/stop, `message_delta`, `message_stop`."""
+    final = message(server, agent, reply)
+    usage = final["usage"]
+    start = {**final, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
+    yield _event("message_start", message=start)
+    for index, block in enumerate(final["content"]):
+        if block["type"] == "thinking":
+            yield _event(
+                "content_block_start", index=index, content_block={**block, "thinking": "", "signature": ""}
+            )
+            yield _event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "thinking_delta", "thinking": block["thinking"]},
+            )
+            yield _event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "signature_delta", "signature": block["signature"]},
+            )
+        elif block["type"] == "text":
+            yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            yield _event(
+                "content_block_delta", index=index, delta={"type": "text_delta", "text": block["text"]}
+            )
+        else:
+            yield _event("content_block_start", index=index, content_block={**block, "input": {}})
+            yield _event(
+                "content_block_delta",
+                index=index,
+                delta={
+                    "type": "input_json_delta",
+                    "partial_json": json.dumps(block["input"], ensure_ascii=False),
+                },
+            )
+        yield _event("content_block_stop", index=index)
+    yield _event(
+        "message_delta",
+        delta={"stop_reason": final["stop_reason"], "stop_sequence": None},
+        usage={"output_tokens": usage["output_tokens"]},
+    )
+    yield _event("message_stop")
+
+
+def _failure(exc: BaseException) -> bytes:
+    if not isinstance(exc, GatewayError):
+        exc = GatewayError(f"internal gateway error: {type(exc).__name__}", status=500, kind="server_error")
+    return _event("error", error=error_body(exc)["error"])
+
+
+def endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+    """The `/v1/messages` handler bound to `server`."""
+
+    async def messages(request: Request, seen: list[AgentRecord | None]) -> Response:
+        agent = seen[0] = server.authenticate(request)
+        kind = server.call_kind(request)
+        body = await server.json_body(request)
+        if server.backend is not None:
+            return await server.forward(agent, body, "messages", kind)
+        chat_messages, tools, sampling = parse_request(body)
+        task = server.start_chat(agent, chat_messages, tools, kind, sampling)
+        if body.get("stream"):
+            if task.done():
+                task.result()  # a refusal before sampling keeps its HTTP status
+            return server.sse(
+                server.stream_events(task, lambda reply: events(server, agent, reply), _failure)
+            )
+        reply = await server.until_disconnect(request, task)
+        return server.json(message(server, agent, reply), headers=server.call_headers(reply.call_id))
+
+    return handle_errors(server, messages, _error_response)
+
+
+def count_tokens_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+    """`/v1/messages/count_tokens`: renders the request and answers `{"input_tokens": prompt_len}`."""
+
+    async def count_tokens(request: Request, seen: list[AgentRecord | None]) -> Response:
+        agent = seen[0] = server.authenticate(request)
+        body = await server.json_body(request)
+        if server.backend is not None:
+            return await server.forward(agent, body, "count_tokens", server.call_kind(request))
+        body.pop("max_tokens", None)
+        chat_messages, tools, sampling = parse_request(body)
+        kwargs = sampling.get("chat_template_kwargs") or {}
+        accepted = server.gateway._render_kwargs  # None: the renderer takes any kwarg
+        if accepted is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        prompt = server.gateway.renderer.render_prompt(chat_messages, tools=tools or None, **kwargs)
+        return server.json({"input_tokens": len(prompt)})
+
+    return handle_errors(server, count_tokens, _error_response)

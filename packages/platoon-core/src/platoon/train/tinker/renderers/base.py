@@ -703,9 +703,23 @@ _BUILTIN: dict[str, str] = {
     "gpt_oss_low_reasoning": "platoon.train.tinker.renderers.gpt_oss:GptOssLowReasoningRenderer",
     "gpt_oss_medium_reasoning": "platoon.train.tinker.renderers.gpt_oss:GptOssMediumReasoningRenderer",
     "gpt_oss_high_reasoning": "platoon.train.tinker.renderers.gpt_oss:GptOssHighReasoningRenderer",
+    "qwen3_5": "platoon.train.tinker.renderers.qwen3_5:Qwen3_5Renderer",
+    "qwen3_5_disable_thinking": "platoon.train.tinker.renderers.qwen3_5:Qwen3_5DisableThinkingRenderer",
+    "kimi_k2": "platoon.train.tinker.renderers.kimi:KimiK2Renderer",
+    "kimi_k25": "platoon.train.tinker.renderers.kimi:KimiK25Renderer",
+    "kimi_k25_disable_thinking": "platoon.train.tinker.renderers.kimi:KimiK25DisableThinkingRenderer",
+    "nemotron3": "platoon.train.tinker.renderers.nemotron:Nemotron3Renderer",
+    "nemotron3_disable_thinking": "platoon.train.tinker.renderers.nemotron:Nemotron3DisableThinkingRenderer",
 }
 #: built-in classes that take an image processor as their second argument
-_TAKES_IMAGE_PROCESSOR = {"qwen3_vl", "qwen3_vl_instruct"}
+_TAKES_IMAGE_PROCESSOR = {
+    "qwen3_vl",
+    "qwen3_vl_instruct",
+    "qwen3_5",
+    "qwen3_5_disable_thinking",
+    "kimi_k25",
+    "kimi_k25_disable_thinking",
+}
 
 
 def register_renderer(name: str, factory: RendererFactory) -> None:

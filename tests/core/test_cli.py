@@ -52,7 +52,6 @@ def test_bad_option_is_a_usage_error(capsys):
         (["eval", "c.yaml", "inference.model_name=x"], "eval"),
         (["rollout", "c.yaml", "--task", "7"], "rollout"),
         (["prepare", "c.yaml", "--dry-run"], "prepare"),
-        (["tinker", "serve", "--port", "8000"], "tinker serve"),
         (["viz", "tail", "runs/x"], "viz"),
     ],
 )

@@ -107,7 +107,9 @@ def build_app() -> typer.Typer:
     app.add_typer(components.env_app, name="env")
     app.add_typer(extensions.app, name="extensions")
     tinker_app = new_app("The local Tinker-compatible training server.")
-    tinker_app.command("serve")(pending.tinker_serve)
+    from platoon.cli import tinker  # the local Tinker-compatible server's commands
+
+    tinker_app.command("serve")(tinker.serve)
     app.add_typer(tinker_app, name="tinker")
     app.command(
         "viz",

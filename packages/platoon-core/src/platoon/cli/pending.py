@@ -58,13 +58,6 @@ def prepare(config: ConfigArg, overrides: Overrides = None, dry_run: bool = Fals
     return not_available("prepare", "site preparation")
 
 
-def tinker_serve(
-    host: str = "127.0.0.1", port: int = 0, dir: str | None = None, model: str = "platoon/toy"
-) -> int:
-    """Run the local Tinker-compatible training server in the foreground."""
-    return not_available("tinker serve", "the local Tinker-compatible server")
-
-
 def viz(argv: list[str]) -> int:
     """`platoon viz tail|replay|show-dump` bypasses typer (core.md 3.1)."""
     return not_available("viz", "the trajectory viewer")

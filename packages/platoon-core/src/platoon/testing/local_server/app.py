@@ -140,11 +140,20 @@ class ServerState:
         with self._base_lock:
             backend = self._base.get(base_model)
             if backend is None:
-                backend = self._base[base_model] = self.backend_factory(base_model, lora_rank=None, seed=None)
+                backend = self._base[base_model] = _build(self, base_model, lora_rank=None, seed=None)
             return backend
 
     def close(self) -> None:
         self.futures.close()
+
+
+def _build(state: ServerState, base_model: str, *, lora_rank: int | None, seed: int | None) -> Backend:
+    try:
+        return state.backend_factory(base_model, lora_rank=lora_rank, seed=seed)
+    except Exception as exc:
+        # Mostly a base model whose tokenizer cannot be found: the caller's to fix, said in one line.
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"cannot build base model {base_model!r}: {type(exc).__name__}: {first}") from exc
 
 
 # -- request parsing (0.16 omits defaults and discriminators; the server fills them in)
@@ -311,7 +320,7 @@ class Operations:
 
         def job() -> dict[str, Any]:
             if run.backend is None:
-                run.backend = state.backend_factory(run.base_model, lora_rank=run.lora_rank, seed=run.seed)
+                run.backend = _build(state, run.base_model, lora_rank=run.lora_rank, seed=run.seed)
                 state.checkpoints.write_run(run.model_id, _run_meta(run))
             return {"type": "create_model", "model_id": run.model_id}
 
@@ -489,8 +498,8 @@ class Operations:
             raise HTTPError(400, "a sampling session needs base_model or model_path")
         try:
             backend = self.state.base_backend(base_model)
-        except Exception as exc:  # an unknown base model is the caller's mistake
-            raise HTTPError(400, f"cannot serve base model {base_model!r}: {exc}") from None
+        except UserError as exc:
+            raise HTTPError(400, str(exc)) from None
         return Sampler("", base_model, None, backend.sampler())
 
     def get_sampler(self, sampler_id: str) -> dict[str, Any]:

@@ -1,0 +1,28 @@
+"""`platoon tinker serve`: the local Tinker-compatible training server in the foreground (core.md 3.17, 8.7).
+
+The server module (torch, uvicorn) is imported when the command runs, so `platoon --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="The address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The port (0: a free one).")] = 0,
+    state_dir: Annotated[
+        str | None,
+        typer.Option("--dir", help="The state directory for checkpoints (default: <site cache>/local-tinker)."),
+    ] = None,
+    model: Annotated[str, typer.Option(help="The base model the server offers.")] = "platoon/toy",
+) -> int:
+    """Run the local Tinker-compatible training server until interrupted; prints the TINKER_BASE_URL to use."""
+    from platoon.testing.local_server import require_torch
+
+    require_torch()
+    from platoon.testing.local_server.process import serve_foreground
+
+    return serve_foreground(host=host, port=port, state_dir=state_dir, model=model)

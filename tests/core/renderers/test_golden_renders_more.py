@@ -186,6 +186,13 @@ def test_golden_case(name: str, tok: str, case_id: str, tokenizer_for: Callable[
             assert weights.index(1.0) == case["target_completion_start"]
     assert seen == case.get("warnings", [])
 
+    if "prompt_is_prefix_of_supervised" in case:  # recorded where both rendered
+        prompt_ids, supervised_ids = case["generation_prompt"]["ids"], case["supervised_example"]["ids"]
+        is_prefix = supervised_ids[: len(prompt_ids)] == prompt_ids
+        assert is_prefix is case["prompt_is_prefix_of_supervised"]
+        plus_target = prompt_ids == supervised_ids[: case["target_completion_start"]]
+        assert plus_target is case["prompt_plus_target_equals_supervised"]
+
     for entry in case["parses"]:
         _check_parse(renderer, tokenizer, entry)
 

@@ -88,6 +88,7 @@ class _DeepSeekV3Renderer(Renderer):
     without tool calls.
     """
 
+    # The cookbook's is True; platoon has no streaming parse (as for qwen3), so it says False.
     supports_streaming = False
 
     def __init__(

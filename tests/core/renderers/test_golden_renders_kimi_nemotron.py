@@ -181,7 +181,7 @@ def test_golden_renderer_properties(name: str, tok: str, tokenizer_for: Any) -> 
     ]
     assert renderer.has_extension_property is data["has_extension_property"]
     assert data["renderer_attributes"] == {}
-    assert type(renderer).__name__ == data["renderer_class"].replace("Qwen3_5", "Qwen3_5")
+    assert type(renderer).__name__ == data["renderer_class"]
 
 
 # --------------------------------------------------------------------------------------------------------------

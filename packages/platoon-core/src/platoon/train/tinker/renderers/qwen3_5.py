@@ -163,7 +163,7 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
                     pieces.append(self._format_thinking_text(part["thinking"]))
             elif kind == "image":
                 raise RendererError(
-                    f"image parts are not supported: platoon's {self.name} renderer renders text"
+                    f"image parts are not supported: platoon's {self.name or type(self).__name__} renderer renders text"
                 )
             # Other part types are skipped, as the cookbook's VL preprocessing does.
         return pieces
@@ -213,7 +213,7 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
         close = self._encode("</think>")
         if len(close) != 1:
             raise RendererError(
-                f"the {self.name} renderer needs </think> to be one token in {self.tokenizer.name_or_path!r}"
+                f"the {self.name or type(self).__name__} renderer needs </think> to be one token in {self.tokenizer.name_or_path!r}"
             )
         if response[: len(prefix)] != prefix and close[0] in response:
             return prefix + list(response)

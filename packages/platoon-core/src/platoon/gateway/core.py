@@ -277,6 +277,10 @@ class RolloutRecorder:
 class ModelGateway:
     """One per process: owns the sampler, the renderer, the model name, the sampling defaults and the timeouts."""
 
+    #: a hosted-inference backend (`platoon.gateway.hosted.HostedSampler`): when set, calls go to it after the
+    #: refusals and the budget stop instead of render -> sample -> parse
+    backend: Any = None
+
     def __init__(
         self,
         sampler: Any,
@@ -491,6 +495,11 @@ class ModelGateway:
         stopped = self._budget_stop(agent, kind)
         if stopped is not None:
             return stopped
+        if self.backend is not None:  # hosted inference: forwarded and recorded without tokens (train.md 5.3)
+            reply: ChatReply = await self.backend.chat(
+                agent, rollout, messages, tools=tools, kind=kind, sampling=sampling
+            )
+            return reply
 
         # 2. Prepare the sampling parameters and the render kwargs.
         params, stop, render_kwargs = self._prepare(rollout, settings, kind, sampling)

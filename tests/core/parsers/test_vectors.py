@@ -50,7 +50,9 @@ def test_vector(vector: dict[str, Any]) -> None:
     got = [{"name": c.name, "arguments": c.arguments} for c in result.tool_calls]
     if key in PLATOON_CALLS:
         expected = PLATOON_CALLS[key]
-        assert [{**g, "recovered": c.recovered} for g, c in zip(got, result.tool_calls, strict=True)] == expected
+        assert [
+            {**g, "recovered": c.recovered} for g, c in zip(got, result.tool_calls, strict=True)
+        ] == expected
     elif vector["expect_no_call"]:
         assert got == []
     elif vector["args_check"] == "exact":

@@ -41,7 +41,7 @@ def _datum(answer: int, **inputs: float) -> types.Datum:
     loss_inputs: dict[str, list[int] | list[float]] = {"target_tokens": [*PROMPT[1:], answer]}
     for key, value in inputs.items():
         loss_inputs[key] = [0.0] * (n - 1) + [value]
-    return types.Datum(model_input=types.ModelInput.from_ints(PROMPT), loss_fn_inputs=loss_inputs)  # type: ignore[arg-type]
+    return types.Datum(model_input=types.ModelInput.from_ints(PROMPT), loss_fn_inputs=loss_inputs)
 
 
 def _warm_up(client: tinker.TrainingClient) -> None:
@@ -59,7 +59,9 @@ def _answer_probability(client: tinker.TrainingClient) -> float:
     return math.exp(logprobs[-1])  # type: ignore[arg-type]
 
 
-def _rl(client: tinker.TrainingClient, loss_fn: str, config: dict[str, float] | None) -> list[float]:
+def _rl(
+    client: tinker.TrainingClient, loss_fn: types.LossFnType, config: dict[str, float] | None
+) -> list[float]:
     """Sample a group, score it, update with group-baseline advantages; the mean reward of each step."""
     rewards_per_step = []
     for step in range(RL_STEPS):
@@ -95,7 +97,7 @@ def _rl(client: tinker.TrainingClient, loss_fn: str, config: dict[str, float] | 
     ],
 )
 def test_rl_raises_the_reward_from_chance_to_near_one(
-    service: tinker.ServiceClient, loss_fn: str, config: dict[str, float] | None
+    service: tinker.ServiceClient, loss_fn: types.LossFnType, config: dict[str, float] | None
 ) -> None:
     started = time.monotonic()
     client = service.create_lora_training_client(base_model=MODEL, rank=8)

@@ -377,7 +377,8 @@ class HostedBackend:
         )
         if wire == "count_tokens":
             return reply
-        summary = _summary(wire, attempt.body, stream)
+        # Summarized from the redacted body: the key must not reach the agent's records either.
+        summary = _summary(wire, reply.body, stream)
         record = {
             "dialect": _SPEC_NAMES[wire],
             "usage": summary["usage"],

@@ -219,10 +219,16 @@ class Agent:
 
     @property
     def endpoint(self) -> ModelEndpoint:
-        raise EndpointUnavailable(
-            "this rollout serves no HTTP: ctx.endpoint needs the gateway's HTTP server, which this build does "
-            "not run yet; call the model with `await ctx.chat(...)`"
-        )
+        """`<gateway>/s/<secret>/v1` with the agent's secret as key, while a `GatewayServer` serves the gateway."""
+        from platoon.gateway.http.server import serving
+
+        server = serving(self.episode.gateway)
+        if server is None:
+            raise EndpointUnavailable(
+                "this rollout serves no HTTP: ctx.endpoint needs the gateway served by a GatewayServer "
+                "(run_episode serves one); call the model with `await ctx.chat(...)`"
+            )
+        return server.endpoint(self.record)
 
     @property
     def mcp(self) -> McpEndpoint | None:

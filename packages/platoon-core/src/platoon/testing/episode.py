@@ -1,7 +1,7 @@
 """`run_episode` (core.md 8.5): one task through the real harness rollout — environment session, episode program,
-gateway over a scripted policy, grading, trajectory build, finalizers — on the CPU.
+gateway over a scripted policy served over HTTP, grading, trajectory build, finalizers — on the CPU.
 
-The gateway runs in process (this build serves no HTTP yet); everything else is the production path.
+`ctx.chat` calls the gateway in process; `ctx.endpoint` (and command-line harnesses) reach it over loopback HTTP.
 """
 
 from __future__ import annotations
@@ -136,6 +136,7 @@ async def arun_episode(
 ) -> EpisodeRun:
     """`run_episode` inside a running event loop."""
     from platoon.episode.rollout import recorded_rollout
+    from platoon.gateway.http.server import GatewayServer
     from platoon.task import Task
     from platoon.testing.gateway import make_gateway
 
@@ -145,9 +146,16 @@ async def arun_episode(
     gateway = make_gateway(policy)
     config = _rollout_config(rollout, max_steps)
     route = _route(harness, harness_options=harness_options, program=program, agents=agents)
-    collection, recorder = await recorded_rollout(
-        task, service=env, route=route, config=config, gateway=gateway
-    )
+    # The gateway is served over HTTP for the episode (`ctx.endpoint`, command-line harnesses); `ctx.chat` stays in
+    # process. On this loop, so HTTP and in-process calls share the gateway's single-threaded state.
+    server = GatewayServer(gateway)
+    await server.astart()
+    try:
+        collection, recorder = await recorded_rollout(
+            task, service=env, route=route, config=config, gateway=gateway
+        )
+    finally:
+        await server.astop()
     out = Path(tempfile.mkdtemp(prefix="platoon-episode-")) if output_dir is None else Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / COLLECTION_FILE).write_text(json.dumps(collection.to_dict(), indent=2) + "\n", encoding="utf-8")

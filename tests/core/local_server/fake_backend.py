@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Any
 
@@ -30,7 +31,9 @@ class BigramBackend:
         self.created_calls = 0
 
     @classmethod
-    def create(cls, base_model: str, *, lora_rank: int | None = None, seed: int | None = None) -> BigramBackend:
+    def create(
+        cls, base_model: str, *, lora_rank: int | None = None, seed: int | None = None
+    ) -> BigramBackend:
         if base_model not in ("platoon/toy", "other/toy"):
             raise ValueError(f"unknown base model {base_model!r}")
         return cls(base_model, seed=sum(map(ord, base_model)))
@@ -43,7 +46,9 @@ class BigramBackend:
         targets = torch.tensor(datum["loss_fn_inputs"]["target_tokens"]["data"])
         return torch.log_softmax(self.table[tokens], dim=-1).gather(-1, targets[:, None])[:, 0]
 
-    def _loss(self, datum: dict[str, Any], loss_fn: str, config: dict[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss(
+        self, datum: dict[str, Any], loss_fn: str, config: dict[str, Any] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         lp = self._logprobs(datum)
         inputs = datum["loss_fn_inputs"]
         if loss_fn == "cross_entropy":
@@ -61,7 +66,9 @@ class BigramBackend:
             return -(ratio.clamp(lo, hi).detach() * lp * adv).sum(), lp
         raise ValueError(f"unknown loss {loss_fn!r}")
 
-    def _run(self, data: list[dict[str, Any]], loss_fn: str, config: dict[str, Any] | None, backward: bool) -> dict[str, Any]:
+    def _run(
+        self, data: list[dict[str, Any]], loss_fn: str, config: dict[str, Any] | None, backward: bool
+    ) -> dict[str, Any]:
         for datum in data:
             for token in _tokens(datum):
                 if not 0 <= token < VOCAB:
@@ -74,13 +81,21 @@ class BigramBackend:
             outputs.append({"logprobs": {"data": lp.tolist(), "dtype": "float32", "shape": [len(lp)]}})
         if backward:
             total.backward()
-        return {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": {"loss:sum": float(total.detach())}}
+        return {
+            "loss_fn_output_type": "ArrayRecord",
+            "loss_fn_outputs": outputs,
+            "metrics": {"loss:sum": float(total.detach())},
+        }
 
-    def forward(self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None) -> dict[str, Any]:
+    def forward(
+        self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None
+    ) -> dict[str, Any]:
         with torch.no_grad():
             return self._run(data, loss_fn, loss_fn_config, backward=False)
 
-    def forward_backward(self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None) -> dict[str, Any]:
+    def forward_backward(
+        self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None
+    ) -> dict[str, Any]:
         return self._run(data, loss_fn, loss_fn_config, backward=True)
 
     def optim_step(self, adam_params: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +127,7 @@ class BigramBackend:
         stop = set(sampling_params.get("stop") or [])
         max_tokens = sampling_params.get("max_tokens") or 16
         temperature = sampling_params["temperature"]
-        sequences = []
+        sequences: list[dict[str, Any]] = []
         with torch.no_grad():
             for _ in range(num_samples):
                 tokens: list[int] = []
@@ -132,14 +147,14 @@ class BigramBackend:
             out: dict[str, Any] = {"sequences": sequences, "prompt_logprobs": None}
             if prompt_logprobs:
                 lps: list[float | None] = [None]
-                for prev, token in zip(prompt_tokens, prompt_tokens[1:], strict=False):
+                for prev, token in itertools.pairwise(prompt_tokens):
                     lps.append(float(torch.log_softmax(self.table[prev], dim=-1)[token]))
                 out["prompt_logprobs"] = lps
         assert all(math.isfinite(x) for s in sequences for x in s["logprobs"])
         return out
 
     def save(self, path: str, *, with_optimizer: bool) -> None:
-        state = {"table": self.table.detach().clone()}
+        state: dict[str, Any] = {"table": self.table.detach().clone()}
         if with_optimizer and self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
         torch.save(state, path)

@@ -23,7 +23,7 @@ def datum(loss_fn: str, tokens: list[int] = PROMPT) -> types.Datum:
     else:
         inputs["logprobs"] = [-5.0 + 0.1 * i for i in range(n)]
         inputs["advantages"] = [1.0 if i % 2 else -0.5 for i in range(n)]
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)  # type: ignore[arg-type]
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
 
 
 def wire(d: types.Datum) -> dict:
@@ -117,7 +117,8 @@ def test_checkpoints_survive_a_restart_and_can_be_deleted(tmp_path):
         trained = logprobs(client, d)
         client.forward_backward([d], "cross_entropy").result()
         client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-        assert logprobs(client, d) != pytest.approx(trained, abs=1e-6)
+        stepped = logprobs(client, d)
+        assert stepped != pytest.approx(trained, abs=1e-6)
         client.load_state(state).result()  # round trip in one process
         assert logprobs(client, d) == pytest.approx(trained, abs=1e-6)
     assert state == f"tinker://{client.model_id}/weights/step-1"
@@ -127,7 +128,10 @@ def test_checkpoints_survive_a_restart_and_can_be_deleted(tmp_path):
         service = tinker.ServiceClient(base_url=second.base_url, api_key=second.api_key)
         resumed = service.create_training_client_from_state_with_optimizer(state)
         assert logprobs(resumed, d) == pytest.approx(trained, abs=1e-6)
-        # the optimizer moments came back too: the next step equals the one the first server would take
+        # the optimizer moments came back too: the next step is the one the first server took
+        resumed.forward_backward([d], "cross_entropy").result()
+        resumed.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        assert logprobs(resumed, d) == pytest.approx(stepped, abs=1e-5)
         sampler = service.create_sampling_client(model_path=weights)
         computed = sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()
         assert computed[1:] == pytest.approx(trained, abs=1e-4)
@@ -150,7 +154,7 @@ def test_bad_requests_get_the_sdk_error_quickly(service):
         client.forward_backward([datum("cross_entropy")], "dro").result()
     with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
         client.forward_backward([datum("cross_entropy", [1, 2, 99999])], "cross_entropy").result()
-    with pytest.raises(tinker.RequestFailedError, match="cannot build base model .platoon/nothing."):
+    with pytest.raises(tinker.RequestFailedError, match=r"cannot build base model .platoon/nothing."):
         service.create_lora_training_client(base_model="platoon/nothing")
     with pytest.raises(tinker.NotFoundError):
         service.create_sampling_client(model_path=f"tinker://{client.model_id}/sampler_weights/absent")

@@ -15,7 +15,9 @@ def serve(
     port: Annotated[int, typer.Option(help="The port (0: a free one).")] = 0,
     state_dir: Annotated[
         str | None,
-        typer.Option("--dir", help="The state directory for checkpoints (default: <site cache>/local-tinker)."),
+        typer.Option(
+            "--dir", help="The state directory for checkpoints (default: <site cache>/local-tinker)."
+        ),
     ] = None,
     model: Annotated[str, typer.Option(help="The base model the server offers.")] = "platoon/toy",
 ) -> int:

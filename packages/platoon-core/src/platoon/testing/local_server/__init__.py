@@ -22,12 +22,20 @@ from platoon.errors import PlatoonError
 if TYPE_CHECKING:
     from platoon.testing.local_server.app import BackendFactory, ServerState
 
-__all__ = ["DEFAULT_API_KEY", "DEFAULT_MODEL", "LocalServerUnavailable", "LocalTinkerServer", "local_tinker_server"]
+__all__ = [
+    "DEFAULT_API_KEY",
+    "DEFAULT_MODEL",
+    "LocalServerUnavailable",
+    "LocalTinkerServer",
+    "local_tinker_server",
+]
 
 DEFAULT_MODEL = "platoon/toy"
 #: the key platoon hands the SDK for the local server; any key starting with `tml-` is accepted
 DEFAULT_API_KEY = "tml-platoon-local"
-MISSING_TORCH = "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon[local]'"
+MISSING_TORCH = (
+    "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon[local]'"
+)
 
 
 class LocalServerUnavailable(PlatoonError, ImportError):
@@ -35,17 +43,16 @@ class LocalServerUnavailable(PlatoonError, ImportError):
 
 
 def require_torch() -> None:
-    """Raise the one-line `LocalServerUnavailable` when torch cannot be imported."""
+    """Raise the one-line `LocalServerUnavailable` when torch is not installed.
+
+    Only the module is looked up: importing torch takes seconds, and the backend imports it on the first model.
+    """
     try:
-        spec_found = importlib.util.find_spec("torch") is not None
+        found = importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # `sys.modules["torch"] = None` and broken installs land here
-        spec_found = False
-    if not spec_found:
+        found = False
+    if not found:
         raise LocalServerUnavailable(MISSING_TORCH)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise LocalServerUnavailable(MISSING_TORCH) from None
 
 
 def default_backend_factory() -> BackendFactory:
@@ -110,8 +117,14 @@ class LocalTinkerServer:
         if self._state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="platoon-local-tinker-")
             self._state_dir = Path(self._tmp.name)
-        futures = FutureStore() if self._long_poll_seconds is None else FutureStore(long_poll_seconds=self._long_poll_seconds)
-        self.state = ServerState(model=self.model, state_dir=self._state_dir, backend_factory=factory, futures=futures)
+        futures = (
+            FutureStore()
+            if self._long_poll_seconds is None
+            else FutureStore(long_poll_seconds=self._long_poll_seconds)
+        )
+        self.state = ServerState(
+            model=self.model, state_dir=self._state_dir, backend_factory=factory, futures=futures
+        )
         sock = _bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
@@ -183,7 +196,9 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PlatoonError(f"the local Tinker server cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise PlatoonError(
+            f"the local Tinker server cannot listen on {host}:{port}: {exc.strerror}"
+        ) from None
     sock.set_inheritable(False)
     return sock
 

@@ -56,7 +56,9 @@ class Backend(Protocol):
     tokenizer_dir: str
 
     def info(self) -> dict[str, Any]: ...
-    def forward(self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None) -> dict[str, Any]: ...
+    def forward(
+        self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None
+    ) -> dict[str, Any]: ...
     def forward_backward(
         self, data: list[dict[str, Any]], loss_fn: str, loss_fn_config: dict[str, Any] | None
     ) -> dict[str, Any]: ...
@@ -182,7 +184,9 @@ def _chunks(model_input: Any) -> list[dict[str, Any]]:
         if kind != "encoded_text":
             raise HTTPError(400, f"the local server takes only encoded_text chunks, got {kind!r}")
         tokens = chunk.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
             raise HTTPError(400, "an encoded_text chunk needs 'tokens', a list of integers")
         out.append({**chunk, "type": "encoded_text"})
     return out
@@ -236,7 +240,9 @@ def _colon_metrics(output: dict[str, Any]) -> dict[str, Any]:
     if isinstance(metrics, dict) and any(":" not in k for k in metrics):
         output = {
             **output,
-            "metrics": {k if ":" in k else f"{k}:{'sum' if k == 'loss' else 'mean'}": v for k, v in metrics.items()},
+            "metrics": {
+                k if ":" in k else f"{k}:{'sum' if k == 'loss' else 'mean'}": v for k, v in metrics.items()
+            },
         }
     return output
 
@@ -265,7 +271,11 @@ class Operations:
         return record.body()
 
     def _train_submit(
-        self, body: dict[str, Any], idempotency: str | None, op: str, fn: Callable[[TrainingRun], dict[str, Any]]
+        self,
+        body: dict[str, Any],
+        idempotency: str | None,
+        op: str,
+        fn: Callable[[TrainingRun], dict[str, Any]],
     ) -> dict[str, Any]:
         run = self.state.run(body.get("model_id"))
         seq_id = body.get("seq_id")
@@ -300,8 +310,9 @@ class Operations:
         lora = body.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPError(400, "lora_config must be an object")
-        rank = lora.get("rank") if isinstance(lora.get("rank"), int) else DEFAULT_LORA_RANK
-        seed = lora.get("seed") if isinstance(lora.get("seed"), int) else None
+        given_rank, given_seed = lora.get("rank"), lora.get("seed")
+        rank: int = given_rank if isinstance(given_rank, int) else DEFAULT_LORA_RANK
+        seed: int | None = given_seed if isinstance(given_seed, int) else None
         model_id = f"{session_id}:train:{model_seq_id}"
         run = self.state.runs.get(model_id)
         if run is None:
@@ -444,7 +455,9 @@ class Operations:
         try:
             ref, data, meta = store.locate(path)
         except UserError as exc:
-            raise HTTPError(404 if isinstance(path, str) and path.startswith(ckpt.PREFIX) else 400, str(exc)) from None
+            raise HTTPError(
+                404 if isinstance(path, str) and path.startswith(ckpt.PREFIX) else 400, str(exc)
+            ) from None
         if optimizer and not meta.get("with_optimizer"):
             raise HTTPError(400, f"{ref.tinker_path} holds no optimizer state (it is a sampler checkpoint)")
 
@@ -476,12 +489,15 @@ class Operations:
         try:
             return self.state.checkpoints.locate(path)[2]
         except UserError as exc:
-            raise HTTPError(404 if isinstance(path, str) and path.startswith(ckpt.PREFIX) else 400, str(exc)) from None
+            raise HTTPError(
+                404 if isinstance(path, str) and path.startswith(ckpt.PREFIX) else 400, str(exc)
+            ) from None
 
     # sampling
 
     def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
-        session_id = body.get("session_id") if isinstance(body.get("session_id"), str) else "anonymous"
+        given = body.get("session_id")
+        session_id = given if isinstance(given, str) else "anonymous"
         sampler = self._new_sampler(body.get("base_model"), body.get("model_path"))
         sampler.sampler_id = _sampler_id(self.state, session_id, body.get("sampling_session_seq_id"))
         self.state.samplers[sampler.sampler_id] = sampler
@@ -491,7 +507,9 @@ class Operations:
         if model_path is not None:
             meta = self._checkpoint_meta(model_path)
             _, data, _ = self.state.checkpoints.locate(model_path)
-            backend = self.state.backend_factory(meta["base_model"], lora_rank=meta.get("lora_rank"), seed=None)
+            backend = self.state.backend_factory(
+                meta["base_model"], lora_rank=meta.get("lora_rank"), seed=None
+            )
             backend.load(str(data), with_optimizer=False)
             return Sampler("", meta["base_model"], model_path, backend.sampler())
         if not isinstance(base_model, str) or not base_model:
@@ -506,14 +524,20 @@ class Operations:
         sampler = self.state.samplers.get(sampler_id)
         if sampler is None:
             raise HTTPError(404, f"unknown sampling session {sampler_id!r}")
-        return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+        return {
+            "sampler_id": sampler.sampler_id,
+            "base_model": sampler.base_model,
+            "model_path": sampler.model_path,
+        }
 
     def asample(self, body: dict[str, Any], idempotency: str | None) -> dict[str, Any]:
         sampler_id = body.get("sampling_session_id")
         if sampler_id is not None:
             sampler = self.state.samplers.get(sampler_id) if isinstance(sampler_id, str) else None
             if sampler is None:
-                raise HTTPError(404, f"unknown sampling session {sampler_id!r} (the server may have restarted)")
+                raise HTTPError(
+                    404, f"unknown sampling session {sampler_id!r} (the server may have restarted)"
+                )
         else:  # the older form: the weights named in the request itself
             sampler = self._new_sampler(body.get("base_model"), body.get("model_path"))
         tokens = _tokens(body.get("prompt"))
@@ -695,7 +719,11 @@ def build_app(state: ServerState) -> Starlette:
         return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False}
 
     async def dynamic_config(request: Request) -> Any:
-        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64}
+        return {
+            "refresh_interval_sec": 300,
+            "sample_cancel_enabled": False,
+            "sample_cancel_max_batch_size": 64,
+        }
 
     async def null(request: Request) -> Any:
         return JSON(None)

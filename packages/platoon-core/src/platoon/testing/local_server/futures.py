@@ -84,7 +84,9 @@ class Lane:
         self._thread = threading.Thread(target=self._run, name=f"local-tinker-{name}", daemon=True)
         self._thread.start()
 
-    def put(self, record: FutureRecord, fn: Callable[[], dict[str, Any]], on_done: Callable[[], None]) -> None:
+    def put(
+        self, record: FutureRecord, fn: Callable[[], dict[str, Any]], on_done: Callable[[], None]
+    ) -> None:
         self._queue.put((record, fn, on_done))
 
     def stop(self) -> None:
@@ -103,7 +105,9 @@ class Lane:
                 continue
             try:
                 result = fn()
-            except BaseException as exc:  # an operation's failure is the client's answer, not the worker's end
+            except (
+                BaseException
+            ) as exc:  # an operation's failure is the client's answer, not the worker's end
                 if not isinstance(exc, USER_ERRORS):
                     logger.exception("local Tinker server: %s failed", record.request_id)
                 result = error_body(exc)
@@ -117,7 +121,9 @@ class FutureStore:
     A retried submission (same key) gets the first submission's future, so a gradient is never applied twice.
     """
 
-    def __init__(self, *, long_poll_seconds: float = LONG_POLL_SECONDS, keep_seconds: float = KEEP_SECONDS) -> None:
+    def __init__(
+        self, *, long_poll_seconds: float = LONG_POLL_SECONDS, keep_seconds: float = KEEP_SECONDS
+    ) -> None:
         self.long_poll_seconds = long_poll_seconds
         self.keep_seconds = keep_seconds
         self._lock = threading.Lock()

@@ -104,7 +104,11 @@ def serve_foreground(
     previous = signal.signal(signal.SIGTERM, lambda *_: done.set())
     if exit_on_stdin_eof:
         # The parent holds our stdin open; EOF means it is gone, so an orphaned server never lingers.
-        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+        def watch_stdin() -> None:
+            sys.stdin.read()
+            done.set()
+
+        threading.Thread(target=watch_stdin, daemon=True).start()
     try:
         print(server.base_url, flush=True)
         err(

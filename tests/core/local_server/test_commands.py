@@ -1,0 +1,100 @@
+"""`platoon tinker serve`, the child-process server, the state directory default and the missing-torch error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import httpx
+
+from platoon.testing.local_server.process import default_state_dir, start_local_server_process
+
+KEY = {"X-API-Key": "tml-test"}
+
+
+def test_tinker_serve_answers_until_interrupted(tmp_path):
+    child = subprocess.Popen(
+        [sys.executable, "-m", "platoon", "tinker", "serve", "--dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        base_url = child.stdout.readline().strip()
+        assert base_url.startswith("http://127.0.0.1:")
+        capabilities = httpx.get(f"{base_url}/api/v1/get_server_capabilities", headers=KEY, timeout=10).json()
+        assert capabilities == {
+            "supported_models": [{"model_name": "platoon/toy", "trainable": True, "sampleable": True}]
+        }
+        assert f"TINKER_BASE_URL={base_url}" in child.stderr.readline()
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=20) == 0
+    finally:
+        child.kill()
+    assert (tmp_path / "state" / "runs").is_dir()
+
+
+def test_child_process_server_starts_and_stops(tmp_path):
+    base_url, stop = start_local_server_process(state_dir=tmp_path)
+    try:
+        assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
+    finally:
+        stop()
+    try:
+        httpx.get(f"{base_url}/api/v1/healthz", timeout=2)
+    except httpx.ConnectError:
+        pass
+    else:
+        raise AssertionError("the server still answers after stop()")
+
+
+def test_state_dir_defaults_to_the_site_cache(tmp_path, monkeypatch):
+    profile = tmp_path / "site.yaml"
+    profile.write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    assert default_state_dir() == tmp_path / "cache" / "local-tinker"
+
+
+def test_missing_torch_is_one_line(run_python_no_torch):
+    result = run_python_no_torch(
+        """
+        from platoon.testing import local_tinker_server
+        try:
+            with local_tinker_server():
+                pass
+        except ImportError as exc:
+            print(exc)
+        from platoon.cli import main
+        raise SystemExit(main(["tinker", "serve"]))
+        """
+    )
+    assert result.returncode == 1
+    line = (
+        "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon[local]'"
+    )
+    assert result.stdout == line + "\n"
+    assert result.stderr == f"platoon: {line}\n"
+
+
+def _run_python_no_torch(code: str) -> subprocess.CompletedProcess[str]:
+    # `sys.modules["torch"] = None` makes every `import torch` raise ImportError, as on a machine without it.
+    prelude = "import sys\nsys.modules['torch'] = None\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TINKER_TELEMETRY": "0"},
+    )
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def run_python_no_torch():
+    return _run_python_no_torch

@@ -216,3 +216,66 @@ def test_the_deprecated_sdk_entry_point_with_headers_works_too():
             await session.close()
 
     asyncio.run(main())
+
+
+def test_ctx_mcp_points_next_to_the_model_endpoint():
+    from platoon.harness.agent import ModelEndpoint
+
+    class Served_(Agent):
+        @property
+        def endpoint(self) -> ModelEndpoint:
+            return ModelEndpoint(f"http://127.0.0.1:1/s/{self.record.secret}/v1", self.record.secret, "m")
+
+    async def main() -> None:
+        async with plane_server() as served:
+            session = await open_session()
+            record = served.gateway.open_agent(served.rollout)
+            assert _agent(served, record, session).mcp is None  # no HTTP server: no MCP plane
+            tracker = BudgetTracker()
+            episode = EpisodeState(served.gateway, served.rollout, tracker, route=None, config=None)
+            budget = tracker.add_agent("x", max_steps=None, steps=lambda: 0)
+            ctx = Served_(episode, record, session=session, task=session.task, harness=None, budget=budget)
+            endpoint = ctx.mcp
+            assert endpoint is not None
+            assert endpoint.url == f"http://127.0.0.1:1/s/{record.secret}/mcp"
+            assert endpoint.headers == {"Authorization": f"Bearer {record.secret}"}
+            await session.close()
+
+    asyncio.run(main())
+
+
+def test_the_plane_on_the_gateway_http_server_with_the_sdk_client():
+    http_server = pytest.importorskip("platoon.gateway.http")
+    from platoon.gateway.mcp import mount_mcp
+
+    async def main() -> None:
+        from .conftest import make_gateway
+
+        gateway = make_gateway()
+        rollout = gateway.open_rollout("r")
+        session = await open_session()
+        root = gateway.open_agent(rollout)
+        bind_tools(root, session)
+        server = http_server.GatewayServer(gateway, rollouts=["r"])
+        mount_mcp(server)
+        await server.astart()
+        try:
+            for path in (False, True):
+                async with client(server.base_url, root.secret, path=path) as mcp:
+                    await mcp.initialize()
+                    assert [t.name for t in (await mcp.list_tools()).tools][0] == "guess"
+                    assert (await mcp.call_tool("peek", {})).content[0].text == "0"
+            # The server's own auth: a key of a rollout it does not serve is unknown here too.
+            other = gateway.open_rollout("other")
+            stranger = gateway.open_agent(other)
+            async with httpx.AsyncClient(base_url=server.base_url) as http:
+                reply = await http.post(
+                    "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                    headers={"Authorization": f"Bearer {stranger.secret}"},
+                )  # fmt: skip
+                assert reply.status_code == 401
+        finally:
+            await server.astop()
+            await session.close()
+
+    asyncio.run(main())

@@ -32,6 +32,7 @@ __all__ = [
     "ToolBinding",
     "bind_tools",
     "mcp_app",
+    "mount_mcp",
     "tool_binding",
 ]
 
@@ -217,6 +218,16 @@ class McpPlane:
             Route("/mcp", self.handle, methods=_ALL_METHODS),
             Route("/s/{secret}/mcp", self.handle, methods=_ALL_METHODS),
         ]
+
+    async def asgi(self, scope: Any, receive: Any, send: Any) -> None:
+        """The plane as a path-independent ASGI app, for `GatewayServer.mount("/mcp", plane.asgi)` (the scoped
+        mount's `secret` path parameter is read from the scope)."""
+        from starlette.requests import Request
+
+        if scope["type"] != "http":
+            return
+        response = await self.handle(Request(scope, receive))
+        await response(scope, receive, send)
 
     def agent_of(self, request: Request) -> AgentRecord:
         """The calling agent: the path secret, else `Authorization: Bearer`, else `x-api-key`."""
@@ -480,6 +491,20 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message.get("type") == "http.disconnect":
             return
+
+
+def mount_mcp(server: Any, *, keepalive_s: float = KEEPALIVE_SECONDS) -> McpPlane:
+    """Serve the plane on a `platoon.gateway.http.GatewayServer` at `/mcp` and `/s/<secret>/mcp`, with the
+    server's own auth (so a per-rollout server accepts only its rollouts' keys here too). Before it starts."""
+    plane = McpPlane(server.gateway, authenticate=server.authenticate, keepalive_s=keepalive_s)
+    extra = getattr(server, "_extra_routes", None)
+    if isinstance(extra, list):
+        # Exact routes, not `server.mount`: a starlette Mount at /mcp answers POST /mcp with a 307 to /mcp/,
+        # which MCP clients do not follow. The server puts extra routes before its /s/{secret} mount.
+        extra.extend(plane.routes())
+    else:
+        server.mount("/mcp", plane.asgi)
+    return plane
 
 
 def mcp_app(

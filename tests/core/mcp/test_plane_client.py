@@ -263,7 +263,7 @@ def test_the_plane_on_the_gateway_http_server_with_the_sdk_client():
             for path in (False, True):
                 async with client(server.base_url, root.secret, path=path) as mcp:
                     await mcp.initialize()
-                    assert [t.name for t in (await mcp.list_tools()).tools][0] == "guess"
+                    assert (await mcp.list_tools()).tools[0].name == "guess"
                     assert (await mcp.call_tool("peek", {})).content[0].text == "0"
             # The server's own auth: a key of a rollout it does not serve is unknown here too.
             other = gateway.open_rollout("other")

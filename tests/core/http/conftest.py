@@ -38,7 +38,9 @@ class Served:
 
         agent = agent or self.agent
         endpoint = self.server.endpoint(agent)
-        client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, **kwargs)
+        client = openai.AsyncOpenAI(
+            base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, **kwargs
+        )
         self.clients.append(client)
         return client
 

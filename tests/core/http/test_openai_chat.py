@@ -43,7 +43,9 @@ async def test_parallel_tool_calls_and_content_null():
     async with served([text, text]) as s:
         twin = s.gateway.open_agent(s.rollout, parent=s.agent)
         await s.gateway.chat(twin, list(USER), tools=TOOLS)
-        raw = await s.openai().chat.completions.with_raw_response.create(model="x", messages=USER, tools=TOOLS)
+        raw = await s.openai().chat.completions.with_raw_response.create(
+            model="x", messages=USER, tools=TOOLS
+        )
         reply = raw.parse()
         assert raw.headers["x-platoon-call-id"] == reply.id
         choice = reply.choices[0]
@@ -65,13 +67,15 @@ async def test_streaming_chunks_in_order_with_keepalive_while_sampling():
             "stream_options": {"include_usage": True},
             "logprobs": True,
         }
-        async with httpx.AsyncClient() as http:
-            async with http.stream(
+        async with (
+            httpx.AsyncClient() as http,
+            http.stream(
                 "POST", f"{s.v1}/chat/completions", json=body, headers={"Authorization": "Bearer x"}
-            ) as response:
-                assert response.status_code == 200
-                assert response.headers["content-type"].startswith("text/event-stream")
-                lines = [line async for line in response.aiter_lines() if line]
+            ) as response,
+        ):
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line async for line in response.aiter_lines() if line]
         keepalives = [line for line in lines if line == ": keepalive"]
         assert len(keepalives) >= 2 and lines[0] == ": keepalive"
         data = [line[6:] for line in lines if line.startswith("data: ")]
@@ -110,7 +114,9 @@ async def test_auth_forms_and_errors():
         async with httpx.AsyncClient() as http:
             # Bearer and x-api-key on the unscoped routes
             ok = await http.get(f"{root}/v1/models", headers={"Authorization": f"Bearer {s.agent.secret}"})
-            assert ok.json()["data"] == [{"id": "platoon/toy", "object": "model", "created": 0, "owned_by": "platoon"}]
+            assert ok.json()["data"] == [
+                {"id": "platoon/toy", "object": "model", "created": 0, "owned_by": "platoon"}
+            ]
             ok = await http.get(f"{root}/v1/models", headers={"x-api-key": s.agent.secret})
             assert ok.status_code == 200
             assert (await http.get(f"{root}/v1/models")).status_code == 401
@@ -151,7 +157,9 @@ async def test_call_kind_header_and_policy_only_keys():
         client = s.openai()
         endpoint = s.server.endpoint(s.agent)
         for kind in ("policy", "aux", "judge"):
-            await client.chat.completions.create(model="x", messages=USER, extra_headers=endpoint.headers(kind))
+            await client.chat.completions.create(
+                model="x", messages=USER, extra_headers=endpoint.headers(kind)
+            )
         assert [c.kind for c in s.agent.calls] == ["policy", "aux", "judge"]
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(

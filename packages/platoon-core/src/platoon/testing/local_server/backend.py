@@ -277,8 +277,7 @@ class ModelBackend:
         inputs = {key: to_tensor(value, key) for key, value in raw.items()}
         losses.check_inputs(loss_fn, inputs, len(tokens), index)
         targets = inputs.pop("target_tokens").long()
-        bad = [t for t in targets.tolist() if not 0 <= t < self.vocab_size]
-        if bad or any(not 0 <= t < self.vocab_size for t in tokens):
+        if any(not 0 <= t < self.vocab_size for t in [*tokens, *targets.tolist()]):
             raise ValueError(f"datum {index}: a token id is outside the vocabulary of {self.vocab_size}")
         inputs = {key: value.float() for key, value in inputs.items()}
         inputs["target_tokens"] = targets

@@ -93,7 +93,7 @@ async def _serve_trivial(profile: bool) -> None:
         return Response(body, media_type="application/json")
 
     app = Router(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # as platoon's server binds
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)
     config = uvicorn.Config(

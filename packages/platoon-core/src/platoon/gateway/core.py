@@ -316,6 +316,8 @@ class ModelGateway:
         self._stop_ids: list[int] = list(renderer.stop_token_ids())
         self._stop_set = frozenset(self._stop_ids)
         self._render_kwargs = _accepted_kwargs(renderer.render_prompt)
+        # Renderers that read replies better knowing the prompt and tools (the chat-template one) take them.
+        self._parse_with_context = _takes_keywords(renderer.parse_completion, "prompt", "tools")
         self._dropped_render_kwargs: set[str] = set()
         self._rollouts: dict[str, RolloutRecorder] = {}
         self._by_key: dict[str, AgentRecord] = {}
@@ -571,7 +573,7 @@ class ModelGateway:
         stop_reason = str(sequence.stop_reason)
 
         # 6. Parse.
-        message, generation = self._parse(tokens, stop_reason, stop)
+        message, generation = self._parse(tokens, stop_reason, stop, prompt=prompt, tools=tools)
 
         # 7. Record, only while the agent is open (a closed agent's late reply is returned, not recorded).
         call_id = CALL_ID_PREFIX + uuid.uuid4().hex
@@ -730,12 +732,21 @@ class ModelGateway:
         return kept
 
     def _parse(
-        self, tokens: list[int], stop_reason: str, stop: list[Any] | None
+        self,
+        tokens: list[int],
+        stop_reason: str,
+        stop: list[Any] | None,
+        *,
+        prompt: list[int],
+        tools: list[dict[str, Any]] | None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The assistant message and the generation counters of one sampled sequence."""
         # The renderer reads content, reasoning and tool blocks, and appends the raw text of blocks it did not
         # emit (unparsed ones included) to the content, so the harness sees what the model wrote.
-        parsed = self.renderer.parse_completion(tokens, stop_reason)
+        if self._parse_with_context:
+            parsed = self.renderer.parse_completion(tokens, stop_reason, prompt=prompt, tools=tools or None)
+        else:
+            parsed = self.renderer.parse_completion(tokens, stop_reason)
         raw = parsed.message
         content = raw.get("content")
         if not isinstance(content, str):
@@ -781,6 +792,21 @@ class ModelGateway:
 
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _takes_keywords(fn: Any, *names: str) -> bool:
+    """Whether `fn` can be called with these keyword arguments."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return True
+    return all(
+        name in parameters
+        and parameters[name].kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for name in names
+    )
 
 
 def _accepted_kwargs(fn: Any) -> frozenset[str] | None:

@@ -317,7 +317,8 @@ class ModelGateway:
         self._stop_set = frozenset(self._stop_ids)
         self._render_kwargs = _accepted_kwargs(renderer.render_prompt)
         # Renderers that read replies better knowing the prompt and tools (the chat-template one) take them.
-        self._parse_with_context = _takes_keywords(renderer.parse_completion, "prompt", "tools")
+        parse = getattr(renderer, "parse_completion", None)  # hosted gateways have no renderer of their own
+        self._parse_with_context = parse is not None and _takes_keywords(parse, "prompt", "tools")
         self._dropped_render_kwargs: set[str] = set()
         self._rollouts: dict[str, RolloutRecorder] = {}
         self._by_key: dict[str, AgentRecord] = {}

@@ -1,0 +1,40 @@
+"""The named environment `platoon-bandit@1`: answer with one letter, and exactly one letter scores; ORS in process.
+
+The smallest task a toy model can learn on the embedded local server (the README's `platoon train` example). This
+module is what the `platoon-bandit` entry point names; importing it registers the one-call harness
+`platoon-bandit-answer` (`.harness`); the environment class (`.env`) is imported only when a run opens it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from platoon.envs.bandit import harness as _harness  # noqa: F401  (registers platoon-bandit-answer)
+from platoon.envs.named import EnvironmentEntry
+from platoon.hookspecs import hookimpl
+
+__all__ = ["HARNESS", "NAME", "SERVICE", "entry"]
+
+NAME = "platoon-bandit"
+SERVICE = "python://platoon.envs.bandit.env:BanditEnvironment"
+HARNESS = _harness.NAME
+
+
+@functools.cache
+def entry() -> EnvironmentEntry:
+    """The `platoon-bandit@1` entry (built once; entries validate against the config schema)."""
+    return EnvironmentEntry(
+        NAME,
+        "1",
+        description="Answer with one letter (A, B, C or D); only C scores 1. One model call; ORS in process.",
+        service=SERVICE,
+        harness=HARNESS,
+        agents={"max_depth": 0},
+        eval_dataset_kwargs={"split_name": "val"},
+    )
+
+
+@hookimpl
+def platoon_register_environments(name: str) -> EnvironmentEntry | None:
+    """`platoon-bandit@1`."""
+    return entry() if name == NAME else None

@@ -811,3 +811,23 @@ def _takes_two(factory: Callable[..., Any]) -> bool:
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
     return len(positional) >= 2
+
+
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def parse_think_blocks(content: str) -> list[ContentPart] | None:
+    """Text with `<think>` blocks as thinking and text parts (empty pieces dropped); None without `<think>`."""
+    if "<think>" not in content:
+        return None
+    parts: list[ContentPart] = []
+    pos = 0
+    for match in _THINK_BLOCK.finditer(content):
+        if match.start() > pos:
+            parts.append({"type": "text", "text": content[pos : match.start()]})
+        if match.group(1):
+            parts.append({"type": "thinking", "thinking": match.group(1)})
+        pos = match.end()
+    if pos < len(content):
+        parts.append({"type": "text", "text": content[pos:]})
+    return parts

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from platoon.train.tinker.renderers.base import (
     CompletionParts,
-    ContentPart,
     FunctionBody,
     Message,
     RenderContext,
@@ -24,10 +23,13 @@ from platoon.train.tinker.renderers.base import (
     ToolSpec,
     UnparsedToolCall,
     parse_response_for_stop_token,
+    parse_think_blocks,
 )
 from platoon.train.tinker.renderers.role_colon import ensure_text
 
 _SEP = "\uff5c"  # the fullwidth bar of DeepSeek's special tokens, written escaped to keep the source ASCII-legible
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
 def _special(name: str) -> str:
@@ -45,7 +47,6 @@ TOOL_OUTPUT_END = _special("tool▁output▁end")
 _CALLS_SECTION = re.compile(f"{TOOL_CALLS_BEGIN}(.*?){TOOL_CALLS_END}", re.DOTALL)
 _CALLS_SECTION_WITH_SPACE = re.compile(rf"\s*{TOOL_CALLS_BEGIN}.*?{TOOL_CALLS_END}", re.DOTALL)
 _CALL = re.compile(rf"{TOOL_CALL_BEGIN}(\w+){TOOL_SEP}(.*?){TOOL_CALL_END}", re.DOTALL)
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 _TOOLS_TEMPLATE = """
 
@@ -61,23 +62,6 @@ Where:
 - `tool_call_name` must be an exact match to one of the available tools
 - `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema
 - For multiple tool calls, chain them directly without separators or spaces"""
-
-
-def parse_think_blocks(content: str) -> list[ContentPart] | None:
-    """Text with `<think>` blocks as thinking and text parts (empty pieces dropped); None without `<think>`."""
-    if "<think>" not in content:
-        return None
-    parts: list[ContentPart] = []
-    pos = 0
-    for match in _THINK.finditer(content):
-        if match.start() > pos:
-            parts.append({"type": "text", "text": content[pos : match.start()]})
-        if match.group(1):
-            parts.append({"type": "thinking", "thinking": match.group(1)})
-        pos = match.end()
-    if pos < len(content):
-        parts.append({"type": "text", "text": content[pos:]})
-    return parts
 
 
 class _DeepSeekV3Renderer(Renderer):

@@ -29,6 +29,7 @@ from platoon.train.tinker.renderers.base import (
     TrainOnWhat,
     UnparsedToolCall,
     parse_response_for_stop_token,
+    parse_think_blocks,
 )
 
 log = logging.getLogger(__name__)
@@ -43,24 +44,6 @@ _CALL = re.compile(
     r"<\|tool_call_begin\|>\s*([^<]+:\d+)\s*<\|tool_call_argument_begin\|>\s*(.*?)\s*<\|tool_call_end\|>",
     re.DOTALL,
 )
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-
-
-def parse_think_blocks(content: str) -> list[ContentPart] | None:
-    """Text with `<think>` blocks as thinking and text parts (empty pieces dropped); None without `<think>`."""
-    if "<think>" not in content:
-        return None
-    parts: list[ContentPart] = []
-    pos = 0
-    for match in _THINK.finditer(content):
-        if match.start() > pos:
-            parts.append({"type": "text", "text": content[pos : match.start()]})
-        if match.group(1):
-            parts.append({"type": "thinking", "thinking": match.group(1)})
-        pos = match.end()
-    if pos < len(content):
-        parts.append({"type": "text", "text": content[pos:]})
-    return parts
 
 
 def _parse_section(section: str) -> list[ToolCall | UnparsedToolCall]:

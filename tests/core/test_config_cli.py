@@ -214,8 +214,22 @@ def test_missing_file_and_no_file(configs, capsys):
     assert main(["config", "show", "base.yaml", "--kind", "yaml"]) == 64
 
 
-def test_tasks_are_not_listed_yet_and_say_so(configs, capsys):
+def test_tasks_lists_a_training_configs_tasks_and_prints_the_plan(configs, capsys, tmp_path):
+    (tmp_path / "tasks.jsonl").write_text("".join(f'{{"id": "t{i}", "goal": "g"}}\n' for i in range(40)))
+    code, lines = validate(
+        capsys, "--no-resolve", "--tasks", "base.yaml", "environments.0.service_kwargs.path=tasks.jsonl"
+    )
+    assert code == 0
+    assert lines == [
+        "ok   base.yaml (PlatoonTinkerRLTrainerConfig)",
+        "  training tasks: 40, drawn in epochs of 32 (1 batches of 32), 5 steps planned",
+        "  environments[default]: share 100.0% (weight tasks, 40 tasks), each task drawn about 4 times over the "
+        "run's 5 steps",
+    ]
+    # A service that cannot list fails the file, as the run would.
     code, lines = validate(capsys, "--no-resolve", "--tasks", "base.yaml")
-    assert code == 1
-    assert lines[0] == "ok   base.yaml (PlatoonTinkerRLTrainerConfig)"
-    assert lines[1].startswith("  tasks: not listed:")
+    assert code == 78
+    assert lines == [
+        "FAIL base.yaml",
+        "  environments.0.service: table 'table' needs exactly one of rows or path (a JSONL file)",
+    ]

@@ -147,7 +147,9 @@ def _listing_lines(config: Any) -> tuple[list[str], list[str]]:
         pools = asyncio.run(list_training_tasks(config, base_dir=Path.cwd()))
     except ConfigError as exc:
         return exc.problems, []
-    return training_problems_after_listing(config, pools), plan_lines(config, pools)
+    problems = training_problems_after_listing(config, pools)
+    # A plan for tasks the run refuses would describe a run that never happens.
+    return problems, [] if problems else plan_lines(config, pools)
 
 
 def _validate_one(

@@ -398,7 +398,7 @@ def _service_kwargs(entry: Any, base_dir: Path) -> dict[str, Any]:
     kwargs = dict(entry.service_kwargs)
     for option in service_path_options(entry.service):
         value = kwargs.get(option.name)
-        if "[]." in option.name or is_left_alone(value):
+        if "[]." in option.name or not isinstance(value, str) or is_left_alone(value):
             continue
         expanded = os.path.expanduser(value)
         if not os.path.isabs(expanded):
@@ -545,7 +545,10 @@ async def _list_entry(
     if limit is not None:
         kept = kept[:limit]
     record = {
-        split: {"listed": sum(1 for s, _ in listed if s == split), "excluded": [t for s, t in listed if s == split and t in excluded]}
+        split: {
+            "listed": sum(1 for s, _ in listed if s == split),
+            "excluded": [t for s, t in listed if s == split and t in excluded],
+        }
         for split in splits
     }
 
@@ -632,7 +635,9 @@ def training_problems_after_listing(config: Any, pools: Sequence[Pool]) -> list[
     batch_size = config.train.batch_size
     total = sum(pool.size for pool in pools)
     if total == 0:
-        problems.append("environments: no training tasks were listed: check each entry's split_name and exclude_tasks")
+        problems.append(
+            "environments: no training tasks were listed: check each entry's split_name and exclude_tasks"
+        )
         return problems
     if _mode(config, pools) == "auto" and total < batch_size:
         problems.append(
@@ -648,7 +653,11 @@ def training_problems_after_listing(config: Any, pools: Sequence[Pool]) -> list[
         elif not any(label is not None for pool in pools for label in (pool.labels or {}).values()):
             known = sorted(set().union(*(pool.columns for pool in pools)))
             close = difflib.get_close_matches(column, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else (f" (columns: {', '.join(known)})" if known else "")
+            hint = (
+                f"; did you mean {close[0]}?"
+                if close
+                else (f" (columns: {', '.join(known)})" if known else "")
+            )
             problems.append(f"train.label_by: no training task has a value in column {column!r}{hint}")
     return problems
 
@@ -673,6 +682,8 @@ def plan_lines(config: Any, pools: Sequence[Pool]) -> list[str]:
     per_epoch = size // batch_size
     steps = planned_steps(config, per_epoch)
     shown_steps = "no" if steps is None else str(steps)
+    if size == 0:
+        return [f"training tasks: {total}, fewer than one batch of {batch_size}: nothing to draw"]
     lines = [
         f"training tasks: {total}, drawn in epochs of {size} ({per_epoch} batches of {batch_size}), "
         f"{shown_steps} steps planned"

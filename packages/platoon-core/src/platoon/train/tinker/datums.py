@@ -455,6 +455,12 @@ def collection_datums(
     task_id = "" if root is None or root.task is None or root.task.id is None else str(root.task.id)
     p = float(subagent_datum_keep_probability)
     sampling: dict[str, float] = {}
+    if p < 1.0:  # the totals are logged even when no subagent datum was eligible
+        sampling = {
+            f"subagent_sampling/{kind}_{name}": 0.0
+            for kind in ("eligible", "retained")
+            for name in _SIZE_NAMES
+        }
     for tid, trajectory in collection.trajectories.items():
         if is_skipped(trajectory):
             stats.skipped_trajectories += 1
@@ -491,11 +497,7 @@ def collection_datums(
                     datum_index=index,
                 )
                 for kind in ("eligible", "retained") if keep else ("eligible",):
-                    for name, value in (
-                        ("datums", 1),
-                        ("attention_tokens", datum.model_input.length),
-                        ("loss_tokens", _action_tokens(datum)),
-                    ):
+                    for name, value in _sizes(datum).items():
                         for scope in (f"depth_{depth}/", ""):
                             metric = f"subagent_sampling/{scope}{kind}_{name}"
                             sampling[metric] = sampling.get(metric, 0.0) + value

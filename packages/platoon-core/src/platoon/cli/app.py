@@ -97,7 +97,7 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Train LLM agents with reinforcement learning through a Tinker-compatible service."""
 
-    app.command("train")(pending.train)
+    app.command("train")(__import__("platoon.cli.train", fromlist=["train"]).train)  # light until it runs
     app.command("eval")(pending.eval_)
     app.command("rollout")(pending.rollout)
     app.command("prepare")(pending.prepare)

@@ -27,11 +27,6 @@ Overrides = Annotated[
 ]
 
 
-def train(config: ConfigArg, overrides: Overrides = None, prepare: bool = False) -> int:
-    """Train on a config through a Tinker-compatible service."""
-    return not_available("train", "the Tinker trainer")
-
-
 def eval_(config: ConfigArg, overrides: Overrides = None, prepare: bool = False) -> int:
     """Evaluate a policy on every task of a split and write a report."""
     return not_available("eval", "the evaluator")

@@ -638,3 +638,19 @@ def test_other_errors_are_not_refusals() -> None:
     fake = type("E", (Exception,), {"status_code": 401, "body": {"detail": "bad"}})()
     error = refused_key_error(fake, base_url="https://u:p@svc.example/v1?x=1", env={})
     assert error is not None and str(error).startswith("the Tinker service at https://svc.example refused")
+
+
+def test_a_supervised_child_start_may_check_its_supervisors_dir(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    hold_run_dir(run)  # this process plays the supervisor
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from platoon.train.tinker import records; records.check_run_dir_free({str(run)!r})",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr

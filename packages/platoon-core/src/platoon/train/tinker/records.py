@@ -732,7 +732,8 @@ def check_run_dir_free(run_dir: str | os.PathLike[str]) -> None:
     record = read_process(run_dir)
     if record is None:
         return
-    mine = {os.getpid()}
+    # This process, and its parent when that is the supervisor whose child start this is (train.md 2.16).
+    mine = {os.getpid(), os.getppid()}
     live = [pid for pid in record.live_pids() if pid not in mine]
     if not live:
         return

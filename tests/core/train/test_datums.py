@@ -89,7 +89,7 @@ def tree_run(reward: float = 1.0) -> EpisodeRun:
         Task(goal="root goal", id="r"),
         service="table",
         service_kwargs={"rows": [{"id": "r", "goal": "root goal"}]},
-        harness=FunctionHarness("tree", "1", "inline", False, tree),
+        harness=FunctionHarness("datums-tree", "1", "inline", False, tree),
         policy=lambda prompt: "ok",
         program=_scored(reward),
         max_steps=20,

@@ -84,13 +84,18 @@ def test_a_config_without_a_length_of_training_is_refused(tmp_path, monkeypatch,
 
 
 def test_a_run_dir_in_use_is_refused(tmp_path, monkeypatch, capsys):
-    import os
     import socket
+    import subprocess
 
     run = _run_dir(tmp_path)
     run.mkdir(parents=True)
-    record = {"host": socket.gethostname(), "pid": os.getppid()}
-    (run / "process.json").write_text(json.dumps(record))
-    assert main(["train", str(EXAMPLE), f"log_path={tmp_path}"]) == 78
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        record = {"command": ["platoon", "train"], "host": socket.gethostname(), "pid": holder.pid}
+        (run / "process.json").write_text(json.dumps(record))
+        assert main(["train", str(EXAMPLE), f"log_path={tmp_path}"]) == 78
+    finally:
+        holder.kill()
+        holder.wait()
     assert "is in use" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == ["process.json"]

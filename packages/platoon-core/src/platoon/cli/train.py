@@ -33,7 +33,8 @@ def train(
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
-    from platoon.train.tinker.trainer import resolve_key, train as run_training
+    from platoon.train.tinker.credentials import check_tinker_key
+    from platoon.train.tinker.trainer import train as run_training
 
     loaded = load_config(config, overrides or [], kind="train")
     for line in deprecation_lines(loaded):
@@ -45,7 +46,7 @@ def train(
         err(f"{config}: not a training config (its schema is {loaded.schema_name})")
         return EX_CONFIG
     # The key check comes before anything is prepared or written (core.md 3.3 step 3).
-    resolve_key(resolved.tinker_base_url)
+    check_tinker_key(resolved.tinker_base_url)
     if prepare:
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
         return 1

@@ -34,7 +34,7 @@ def resolve_function_harness(harness: Any) -> FunctionHarness:
     """A `FunctionHarness` from a record, a decorated function or a reference; a TOML spec is a `TypeError`."""
     from platoon.harness.function import FunctionHarness, record_of
 
-    record = record_of(harness)
+    record = record_of(harness, register_it=False)
     if record is not None:
         return record
     if isinstance(harness, str):

@@ -76,14 +76,16 @@ def harness(
     return decorate
 
 
-def record_of(value: Any) -> FunctionHarness | None:
-    """The record behind a FunctionHarness or a decorated function (registering it if it is not yet)."""
-    if isinstance(value, FunctionHarness):
-        return register(value)
-    record = getattr(value, HARNESS_ATTR, None)
-    if isinstance(record, FunctionHarness):
-        return register(record)
-    return None
+def record_of(value: Any, *, register_it: bool = True) -> FunctionHarness | None:
+    """The record behind a FunctionHarness or a decorated function (registering it if it is not yet).
+
+    `register_it=False` only reads the record: running a harness object that is not (or could not be)
+    registered under its name, such as a test's inline harness, must not depend on the name being free.
+    """
+    record = value if isinstance(value, FunctionHarness) else getattr(value, HARNESS_ATTR, None)
+    if not isinstance(record, FunctionHarness):
+        return None
+    return register(record) if register_it else record
 
 
 def registered_harnesses() -> dict[str, FunctionHarness]:

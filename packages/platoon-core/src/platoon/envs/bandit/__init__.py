@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from platoon.envs.bandit import harness as _harness  # noqa: F401  (registers platoon-bandit-answer)
+from platoon.envs.bandit import harness as _harness  # registers platoon-bandit-answer on import
 from platoon.envs.named import EnvironmentEntry
 from platoon.hookspecs import hookimpl
 

@@ -12,7 +12,7 @@ import typer
 from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
-from platoon.cli import components, config, extensions, pending
+from platoon.cli import components, config, extensions, pending, tinker, train
 from platoon.cli.output import new_app
 from platoon.errors import ExtensionError
 
@@ -97,7 +97,7 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Train LLM agents with reinforcement learning through a Tinker-compatible service."""
 
-    app.command("train")(__import__("platoon.cli.train", fromlist=["train"]).train)  # light until it runs
+    app.command("train")(train.train)
     app.command("eval")(pending.eval_)
     app.command("rollout")(pending.rollout)
     app.command("prepare")(pending.prepare)
@@ -107,8 +107,6 @@ def build_app() -> typer.Typer:
     app.add_typer(components.env_app, name="env")
     app.add_typer(extensions.app, name="extensions")
     tinker_app = new_app("The local Tinker-compatible training server.")
-    from platoon.cli import tinker  # the local Tinker-compatible server's commands
-
     tinker_app.command("serve")(tinker.serve)
     app.add_typer(tinker_app, name="tinker")
     app.command(

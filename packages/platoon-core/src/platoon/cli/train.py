@@ -1,15 +1,20 @@
 """`platoon train CONFIG [k=v ...] [--prepare]` (core.md 3.3): resolve the config, refuse what cannot train (exit
-78) before anything is written, then run the Tinker training loop (`platoon.train.tinker.trainer`) in process.
+78) before anything is written, then run the Tinker training loop (`platoon.train.tinker.trainer`) in process, or
+in supervised child starts that restart from the newest checkpoint when `watchdog.max_restarts > 0` (train.md 2.16).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from platoon.cli.output import err
 from platoon.errors import EX_CONFIG
+
+if TYPE_CHECKING:
+    from platoon.config.loader import LoadedConfig
+    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
 
 ConfigArg = Annotated[
     str, typer.Argument(metavar="CONFIG", help="The run's config file.", show_default=False)
@@ -50,8 +55,33 @@ def train(
     if prepare:
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
         return 1
+    if resolved.watchdog.max_restarts > 0:
+        return _supervised(resolved, loaded)
     try:
         return asyncio.run(run_training(resolved, loaded=loaded))
     except KeyboardInterrupt:
         err("interrupted")
         return 130
+
+
+def _supervised(resolved: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig) -> int:
+    """Hold the run dir, write its records, then run supervised child starts from the snapshot (train.md 2.16)."""
+    import os
+    from pathlib import Path
+
+    from platoon.train.tinker import records
+    from platoon.train.tinker.supervisor import supervise
+
+    stats = resolved.stats
+    run_dir = Path(os.path.abspath(resolved.log_path)) / stats.experiment_name / stats.trial_name
+    # Refused (78) before anything is written; the child starts find this process as their parent and go on.
+    records.check_run_dir_free(run_dir)
+    records.write_resolved_config(run_dir, loaded)
+    records.write_lock(run_dir, loaded, [])
+    records.hold_run_dir(run_dir)
+    try:
+        return supervise(run_dir, max_restarts=resolved.watchdog.max_restarts)
+    finally:
+        held = records.read_process(run_dir)
+        if held is not None and held.pid == os.getpid():
+            (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)

@@ -1,0 +1,84 @@
+"""One supervised training start (train.md 2.16): `python -m platoon.train.tinker.supervised CONFIG` trains from a
+run's `config.resolved.yaml` and exits with the trainer's code, with the trainer's signal contract installed:
+SIGUSR2 or the first SIGINT/SIGTERM asks for a stop at the next step boundary; SIGUSR1 or a second signal exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from platoon.train.tinker.supervisor import request_stop
+
+__all__ = ["install_signal_contract", "main"]
+
+_interrupts = 0
+
+
+def _stop_at_boundary(signum: int, frame: FrameType | None) -> None:
+    # SIGUSR2 is the supervisor's forwarded first signal: it does not count as a user's first interrupt.
+    request_stop()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    global _interrupts
+    _interrupts += 1
+    if _interrupts == 1:
+        print(
+            f"platoon: {signal.Signals(signum).name}: stopping at the next step boundary (again to stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
+        request_stop()
+        return
+    _stop_now(signum, frame)
+
+
+def _stop_now(signum: int, frame: FrameType | None) -> None:
+    print(f"platoon: {signal.Signals(signum).name}: stopping now", file=sys.stderr, flush=True)
+    # A hard exit: the event loop may be blocked in a service call, and the supervisor wants this start over.
+    os._exit(1)
+
+
+def install_signal_contract() -> None:
+    """SIGUSR2/first SIGINT/SIGTERM -> `supervisor.stop_requested()`; SIGUSR1/a second one -> exit 1 now."""
+    signal.signal(signal.SIGUSR2, _stop_at_boundary)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGUSR1, _stop_now)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train from the resolved config named by the single argument; returns the exit status."""
+    import asyncio
+
+    from platoon.errors import EX_USAGE, ConfigError, PlatoonError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print(
+            "platoon: usage: python -m platoon.train.tinker.supervised <run dir>/config.resolved.yaml",
+            file=sys.stderr,
+        )
+        return EX_USAGE
+    install_signal_contract()
+    try:
+        from platoon.config import load_config
+        from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+        from platoon.train.tinker.trainer import train
+
+        loaded = load_config(args[0], kind="train")
+        config = loaded.config
+        if not isinstance(config, PlatoonTinkerRLTrainerConfig):
+            raise ConfigError(f"{args[0]}: not a training config (its schema is {loaded.schema_name})")
+        return asyncio.run(train(config, loaded=loaded))
+    except PlatoonError as exc:
+        print(f"platoon: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Supervised training (train.md 2.16, core.md 3.3): `platoon train` with `watchdog.max_restarts > 0` runs child
+starts of `platoon.train.tinker.supervised` and starts again from the newest checkpoint after a failed start.
+Also holds the stop-at-boundary event the child's signal handlers set and the trainer polls (`stop_requested`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from platoon.train.tinker.checkpoints import CheckpointLog
+from platoon.train.tinker.records import (
+    RESOLVED_CONFIG_FILE,
+    ProcessRecord,
+    process_start_time,
+    update_process,
+)
+
+__all__ = [
+    "MAX_STALLED_STARTS",
+    "NO_RESTART_CODES",
+    "SUPERVISED_MODULE",
+    "child_command",
+    "progress_mark",
+    "request_stop",
+    "stop_requested",
+    "supervise",
+]
+
+SUPERVISED_MODULE = "platoon.train.tinker.supervised"
+#: exits after which a start is final: done, a user error (78), interrupted (SIGINT 130, SIGTERM 143)
+NO_RESTART_CODES = frozenset({0, 78, 130, 143})
+#: consecutive starts that saved no new checkpoint before the supervisor gives up
+MAX_STALLED_STARTS = 3
+
+# Set by the supervised child's first SIGINT/SIGTERM or any SIGUSR2; the trainer polls it at step boundaries.
+_stop = threading.Event()
+
+
+def stop_requested() -> bool:
+    """Whether this process was asked to stop at the next step boundary (train.md 2.16)."""
+    return _stop.is_set()
+
+
+def request_stop() -> None:
+    """Ask the trainer in this process to stop at the next step boundary."""
+    _stop.set()
+
+
+def child_command(run_dir: Path) -> list[str]:
+    """The default child start: `python -m platoon.train.tinker.supervised <run_dir>/config.resolved.yaml`."""
+    return [sys.executable, "-m", SUPERVISED_MODULE, str(Path(run_dir) / RESOLVED_CONFIG_FILE)]
+
+
+def progress_mark(run_dir: Path) -> int | None:
+    """The batch of the newest resumable checkpoint, not counting the launch recovery save (None: none yet).
+
+    A launch save re-saves the point a start resumed from, so it is no progress of that start.
+    """
+    rows = [row for row in CheckpointLog(run_dir).rows() if row.state_path and row.kind != "launch"]
+    return rows[-1].batch if rows else None
+
+
+def _exit_code(returncode: int) -> int:
+    # Popen reports death by signal N as -N; a shell reports 128+N, which is what the user expects to see.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _say(text: str) -> None:
+    print(f"platoon: {text}", file=sys.stderr, flush=True)
+
+
+class _Forwarder:
+    """The supervisor's SIGINT/SIGTERM handler: the first is forwarded to the child as SIGUSR2 (stop at the next
+    step boundary), later ones as SIGUSR1 (stop now); any of them ends supervision after the current start."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.received = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Forwarder:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received += 1
+        forward = signal.SIGUSR2 if self.received == 1 else signal.SIGUSR1
+        child = self.child
+        if child is not None and child.poll() is None:
+            try:
+                child.send_signal(forward)
+            except ProcessLookupError:
+                pass  # it exited between the poll and the send
+
+
+def _record_trainer(run_dir: Path, child: subprocess.Popen[bytes]) -> None:
+    # The child's trainer may have replaced process.json with its own record (or removed it on exit): the record
+    # names this supervisor as the holder and the current start as the trainer.
+    me = ProcessRecord.current().to_json()
+    me.update(trainer_pid=child.pid, trainer_start_time=process_start_time(child.pid))
+    update_process(run_dir, **me)
+
+
+def supervise(
+    run_dir: Path,
+    *,
+    max_restarts: int,
+    command: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run child starts until one is final (train.md 2.16); returns the last start's exit code.
+
+    Restarts after any exit but 0, 78, 130, 143 or death by SIGINT/SIGTERM, never after this process was signalled,
+    at most `max_restarts` times, and not after `MAX_STALLED_STARTS` consecutive starts that saved no new checkpoint.
+    """
+    run_dir = Path(run_dir)
+    argv = list(command) if command is not None else child_command(run_dir)
+    child_env = dict(os.environ if env is None else env)
+    restarts = stalled = 0
+    code = 0
+    with _Forwarder() as forwarder:
+        while True:
+            if forwarder.received:
+                return code  # signalled between two starts: the one that ended was the last
+            before = progress_mark(run_dir)
+            child = subprocess.Popen(argv, env=child_env)
+            forwarder.child = child
+            try:
+                _record_trainer(run_dir, child)
+                returncode = child.wait()
+            finally:
+                if child.poll() is None:
+                    # Only an exception here (not a signal: the handler forwards those) leaves it running.
+                    child.kill()
+                    child.wait()
+                forwarder.child = None
+            code = _exit_code(returncode)
+            if forwarder.received:
+                return code
+            if code in NO_RESTART_CODES or returncode in (-signal.SIGINT, -signal.SIGTERM):
+                return code
+            after = progress_mark(run_dir)
+            advanced = after is not None and (before is None or after > before)
+            stalled = 0 if advanced else stalled + 1
+            if restarts >= max_restarts:
+                _say(
+                    f"training exited with {code}; not starting again: watchdog.max_restarts ({max_restarts}) used"
+                )
+                return code
+            if stalled >= MAX_STALLED_STARTS:
+                _say(
+                    f"training exited with {code}; not starting again: {stalled} starts in a row saved no new "
+                    f"checkpoint in {run_dir}"
+                )
+                return code
+            restarts += 1
+            where = f"from step {after}" if after is not None else "from the beginning (no checkpoint yet)"
+            _say(
+                f"training exited with {code}; starting again {where} (restart {restarts} of {max_restarts})"
+            )

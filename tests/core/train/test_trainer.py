@@ -10,10 +10,13 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from platoon.cli import main
+from platoon.harness.agent import AgentResult
+from platoon.harness.function import harness
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "bandit" / "train.yaml"
@@ -99,3 +102,146 @@ def test_a_run_dir_in_use_is_refused(tmp_path, monkeypatch, capsys):
         holder.wait()
     assert "is in use" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == ["process.json"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resume, identity refusal, datum merging
+
+
+def _small(tmp_path: Path, *overrides: str) -> list[str]:
+    """The bandit example cut down to seconds a step: 2 tasks of 4 rollouts, a permanent checkpoint each step."""
+    return [
+        "train",
+        str(EXAMPLE),
+        f"log_path={tmp_path}",
+        "train.batch_size=2",
+        "train.workflow_config.group_size=4",
+        "checkpoint.every=1",
+        *overrides,
+    ]
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    # The local server keeps its checkpoints under the site cache, which must outlive one start for a resume.
+    pytest.importorskip("torch")
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    profile = tmp_path / "site.yaml"
+    profile.write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    return tmp_path / "logs"
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_at_the_next_step_and_keeps_every_checkpoint(site, capsys):
+    assert main(_small(site, "train.max_training_steps=2")) == 0, capsys.readouterr().err
+    run = _run_dir(site)
+    first = _rows(run / "checkpoints.jsonl")
+    identity = json.loads((run / "identity.json").read_text())
+    assert (identity["model"], identity["renderer"]) == ("platoon/toy", "qwen3_instruct")
+    assert first[-1]["name"] == "final" and first[-1]["batch"] == 2
+    assert first[-1]["task_order"]["next_batch"] == 2  # the order's position rides on the row
+    capsys.readouterr()
+
+    assert main(_small(site, "train.max_training_steps=4")) == 0
+    err = capsys.readouterr().err
+    assert "resuming at step 3 from final" in err
+    assert "step 3/4" in err and "step 1/4" not in err
+    assert [row["step"] for row in _rows(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    rows = _rows(run / "checkpoints.jsonl")
+    assert rows[: len(first)] == first  # nothing of the first start was rewritten or pruned
+    launch, *rest = rows[len(first) :]
+    assert (launch["name"], launch["batch"]) == ("recovery-000002", 2)
+    # The resumed start carries on the counters of its resume point.
+    assert launch["policy_version"] == first[-1]["policy_version"]
+    assert launch["optimizer_steps"] == first[-1]["optimizer_steps"]
+    assert (rest[-1]["name"], rest[-1]["batch"], rest[-1]["task_order"]["next_batch"]) == ("final", 4, 4)
+    assert not (run / "process.json").exists()
+
+    # Everything done: a third start trains nothing and says so.
+    assert main(_small(site, "train.max_training_steps=4")) == 0
+    assert "nothing to train" in capsys.readouterr().err
+    assert [row["step"] for row in _rows(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "train.model_name=platoon/other",
+            "train.model_name: this run trained platoon/toy and this start names platoon/other",
+        ),
+        (
+            "train.renderer_name=chat_template",
+            "train.renderer_name: this run used qwen3_instruct and this start names chat_template",
+        ),
+    ],
+)
+def test_a_resume_that_changes_model_or_renderer_is_refused_before_any_service(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    from platoon.testing.local_server import process
+    from platoon.train.tinker.checkpoints import CheckpointLog
+    from platoon.train.tinker.records import write_identity
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    started: list[str] = []
+    monkeypatch.setattr(process, "start_local_server_process", lambda **kw: started.append("server"))
+    run = _run_dir(tmp_path)
+    run.mkdir(parents=True)
+    write_identity(run, "platoon/toy", "qwen3_instruct")
+    CheckpointLog(run).record(
+        "000001",
+        kind="permanent",
+        batch=1,
+        state_path="tinker://m/weights/000001",
+        sampler_path="tinker://m/sampler_weights/000001",
+    )
+    before = (run / "checkpoints.jsonl").read_text()
+    assert main(["train", str(EXAMPLE), f"log_path={tmp_path}", override]) == 78
+    lines = [line for line in capsys.readouterr().err.splitlines() if "site profile" not in line]
+    assert len(lines) == 1 and lines[0].startswith(f"platoon: {message}"), lines
+    assert started == []  # refused before the local server (or any Tinker session) started
+    lock = json.loads((run / "lock.json").read_text())
+    assert lock["resume_refused"]["identity"]["model"] == "platoon/toy"
+    assert (run / "checkpoints.jsonl").read_text() == before
+    assert json.loads((run / "identity.json").read_text())["renderer"] == "qwen3_instruct"
+    assert not (run / "config.resolved.yaml").exists()  # the run's own record is left as it was
+    assert not (run / "process.json").exists()
+
+
+TWO_CALLS = "test-trainer-two-calls"
+
+
+@harness(TWO_CALLS)
+async def _two_calls(ctx: Any) -> AgentResult:
+    """Two calls on a growing conversation (the second prompt extends the first call's tokens), then answer."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.instruction}]
+    first = await ctx.chat(messages, max_tokens=2)
+    messages += [{"role": "assistant", "content": first.text or ""}, {"role": "user", "content": "again"}]
+    second = await ctx.chat(messages, max_tokens=1)
+    await ctx.call_tool("answer", {"letter": second.text or ""})
+    return AgentResult(final_message=second.text)
+
+
+@pytest.mark.slow
+def test_datum_stats_show_prefix_merging_on_a_multi_call_episode(site, capsys):
+    argv = _small(
+        site,
+        "train.max_training_steps=1",
+        "checkpoint.every=0",
+        f"environments=[{{env: platoon-bandit, harness: {TWO_CALLS}}}]",
+    )
+    assert main(argv) == 0, capsys.readouterr().err
+    (row,) = _rows(_run_dir(site) / "metrics.jsonl")
+    rollouts = 2 * 4
+    assert row["train/datums/calls"] == 2 * rollouts
+    before, after = row["train/datums/tokens_before_merge"], row["train/datums/tokens_after_merge"]
+    print(f"tokens before merging {before}, after {after}; merged calls {row['train/datums/merged_calls']}")
+    assert after <= before
+    assert row["train/datums/merged_calls"] > 0 and after < before
+    assert row["train/datums/postmerge_datums"] == rollouts * 2 - row["train/datums/merged_calls"]

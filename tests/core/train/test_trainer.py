@@ -245,3 +245,86 @@ def test_datum_stats_show_prefix_merging_on_a_multi_call_episode(site, capsys):
     assert after <= before
     assert row["train/datums/merged_calls"] > 0 and after < before
     assert row["train/datums/postmerge_datums"] == rollouts * 2 - row["train/datums/merged_calls"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# keep_recovery pruning
+
+
+class _Rest:
+    """A REST client double: records deletions; `status` makes every delete fail with that HTTP status."""
+
+    def __init__(self, status: int | None = None) -> None:
+        self.deleted: list[str] = []
+        self.status = status
+
+    async def delete_checkpoint_from_tinker_path_async(self, path: str) -> None:
+        if self.status is not None:
+            error = RuntimeError(f"HTTP {self.status}")
+            error.status_code = self.status  # type: ignore[attr-defined]
+            raise error
+        self.deleted.append(path)
+
+
+def _recovery_log(run: Path) -> Any:
+    from platoon.train.tinker.checkpoints import CheckpointLog
+
+    checkpoints = CheckpointLog(run)
+    checkpoints.record(
+        "000001",
+        kind="permanent",
+        batch=1,
+        state_path="tinker://m/weights/000001",
+        sampler_path="tinker://m/sampler_weights/000001",
+        policy_version=1,
+    )
+    for batch in (2, 3, 4):
+        name = f"recovery-{batch:06d}"
+        checkpoints.record(
+            name,
+            kind="recovery",
+            batch=batch,
+            state_path=f"tinker://m/weights/{name}",
+            sampler_path=f"tinker://m/sampler_weights/{name}",
+            policy_version=batch,
+        )
+    return checkpoints
+
+
+def test_pruning_deletes_old_recovery_checkpoints_and_never_a_protected_one(tmp_path):
+    import asyncio
+
+    from platoon.train.tinker.trainer import Pruner
+
+    checkpoints = _recovery_log(tmp_path)
+    rest = _Rest()
+    pruner = Pruner(checkpoints, keep=1, max_staleness=0, rest=lambda: rest)
+    asyncio.run(pruner.prune(4))
+    # Kept: the permanent one, and recovery-000004 (the newest, the resume point, the policy sampled now).
+    assert rest.deleted == [
+        "tinker://m/weights/recovery-000002",
+        "tinker://m/sampler_weights/recovery-000002",
+        "tinker://m/weights/recovery-000003",
+        "tinker://m/sampler_weights/recovery-000003",
+    ]
+    assert [r["result"] for r in _rows(tmp_path / "checkpoints_deleted.jsonl")] == ["deleted"] * 4
+    assert pruner.metrics() == {
+        "checkpoint/deleted": 4.0,
+        "checkpoint/delete_failures": 0.0,
+        "checkpoint/pruning": 1.0,
+        "checkpoint/recovery_kept": 1.0,
+    }
+    asyncio.run(pruner.prune(4))  # a second pass finds nothing left to delete
+    assert len(rest.deleted) == 4
+
+
+def test_a_service_without_deletes_stops_pruning_for_the_start(tmp_path):
+    import asyncio
+
+    from platoon.train.tinker.trainer import Pruner
+
+    rest = _Rest(status=405)
+    pruner = Pruner(_recovery_log(tmp_path), keep=1, max_staleness=0, rest=lambda: rest)
+    asyncio.run(pruner.prune(4))
+    assert pruner.metrics()["checkpoint/pruning"] == 0.0
+    assert not (tmp_path / "checkpoints_deleted.jsonl").exists()

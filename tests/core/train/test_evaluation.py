@@ -245,7 +245,7 @@ def test_each_rollout_writes_its_trajectories_under_rollouts_eval_step(evaluatio
         p.endswith(("rollout_0/trajectory_collection.json", "rollout_1/trajectory_collection.json"))
         for p in written
     )
-    rewards = {}
+    rewards: dict[str, list[float | None]] = {}
     for meta_path in step_dir.rglob("metadata.json"):
         meta = json.loads(meta_path.read_text())
         assert meta["step"] == 4 and meta["label"] == "default" and meta["status"] == "completed"

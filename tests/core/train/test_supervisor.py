@@ -219,3 +219,33 @@ def test_the_child_entry_point_wants_exactly_one_config(capsys):
 
     assert main([]) == 64
     assert capsys.readouterr().err.count("\n") == 1
+
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "bandit" / "train.yaml"
+
+
+@pytest.mark.slow
+def test_platoon_train_supervises_the_bandit_example_to_the_end(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from platoon.cli import main
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    # The local server keeps its checkpoints under the site cache: a profile points it into the test's directory.
+    site = tmp_path / "site.yaml"
+    site.write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    argv = [
+        "train",
+        str(EXAMPLE),
+        "watchdog.max_restarts=1",
+        "train.max_training_steps=2",
+        f"log_path={tmp_path}",
+    ]
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 0, err
+    run = tmp_path / "bandit" / "run"
+    assert (run / "config.resolved.yaml").is_file() and (run / "lock.json").is_file()
+    assert progress_mark(run) == 2
+    assert not (run / "process.json").exists()  # released when platoon train exits

@@ -249,3 +249,22 @@ def test_platoon_train_supervises_the_bandit_example_to_the_end(tmp_path, monkey
     assert (run / "config.resolved.yaml").is_file() and (run / "lock.json").is_file()
     assert progress_mark(run) == 2
     assert not (run / "process.json").exists()  # released when platoon train exits
+
+
+def test_hold_for_trainer_only_under_a_supervisor(tmp_path):
+    from platoon.train.tinker.records import hold_run_dir, read_process
+    from platoon.train.tinker.supervisor import hold_for_trainer
+
+    assert not hold_for_trainer(tmp_path)  # no process.json
+    hold_run_dir(tmp_path)  # this process holds it: it is not this process's parent
+    assert not hold_for_trainer(tmp_path)
+    probe = (
+        "import sys; from pathlib import Path; from platoon.train.tinker.supervisor import hold_for_trainer; "
+        "import os; print(os.getpid()); "
+        f"sys.exit(0 if hold_for_trainer(Path({str(tmp_path)!r})) else 1)"
+    )
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, child.stderr
+    record = read_process(tmp_path)
+    assert record is not None and record.pid == os.getpid()
+    assert record.trainer_pid == int(child.stdout) and record.trainer_start_time is not None

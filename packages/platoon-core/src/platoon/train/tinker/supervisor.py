@@ -19,6 +19,7 @@ from platoon.train.tinker.records import (
     RESOLVED_CONFIG_FILE,
     ProcessRecord,
     process_start_time,
+    read_process,
     update_process,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "NO_RESTART_CODES",
     "SUPERVISED_MODULE",
     "child_command",
+    "hold_for_trainer",
     "progress_mark",
     "request_stop",
     "stop_requested",
@@ -65,6 +67,22 @@ def progress_mark(run_dir: Path) -> int | None:
     """
     rows = [row for row in CheckpointLog(run_dir).rows() if row.state_path and row.kind != "launch"]
     return rows[-1].batch if rows else None
+
+
+def hold_for_trainer(run_dir: Path) -> bool:
+    """In a supervised start: record this process as the run's trainer under the supervisor and return True.
+
+    False when `process.json` does not name this process's parent (not supervised): the trainer then holds the
+    run dir itself (`records.hold_run_dir`) and removes `process.json` when it ends; a supervised start leaves
+    both to its supervisor, so the record keeps naming the supervisor between starts.
+    """
+    record = read_process(run_dir)
+    parent = os.getppid()
+    if record is None or record.pid != parent or record.host != ProcessRecord.current().host:
+        return False
+    pid = os.getpid()
+    update_process(run_dir, trainer_pid=pid, trainer_start_time=process_start_time(pid))
+    return True
 
 
 def _exit_code(returncode: int) -> int:

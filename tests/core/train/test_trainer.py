@@ -28,7 +28,6 @@ def _run_dir(log_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_bandit_example_learns_on_the_local_server(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("torch")
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     # The local server keeps its checkpoints under the site cache: a profile points it into the test's directory.
     site = tmp_path / "site.yaml"
@@ -124,7 +123,6 @@ def _small(tmp_path: Path, *overrides: str) -> list[str]:
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     # The local server keeps its checkpoints under the site cache, which must outlive one start for a resume.
-    pytest.importorskip("torch")
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     profile = tmp_path / "site.yaml"
     profile.write_text(f"cache: {tmp_path / 'cache'}\n")
@@ -166,6 +164,39 @@ def test_a_stopped_run_resumes_at_the_next_step_and_keeps_every_checkpoint(site,
     assert main(_small(site, "train.max_training_steps=4")) == 0
     assert "nothing to train" in capsys.readouterr().err
     assert [row["step"] for row in _rows(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_evaluation_runs_at_the_configured_steps_and_never_twice_across_a_resume(site, capsys):
+    overrides = ("eval.every=2", "eval.at_start=true", "eval.workflow_config.group_size=1")
+    assert main(_small(site, "train.max_training_steps=2", *overrides)) == 0, capsys.readouterr().err
+    run = _run_dir(site)
+    assert [row["step"] for row in _rows(run / "evaluations.jsonl")] == [0, 2]
+    metrics = {row["step"]: row for row in _rows(run / "metrics.jsonl")}
+    assert "eval/reward/count" in metrics[0] and "eval/reward/count" in metrics[2]
+    assert "eval/reward/count" not in metrics[1]
+    assert (run / "rollouts" / "eval" / "step_2").is_dir()
+    capsys.readouterr()
+    # the resumed start evaluates step 4, not step 2 (or 0) again
+    assert main(_small(site, "train.max_training_steps=4", *overrides)) == 0, capsys.readouterr().err
+    assert [row["step"] for row in _rows(run / "evaluations.jsonl")] == [0, 2, 4]
+
+
+@pytest.mark.slow
+def test_a_stop_request_ends_at_the_step_boundary_with_a_checkpoint(site, capsys):
+    from platoon.train.tinker import supervisor
+
+    supervisor.request_stop()  # what a first SIGINT/SIGTERM (or the supervisor's SIGUSR2) does
+    try:
+        assert main(_small(site, "train.max_training_steps=3")) == 130
+    finally:
+        supervisor._stop.clear()
+    run = _run_dir(site)
+    assert [row["step"] for row in _rows(run / "metrics.jsonl")] == [1]
+    assert _rows(run / "checkpoints.jsonl")[-1]["batch"] == 1
+    assert "stopped at step 1 as asked" in capsys.readouterr().err
+    assert main(_small(site, "train.max_training_steps=3")) == 0
+    assert [row["step"] for row in _rows(run / "metrics.jsonl")] == [1, 2, 3]
 
 
 @pytest.mark.parametrize(

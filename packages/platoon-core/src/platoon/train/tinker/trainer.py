@@ -469,7 +469,12 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     pools = await list_training_tasks(config, base_dir=base_dir)
     resume = CheckpointLog(run_dir).resume_point(config.train.num_minibatches)
     order = _task_order(config, pools, resume)
-    records.hold_run_dir(run_dir)
+    from platoon.train.tinker.supervisor import hold_for_trainer
+
+    # Under `watchdog.max_restarts` the supervisor holds the run dir; this start records itself beneath it.
+    supervised = hold_for_trainer(run_dir)
+    if not supervised:
+        records.hold_run_dir(run_dir)
     stop_server: Callable[[], None] | None = None
     base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or None
     try:
@@ -491,7 +496,8 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     finally:
         if stop_server is not None:
             await asyncio.to_thread(stop_server)
-        (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)
+        if not supervised:
+            (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)
 
 
 async def _training_client(
@@ -538,8 +544,10 @@ async def _train(
     from platoon.gateway.core import ModelGateway
     from platoon.testing.episode import resolve_service
     from platoon.train.tinker.checkpoints import CheckpointLog, checkpoint_due, checkpoint_name
+    from platoon.train.tinker.evaluation import eval_due, evaluate, evaluated_steps, list_eval_tasks
     from platoon.train.tinker.records import append_jsonl
     from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+    from platoon.train.tinker.supervisor import stop_requested
     from platoon.train.tinker.task_order import split_task_id
 
     train_cfg = config.train
@@ -614,6 +622,32 @@ async def _train(
     adam = train_cfg.optimizer
     started = time.monotonic()
     say(f"training {train_cfg.model_name} for steps {start_batch + 1}..{end_batch} in {run_dir}")
+
+    # Evaluation during training (train.md 2.15): `eval.every` steps, `eval.at_start` at step 0, and never a step
+    # that an earlier start already evaluated.
+    eval_config = config.eval
+    eval_every = eval_config.every or 0  # no eval section: never
+    eval_done = evaluated_steps(run_dir)
+    eval_tasks = await list_eval_tasks(config, base_dir=run_dir, services=services) if eval_every >= 1 else []
+
+    async def maybe_evaluate(step_number: int) -> dict[str, float]:
+        if not eval_tasks or not eval_due(
+            step_number, every=eval_every, at_start=eval_config.at_start, done=eval_done
+        ):
+            return {}
+        eval_done.add(step_number)
+        return await evaluate(
+            config,
+            step=step_number,
+            sampler=gateway.sampler,
+            renderer=renderer,
+            run_dir=run_dir,
+            tasks=eval_tasks,
+            services=services,
+        )
+
+    if at_start := await maybe_evaluate(start_batch):
+        append_jsonl(metrics_path, {"step": start_batch, **at_start})
 
     def pool_of(task_id: str) -> str:
         # A mixture's ids name their entry; the batch's labels may be `label_by` values instead.
@@ -766,11 +800,18 @@ async def _train(
         metrics["optim/lr"] = adam.learning_rate
         metrics["timing/batch_total"] = time.monotonic() - t_step
         metrics["time/elapsed_seconds"] = time.monotonic() - started
+        metrics.update(await maybe_evaluate(step + 1))
         append_jsonl(metrics_path, {"step": step + 1, **metrics})
         say(
             f"step {step + 1}/{end_batch}: reward {_mean(rewards):.3f} over {len(rewards)} rollouts"
             f"{'' if applied else ' (no update)'}; {metrics['timing/batch_total']:.1f} s"
         )
+        if stop_requested() and step + 1 < end_batch:
+            # A first SIGINT/SIGTERM (forwarded as SIGUSR2 under supervision): stop at this boundary with a
+            # checkpoint, so a resume continues at the next step (train.md 2.16).
+            await save("recovery", step + 1)
+            say(f"stopped at step {step + 1} as asked; resume with the same command")
+            return 130
     await save("final", end_batch)
     say(
         f"done: steps {start_batch + 1}..{end_batch} in {time.monotonic() - started:.1f} s; "

@@ -359,3 +359,48 @@ def test_a_service_without_deletes_stops_pruning_for_the_start(tmp_path):
     asyncio.run(pruner.prune(4))
     assert pruner.metrics()["checkpoint/pruning"] == 0.0
     assert not (tmp_path / "checkpoints_deleted.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_step_resumes_without_losing_a_checkpoint_or_repeating_a_step(site, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = _small(
+        site,
+        "train.max_training_steps=6",
+        "train.workflow_config.group_size=8",
+        "eval.every=1",
+        "eval.workflow_config.group_size=1",
+    )
+    run = _run_dir(site)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "platoon", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        # wait until two steps are checkpointed, then kill in the middle of the next one
+        while time.monotonic() < deadline:
+            rows = _rows(run / "checkpoints.jsonl") if (run / "checkpoints.jsonl").exists() else []
+            if any(row.get("batch", 0) >= 2 and row.get("kind") == "permanent" for row in rows):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the run never reached step 2")
+        os.kill(child.pid, signal.SIGKILL)  # in the middle of step 3 (or at its start)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    before = _rows(run / "checkpoints.jsonl")
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = _rows(run / "checkpoints.jsonl")
+    assert rows[: len(before)] == before  # no checkpoint of the killed start was lost or rewritten
+    steps = [row["step"] for row in _rows(run / "metrics.jsonl")]
+    assert sorted(set(steps)) == [1, 2, 3, 4, 5, 6]
+    evaluated = [row["step"] for row in _rows(run / "evaluations.jsonl")]
+    assert len(evaluated) == len(set(evaluated)) and set(evaluated) == {1, 2, 3, 4, 5, 6}

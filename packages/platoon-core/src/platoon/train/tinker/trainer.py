@@ -773,20 +773,19 @@ async def _train(
         )
 
         t_update = time.monotonic()
+        done = step + 1
+        # Cadences count the steps completed since this start began (train.md 2.12), updated or not: a step
+        # without an update still completed, and a resume must not repeat it.
+        kind = checkpoint_due(done - start_batch, config.checkpoint.every, config.checkpoint.recovery_every)
         if applied:
             version += 1
-            done = step + 1
-            # Cadences count the steps completed since this start began (train.md 2.12).
-            kind = checkpoint_due(
-                done - start_batch, config.checkpoint.every, config.checkpoint.recovery_every
-            )
-            if kind is not None:
-                gateway.sampler = await save(kind, done)
-            else:
-                gateway.sampler = await client.save_weights_and_get_sampling_client_async()
         else:
             why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
             log.info("step %d took no optimizer step: %s", step + 1, why)
+        if kind is not None:
+            gateway.sampler = await save(kind, done)
+        elif applied:
+            gateway.sampler = await client.save_weights_and_get_sampling_client_async()
         metrics["train/batch/optimizer_updates"] = float(applied)
         metrics["train/batch/skipped_optimizer"] = 0.0 if applied else 1.0
         metrics["train/policy/version"] = float(version)

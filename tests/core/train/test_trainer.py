@@ -261,6 +261,9 @@ async def _two_calls(ctx: Any) -> AgentResult:
 
 @pytest.mark.slow
 def test_datum_stats_show_prefix_merging_on_a_multi_call_episode(site, capsys):
+    harness(TWO_CALLS)(
+        _two_calls
+    )  # again: another test may have cleared the registry since this module loaded
     argv = _small(
         site,
         "train.max_training_steps=1",

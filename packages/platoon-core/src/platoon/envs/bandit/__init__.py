@@ -1,15 +1,18 @@
 """The named environment `platoon-bandit@1`: answer with one letter, and exactly one letter scores; ORS in process.
 
 The smallest task a toy model can learn on the embedded local server (the README's `platoon train` example). This
-module is what the `platoon-bandit` entry point names; importing it registers the one-call harness
-`platoon-bandit-answer` (`.harness`); the environment class (`.env`) is imported only when a run opens it.
+module is what the `platoon-bandit` and `platoon-bandit-answer` entry points name: it gives the environment and
+the one-call harness (`.harness`) through their hooks; the environment class (`.env`) is imported only when a run
+opens it.
 """
 
 from __future__ import annotations
 
 import functools
 
-from platoon.envs.bandit import harness as _harness  # registers platoon-bandit-answer on import
+from typing import Any
+
+from platoon.envs.bandit import harness as _harness
 from platoon.envs.named import EnvironmentEntry
 from platoon.hookspecs import hookimpl
 
@@ -38,3 +41,10 @@ def entry() -> EnvironmentEntry:
 def platoon_register_environments(name: str) -> EnvironmentEntry | None:
     """`platoon-bandit@1`."""
     return entry() if name == NAME else None
+
+
+@hookimpl
+def platoon_register_harnesses(name: str) -> Any:
+    """`platoon-bandit-answer`, answered by the hook (not only registered on import) so a harness registry that
+    was cleared still finds it through its entry point."""
+    return _harness.answer if name == HARNESS else None

@@ -9,7 +9,6 @@ opens it.
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 from platoon.envs.bandit import harness as _harness

@@ -11,6 +11,11 @@ FILES = {
     "list.yaml": b"- 1\n- 2\n",
     "binary.yaml": b"\x00\x01\xff\xfe",
     "base.yaml": b"log_path: runs\ntrain: {model_name: m, renderer_name: r, max_training_steps: 1}\n",
+    "renderer.yaml": (
+        b"log_path: runs\ntinker_base_url: local\n"
+        b"train: {model_name: m, renderer_name: qwen3_instrct, max_training_steps: 1}\n"
+        b"environments: [{service: table, service_kwargs: {rows: [a]}}]\n"
+    ),
 }
 
 CASES = [
@@ -40,6 +45,8 @@ CASES = [
         "'yaml' is not one of auto, train, eval, none",
     ),
     (["train"], 64, "Missing argument 'CONFIG'"),
+    (["tinker", "serve", "--port", "99999"], 64, "99999 is not in the range 0<=x<=65535"),
+    (["train", "renderer.yaml"], 78, "unknown renderer 'qwen3_instrct' (did you mean qwen3_instruct"),
 ]
 
 

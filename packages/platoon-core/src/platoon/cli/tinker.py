@@ -12,7 +12,7 @@ import typer
 
 def serve(
     host: Annotated[str, typer.Option(help="The address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="The port (0: a free one).")] = 0,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="The port (0: a free one).")] = 0,
     state_dir: Annotated[
         str | None,
         typer.Option(

@@ -84,8 +84,31 @@ def _references(entry: Any) -> Iterator[tuple[str, str, Callable[[str], Any]]]:
         yield "workflow", entry.workflow, registered("workflow")
 
 
+def renderer_problems(config: Any) -> list[str]:
+    """The named renderer of a training (`train.renderer_name`) or evaluation (`inference.renderer_name`) config.
+
+    Checked by name against the renderer registry, without loading the model's tokenizer.
+    """
+    import difflib
+
+    from platoon.train.tinker.renderers import renderer_names
+
+    problems = []
+    for section in ("train", "inference"):
+        name = getattr(getattr(config, section, None), "renderer_name", None)
+        known = renderer_names()
+        if name and name not in known:
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            problems.append(
+                f"{section}.renderer_name: unknown renderer {name!r}{hint}; the renderers are listed in "
+                "docs/gateway.md, and register_renderer() adds one"
+            )
+    return problems
+
+
 def component_problems(config: Any) -> list[str]:
-    """Resolve (importing where needed) every component the config's entries name; one line per failure."""
+    """Resolve (importing where needed) every component the config names; one line per failure."""
     problems: list[str] = []
     for index, entry in enumerate(_entries(config)):
         where = f"environments.{index}"
@@ -102,4 +125,5 @@ def component_problems(config: Any) -> list[str]:
                 resolve(ref)
             except (ExtensionError, ValueError, TypeError, ImportError, AttributeError) as exc:
                 problems.append(f"{where}.{key}: {exc}")
-    return problems
+    # after the entries' packages are imported: they may register renderers
+    return problems + renderer_problems(config)

@@ -453,13 +453,15 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     A run dir whose `checkpoints.jsonl` has a resumable row resumes from it: its identity is checked (a changed
     model or renderer is refused before any service opens), then training goes on at the next step.
     """
+    from platoon.config.checks import component_problems
     from platoon.train.tinker import records
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.config_defs import training_problems
     from platoon.train.tinker.credentials import check_tinker_key, uses_local_server
     from platoon.train.tinker.task_order import list_training_tasks
 
-    problems = training_problems(config) + _batch_problems(config)
+    # Every component the config names resolves before anything is written or started (core.md 3.3, step 8).
+    problems = training_problems(config) + _batch_problems(config) + component_problems(config)
     if problems:
         raise ConfigError(problems)
     api_key = check_tinker_key(config.tinker_base_url)

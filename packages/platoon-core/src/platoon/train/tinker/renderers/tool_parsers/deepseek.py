@@ -6,11 +6,8 @@ separator and {json} per call, V3 writes `function`, the separator, NAME and a f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from platoon.train.tinker.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
-from platoon.train.tinker.renderers.tool_parsers._common import ArgumentsError, loads, normalize_arguments
+from platoon.train.tinker.renderers.tool_parsers import ParsedToolCall, UnparsedToolCall
+from platoon.train.tinker.renderers.tool_parsers._sections import SectionedCallsParser, read_arguments
 
 # DeepSeek's markers use FULLWIDTH VERTICAL LINE (U+FF5C) and LOWER ONE EIGHTH BLOCK (U+2581).
 SECTION_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
@@ -20,59 +17,8 @@ CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
 SEP = "<\uff5ctool\u2581sep\uff5c>"
 
 
-class _DeepSeekParser(ToolCallParser):
-    def call_start(self, text: str) -> int | None:
-        starts = [i for i in (text.find(SECTION_BEGIN), text.find(CALL_BEGIN)) if i >= 0]
-        return min(starts) if starts else None
-
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
-        pos = 0
-        while (start := self.call_start(text[pos:])) is not None:
-            start += pos
-            content.append(text[pos:start])
-            end = text.find(SECTION_END, start)
-            stop = end if end >= 0 else len(text)
-            pos = end + len(SECTION_END) if end >= 0 else len(text)
-            section = text[start:stop]
-            if section.startswith(SECTION_BEGIN):
-                section = section[len(SECTION_BEGIN) :]
-            # Each call runs from its begin marker to its end marker (or the next call, or the section's end).
-            cursor = 0
-            while (begin := section.find(CALL_BEGIN, cursor)) >= 0:
-                content.append(_stray(section[cursor:begin]))
-                body_start = begin + len(CALL_BEGIN)
-                close = section.find(CALL_END, body_start)
-                following = section.find(CALL_BEGIN, body_start)
-                closed = close >= 0 and (following < 0 or close < following)
-                body_end = close if closed else (following if following >= 0 else len(section))
-                cursor = close + len(CALL_END) if closed else body_end
-                call = self._read_call(section[body_start:body_end], section[begin:cursor], closed)
-                (calls if isinstance(call, ParsedToolCall) else unparsed).append(call)  # type: ignore[arg-type]
-            content.append(_stray(section[cursor:]))
-        content.append(text[pos:])
-        return "".join(content), calls, unparsed
-
-    def _read_call(self, body: str, raw: str, closed: bool) -> ParsedToolCall | UnparsedToolCall:
-        raise NotImplementedError
-
-
-def _stray(text: str) -> str:
-    # Whitespace between calls is the template's; anything else the model wrote there stays visible.
-    return text if text.strip() else ""
-
-
-def _arguments(payload: str, raw: str) -> tuple[dict[str, Any], bool] | UnparsedToolCall:
-    try:
-        value, recovered = loads(payload)
-        arguments, lenient = normalize_arguments(value)
-    except ArgumentsError as exc:
-        return UnparsedToolCall(raw, str(exc))
-    return arguments, recovered or lenient
+class _DeepSeekParser(SectionedCallsParser):
+    SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_END = SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_END
 
 
 class DeepSeekV31Parser(_DeepSeekParser):
@@ -84,7 +30,7 @@ class DeepSeekV31Parser(_DeepSeekParser):
         name = name.strip()
         if not sep or not name:
             return UnparsedToolCall(raw, "expected NAME, the tool separator and {arguments}")
-        read = _arguments(payload, raw)
+        read = read_arguments(payload, raw)
         if isinstance(read, UnparsedToolCall):
             return read
         return ParsedToolCall(name, read[0], None, read[1] or not closed, raw)
@@ -115,7 +61,7 @@ class DeepSeekV3Parser(_DeepSeekParser):
             payload = payload[:-3]
         else:
             recovered = True  # a missing closing fence
-        read = _arguments(payload, raw)
+        read = read_arguments(payload, raw)
         if isinstance(read, UnparsedToolCall):
             return read
         return ParsedToolCall(name, read[0], None, read[1] or recovered, raw)

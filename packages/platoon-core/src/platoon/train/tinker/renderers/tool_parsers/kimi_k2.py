@@ -7,57 +7,18 @@ The name comes from the id, and the call keeps that id because Kimi's template w
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
 
-from platoon.train.tinker.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
-from platoon.train.tinker.renderers.tool_parsers._common import ArgumentsError, loads, normalize_arguments
+from platoon.train.tinker.renderers.tool_parsers import ParsedToolCall, UnparsedToolCall
+from platoon.train.tinker.renderers.tool_parsers._sections import SectionedCallsParser, read_arguments
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGS_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 _ID = re.compile(r"(?:functions\.)?(?P<name>.*?)(?::\d+)?")
 
 
-class KimiK2Parser(ToolCallParser):
+class KimiK2Parser(SectionedCallsParser):
     name = "kimi_k2"
-
-    def call_start(self, text: str) -> int | None:
-        starts = [i for i in (text.find(SECTION_BEGIN), text.find(CALL_BEGIN)) if i >= 0]
-        return min(starts) if starts else None
-
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
-        pos = 0
-        while (start := self.call_start(text[pos:])) is not None:
-            start += pos
-            content.append(text[pos:start])
-            end = text.find(SECTION_END, start)
-            stop = end if end >= 0 else len(text)
-            pos = end + len(SECTION_END) if end >= 0 else len(text)
-            section = text[start:stop].removeprefix(SECTION_BEGIN)
-            cursor = 0
-            while (begin := section.find(CALL_BEGIN, cursor)) >= 0:
-                stray = section[cursor:begin]
-                content.append(stray if stray.strip() else "")
-                body_start = begin + len(CALL_BEGIN)
-                close = section.find(CALL_END, body_start)
-                following = section.find(CALL_BEGIN, body_start)
-                closed = close >= 0 and (following < 0 or close < following)
-                body_end = close if closed else (following if following >= 0 else len(section))
-                cursor = close + len(CALL_END) if closed else body_end
-                call = self._read_call(section[body_start:body_end], section[begin:cursor], closed)
-                if isinstance(call, ParsedToolCall):
-                    calls.append(call)
-                else:
-                    unparsed.append(call)
-            stray = section[cursor:]
-            content.append(stray if stray.strip() else "")
-        content.append(text[pos:])
-        return "".join(content), calls, unparsed
+    SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_END = SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_END
 
     def _read_call(self, body: str, raw: str, closed: bool) -> ParsedToolCall | UnparsedToolCall:
         call_id, sep, payload = body.partition(ARGS_BEGIN)
@@ -68,9 +29,7 @@ class KimiK2Parser(ToolCallParser):
         name = match.group("name").strip() if match else ""
         if not name:
             return UnparsedToolCall(raw, f"the call id {call_id!r} has no function name")
-        try:
-            value, recovered = loads(payload)
-            arguments, lenient = normalize_arguments(value)
-        except ArgumentsError as exc:
-            return UnparsedToolCall(raw, str(exc))
-        return ParsedToolCall(name, arguments, call_id, recovered or lenient or not closed, raw)
+        read = read_arguments(payload, raw)
+        if isinstance(read, UnparsedToolCall):
+            return read
+        return ParsedToolCall(name, read[0], call_id, read[1] or not closed, raw)

@@ -8,7 +8,6 @@ vocabulary): prompts, supervised examples, tool prefixes, parses, stops, the gat
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from functools import cache
 from pathlib import Path
@@ -17,7 +16,9 @@ from typing import Any
 import pytest
 
 from platoon.testing import toy_tokenizer
-from platoon.train.tinker.renderers import RendererError, get_renderer, message_to_jsonable
+from platoon.train.tinker.renderers import RendererError, get_renderer
+
+from .test_golden_renders import renders_dir
 
 REPO = Path(__file__).resolve().parents[3]
 RENDERERS = [
@@ -34,34 +35,8 @@ THINKING = {"kimi_k2", "kimi_k25", "nemotron3", "qwen3_5"}
 
 
 @cache
-def renders_dir() -> Path:
-    """`shared/testdata/renders`: under $PLATOON_TESTDATA, else in the repository, else beside it."""
-    for base in (
-        os.environ.get("PLATOON_TESTDATA"),
-        REPO / "shared" / "testdata",
-        REPO.parent / "shared" / "testdata",
-    ):
-        if base and (Path(base) / "renders" / "index.json").is_file():
-            return Path(base).resolve() / "renders"
-    raise FileNotFoundError(
-        "the golden renders (shared/testdata/renders) are not found: set PLATOON_TESTDATA"
-    )
-
-
-@cache
 def golden(renderer: str, tokenizer: str) -> dict[str, Any]:
     return json.loads((renders_dir() / f"{renderer}--{tokenizer}.json").read_text("utf-8"))
-
-
-def _params(kind: str) -> list[Any]:
-    out = []
-    for tok, label in TOKENIZERS.items():
-        for name in RENDERERS:
-            data = golden(name, tok)
-            for item in data["cases"] if kind == "cases" else data["extra_parses"]:
-                key = item["id"] if kind == "cases" else item["name"]
-                out.append(pytest.param(name, tok, key, id=f"{label}/{name}/{key}"))
-    return out
 
 
 @pytest.fixture
@@ -70,33 +45,6 @@ def tokenizer_for(request: pytest.FixtureRequest) -> Any:
         return toy_tokenizer() if tok == "toy" else request.getfixturevalue("qwen3_tokenizer")
 
     return get
-
-
-def _case(name: str, tok: str, case_id: str) -> dict[str, Any]:
-    return next(c for c in golden(name, tok)["cases"] if c["id"] == case_id)
-
-
-def _same_parse(actual: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Equal, except that an unparsed call's `Invalid JSON:` error is compared by that prefix only (README)."""
-    actual, expected = json.loads(json.dumps(actual)), json.loads(json.dumps(expected))
-    for message in (actual, expected):
-        for unparsed in message.get("unparsed_tool_calls", []):
-            if unparsed["error"].startswith("Invalid JSON:"):
-                unparsed["error"] = "Invalid JSON:"
-    assert actual == expected
-
-
-def _check_parse(renderer: Any, tokenizer: Any, entry: dict[str, Any]) -> None:
-    ids = entry["completion_ids"]
-    assert tokenizer.encode(entry["completion_text"], add_special_tokens=False) == ids
-    if "error" in entry:
-        with pytest.raises(RendererError) as caught:
-            renderer.parse_response(ids)
-        assert f"{type(caught.value).__name__}: {caught.value}" == entry["error"]
-        return
-    message, ok = renderer.parse_response(ids)
-    assert ok is entry["ok"]
-    _same_parse(message_to_jsonable(message), entry["parsed"])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -108,80 +56,6 @@ def test_every_written_pair_is_covered() -> None:
     written = {(p["renderer"], p["tokenizer"]) for p in index["pairs"] if p["status"] == "written"}
     ours = {(p["renderer"], p["tokenizer"]) for p in index["pairs"] if p["renderer"] in RENDERERS}
     assert {pair for pair in ours if pair in written} == {(n, t) for n in RENDERERS for t in TOKENIZERS}
-
-
-@pytest.mark.parametrize(("name", "tok", "case_id"), _params("cases"))
-def test_golden_case(name: str, tok: str, case_id: str, tokenizer_for: Any) -> None:
-    tokenizer = tokenizer_for(tok)
-    renderer = get_renderer(name, tokenizer)
-    case = _case(name, tok, case_id)
-    render_input = case["render_input"]
-
-    if case["tool_prefix"] is not None:
-        prefix = case["tool_prefix"]
-        assert "error" not in prefix
-        got = renderer.create_conversation_prefix_with_tools(prefix["tool_specs"], prefix["system_prompt"])
-        assert got == prefix["messages"]
-
-    expected = case["generation_prompt"]
-    prompt = renderer.build_generation_prompt(render_input[:-1])
-    assert prompt.to_ints() == expected["ids"]
-    assert [chunk.length for chunk in prompt.chunks] == expected["chunk_lengths"]
-    assert tokenizer.decode(expected["ids"]) == expected["text"]
-
-    supervised = case["supervised_example"]
-    model_input, weights = renderer.build_supervised_example(render_input)
-    ids = model_input.to_ints()
-    assert ids == supervised["ids"]
-    assert weights == [float(w) for w in supervised["weights"]]
-    assert [chunk.length for chunk in model_input.chunks] == supervised["chunk_lengths"]
-    start = weights.index(1.0)
-    assert start == case["target_completion_start"]
-
-    # Prefills (`<think>`, `<think>\n`) and disable-thinking headers make prompt + target differ (README).
-    prompt_ids = prompt.to_ints()
-    assert (ids[: len(prompt_ids)] == prompt_ids) is case["prompt_is_prefix_of_supervised"]
-    assert (prompt_ids + ids[start:] == ids) is case["prompt_plus_target_equals_supervised"]
-
-    for entry in case["parses"]:
-        _check_parse(renderer, tokenizer, entry)
-
-
-@pytest.mark.parametrize(("name", "tok", "case_id"), _params("cases"))
-def test_golden_case_through_the_gateway_adapter(
-    name: str, tok: str, case_id: str, tokenizer_for: Any
-) -> None:
-    """The OpenAI conversation and tools, converted and folded by `render_prompt`, give the golden prompt."""
-    renderer = get_renderer(name, tokenizer_for(tok))
-    case = _case(name, tok, case_id)
-    converted = [message_to_jsonable(m) for m in renderer.to_renderer_messages(case["conversation"])]
-    assert converted == case["messages"]
-    assert (
-        renderer.render_prompt(case["conversation"][:-1], tools=case["tools"])
-        == case["generation_prompt"]["ids"]
-    )
-
-
-@pytest.mark.parametrize(("name", "tok", "parse_name"), _params("extra_parses"))
-def test_golden_extra_parse(name: str, tok: str, parse_name: str, tokenizer_for: Any) -> None:
-    tokenizer = tokenizer_for(tok)
-    entry = next(p for p in golden(name, tok)["extra_parses"] if p["name"] == parse_name)
-    _check_parse(get_renderer(name, tokenizer), tokenizer, entry)
-
-
-@pytest.mark.parametrize("tok", list(TOKENIZERS), ids=list(TOKENIZERS.values()))
-@pytest.mark.parametrize("name", RENDERERS)
-def test_golden_renderer_properties(name: str, tok: str, tokenizer_for: Any) -> None:
-    data = golden(name, tok)
-    renderer = get_renderer(name, tokenizer_for(tok))
-    assert renderer.get_stop_sequences() == data["stop_sequences"]["values"]
-    assert renderer.stop_token_ids() == data["stop_sequences"]["values"]
-    assert [renderer.tokenizer.decode([t]) for t in renderer.get_stop_sequences()] == data["stop_sequences"][
-        "decoded"
-    ]
-    assert renderer.has_extension_property is data["has_extension_property"]
-    assert data["renderer_attributes"] == {}
-    assert type(renderer).__name__ == data["renderer_class"]
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""platoon's role_colon, llama3, deepseekv3* and gpt_oss_* renderers reproduce tinker-cookbook 0.3.0's renders.
+"""platoon's renderers reproduce tinker-cookbook 0.3.0's renders token for token (testdata/renders).
 
-Every `written` pair of testdata/renders/index.json for these names, over the tokenizers the goldens used:
-prompts, supervised examples, errors and warnings as data, tool prefixes, parses, stop sequences, the gateway
-adapter's rendering of the OpenAI conversation, a render -> sample -> parse round trip, and the prefix property.
+The generic checks run for EVERY `written` pair of index.json (every renderer name over the tokenizers its goldens
+used): prompts, supervised examples, errors and warnings as data, tool prefixes, parses, stop sequences and the
+gateway adapter's rendering of the OpenAI conversation. The family checks here (role_colon, llama3, deepseekv3*,
+gpt_oss_*) add round trips and the prefix property; the other families' are beside this file.
 """
 
 from __future__ import annotations
@@ -62,9 +63,14 @@ def written_pairs() -> list[tuple[str, str]]:
     ]
 
 
+def all_written_pairs() -> list[tuple[str, str]]:
+    """Every renderer over every tokenizer the goldens were written for: the generic checks below cover them all."""
+    return [(p["renderer"], p["tokenizer"]) for p in index()["pairs"] if p["status"] == "written"]
+
+
 def _case_params(kind: str) -> list[Any]:
     out = []
-    for name, tok in written_pairs():
+    for name, tok in all_written_pairs():
         for item in golden(name, tok)["cases" if kind == "cases" else "extra_parses"]:
             key = item["id"] if kind == "cases" else item["name"]
             out.append(pytest.param(name, tok, key, id=f"{tok}/{name}/{key}"))
@@ -227,7 +233,7 @@ def test_golden_extra_parse(
     _check_parse(make_renderer(name, tok, tokenizer), tokenizer, entry)
 
 
-@pytest.mark.parametrize(("name", "tok"), [pytest.param(n, t, id=f"{t}/{n}") for n, t in written_pairs()])
+@pytest.mark.parametrize(("name", "tok"), [pytest.param(n, t, id=f"{t}/{n}") for n, t in all_written_pairs()])
 def test_golden_renderer_properties(name: str, tok: str, tokenizer_for: Callable[[str], Any]) -> None:
     data = golden(name, tok)
     renderer = make_renderer(name, tok, tokenizer_for(tok))
@@ -239,6 +245,8 @@ def test_golden_renderer_properties(name: str, tok: str, tokenizer_for: Callable
     # Text stops (role_colon) are not token ids: the gateway adapter gets none and parses the text.
     assert renderer.stop_token_ids() == [s for s in data["stop_sequences"]["values"] if isinstance(s, int)]
     assert renderer.has_extension_property is data["has_extension_property"]
+    if "renderer_class" in data:  # the gpt_oss names are small subclasses that fix the reasoning effort
+        assert data["renderer_class"] in [cls.__name__ for cls in type(renderer).__mro__]
     for attribute, value in data["renderer_attributes"].items():
         assert getattr(renderer, attribute) == value
 

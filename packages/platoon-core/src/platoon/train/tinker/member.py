@@ -1,0 +1,200 @@
+"""One member of a rollout group (train.md 2.6 step 4, 4.1): the request a group builds for each rollout, the body
+that runs it — the same in process and in a rollout worker — and the member outcome the group decision reads.
+
+The body runs the entry's route through `recorded_rollout` on the gateway it is given (the trainer's, or a worker's
+over the followed sampling client), writes the rollout's trajectory and event file when the request names an
+output directory, and classifies the result. Conversion to datums and credit happen in the trainer process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from platoon.config.environments import EnvironmentConfig
+    from platoon.config_defs import RolloutConfig
+    from platoon.gateway.records import Interaction
+    from platoon.task import Task
+    from platoon.trajectory import TrajectoryCollection
+
+__all__ = ["MemberOutcome", "MemberRequest", "outcome_status", "run_member"]
+
+log = logging.getLogger("platoon.train")
+
+#: dispositions of a member that produced no result (train.md 2.10 "members without any result", 4.5)
+NO_RESULT = (
+    "error",
+    "no_trajectories",
+    "straggler_killed",
+    "hard_timeout",
+    "worker_crashed",
+    "rollout_worker_oom",
+    "worker_launch_failed",
+    "cancelled",
+)
+
+
+@dataclass(frozen=True)
+class MemberRequest:
+    """What one rollout needs; picklable, so a rollout worker can run it.
+
+    `task_id` is the run's id (`<entry>::<raw id>` in a mixture) and `task` the task the service resolved for its
+    raw id. `rollout_config` already carries `model_name`, `return_dict` and `train`. `output_dir`, when set, gets
+    `trajectory_collection.json`, `metadata.json` and the event file of this rollout.
+    """
+
+    task: Task
+    task_id: str
+    label: str
+    entry: EnvironmentConfig
+    split: str
+    rollout_number: int
+    rollout_config: RolloutConfig
+    #: the kwargs the trainer built the entry's service with (relative paths already resolved)
+    service_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    output_dir: str | None = None
+
+    @property
+    def raw_task_id(self) -> str:
+        """The id the entry's service knows the task by (the run's id without its `<entry>::` prefix)."""
+        return str(self.task.id) if self.task.id is not None else self.task_id.rsplit("::", 1)[-1]
+
+
+@dataclass
+class MemberOutcome:
+    """A member's result: its trajectories and the exact tokens of its calls (None when it produced none).
+
+    `disposition`: `completed` or `no_trajectories` / `error` from the body, or one of the worker and straggler
+    dispositions (`straggler_killed`, `hard_timeout`, `worker_crashed`, `rollout_worker_oom`,
+    `worker_launch_failed`). `status` is the root's outcome status (`none` without a root). `version` is the policy
+    version its samples came from: the datums' `checkpoint_version`.
+    """
+
+    collection: TrajectoryCollection | None
+    interactions: Mapping[str, Interaction] | None
+    disposition: str
+    status: str
+    version: int
+    seconds: float = 0.0
+    reward_key: str | None = None
+    error: str | None = None
+    #: per-member scalars recorded into the step's metrics (e.g. `rollout_worker_*` in process mode)
+    telemetry: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def observed(self) -> bool:
+        """Whether the member produced trajectories the group can read."""
+        return self.collection is not None and self.disposition not in NO_RESULT
+
+    @classmethod
+    def missing(
+        cls, disposition: str, *, version: int, seconds: float = 0.0, error: str | None = None
+    ) -> MemberOutcome:
+        """A member without a result (train.md 2.10: it simply counts as missing)."""
+        return cls(None, None, disposition, "none", version, seconds, None, error)
+
+
+def outcome_status(collection: TrajectoryCollection | None) -> str:
+    """The root's outcome status (`scored`, `invalid`, `error`, `timeout`, `cancelled`), `none` without one."""
+    root = collection.root if collection is not None else None
+    if root is None:
+        return "none"
+    outcome = root.misc.get("outcome")
+    return str(outcome.get("status") or "none") if isinstance(outcome, Mapping) else "none"
+
+
+def _reward_key(collection: TrajectoryCollection) -> str | None:
+    root = collection.root
+    outcome = root.misc.get("outcome") if root is not None else None
+    key = outcome.get("reward_key") if isinstance(outcome, Mapping) else None
+    return str(key) if key else None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
+    """`trajectory_collection.json`, `metadata.json` and the event file of one rollout under its output dir."""
+    if request.output_dir is None:
+        return
+    from platoon.trajectory_events import write_events
+
+    where = Path(request.output_dir)
+    if outcome.collection is not None:
+        _write_json(where / "trajectory_collection.json", outcome.collection.to_dict())
+        try:
+            write_events(outcome.collection, where, task_id=request.task_id)
+        except OSError as exc:  # the viewer's copy; the trajectory itself is written
+            log.warning("writing the event file of %s failed: %s", request.task_id, exc)
+    _write_json(
+        where / "metadata.json",
+        {
+            "task_id": request.task_id,
+            "label": request.label,
+            "split": request.split,
+            "rollout_index": request.rollout_number,
+            "policy_version": outcome.version,
+            "wall_time_seconds": round(outcome.seconds, 3),
+            "disposition": outcome.disposition,
+            "outcome_status": outcome.status,
+            "reward_key": outcome.reward_key,
+            "error": outcome.error,
+            "status": "completed" if outcome.observed else "errored",
+        },
+    )
+
+
+async def run_member(
+    request: MemberRequest, *, service: Any, gateway: Any, version: Callable[[], int]
+) -> MemberOutcome:
+    """Run one rollout of `request` on `gateway`; never raises but for cancellation.
+
+    `version()` gives the policy version the member's samples come from, read when the rollout ends (in process
+    the version when the request was built; a worker's following sampler reports the oldest version it sampled).
+    """
+    from platoon.episode.rollout import Route, recorded_rollout
+
+    started = time.monotonic()
+    try:
+        route = Route.from_entry(request.entry, split=request.split, task_id=request.raw_task_id)
+        collection, recorder = await recorded_rollout(
+            request.task, service=service, route=route, config=request.rollout_config, gateway=gateway
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # one failed rollout is a missing member, never a trainer failure (train.md 2.4)
+        log.warning("rollout of %s failed: %s: %s", request.task_id, type(exc).__name__, exc)
+        outcome = MemberOutcome.missing(
+            "error",
+            version=version(),
+            seconds=time.monotonic() - started,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+    else:
+        seconds = time.monotonic() - started
+        if not collection.trajectories:
+            outcome = MemberOutcome.missing("no_trajectories", version=version(), seconds=seconds)
+        else:
+            outcome = MemberOutcome(
+                collection,
+                dict(recorder.interactions),
+                "completed",
+                outcome_status(collection),
+                version(),
+                seconds,
+                _reward_key(collection),
+            )
+    try:
+        await asyncio.to_thread(write_member_files, request, outcome)
+    except OSError as exc:
+        log.warning("writing the rollout files of %s failed: %s", request.task_id, exc)
+    return outcome

@@ -12,7 +12,8 @@ import typer
 from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
-from platoon.cli import components, config, extensions, pending, tinker, train
+from platoon.cli import components, config, extensions, pending, rollout, tinker, train
+from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
 from platoon.errors import ExtensionError
 
@@ -98,8 +99,8 @@ def build_app() -> typer.Typer:
         """Train LLM agents with reinforcement learning through a Tinker-compatible service."""
 
     app.command("train")(train.train)
-    app.command("eval")(pending.eval_)
-    app.command("rollout")(pending.rollout)
+    app.command("eval")(eval_command.eval_)
+    app.command("rollout")(rollout.rollout)
     app.command("prepare")(pending.prepare)
     app.add_typer(config.app, name="config")
     app.add_typer(components.harness_app, name="harness")

@@ -27,27 +27,6 @@ Overrides = Annotated[
 ]
 
 
-def eval_(config: ConfigArg, overrides: Overrides = None, prepare: bool = False) -> int:
-    """Evaluate a policy on every task of a split and write a report."""
-    return not_available("eval", "the evaluator")
-
-
-def rollout(
-    config: ConfigArg,
-    overrides: Overrides = None,
-    task: Annotated[str, typer.Option(help="The task id (ENV::ID in a mixture).")] = "",
-    split: str | None = None,
-    output_dir: str | None = None,
-    model: str | None = None,
-    model_path: str | None = None,
-    renderer: str | None = None,
-    json_output: bool = False,
-    prepare: bool = False,
-) -> int:
-    """Roll out one task and print its agent tree."""
-    return not_available("rollout", "the episode runtime")
-
-
 def prepare(config: ConfigArg, overrides: Overrides = None, dry_run: bool = False) -> int:
     """Make what a config needs once per site (datasets, images, toolchains, tokenizer)."""
     return not_available("prepare", "site preparation")

@@ -1,0 +1,66 @@
+"""`platoon eval CONFIG [k=v ...] [--prepare]` (core.md 3.4, train.md 5.1): evaluate a policy on every task of the
+config's split and print the report's summary as JSON on stdout; diagnostics go to stderr.
+
+The evaluation itself is `platoon.eval.evaluator`; this module only loads the config and prints.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from platoon.cli.output import dump_json, err, out
+from platoon.errors import EX_CONFIG
+
+ConfigArg = Annotated[
+    str, typer.Argument(metavar="CONFIG", help="The evaluation config file.", show_default=False)
+]
+Overrides = Annotated[
+    list[str] | None, typer.Argument(metavar="[K=V]...", help="k=v overrides.", show_default=False)
+]
+
+
+def eval_(
+    config: ConfigArg,
+    overrides: Overrides = None,
+    prepare: Annotated[
+        bool, typer.Option(help="Prepare what the evaluation needs on this site first (platoon prepare).")
+    ] = False,
+) -> int:
+    """Evaluate a policy on every task of a split and write a report."""
+    import asyncio
+
+    from platoon.cli.config import deprecation_lines
+    from platoon.config import load_config
+    from platoon.config.site import describe_site
+    from platoon.eval.config_defs import PlatoonEvalConfig
+    from platoon.eval.evaluator import evaluate, report_only
+
+    loaded = load_config(config, overrides or [], kind="eval")
+    for line in deprecation_lines(loaded):
+        err(line)
+    resolved = loaded.config
+    if not isinstance(resolved, PlatoonEvalConfig):
+        err(f"{config}: not an evaluation config (its schema is {loaded.schema_name})")
+        return EX_CONFIG
+    if resolved.stage == "report":
+        if prepare:
+            err("--prepare is ignored with stage: report (the report is rebuilt from the rollouts on disk)")
+        out(dump_json(report_only(resolved, err)["summary"]))
+        return 0
+    for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):
+        err(line)
+    if prepare:
+        from platoon.eval.policy import PolicySpec, check_policy_key
+
+        check_policy_key(PolicySpec.of_eval(resolved))  # the key is refused before anything else
+        err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
+        return 1
+    try:
+        result = asyncio.run(evaluate(resolved, loaded, say=err))
+    except KeyboardInterrupt:
+        err("interrupted")
+        return 130
+    out(dump_json(result))
+    return 0

@@ -1,0 +1,517 @@
+"""`platoon eval` (train.md 5.1, core.md 3.4): choose the output directory before anything is written, refuse what
+cannot run (exit 78), write the run record, roll out every task of the split as training rolls out (the trainer's
+member body on one gateway), classify each rollout, and build the report.
+
+Order: key check, site and policy checks -> output directory (fresh per start, or `inference.output_dir` refused
+when live or holding another policy's rollouts) -> component and judges checks -> records -> listing -> the policy
+opens (local server, hosted probe) -> rollouts -> report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import datetime as _dt
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from platoon.errors import ConfigError, PlatoonError
+
+if TYPE_CHECKING:
+    from platoon.config.loader import LoadedConfig
+    from platoon.eval.config_defs import PlatoonEvalConfig
+    from platoon.eval.policy import OpenPolicy, PolicySpec
+    from platoon.eval.tasks import EvalTask
+
+__all__ = [
+    "CORE_PROGRAMS",
+    "CORE_REWARD_PROCESSORS",
+    "OutputChoice",
+    "choose_output_dir",
+    "evaluate",
+    "judges_lock",
+    "judges_problems",
+    "report_only",
+]
+
+log = logging.getLogger("platoon.eval")
+
+#: programs and reward processors core ships: they never read child verdicts behind the evaluation's back
+CORE_PROGRAMS = frozenset({"single", "gym"})
+CORE_REWARD_PROCESSORS = frozenset({"platoon-delegation"})
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+EVAL_LABEL = "eval"
+
+Say = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The output directory
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputChoice:
+    """The evaluation's directory, whether this start made it up, and the line saying where it writes."""
+
+    path: Path
+    fresh: bool
+    line: str
+
+
+def _stamp(now: _dt.datetime | None) -> str:
+    return (now or _dt.datetime.now(_dt.UTC)).strftime(STAMP_FORMAT)
+
+
+def fresh_dir(base: Path, stamp: str) -> Path:
+    """`<base>/<stamp>`, else `<stamp>-2`, `<stamp>-3`, ... : the first name not taken."""
+    candidate, n = base / stamp, 2
+    while candidate.exists():
+        candidate, n = base / f"{stamp}-{n}", n + 1
+    return candidate
+
+
+def choose_output_dir(
+    config: PlatoonEvalConfig, loaded: LoadedConfig, spec: PolicySpec, *, now: _dt.datetime | None = None
+) -> OutputChoice:
+    """`inference.output_dir` if set, else a fresh `<runs>/eval/<policy>/<UTC time>` (train.md 5.1 step 2); writes
+    nothing. `<runs>` is the site profile's runs, else `./runs`."""
+    explicit = config.inference.output_dir
+    if explicit:
+        path = Path(os.path.abspath(os.path.expanduser(explicit)))
+        return OutputChoice(path, False, f"evaluating {spec.model} into {path}")
+    site_runs = loaded.site.runs if loaded.site is not None else None
+    runs = Path(site_runs) if site_runs is not None else Path(os.path.abspath("runs"))
+    path = fresh_dir(runs / "eval" / spec.slug, _stamp(now))
+    where = ", under the site profile's runs" if site_runs is not None else ""
+    return OutputChoice(
+        path, True, f"inference.output_dir is not set, so this evaluation writes to {path}{where}"
+    )
+
+
+def _claim(choice: OutputChoice) -> Path:
+    """Create the directory; a fresh name another start took in the meantime moves on to the next suffix."""
+    if not choice.fresh:
+        choice.path.mkdir(parents=True, exist_ok=True)
+        return choice.path
+    path = choice.path
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+            return path
+        except FileExistsError:
+            stamp = path.name.rsplit("-", 1)[0] if path.name.count("-") else path.name
+            path = fresh_dir(path.parent, stamp)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Judges
+
+
+def judges_problems(config: Any) -> list[str]:
+    """With `inference.judges: false`, entries grading children with verifiers whose own reward processor or
+    non-core program might read the verdicts are refused at start (train.md 5.1 "Judges")."""
+    from platoon.naming import split_ref
+
+    if config.inference.judges:
+        return []
+    problems = []
+    for index, entry in enumerate(config.environments or []):
+        if entry.agents.child_grading != "verifier":
+            continue
+        readers = []
+        if entry.reward_processor and entry.reward_processor not in CORE_REWARD_PROCESSORS:
+            readers.append(f"its reward processor {entry.reward_processor!r}")
+        if split_ref(entry.program)[0] not in CORE_PROGRAMS:
+            readers.append(f"its program {entry.program!r}")
+        if readers:
+            problems.append(
+                f"environments.{index}: agents.child_grading is verifier and {' and '.join(readers)} may read "
+                "the verifiers' verdicts, which inference.judges: false turns off; set inference.judges: true, "
+                "or grade children another way"
+            )
+    return problems
+
+
+def judges_lock(config: Any) -> dict[str, Any]:
+    """`lock.json.judges`: enabled, and with judges off each verifier-grading entry's applied grading."""
+    from platoon.eval.tasks import entries_by_label
+
+    if config.inference.judges:
+        return {"enabled": True}
+    grading = {
+        label: {"configured": "verifier", "applied": "none", "reason": "judges_off"}
+        for label, (_, entry) in entries_by_label(config).items()
+        if entry.agents.child_grading == "verifier"
+    }
+    record: dict[str, Any] = {"enabled": False}
+    if grading:
+        record["child_grading"] = grading
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks before anything is written
+
+
+def ignored_output_dir_lines(loaded: LoadedConfig) -> list[str]:
+    """The warning of core.md 3.3 step 4 for `inference.workflow.rollout_config.output_dir`."""
+    inference = loaded.data.get("inference")
+    workflow = inference.get("workflow") if isinstance(inference, Mapping) else None
+    rollout = workflow.get("rollout_config") if isinstance(workflow, Mapping) else None
+    if isinstance(rollout, Mapping) and rollout.get("output_dir") is not None:
+        return [
+            "inference.workflow.rollout_config.output_dir is ignored: platoon eval writes rollouts under its "
+            "output directory (inference.output_dir)"
+        ]
+    return []
+
+
+def start_problems(config: PlatoonEvalConfig) -> list[str]:
+    """Mixture rules, every component resolving, and the judges-off refusals."""
+    from platoon.config.checks import component_problems, run_problems
+
+    problems = run_problems(config, kind="eval")
+    if problems:
+        return problems
+    return component_problems(config) + judges_problems(config)
+
+
+def _use_subprocesses_problem(config: PlatoonEvalConfig) -> str | None:
+    if config.inference.workflow.use_subprocesses:
+        return (
+            "inference.workflow.use_subprocesses: subprocess slots are not available in this build; set it to "
+            "false (rollouts run in this process, num_concurrent_workers at once)"
+        )
+    return None
+
+
+def _snapshot(loaded: LoadedConfig, output_dir: Path) -> LoadedConfig:
+    """The loaded config with the chosen directory written in (the snapshot names it, core.md 3.4)."""
+    data = copy.deepcopy(loaded.data)
+    inference = data.setdefault("inference", {})
+    inference["output_dir"] = str(output_dir)
+    return dataclasses.replace(loaded, data=data)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The evaluation
+
+
+class _OneRollout:
+    """The shared gateway as one rollout sees it, keeping the recorder that rollout opened (its agents' counters
+    say which calls failed after retries and what they cost)."""
+
+    def __init__(self, gateway: Any) -> None:
+        self._gateway = gateway
+        self.recorder: Any = None
+
+    def open_rollout(self, *args: Any, **kwargs: Any) -> Any:
+        self.recorder = self._gateway.open_rollout(*args, **kwargs)
+        return self.recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gateway, name)
+
+
+@dataclasses.dataclass
+class _Stage:
+    """What the rollout stage did, for the report's workflow metrics and the run-wide refusals."""
+
+    reused: int = 0
+    run: int = 0
+    not_started: int = 0
+    run_wide: str | None = None
+
+
+def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, Any] | None:
+    """The earlier record of this rollout when the evaluation keeps it (`resume`; errored ones only without
+    `retry_errored`)."""
+    from platoon.eval.rollouts import ERRORED, METADATA_FILE
+    from platoon.train.tinker.records import read_json
+
+    if not resume:
+        return None
+    record = read_json(where / METADATA_FILE)
+    if record is None or record.get("status") not in ("completed", ERRORED):
+        return None
+    if record.get("status") == ERRORED and retry_errored:
+        return None
+    return record
+
+
+def _write_rollout(where: Path, collection: Any, record: Mapping[str, Any], task_id: str) -> None:
+    from platoon.eval.rollouts import COLLECTION_FILE, METADATA_FILE, write_json
+    from platoon.trajectory_events import write_events
+
+    if collection is not None:
+        write_json(where / COLLECTION_FILE, collection.to_dict())
+        try:
+            write_events(collection, where, task_id=task_id)
+        except OSError as exc:  # the viewer's copy: the trajectory itself is written
+            log.warning("writing the event file of %s failed: %s", task_id, exc)
+    # Last: a metadata file means the rollout's files are whole (a resume reuses it).
+    write_json(where / METADATA_FILE, record)
+
+
+async def _rollout_stage(
+    config: PlatoonEvalConfig,
+    tasks: list[EvalTask],
+    services: Mapping[str, Any],
+    policy: OpenPolicy,
+    output_dir: Path,
+    say: Say,
+) -> tuple[dict[str, list[dict[str, Any]]], _Stage]:
+    from platoon.eval.rollouts import rollout_dir, rollout_record
+    from platoon.eval.tasks import entries_by_label
+    from platoon.train.tinker.member import MemberRequest, run_member
+
+    inference = config.inference
+    workflow = inference.workflow
+    entries = entries_by_label(config)
+    rollout_config = workflow.rollout_config.model_copy(
+        update={
+            "model_name": policy.spec.model,
+            "return_dict": True,
+            "train": False,
+            "judges": inference.judges,
+            "output_dir": str(output_dir / "rollouts"),
+        }
+    )
+    provenance = policy.spec.provenance()
+    gate = asyncio.Semaphore(workflow.num_concurrent_workers)
+    stage = _Stage()
+    watch = policy.watch
+
+    async def one(item: EvalTask, index: int) -> dict[str, Any] | None:
+        where = rollout_dir(output_dir, item.task_id, index)
+        kept = _reusable(where, resume=inference.resume, retry_errored=inference.retry_errored)
+        if kept is not None:
+            stage.reused += 1
+            return kept
+        entry = entries[item.label][1]
+        async with gate:
+            if watch.stopped or stage.run_wide is not None:
+                stage.not_started += 1
+                return None
+            stage.run += 1
+            await asyncio.to_thread(
+                shutil.rmtree, where, True
+            )  # an errored earlier try leaves nothing behind
+            request = MemberRequest(
+                task=item.task,
+                task_id=item.task_id,
+                label=item.label,
+                entry=entry,
+                split=config.split,
+                rollout_number=index,
+                rollout_config=rollout_config,
+            )
+            scoped = _OneRollout(policy.gateway)
+            outcome = await run_member(
+                request, service=services[item.label], gateway=scoped, version=lambda: 0
+            )
+        rollout_id = getattr(scoped.recorder, "rollout_id", None)
+        record = rollout_record(
+            task_id=item.task_id,
+            label=item.label,
+            split=config.split,
+            index=index,
+            outcome=outcome,
+            recorder=scoped.recorder,
+            reward_processor=entry.reward_processor,
+            threshold=workflow.success_threshold,
+            count_timeout_as_failure=workflow.count_timeout_as_failure,
+            provenance=provenance,
+            judges=inference.judges,
+            refusals=watch.refusals.get(rollout_id, 0) if rollout_id else 0,
+        )
+        if not inference.judges and record["judges"]["refused"] and stage.run_wide is None:
+            stage.run_wide = (
+                f"environments[{item.label}]: a judge call was refused while judges are off (inference.judges: "
+                "false) in a rollout of task " + item.task_id + "; set inference.judges: true to evaluate it"
+            )
+        await asyncio.to_thread(_write_rollout, where, outcome.collection, record, item.task_id)
+        return record
+
+    n = workflow.num_rollouts_per_task
+    say(
+        f"rolling out {len(tasks)} tasks x {n} on split {config.split} ({workflow.num_concurrent_workers} at once)"
+    )
+    results = await asyncio.gather(*(one(item, i) for item in tasks for i in range(n)))
+    by_task: dict[str, list[dict[str, Any]]] = {item.task_id: [] for item in tasks}
+    for record in results:
+        if record is not None:
+            by_task.setdefault(str(record["task_id"]), []).append(record)
+    for records in by_task.values():
+        records.sort(key=lambda r: int(r.get("rollout_index", 0)))
+    return by_task, stage
+
+
+def _stage_refusals(policy: OpenPolicy, stage: _Stage) -> None:
+    """A refused Tinker key ends the stage with its own line; other run-wide problems say what did not start."""
+    watch = policy.watch
+    if watch.key_refusal is not None:
+        raise watch.key_refusal
+    problem = watch.hosted_refusal or stage.run_wide
+    if problem is not None:
+        raise ConfigError(f"{problem}; the evaluation stopped: {stage.not_started} rollout(s) did not start")
+
+
+def _records_from_disk(output_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    from platoon.eval.rollouts import iter_records
+
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for _, record in iter_records(output_dir):
+        by_task.setdefault(str(record.get("task_id")), []).append(record)
+    for records in by_task.values():
+        records.sort(key=lambda r: int(r.get("rollout_index", 0)))
+    return by_task
+
+
+def _report(
+    config: PlatoonEvalConfig,
+    spec: PolicySpec,
+    by_task: Mapping[str, list[dict[str, Any]]],
+    *,
+    output_dir: Path,
+    elapsed: float,
+    metrics: Mapping[str, Any],
+) -> dict[str, Any]:
+    from platoon.eval.report import build_report, write_report
+
+    report = build_report(
+        by_task,
+        success_threshold=config.inference.workflow.success_threshold,
+        model=spec.model_record(),
+        workflow_config=config.inference.workflow.model_dump(mode="json"),
+        elapsed_seconds=elapsed,
+        judges=config.inference.judges,
+        workflow_specific_metrics=metrics,
+    )
+    write_report(output_dir, report)
+    return report
+
+
+def report_only(config: PlatoonEvalConfig, say: Say) -> dict[str, Any]:
+    """`stage: report`: rebuild the report of `inference.output_dir` from its rollout records (no policy, no
+    components, no sandboxes)."""
+    from platoon.eval.policy import PolicySpec
+    from platoon.eval.rollouts import provenance_mismatch
+
+    explicit = config.inference.output_dir
+    if not explicit:
+        raise ConfigError(
+            "stage: report rebuilds the report of an existing evaluation: set inference.output_dir to its directory"
+        )
+    output_dir = Path(os.path.abspath(os.path.expanduser(explicit)))
+    if not output_dir.is_dir():
+        raise ConfigError(
+            f"inference.output_dir: {output_dir} does not exist: there is no evaluation to report on"
+        )
+    spec = PolicySpec.of_eval(config)
+    refusal = provenance_mismatch(output_dir, spec.provenance())
+    if refusal is not None:
+        raise ConfigError(refusal)
+    started = time.monotonic()
+    by_task = _records_from_disk(output_dir)
+    report = _report(
+        config, spec, by_task, output_dir=output_dir, elapsed=time.monotonic() - started, metrics={}
+    )
+    say(f"rebuilt the report of {sum(len(r) for r in by_task.values())} rollouts in {output_dir / 'reports'}")
+    return report
+
+
+async def evaluate(
+    config: PlatoonEvalConfig, loaded: LoadedConfig, *, say: Say, now: _dt.datetime | None = None
+) -> dict[str, Any]:
+    """Run the evaluation `config` names (stage `full` or `rollouts`); returns what the command prints: the
+    report's summary, or for `stage: rollouts` the stage's counts. Raises ConfigError (78) for refusals and
+    PlatoonError (1) for a `fail_fast` stop."""
+    from platoon.eval.components import component_records
+    from platoon.eval.policy import PolicySpec, check_policy_key, open_policy, sample_timeout_line
+    from platoon.eval.rollouts import provenance_mismatch
+    from platoon.eval.tasks import list_tasks
+    from platoon.train.tinker import records
+
+    started = time.monotonic()
+    spec = PolicySpec.of_eval(config)
+    # The key first: a missing key is refused before anything is prepared or written (core.md 3.4).
+    check_policy_key(spec)
+    line = sample_timeout_line(spec, "inference")
+    if line is not None:
+        say(line)
+    for warning in ignored_output_dir_lines(loaded):
+        say(warning)
+    problem = _use_subprocesses_problem(config)
+    if problem is not None:
+        raise ConfigError(problem)
+    choice = choose_output_dir(config, loaded, spec, now=now)
+    if not choice.fresh:
+        records.check_run_dir_free(choice.path)
+        refusal = provenance_mismatch(choice.path, spec.provenance())
+        if refusal is not None:
+            raise ConfigError(refusal)
+    problems = start_problems(config)
+    if problems:
+        raise ConfigError(problems)
+    output_dir = _claim(choice)
+    say(choice.line if output_dir == choice.path else choice.line.replace(str(choice.path), str(output_dir)))
+    snapshot = _snapshot(loaded, output_dir)
+    records.hold_run_dir(output_dir, label=EVAL_LABEL)
+    try:
+        records.write_resolved_config(output_dir, snapshot)
+        records.write_lock(output_dir, snapshot, component_records(config, split=config.split))
+        records.update_lock(output_dir, judges=judges_lock(config))
+        listing = await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
+        records.update_lock(output_dir, excluded_tasks=listing.excluded)
+        rollout_config = config.inference.workflow.rollout_config
+        async with open_policy(
+            spec, rollout_config=rollout_config, entries=config.environments, say=say
+        ) as policy:
+            fields: dict[str, Any] = {"policy": spec.lock_record(probe=policy.probe)}
+            parsing = policy.tool_call_parsing()
+            if parsing is not None:
+                fields["tool_call_parsing"] = parsing
+            records.update_lock(output_dir, **fields)
+            by_task, stage = await _rollout_stage(
+                config, listing.tasks, listing.services, policy, output_dir, say
+            )
+            _stage_refusals(policy, stage)
+        errored = sum(1 for rs in by_task.values() for r in rs if r.get("status") != "completed")
+        total = sum(len(rs) for rs in by_task.values())
+        if config.inference.workflow.fail_fast and errored:
+            raise PlatoonError(
+                f"{errored} of {total} rollouts errored and inference.workflow.fail_fast is set; their records "
+                f"are under {output_dir / 'rollouts'}"
+            )
+        metrics = {"rollouts_run": stage.run, "rollouts_reused": stage.reused}
+        if config.stage == "rollouts":
+            say(f"rolled out {total} rollouts ({errored} errored) into {output_dir / 'rollouts'}")
+            return {
+                "stage": "rollouts",
+                "output_dir": str(output_dir),
+                "total_rollouts": total,
+                "errored_rollouts": errored,
+                **metrics,
+            }
+        report = _report(
+            config, spec, by_task, output_dir=output_dir, elapsed=time.monotonic() - started, metrics=metrics
+        )
+        summary = report["summary"]
+        say(
+            f"{summary['total_rollouts']} rollouts of {summary['total_tasks']} tasks: "
+            f"{summary['successful_rollouts']} successful, {summary['failed_rollouts']} failed, "
+            f"{summary['errored_rollouts']} errored; report in {output_dir / 'reports'}"
+        )
+        return dict(summary)
+    finally:
+        held = records.read_process(output_dir)
+        if held is not None and held.pid == os.getpid():
+            (output_dir / records.PROCESS_FILE).unlink(missing_ok=True)

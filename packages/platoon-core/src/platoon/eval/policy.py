@@ -1,0 +1,447 @@
+"""The policy `platoon eval` and `platoon rollout` sample (train.md 5.1-5.3): a Tinker sampler (a base model or a
+`tinker://` checkpoint, on the configured service or the local server), a hosted model, or none; how it is named
+in run directories, provenance records and `lock.json`; and opening the gateway its rollouts call.
+
+Tinker, the renderers and the local server are imported only when a policy is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from platoon.errors import ConfigError, PlatoonError
+
+if TYPE_CHECKING:
+    from platoon.eval.config_defs import HostedConfig, PlatoonEvalConfig
+    from platoon.gateway.core import ModelGateway
+    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+
+__all__ = [
+    "CallWatch",
+    "OpenPolicy",
+    "PolicySpec",
+    "base_url_origin",
+    "check_policy_key",
+    "open_policy",
+    "policy_slug",
+]
+
+TINKER = "tinker"
+HOSTED = "hosted"
+#: what a policy is called in a run directory when its name has no usable character
+FALLBACK_SLUG = "policy"
+SLUG_LIMIT = 100
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: function harnesses call the model through `ctx.chat`, which a hosted gateway sends as Chat Completions
+FUNCTION_HARNESS_DIALECT = "openai_chat"
+
+
+def policy_slug(model_path: str | None, model_name: str) -> str:
+    """`<policy>` of `runs/eval/<policy>/...` (train.md 5.1): the checkpoint path without its scheme, else the model
+    name; runs of characters outside `[A-Za-z0-9._-]` become `-`, trimmed of `-` and `.`, the last 100 kept."""
+    text = model_path.split("://", 1)[-1] if model_path else model_name
+    slug = _SLUG_UNSAFE.sub("-", text).strip("-.")
+    slug = slug[-SLUG_LIMIT:].strip("-.") if len(slug) > SLUG_LIMIT else slug
+    return slug or FALLBACK_SLUG
+
+
+def base_url_origin(url: str | None) -> str | None:
+    """`scheme://host[:port]` of a URL (never its credentials, path or query); `local` stays `local`."""
+    if url is None or url == "local":
+        return url
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not parts.scheme or not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What is sampled: `backend` `tinker`, `hosted` or None (no policy), the model and its settings.
+
+    `base_url` is a training config's `tinker_base_url` (None: `$TINKER_BASE_URL` decides, as for evaluation
+    configs, which have no such key).
+    """
+
+    backend: str | None
+    model: str
+    model_path: str | None = None
+    renderer: str | None = None
+    renderer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    context_window_length: int | None = None
+    sample_timeout_seconds: float | None = None
+    base_url: str | None = None
+    hosted: HostedConfig | None = None
+    judges: bool = True
+
+    @classmethod
+    def of_eval(cls, config: PlatoonEvalConfig) -> PolicySpec:
+        inference = config.inference
+        if inference.hosted is not None:
+            backend: str | None = HOSTED
+        else:
+            backend = TINKER if inference.renderer_name is not None else None
+        return cls(
+            backend=backend,
+            model=inference.model_name,
+            model_path=inference.model_path,
+            renderer=inference.renderer_name,
+            renderer_kwargs=dict(inference.renderer_kwargs),
+            context_window_length=inference.context_window_length,
+            sample_timeout_seconds=inference.sample_timeout_seconds,
+            hosted=inference.hosted,
+            judges=inference.judges,
+        )
+
+    @classmethod
+    def of_training(cls, config: PlatoonTinkerRLTrainerConfig) -> PolicySpec:
+        train = config.train
+        return cls(
+            backend=TINKER,
+            model=train.model_name,
+            renderer=train.renderer_name,
+            renderer_kwargs=dict(train.renderer_kwargs),
+            context_window_length=train.context_window_length,
+            sample_timeout_seconds=train.sample_timeout_seconds,
+            base_url=config.tinker_base_url,
+        )
+
+    @property
+    def slug(self) -> str:
+        return policy_slug(self.model_path, self.model)
+
+    def tinker_base_url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The Tinker service this policy samples: the config's, else `$TINKER_BASE_URL`, else hosted Tinker."""
+        env = os.environ if environ is None else environ
+        return self.base_url if self.base_url is not None else env.get("TINKER_BASE_URL") or None
+
+    def provenance(self) -> dict[str, Any]:
+        """What each rollout records of the policy that made it (train.md 5.1 "Provenance")."""
+        if self.backend == TINKER:
+            return {
+                "judges": self.judges,
+                "backend": TINKER,
+                "model": self.model,
+                "model_path": self.model_path,
+                "renderer": self.renderer,
+            }
+        if self.backend == HOSTED:
+            assert self.hosted is not None
+            return {
+                "judges": self.judges,
+                "backend": HOSTED,
+                "model": self.model,
+                "base_url_origin": base_url_origin(self.hosted.base_url),
+            }
+        return {"judges": self.judges, "backend": None}
+
+    def lock_record(self, *, probe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """`lock.json.policy` (core.md 9.3); None without a policy."""
+        if self.backend == TINKER:
+            return {
+                "backend": TINKER,
+                "model": self.model,
+                "model_path": self.model_path,
+                "renderer": self.renderer,
+                "base_url_origin": base_url_origin(self.tinker_base_url()),
+            }
+        if self.backend == HOSTED:
+            assert self.hosted is not None
+            return {
+                "backend": HOSTED,
+                "model": self.model,
+                "base_url_origin": base_url_origin(self.hosted.base_url),
+                "api_key_env": self.hosted.api_key_env,
+                "max_concurrent_requests": self.hosted.max_concurrent_requests,
+                "probe": dict(probe) if probe is not None else None,
+            }
+        return None
+
+    def model_record(self) -> dict[str, Any]:
+        """The report's `model` section, before the served models are known."""
+        origin = (
+            base_url_origin(self.hosted.base_url)
+            if self.hosted is not None
+            else base_url_origin(self.tinker_base_url())
+            if self.backend == TINKER
+            else None
+        )
+        return {
+            "model_name": self.model,
+            "model_path": self.model_path,
+            "renderer_name": self.renderer,
+            "backend": self.backend,
+            "base_url_origin": origin,
+        }
+
+
+def check_policy_key(spec: PolicySpec, environ: Mapping[str, str] | None = None) -> None:
+    """The key check before anything is prepared or written: the Tinker key (unless the local server or a policy
+    served in process answers), or the hosted key variable set. Raises a one-line ConfigError (exit 78)."""
+    env = os.environ if environ is None else environ
+    if spec.backend == HOSTED:
+        assert spec.hosted is not None
+        name = spec.hosted.api_key_env
+        if name is not None and not env.get(name, "").strip():
+            raise ConfigError(
+                f"inference.hosted.api_key_env names {name}, which is not set: set it to the hosted server's key "
+                "(or api_key_env: null for a server without auth)"
+            )
+        return
+    if spec.backend == TINKER:
+        from platoon.testing.gateway import default_policy
+        from platoon.train.tinker.credentials import check_tinker_key
+
+        if default_policy() is None:
+            check_tinker_key(spec.base_url, env)
+
+
+def sample_timeout_line(spec: PolicySpec, section: str) -> str | None:
+    """The stderr line naming the sample timeout in force (train.md 2.17); a bad environment value is a 78."""
+    if spec.backend != TINKER:
+        return None
+    from platoon.gateway.core import SAMPLE_TIMEOUT_ENV, resolve_sample_timeout
+
+    try:
+        seconds = resolve_sample_timeout(spec.sample_timeout_seconds)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if spec.sample_timeout_seconds is not None:
+        source = f"{section}.sample_timeout_seconds"
+    elif os.environ.get(SAMPLE_TIMEOUT_ENV, "").strip():
+        source = f"${SAMPLE_TIMEOUT_ENV}"
+    else:
+        source = "the default"
+    return f"sample timeout {seconds:g} s ({source})"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Watching calls for run-wide problems
+
+
+@dataclass
+class CallWatch:
+    """Run-wide problems seen on model calls: a refused Tinker key, a hosted server refusing the key or model.
+
+    Either stops new rollouts (train.md 5.1); `refusals` counts the refused calls per rollout id.
+    """
+
+    key_refusal: ConfigError | None = None
+    hosted_refusal: str | None = None
+    refusals: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def stopped(self) -> bool:
+        return self.key_refusal is not None or self.hosted_refusal is not None
+
+
+class _WatchedSampler:
+    """A Tinker sampler that notes a refused key (401/403) in the watch before the gateway wraps the error."""
+
+    def __init__(self, sampler: Any, watch: CallWatch, base_url: str | None) -> None:
+        self._sampler = sampler
+        self._watch = watch
+        self._base_url = base_url
+
+    async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
+        from platoon.train.tinker.credentials import refused_key_error
+
+        try:
+            return await self._sampler.sample_async(*args, **kwargs)
+        except Exception as exc:
+            refused = refused_key_error(exc, base_url=self._base_url, what="a sample")
+            if refused is not None and self._watch.key_refusal is None:
+                self._watch.key_refusal = refused
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+
+class _WatchedHosted:
+    """A hosted gateway backend that notes refusals (401/402/403/404, redirects): they stop the evaluation."""
+
+    def __init__(self, backend: Any, watch: CallWatch) -> None:
+        self._backend = backend
+        self._watch = watch
+
+    async def chat(self, agent: Any, rollout: Any, *args: Any, **kwargs: Any) -> Any:
+        from platoon.gateway.hosted import HostedRefusal
+
+        try:
+            return await self._backend.chat(agent, rollout, *args, **kwargs)
+        except HostedRefusal as exc:
+            if self._watch.hosted_refusal is None:
+                self._watch.hosted_refusal = exc.message
+            refusals = self._watch.refusals
+            refusals[rollout.rollout_id] = refusals.get(rollout.rollout_id, 0) + 1
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+@dataclass
+class OpenPolicy:
+    """An opened policy: the gateway every rollout calls, the renderer (None for hosted), what the probe found."""
+
+    spec: PolicySpec
+    gateway: ModelGateway
+    watch: CallWatch
+    renderer: Any = None
+    probe: dict[str, Any] | None = None
+
+    def tool_call_parsing(self) -> dict[str, Any] | None:
+        """`lock.json.tool_call_parsing` of a Tinker policy: the chat-template renderer's parser choice, else the
+        named renderer parsing its own format."""
+        if self.spec.backend != TINKER or self.renderer is None:
+            return None
+        record = getattr(self.renderer, "tool_call_parsing", None)
+        if callable(record):
+            try:
+                return dict(record())
+            except Exception as exc:  # the choice failed: the lock says why (core.md 9.3 "or error")
+                return {
+                    "model_name": self.spec.model,
+                    "renderer_name": self.spec.renderer,
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+        return {
+            "model_name": self.spec.model,
+            "renderer_name": self.spec.renderer,
+            "setting": "renderer",
+            "parser": self.spec.renderer,
+        }
+
+
+def _dialects(entries: Any) -> list[str]:
+    # TOML-spec harnesses (each with its own dialect) arrive with the spec runner; function harnesses chat.
+    return [FUNCTION_HARNESS_DIALECT] if entries else []
+
+
+@contextlib.asynccontextmanager
+async def open_policy(
+    spec: PolicySpec,
+    *,
+    rollout_config: Any,
+    entries: Any = (),
+    say: Any = None,
+) -> AsyncIterator[OpenPolicy]:
+    """Open `spec` for the life of the block: the gateway over its sampler (Tinker), the hosted model (probed
+    first), or the policy `platoon.testing.serve_policy` installed in process.
+
+    `rollout_config` gives a hosted model its sampling defaults; `entries` are the environment entries (their
+    harnesses' dialects are probed); `say` prints progress lines. Refusals are ConfigErrors (exit 78).
+    """
+    import asyncio
+
+    watch = CallWatch()
+    if spec.backend is None:
+        raise ConfigError(
+            "no policy is served (no renderer_name and no hosted model): set inference.renderer_name for a "
+            "Tinker policy, or inference.hosted"
+        )
+    if spec.backend == HOSTED:
+        from platoon.gateway.hosted import hosted_gateway
+
+        assert spec.hosted is not None
+        params = rollout_config.inference_params.model_dump()
+        gateway = hosted_gateway(
+            spec.hosted,
+            model=spec.model,
+            inference_params=params,
+            sampling_precedence=rollout_config.sampling_precedence,
+        )
+        backend = gateway.backend.backend
+        dialects = _dialects(entries)
+        # The probe comes before any rollout: a server that refuses the key or the model stops here, in one line.
+        await backend.probe(dialects)
+        gateway.backend = _WatchedHosted(gateway.backend, watch)
+        probe = {"ok": True, "dialects": dialects}
+        yield OpenPolicy(spec, gateway, watch, probe=probe)
+        return
+
+    from platoon.testing.gateway import default_policy
+
+    served = default_policy()
+    if served is not None:
+        # `serve_policy` in this process: the scripted policy answers, with the config's renderer and settings.
+        gateway = served.gateway(
+            model_name=spec.model,
+            renderer=spec.renderer,
+            renderer_kwargs=dict(spec.renderer_kwargs),
+            sample_timeout_seconds=spec.sample_timeout_seconds,
+        )
+        yield OpenPolicy(spec, gateway, watch, renderer=gateway.renderer)
+        return
+
+    from platoon.train.tinker.credentials import check_tinker_key, refused_key_error, uses_local_server
+
+    base_url = spec.tinker_base_url()
+    api_key = check_tinker_key(spec.base_url)
+    stop_server: Any = None
+    try:
+        if uses_local_server(spec.base_url):
+            from platoon.testing.local_server.process import start_local_server_process
+
+            if say is not None:
+                say(f"starting the local Tinker-compatible server for {spec.model}")
+            base_url, stop_server = await asyncio.to_thread(start_local_server_process, model=spec.model)
+        sampler = await _sampling_client(spec, base_url, api_key, refused_key_error)
+        from platoon.gateway.core import ModelGateway
+        from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+
+        tokenizer = await asyncio.to_thread(get_tokenizer, spec.model)
+        assert spec.renderer is not None
+        renderer = get_renderer(spec.renderer, tokenizer, renderer_kwargs=dict(spec.renderer_kwargs))
+        gateway = ModelGateway(
+            _WatchedSampler(sampler, watch, base_url),
+            renderer,
+            model_name=spec.model,
+            context_window_length=spec.context_window_length,
+            sample_timeout_seconds=spec.sample_timeout_seconds,
+        )
+        yield OpenPolicy(spec, gateway, watch, renderer=renderer)
+    finally:
+        if stop_server is not None:
+            await asyncio.to_thread(stop_server)
+
+
+async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str, refused: Any) -> Any:
+    """A Tinker sampling client of the checkpoint (`model_path`) or the base model; a refused key is one line."""
+    import asyncio
+
+    import tinker
+
+    def connect() -> Any:
+        kwargs: dict[str, Any] = {"api_key": api_key}
+        if base_url is not None:
+            kwargs["base_url"] = base_url
+        return tinker.ServiceClient(**kwargs)
+
+    try:
+        service = await asyncio.to_thread(connect)
+        if spec.model_path is not None:
+            return await service.create_sampling_client_async(model_path=spec.model_path)
+        return await service.create_sampling_client_async(base_model=spec.model)
+    except Exception as exc:
+        error = refused(exc, base_url=base_url, what="a sampling client")
+        if error is not None:
+            raise error from None
+        # The service's answer (an unknown checkpoint, an unreachable server) in one line, not a traceback.
+        what = spec.model_path or spec.model
+        raise PlatoonError(
+            f"the Tinker service could not open a sampler of {what}: {type(exc).__name__}: "
+            + " ".join(str(exc).split())[:300]
+        ) from None

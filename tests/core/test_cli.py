@@ -48,8 +48,6 @@ def test_bad_option_is_a_usage_error(capsys):
 @pytest.mark.parametrize(
     ("argv", "command"),
     [
-        (["eval", "c.yaml", "inference.model_name=x"], "eval"),
-        (["rollout", "c.yaml", "--task", "7"], "rollout"),
         (["prepare", "c.yaml", "--dry-run"], "prepare"),
         (["viz", "tail", "runs/x"], "viz"),
     ],

@@ -1,5 +1,6 @@
 """`lock.json.components` of an evaluation or an ad-hoc rollout (core.md 9.3): every component the entries name
-for the split that runs (its harness options as that phase applies them), with where each was found.
+for the split that runs (loaders and rollout of that phase; harness options of both phases), with where each
+was found.
 
 Called after `component_problems` passed, so every reference resolves here.
 """
@@ -55,6 +56,15 @@ def _harness_records(entry: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _options(entry: Any) -> dict[str, Any]:
+    """`{train: options, eval: options}` as each phase applies them; `eval` omitted when identical (core.md 9.3)."""
+    from platoon.episode.rollout import Route
+
+    train = dict(entry.harness_options)
+    evaluated = dict(Route.from_entry(entry, split="eval", task_id="-").harness_options)
+    return {"train": train} if evaluated == train else {"train": train, "eval": evaluated}
+
+
 def component_records(config: Any, *, split: str) -> list[dict[str, Any]]:
     """One record per distinct component, listing the entry labels that name it (`environments`)."""
     from platoon import plugins
@@ -79,12 +89,7 @@ def component_records(config: Any, *, split: str) -> list[dict[str, Any]]:
             )
         for key, record in _harness_records(entry):
             kept = add(key, record, label)
-            options = dict(entry.harness_options)
-            if split != "train" and entry.eval_overrides.harness_options:
-                from platoon.episode.rollout import Route
-
-                options = dict(Route.from_entry(entry, split=split, task_id="-").harness_options)
-            kept.setdefault("options", {})[label] = {split: options}
+            kept.setdefault("options", {})[label] = _options(entry)
         program = get_program(entry.program) if ":" not in entry.program else None
         resolved = program.ref if program is not None else entry.program
         add(

@@ -46,9 +46,9 @@ def write_config(workdir: Path) -> Callable[..., Path]:
     return write
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The local Tinker-compatible server (tiny Qwen3, toy tokenizer) for the module's tests."""
+    """The local Tinker-compatible server (tiny Qwen3, toy tokenizer), built once for these tests."""
     from platoon.testing.local_server import LocalTinkerServer
 
     with LocalTinkerServer(state_dir=tmp_path_factory.mktemp("local-tinker")) as running:

@@ -283,6 +283,35 @@ def test_an_output_dir_holding_another_policys_rollouts_is_refused(workdir, writ
     assert report["workflow_specific_metrics"] == {"rollouts_run": 0, "rollouts_reused": 1}
 
 
+def test_an_output_dir_in_use_is_refused(workdir, write_config, capsys):
+    import socket
+    import subprocess
+
+    out_dir = workdir / "busy"
+    out_dir.mkdir()
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        record = {
+            "command": ["platoon", "eval"],
+            "host": socket.gethostname(),
+            "pid": holder.pid,
+            "label": "eval",
+        }
+        (out_dir / "process.json").write_text(json.dumps(record))
+        config = write_config(number_search_eval(output_dir=str(out_dir)))
+        with serve_policy(binary_search):
+            status, _, err = run(["eval", str(config)], capsys)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert status == 78
+    assert problems(err) == [
+        f"platoon: inference.output_dir: {out_dir} is in use: process.json names pid {holder.pid} (eval) running "
+        "on this host; stop that evaluation, or set another inference.output_dir (or none, for a fresh directory)"
+    ]
+    assert sorted(p.name for p in out_dir.iterdir()) == ["process.json"]
+
+
 def test_rollouts_without_provenance_count_as_tinker_with_judges(
     workdir, write_config, capsys, hosted_server
 ):
@@ -366,6 +395,48 @@ def test_unscored_rollouts_are_errors_not_failures(workdir, write_config, capsys
     meta = json.loads((out_dir / "rollouts" / "t1" / "rollout_0" / "metadata.json").read_text())
     assert meta["status"] == "errored" and meta["reward"] is None
     assert meta["error"].startswith("Outcome invalid")
+
+
+def test_judges_off_is_recorded_and_verifier_grading_read_by_a_custom_program_is_refused(
+    workdir, write_config, capsys, monkeypatch
+):
+    data = number_search_eval(judges=False, workflow={"num_rollouts_per_task": 1})
+    data["environments"][0]["agents"] = {"max_depth": 1, "child_grading": "verifier"}
+    config = write_config(data)
+    with serve_policy(binary_search):
+        status, out, err = run(["eval", str(config)], capsys)
+        assert status == 0, err
+        out_dir = only_dir(workdir / "runs" / "eval" / "platoon-toy")
+        lock = json.loads((out_dir / "lock.json").read_text())
+        assert lock["judges"] == {
+            "enabled": False,
+            "child_grading": {
+                "default": {"configured": "verifier", "applied": "none", "reason": "judges_off"}
+            },
+        }
+        report = json.loads((out_dir / "reports" / "final_report.json").read_text())
+        assert report["judges"]["enabled"] is False
+        meta = json.loads((out_dir / "rollouts" / "val_0" / "rollout_0" / "metadata.json").read_text())
+        assert meta["provenance"]["judges"] is False and meta["judges"]["enabled"] is False
+        collection = json.loads(
+            (out_dir / "rollouts" / "val_0" / "rollout_0" / "trajectory_collection.json").read_text()
+        )
+        root = next(iter(collection["trajectories"].values()))
+        assert root["misc"]["judges"] == {"enabled": False}
+
+        # A program of the user's own might read the verdicts the evaluation turned off: refused at start.
+        (workdir / "judgesprog.py").write_text(
+            "import platoon as pt\n\n\n@pt.program('reads-verdicts')\nasync def reads(ep):\n    raise AssertionError\n"
+        )
+        monkeypatch.syspath_prepend(str(workdir))
+        extra = ["environments.0.package=judgesprog", "environments.0.program=reads-verdicts"]
+        status, _, err = run(["eval", str(config), *extra], capsys)
+    assert status == 78
+    assert problems(err) == [
+        "platoon: environments.0: agents.child_grading is verifier and its program 'reads-verdicts' may read the "
+        "verifiers' verdicts, which inference.judges: false turns off; set inference.judges: true, or grade "
+        "children another way"
+    ]
 
 
 def test_timeouts_are_errors_unless_counted_as_failures_and_fail_fast_stops(workdir, write_config, capsys):

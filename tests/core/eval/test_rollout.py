@@ -328,3 +328,59 @@ def test_the_snapshot_of_a_rollout_loads_as_a_config(workdir, tree_config, capsy
         assert main(["rollout", str(tree_config), "--task", "val:0", "--output-dir", "out"]) == 0
     snapshot = yaml.safe_load((workdir / "out" / "config.resolved.yaml").read_text())
     assert snapshot["environments"][0]["env"] == "platoon-number-search@1"
+
+
+def test_rollout_samples_a_saved_checkpoint(workdir, write_config, capsys, monkeypatch, tinker_server):
+    import tinker
+
+    service = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
+    client = service.create_lora_training_client(base_model="platoon/toy", rank=8)
+    path = client.save_weights_for_sampler("eval-test").result().path
+    monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-rollout-test")
+    data = number_search_eval(
+        workflow={
+            "rollout_config": {
+                "verbose": False,
+                "max_steps": 1,
+                "sampling_precedence": "config",
+                "inference_params": {"max_completion_tokens": 4},
+            }
+        }
+    )
+    config = write_config(data)
+    status = main(["rollout", str(config), "--task", "val:0", "--model-path", path])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.out.splitlines()[1].startswith("agents 1  steps 1  max depth 0  reward 0")
+    lock = json.loads((only_dir(workdir / "runs" / "adhoc") / "lock.json").read_text())
+    assert lock["policy"]["model_path"] == path
+
+
+@pytest.mark.slow
+def test_tinker_base_url_local_starts_the_local_server_for_the_command(
+    workdir, write_config, capsys, monkeypatch
+):
+    profile = workdir / "site.yaml"
+    profile.write_text(f"cache: {workdir / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    monkeypatch.setenv("TINKER_BASE_URL", "local")  # and no TINKER_API_KEY: the local server needs none
+    data = number_search_eval(
+        workflow={
+            "rollout_config": {
+                "verbose": False,
+                "max_steps": 1,
+                "sampling_precedence": "config",
+                "inference_params": {"max_completion_tokens": 4},
+            }
+        }
+    )
+    config = write_config(data)
+    status = main(["rollout", str(config), "--task", "val:0", "--json-output"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "platoon: starting the local Tinker-compatible server for platoon/toy" in captured.err
+    assert json.loads(captured.out)["agents"][0]["steps"] == 1
+    assert (workdir / "cache" / "local-tinker").is_dir()  # its state under the site cache
+    lock = json.loads((only_dir(workdir / "runs" / "adhoc") / "lock.json").read_text())
+    assert lock["policy"]["base_url_origin"] == "local"

@@ -165,7 +165,7 @@ async def run_adhoc_rollout(
 ) -> tuple[dict[str, Any], Path]:
     """Roll out `options.task` and return its summary (core.md 3.5) and the run directory."""
     from platoon.eval.components import component_records
-    from platoon.eval.evaluator import judges_lock
+    from platoon.eval.evaluator import check_output_dir_free, judges_lock
     from platoon.eval.policy import check_policy_key, open_policy, sample_timeout_line
     from platoon.eval.tasks import resolve_task
     from platoon.eval.tree import rollout_summary
@@ -189,7 +189,7 @@ async def run_adhoc_rollout(
     if problems:
         raise ConfigError(problems)
     run_dir = run_dir_for(loaded, options, now=now)
-    records.check_run_dir_free(run_dir)
+    check_output_dir_free(run_dir, key="--output-dir", way_out="stop that run, or give another --output-dir")
     item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent)
 
     from platoon.eval.tasks import entries_by_label

@@ -192,6 +192,22 @@ def _use_subprocesses_problem(config: PlatoonEvalConfig) -> str | None:
     return None
 
 
+def check_output_dir_free(
+    output_dir: Path,
+    *,
+    key: str = "inference.output_dir",
+    way_out: str = "stop that evaluation, or set another inference.output_dir (or none, for a fresh directory)",
+) -> None:
+    """Refuse (78) a directory a live process holds, saying how this command gets another one."""
+    from platoon.train.tinker.records import RunDirInUse, check_run_dir_free
+
+    try:
+        check_run_dir_free(output_dir)
+    except RunDirInUse as exc:
+        held = exc.problems[0].split("; stop that run", 1)[0]
+        raise ConfigError(f"{key}: {held}; {way_out}") from None
+
+
 def _snapshot(loaded: LoadedConfig, output_dir: Path) -> LoadedConfig:
     """The loaded config with the chosen directory written in (the snapshot names it, core.md 3.4)."""
     data = copy.deepcopy(loaded.data)
@@ -415,6 +431,7 @@ def report_only(config: PlatoonEvalConfig, say: Say) -> dict[str, Any]:
         raise ConfigError(
             f"inference.output_dir: {output_dir} does not exist: there is no evaluation to report on"
         )
+    check_output_dir_free(output_dir)
     spec = PolicySpec.of_eval(config)
     refusal = provenance_mismatch(output_dir, spec.provenance())
     if refusal is not None:
@@ -454,7 +471,7 @@ async def evaluate(
         raise ConfigError(problem)
     choice = choose_output_dir(config, loaded, spec, now=now)
     if not choice.fresh:
-        records.check_run_dir_free(choice.path)
+        check_output_dir_free(choice.path)
         refusal = provenance_mismatch(choice.path, spec.provenance())
         if refusal is not None:
             raise ConfigError(refusal)

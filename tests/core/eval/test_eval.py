@@ -404,7 +404,7 @@ def test_judges_off_is_recorded_and_verifier_grading_read_by_a_custom_program_is
     data["environments"][0]["agents"] = {"max_depth": 1, "child_grading": "verifier"}
     config = write_config(data)
     with serve_policy(binary_search):
-        status, out, err = run(["eval", str(config)], capsys)
+        status, _, err = run(["eval", str(config)], capsys)
         assert status == 0, err
         out_dir = only_dir(workdir / "runs" / "eval" / "platoon-toy")
         lock = json.loads((out_dir / "lock.json").read_text())

@@ -2,9 +2,9 @@
 cannot run (exit 78), write the run record, roll out every task of the split as training rolls out (the trainer's
 member body on one gateway), classify each rollout, and build the report.
 
-Order: key check, site and policy checks -> output directory (fresh per start, or `inference.output_dir` refused
-when live or holding another policy's rollouts) -> component and judges checks -> records -> listing -> the policy
-opens (local server, hosted probe) -> rollouts -> report.
+Order: key check, site and policy checks -> output directory chosen (fresh per start, or `inference.output_dir`
+refused when live or holding another policy's rollouts) -> component and judges checks -> listing -> the directory
+made and its records written -> the policy opens (local server, hosted probe) -> rollouts -> report.
 """
 
 from __future__ import annotations
@@ -478,6 +478,8 @@ async def evaluate(
     problems = start_problems(config)
     if problems:
         raise ConfigError(problems)
+    # Listed before the directory is made: a service that cannot list is refused with nothing written.
+    listing = await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
     output_dir = _claim(choice)
     say(choice.line if output_dir == choice.path else choice.line.replace(str(choice.path), str(output_dir)))
     snapshot = _snapshot(loaded, output_dir)
@@ -486,7 +488,6 @@ async def evaluate(
         records.write_resolved_config(output_dir, snapshot)
         records.write_lock(output_dir, snapshot, component_records(config, split=config.split))
         records.update_lock(output_dir, judges=judges_lock(config))
-        listing = await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
         records.update_lock(output_dir, excluded_tasks=listing.excluded)
         rollout_config = config.inference.workflow.rollout_config
         async with open_policy(

@@ -258,7 +258,7 @@ def call_accounting(recorder: RolloutRecorder | None, *, judges: bool, refusals:
                 served.add(call.model)
             if not call.usage.get("total_tokens"):
                 without_usage += 1
-    root = agents[0] if agents else None
+    root = next((agent for agent in agents if agent.parent is None), None)
     return {
         "usage": usage,
         "cost": {"total_usd": total_usd, "unpriced_calls": unpriced},

@@ -33,12 +33,16 @@ def train(
 ) -> int:
     """Train on a config through a Tinker-compatible service (`tinker_base_url: local` needs no key)."""
     import asyncio
+    import threading
 
     from platoon.cli.config import deprecation_lines
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+    from platoon.errors import ConfigError
     from platoon.train.tinker.credentials import check_tinker_key
+    from platoon.train.tinker.metrics_log import wandb_key_problem
+    from platoon.train.tinker.supervised import install_signal_contract, restore_signals
     from platoon.train.tinker.trainer import train as run_training
 
     loaded = load_config(config, overrides or [], kind="train")
@@ -52,16 +56,24 @@ def train(
         return EX_CONFIG
     # The key check comes before anything is prepared or written (core.md 3.3 step 3).
     check_tinker_key(resolved.tinker_base_url)
+    if (problem := wandb_key_problem(resolved)) is not None:
+        raise ConfigError(problem)
     if prepare:
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
         return 1
     if resolved.watchdog.max_restarts > 0:
         return _supervised(resolved, loaded)
+    # The trainer's signal contract in process too: the first SIGINT/SIGTERM stops at the next step boundary with
+    # a checkpoint (exit 130), a second one (or SIGUSR1) exits now (train.md 2.16).
+    previous = install_signal_contract() if threading.current_thread() is threading.main_thread() else None
     try:
         return asyncio.run(run_training(resolved, loaded=loaded))
     except KeyboardInterrupt:
         err("interrupted")
         return 130
+    finally:
+        if previous is not None:
+            restore_signals(previous)
 
 
 def _supervised(resolved: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig) -> int:

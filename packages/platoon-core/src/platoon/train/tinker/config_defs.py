@@ -48,8 +48,9 @@ _NO_RESTART_CODES = (0, 78, 130, 143)
 class StragglerPolicy(ConfigModel):
     """The straggler cut-off of the groups of one label."""
 
-    timeout_seconds: Float = Field(
-        gt=0, description="seconds after which a group stops waiting for stragglers"
+    timeout_seconds: Float | None = Field(
+        gt=0,
+        description="seconds after which a group stops waiting for stragglers; null = never, for this label",
     )
     quorum: Int | None = Field(
         None, ge=1, description="members a group needs to stop early; None = group_size - 1"

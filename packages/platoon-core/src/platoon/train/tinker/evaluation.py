@@ -320,6 +320,7 @@ async def evaluate(
     tasks: Sequence[tuple[str, Task]],
     services: Mapping[str, Any] | None = None,
     logged_at: int | None = None,
+    gateway: Any = None,
 ) -> dict[str, float]:
     """Evaluate `sampler`'s policy (the policy of training step `step`) on `tasks` (from `list_eval_tasks`).
 
@@ -328,7 +329,8 @@ async def evaluate(
     `eval.max_concurrent_rollouts` at once, on a `ModelGateway` of its own over `sampler`. Each rollout's
     `trajectory_collection.json` and `metadata.json` go to `<run_dir>/rollouts/eval/step_<n>/<safe task
     id>/rollout_<i>/`; the `evaluations.jsonl` row is appended once all are done (`logged_at` defaults to `step`).
-    `services` (label -> service, e.g. the trainer's) are reused, others built from the config.
+    `services` (label -> service, e.g. the trainer's) are reused, others built from the config. `gateway` (e.g. a
+    served scripted policy's) replaces the one built over `sampler`.
 
     Returns, over scored rollouts only (untrainable outcomes and raised rollouts are counted, never scored 0):
     `eval/reward/{avg,min,max,count}`, `eval/success_rate` (reward >= 1), `eval/tasks`, `eval/rollouts`,
@@ -353,13 +355,14 @@ async def evaluate(
     rollout_config = workflow.rollout_config.model_copy(
         update={"model_name": config.train.model_name, "return_dict": True, "train": False}
     )
-    gateway = ModelGateway(
-        sampler,
-        renderer,
-        model_name=config.train.model_name,
-        context_window_length=config.train.context_window_length,
-        sample_timeout_seconds=config.train.sample_timeout_seconds,
-    )
+    if gateway is None:
+        gateway = ModelGateway(
+            sampler,
+            renderer,
+            model_name=config.train.model_name,
+            context_window_length=config.train.context_window_length,
+            sample_timeout_seconds=config.train.sample_timeout_seconds,
+        )
     gate = asyncio.Semaphore(int(config.eval.max_concurrent_rollouts or 1))
     mixture = len(entries) > 1
     out = Path(run_dir) / "rollouts" / "eval" / f"step_{step}"

@@ -60,6 +60,9 @@ class MemberRequest:
     #: the kwargs the trainer built the entry's service with (relative paths already resolved)
     service_kwargs: Mapping[str, Any] = field(default_factory=dict)
     output_dir: str | None = None
+    #: also write `trajectory_collection.json` and `metadata.json` into `output_dir` (one directory per rollout);
+    #: False writes only the event file, into `<output_dir>/events/` shared by many rollouts (training)
+    record: bool = True
 
     @property
     def raw_task_id(self) -> str:
@@ -123,18 +126,22 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
-    """`trajectory_collection.json`, `metadata.json` and the event file of one rollout under its output dir."""
+    """The event file of one rollout under its output dir, and with `record` its `trajectory_collection.json` and
+    `metadata.json`."""
     if request.output_dir is None:
         return
     from platoon.trajectory_events import write_events
 
     where = Path(request.output_dir)
     if outcome.collection is not None:
-        _write_json(where / "trajectory_collection.json", outcome.collection.to_dict())
+        if request.record:
+            _write_json(where / "trajectory_collection.json", outcome.collection.to_dict())
         try:
             write_events(outcome.collection, where, task_id=request.task_id)
-        except OSError as exc:  # the viewer's copy; the trajectory itself is written
+        except OSError as exc:  # the viewer's copy: a failure to write it only warns
             log.warning("writing the event file of %s failed: %s", request.task_id, exc)
+    if not request.record:
+        return
     _write_json(
         where / "metadata.json",
         {

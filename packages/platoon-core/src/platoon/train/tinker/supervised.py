@@ -5,7 +5,6 @@ SIGUSR2 or the first SIGINT/SIGTERM asks for a stop at the next step boundary; S
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from types import FrameType
 
 from platoon.train.tinker.supervisor import request_stop
 
-__all__ = ["install_signal_contract", "main"]
+__all__ = ["install_signal_contract", "main", "restore_signals"]
 
 _interrupts = 0
 
@@ -38,17 +37,35 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _stop_now(signum: int, frame: FrameType | None) -> None:
-    print(f"platoon: {signal.Signals(signum).name}: stopping now", file=sys.stderr, flush=True)
-    # A hard exit: the event loop may be blocked in a service call, and the supervisor wants this start over.
-    os._exit(1)
+    from platoon.train.tinker.watchdog import hard_exit
+
+    # A hard exit (after SIGTERM to the rollout workers and finishing W&B): the event loop may be blocked in a
+    # service call, and a supervisor wants this start over.
+    hard_exit(1, f"{signal.Signals(signum).name}: stopping now")
 
 
-def install_signal_contract() -> None:
-    """SIGUSR2/first SIGINT/SIGTERM -> `supervisor.stop_requested()`; SIGUSR1/a second one -> exit 1 now."""
+_CONTRACT = (signal.SIGUSR2, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def install_signal_contract() -> dict[int, object]:
+    """SIGUSR2/first SIGINT/SIGTERM -> `supervisor.stop_requested()`; SIGUSR1/a second one -> exit 1 now.
+
+    Returns the handlers it replaced (for `restore_signals`).
+    """
+    global _interrupts
+    _interrupts = 0
+    previous: dict[int, object] = {int(signum): signal.getsignal(signum) for signum in _CONTRACT}
     signal.signal(signal.SIGUSR2, _stop_at_boundary)
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGUSR1, _stop_now)
+    return previous
+
+
+def restore_signals(previous: dict[int, object]) -> None:
+    """Put back the handlers `install_signal_contract` replaced."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,7 @@ __all__ = [
     "NO_RESTART_CODES",
     "SUPERVISED_MODULE",
     "child_command",
+    "clear_stop",
     "hold_for_trainer",
     "progress_mark",
     "request_stop",
@@ -53,6 +54,11 @@ def stop_requested() -> bool:
 def request_stop() -> None:
     """Ask the trainer in this process to stop at the next step boundary."""
     _stop.set()
+
+
+def clear_stop() -> None:
+    """Forget a stop request (a new start in the same process begins without one)."""
+    _stop.clear()
 
 
 def child_command(run_dir: Path) -> list[str]:

@@ -314,14 +314,16 @@ class TaskOrder:
         }
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
-    def state(self) -> dict[str, Any]:
-        """What `restore()` needs to go on with the next batch (JSON-serializable)."""
+    def state(self, next_batch: int | None = None) -> dict[str, Any]:
+        """What `restore()` needs to go on with batch `next_batch` (default: the next one `next_batch()` gives);
+        JSON-serializable. A trainer that draws ahead of training saves the batch its resume starts at."""
+        position = self._next_batch if next_batch is None else next_batch
         return {
             "version": STATE_VERSION,
             "mode": self.mode,
             "batch_size": self.batch_size,
-            "next_batch": self._next_batch,
-            "epoch": self.epoch,
+            "next_batch": position,
+            "epoch": position // self.steps_per_epoch,
             "fingerprint": self.fingerprint(),
         }
 

@@ -1,0 +1,640 @@
+"""The training loop of one start (train.md 2.4-2.15), as a pipeline:
+
+    feeder ── rows ──> admission queue ──> group workers ── groups ──> result queue ──> step loop
+                                              (rollouts in process            (microbatch by microbatch:
+                                               or in rollout workers)          forward_backward, optim_step)
+
+The feeder puts each batch's tasks on a bounded queue and runs ahead of training (bounded by `train.max_staleness`);
+each group worker takes a row and runs its whole group; the step loop consumes `batch_size` groups per step,
+submitting each microbatch as soon as its groups arrived, drops groups staler than `max_staleness`, then saves the
+next sampler (a checkpoint when due) and logs the step. An evaluation loop beside it evaluates the steps that are
+due. The loop stops at a step boundary when asked (SIGINT/SIGTERM, SIGUSR2), with an `_interrupted` checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from platoon.train.tinker.admission import AdmissionQueue, Row
+from platoon.train.tinker.member import MemberOutcome, MemberRequest, run_member
+from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
+
+if TYPE_CHECKING:
+    from platoon.task import Task
+    from platoon.train.tinker.checkpoints import ResumePoint
+    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+    from platoon.train.tinker.task_order import TaskOrder
+
+__all__ = ["EXIT_STOPPED", "Trainer"]
+
+log = logging.getLogger("platoon.train")
+
+#: the exit status of a start stopped at a step boundary on request
+EXIT_STOPPED = 130
+#: how often a step waiting for groups looks whether a stop was requested
+_STOP_POLL_SECONDS = 0.5
+#: how long the end of a run waits for an in-flight pruning pass
+_PRUNE_DRAIN_SECONDS = 30.0
+
+
+def say(message: str) -> None:
+    """One progress line on stderr, prefixed like every diagnostic."""
+    print(f"platoon: {message}", file=sys.stderr, flush=True)
+
+
+class _Stopped(Exception):
+    """A stop was requested before the current batch applied an update: the batch is abandoned."""
+
+
+class Trainer:
+    """One start of a training run: open the service, run the pipeline from `start_batch` to `end_batch`."""
+
+    def __init__(
+        self,
+        config: PlatoonTinkerRLTrainerConfig,
+        order: TaskOrder,
+        *,
+        run_dir: Path,
+        base_url: str | None,
+        api_key: str,
+        resume: ResumePoint | None,
+        services: Mapping[str, Any],
+        service_kwargs: Mapping[str, Mapping[str, Any]],
+        end_batch: int,
+        batches_per_epoch: int,
+    ) -> None:
+        from platoon.train.tinker.batch_stats import BatchStats
+        from platoon.train.tinker.checkpoints import CheckpointLog
+        from platoon.train.tinker.config_defs import DEFAULT_LABEL_COLUMN
+        from platoon.train.tinker.watchdog import Watchdog
+
+        self.config = config
+        self.order = order
+        self.run_dir = run_dir
+        self.base_url = base_url
+        self.api_key = api_key
+        self.resume = resume
+        self.services = dict(services)
+        self.service_kwargs = {label: dict(kwargs) for label, kwargs in service_kwargs.items()}
+        train = config.train
+        self.workflow_config = train.workflow_config
+        self.group_size = self.workflow_config.group_size
+        self.start_batch = resume.start_batch if resume is not None else 0
+        self.end_batch = end_batch
+        self.batches_per_epoch = batches_per_epoch
+        self.entries = {pool.label: config.environments[pool.entry] for pool in order.pools}
+        self.mixture = len(order.pools) > 1
+        # Labels (train.label_by) key group limits, straggler policies and per-label metrics; a single entry's
+        # rows have none under the default column.
+        self.labelled = self.mixture or train.label_column != DEFAULT_LABEL_COLUMN
+        self.workflows: dict[str, GroupRolloutWorkflow] = {
+            label: get_workflow(entry.workflow)(self.workflow_config, reward_processor=entry.reward_processor)
+            for label, entry in self.entries.items()
+        }
+        self.rollout_config = self.workflow_config.rollout_config.model_copy(
+            update={"model_name": train.model_name, "return_dict": True, "train": True}
+        )
+        self.checkpoints = CheckpointLog(run_dir)
+        self.version = resume.policy_version if resume is not None else 0
+        self.optimizer_steps = resume.optimizer_steps if resume is not None else 0
+        self.train_step = self.start_batch
+        self.stats = BatchStats(label_column=train.label_column, default_column=DEFAULT_LABEL_COLUMN)
+        self.watchdog = Watchdog(
+            timeout_seconds=config.watchdog.timeout_seconds,
+            exit_code=config.watchdog.exit_code,
+            enabled=config.watchdog.enabled,
+        )
+        self._tasks: dict[tuple[str, str], Task] = {}
+        self._progress = asyncio.Condition()  # notified at every step boundary (feeder, eval waits)
+        self._updated = (
+            asyncio.Event()
+        )  # the eval loop's wake-up; set at start so the start step is considered
+        self._updated.set()
+        self._eval_handled = -1  # the last step the eval loop looked at
+        self._eval_done: set[int] = set()
+        self._eval_tasks: list[Any] = []
+        self._prune_task: asyncio.Task[None] | None = None
+        self._workers: Any = None
+        self._launch_permits = asyncio.Semaphore(self.workflow_config.worker_launch_concurrent_groups)
+        self._results: asyncio.Queue[tuple[Row, GroupOutput | None]] = asyncio.Queue()
+        self._background: list[asyncio.Future[None]] = []
+        self._queue = AdmissionQueue(train.batch_size, train.rollout_group_limits)
+
+    # ----------------------------------------------------------------------------------------------- open
+
+    async def run(self) -> int:
+        """Train to `end_batch`; returns 0, or 130 when stopped at a step boundary on request."""
+        from platoon.train.tinker.watchdog import at_hard_exit
+
+        await self._open()
+        forget = [at_hard_exit(self.metrics.finish)]
+        if self._workers is not None:
+            forget.append(at_hard_exit(self._workers.terminate_all))
+        self.watchdog.start()
+        try:
+            return await self._pipeline()
+        finally:
+            self.watchdog.stop()
+            for undo in forget:
+                undo()
+            await self._close()
+
+    async def _open(self) -> None:
+        import tinker
+
+        from platoon.gateway.core import ModelGateway
+        from platoon.testing.gateway import default_policy
+        from platoon.train.tinker.evaluation import evaluated_steps, list_eval_tasks
+        from platoon.train.tinker.metrics_log import MetricsLog
+        from platoon.train.tinker.policy import PolicyHandle
+        from platoon.train.tinker.pruning import Pruner
+        from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+        from platoon.train.tinker.trainer import call_service, training_client
+
+        train = self.config.train
+        tokenizer = await asyncio.to_thread(get_tokenizer, train.model_name)
+        self.renderer = get_renderer(train.renderer_name, tokenizer, renderer_kwargs=train.renderer_kwargs)
+
+        def open_service() -> Any:
+            kwargs: dict[str, Any] = {"api_key": self.api_key}
+            if self.base_url is not None:
+                kwargs["base_url"] = self.base_url
+            return tinker.ServiceClient(**kwargs)
+
+        service = await call_service("a session", self.base_url, lambda: asyncio.to_thread(open_service))
+        self.service = service
+        self.client = await training_client(service, self.config, self.resume, self.base_url)
+        self.pruner = Pruner(
+            self.checkpoints,
+            self.config.checkpoint.keep_recovery,
+            train.max_staleness,
+            service.create_rest_client,
+        )
+        resume_run_id = self.resume.row.wandb_run_id if self.resume is not None else None
+        self.metrics = MetricsLog(self.run_dir, self.config, resume_run_id=resume_run_id)
+        if self.workflow_config.rollout_isolation == "process":
+            self._workers = await self._start_workers()
+        # Launch checkpoint: the first sampler samples the saved starting (or resumed) weights (train.md 2.12).
+        sampler = await self._save("launch", self.start_batch)
+        publish = self._workers.publish if self._workers is not None else None
+        self.policy = PolicyHandle(sampler, self.version, publish=publish)
+        served = default_policy()
+        if served is not None:
+            # platoon.testing.serve_policy: in-process rollouts sample the served (scripted) policy; training
+            # still runs on the service (core.md 8.4).
+            self.gateway = served.gateway(
+                model_name=train.model_name,
+                renderer=train.renderer_name,
+                renderer_kwargs=train.renderer_kwargs,
+                sample_timeout_seconds=train.sample_timeout_seconds,
+            )
+            self._served = True
+        else:
+            self.gateway = ModelGateway(
+                sampler,
+                self.renderer,
+                model_name=train.model_name,
+                context_window_length=train.context_window_length,
+                sample_timeout_seconds=train.sample_timeout_seconds,
+            )
+            self._served = False
+        evaluation = self.config.eval
+        self.eval_every = evaluation.every or 0  # no eval section: never
+        self._eval_done = evaluated_steps(self.run_dir)
+        if self.eval_every >= 1:
+            self._eval_tasks = await list_eval_tasks(
+                self.config, base_dir=self.run_dir, services=self.services
+            )
+
+    async def _start_workers(self) -> Any:
+        from platoon.train.tinker.workers import RolloutWorkers
+
+        train = self.config.train
+        packages = [entry.package for entry in self.entries.values() if entry.package]
+        workers = RolloutWorkers(
+            run_dir=self.run_dir,
+            workflow=self.workflow_config,
+            model_name=train.model_name,
+            renderer_name=train.renderer_name,
+            renderer_kwargs=train.renderer_kwargs,
+            context_window_length=train.context_window_length,
+            sample_timeout_seconds=float(train.sample_timeout_seconds or 600.0),
+            environment_packages=packages,
+            labels={"platoon.run": str(self.run_dir)},
+        )
+        await workers.start()
+        return workers
+
+    async def _close(self) -> None:
+        if self._prune_task is not None and not self._prune_task.done():
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._prune_task, _PRUNE_DRAIN_SECONDS)
+        if self._workers is not None:
+            await self._workers.close()
+        self.metrics.finish()
+        # The SDK heartbeats its session until the process exits unless told otherwise; a start that ended (the
+        # local server may be gone too) has nothing to keep alive.
+        close = getattr(getattr(getattr(self, "service", None), "holder", None), "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    async def _save(self, kind: str, batch: int) -> Any:
+        """A full checkpoint (state, then sampler weights, then its `checkpoints.jsonl` row with the task order's
+        position); returns a sampler of the saved weights. Recovery saves (the launch one too) start a pruning
+        pass in the background."""
+        from platoon.train.tinker.checkpoints import checkpoint_name
+        from platoon.train.tinker.trainer import ORDER_STATE_KEY
+
+        name = checkpoint_name(kind, batch)
+        async with self.watchdog.keep_alive():
+            state = await (await self.client.save_state_async(name)).result_async()
+            weights = await (await self.client.save_weights_for_sampler_async(name)).result_async()
+            self.checkpoints.record(
+                name,
+                kind=kind,
+                batch=batch,
+                state_path=state.path,
+                sampler_path=weights.path,
+                policy_version=self.version,
+                optimizer_steps=self.optimizer_steps,
+                wandb_run_id=self.metrics.wandb_run_id,
+                **{ORDER_STATE_KEY: self.order.state(next_batch=batch)},
+            )
+            sampler = await self.client.create_sampling_client_async(weights.path)
+        if kind in ("recovery", "launch") and (self._prune_task is None or self._prune_task.done()):
+            in_use = self.policy.versions_in_use() if hasattr(self, "policy") else [self.version]
+            self._prune_task = asyncio.ensure_future(self.pruner.prune(self.version, in_use))
+        return sampler
+
+    # ------------------------------------------------------------------------------------ feeder and groups
+
+    def _row(self, batch: int, label: str | None, task_id: str) -> Row:
+        from platoon.train.tinker.task_order import split_task_id
+
+        # A mixture's ids name their entry; the order's labels may be `label_by` values instead.
+        pool = (split_task_id(task_id)[0] or "") if self.mixture else self.order.pools[0].label
+        return Row(batch=batch, task_id=task_id, pool=pool, label=label if self.labelled else None)
+
+    async def _feed(self) -> None:
+        """Put every batch's rows on the admission queue, running ahead of training; with `max_staleness = k`,
+        batch `i` waits until `i - train_step <= k`."""
+        staleness = self.config.train.max_staleness
+        try:
+            for batch in range(self.start_batch, self.end_batch):
+                if staleness is not None:
+
+                    def fresh_enough(batch: int = batch, staleness: int = staleness) -> bool:
+                        return batch - self.train_step <= staleness
+
+                    async with self._progress:
+                        await self._progress.wait_for(fresh_enough)
+                for label, task_id in self.order.batch(batch):
+                    await self._queue.put(self._row(batch, label, task_id))
+        finally:
+            await self._queue.close()
+
+    async def _group_worker(self) -> None:
+        """Take a row, run its whole group, push the result; a group that raises is a None result."""
+        while (row := await self._queue.take()) is not None:
+            output: GroupOutput | None = None
+            try:
+                output = await self._run_group(row)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # counted (rollout_completion/failed_rollouts), never a trainer failure
+                log.warning("the group of %s failed: %s: %s", row.task_id, type(exc).__name__, exc)
+            finally:
+                await self._queue.release(row)
+            self.watchdog.beat()
+            await self._results.put((row, output))
+
+    async def _task(self, row: Row) -> Task:
+        from platoon.train.tinker.task_order import split_task_id
+
+        raw_id = split_task_id(row.task_id)[1] if self.mixture else row.task_id
+        key = (row.pool, raw_id)
+        if key not in self._tasks:
+            self._tasks[key] = await self.services[row.pool].get_task(raw_id)
+        return self._tasks[key]
+
+    async def _run_group(self, row: Row) -> GroupOutput:
+        task = await self._task(row)
+        workflow = self.workflows[row.pool]
+        if self._workers is None:
+            return await workflow.run_group(row, lambda index: self._member(row, task, index, None))
+        # Process isolation: one startup permit for the whole group, released when every member is ready (or
+        # exited), or after the startup budget (train.md 2.6 step 2).
+        await self._launch_permits.acquire()
+        loop = asyncio.get_running_loop()
+        ready = 0
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._launch_permits.release()
+
+        def member_ready() -> None:
+            nonlocal ready
+            ready += 1
+            if ready >= self.group_size:
+                loop.call_soon_threadsafe(release)
+
+        timer = loop.call_later(self.workflow_config.worker_startup_budget_seconds + 60.0, release)
+        try:
+            return await workflow.run_group(row, lambda index: self._member(row, task, index, member_ready))
+        finally:
+            timer.cancel()
+            release()
+
+    async def _member(self, row: Row, task: Task, index: int, on_ready: Any) -> MemberOutcome:
+        with self.policy.sampling() as version:
+            request = MemberRequest(
+                task=task,
+                task_id=row.task_id,
+                label=row.pool,
+                entry=self.entries[row.pool],
+                split="train",
+                rollout_number=index,
+                rollout_config=self.rollout_config,
+                service_kwargs=self.service_kwargs.get(row.pool, {}),
+                output_dir=str(self.run_dir / "rollouts" / "train" / str(version)),
+                record=False,
+            )
+            if self._workers is not None:
+                outcome: MemberOutcome = await self._workers.run(request, scope="train", on_ready=on_ready)
+                return outcome
+            return await run_member(
+                request, service=self.services[row.pool], gateway=self.gateway, version=lambda: version
+            )
+
+    # --------------------------------------------------------------------------------------------- evaluation
+
+    async def _eval_loop(self) -> None:
+        """Evaluate the step training reached whenever it is due (train.md 2.15); never a step an earlier start
+        evaluated. An evaluation slower than `every` steps of training skips the steps it slept through."""
+        from platoon.train.tinker.evaluation import eval_due, evaluate
+
+        while True:
+            await self._updated.wait()
+            self._updated.clear()
+            step = self.train_step
+            if eval_due(
+                step, every=self.eval_every, at_start=self.config.eval.at_start, done=self._eval_done
+            ):
+                self.policy.republish()
+                metrics = await evaluate(
+                    self.config,
+                    step=step,
+                    sampler=self.policy.sampler,
+                    renderer=self.renderer,
+                    run_dir=self.run_dir,
+                    tasks=self._eval_tasks,
+                    services=self.services,
+                    logged_at=self.train_step,
+                    gateway=self.gateway if self._served else None,
+                )
+                self._eval_done.add(step)
+                self.metrics.log(self.train_step, metrics, timing=False)
+            async with self._progress:
+                self._eval_handled = step
+                self._progress.notify_all()
+            if step >= self.end_batch:
+                return
+
+    async def _wait_for_evaluation(self, step: int) -> None:
+        """Until the eval loop has looked at `step`."""
+        async with self.watchdog.keep_alive(), self._progress:
+            await self._progress.wait_for(lambda: self._eval_handled >= step)
+
+    # ------------------------------------------------------------------------------------------------ steps
+
+    async def _pipeline(self) -> int:
+        from platoon.train.tinker.supervisor import stop_requested
+
+        train = self.config.train
+        concurrency = train.max_concurrent_rollouts or train.batch_size * self.group_size
+        background = self._background
+        background.append(asyncio.ensure_future(self._feed()))
+        background += [
+            asyncio.ensure_future(self._group_worker()) for _ in range(max(1, concurrency // self.group_size))
+        ]
+        evaluating = bool(self._eval_tasks) and self.eval_every >= 1
+        if evaluating:
+            background.append(asyncio.ensure_future(self._eval_loop()))
+        say(
+            f"training {train.model_name} for steps {self.start_batch + 1}..{self.end_batch} in {self.run_dir}"
+        )
+        try:
+            for step in range(self.start_batch, self.end_batch):
+                try:
+                    await self._step(step)
+                except _Stopped:
+                    return await self._stop(step)
+                if stop_requested() and step + 1 < self.end_batch:
+                    return await self._stop(step + 1)
+            await self._save("final", self.end_batch)
+            if evaluating:
+                await self._wait_for_evaluation(self.end_batch)
+            say(
+                f"done: steps {self.start_batch + 1}..{self.end_batch}; checkpoints in {self.checkpoints.path}"
+            )
+            return 0
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def _stop(self, reached: int) -> int:
+        """A requested stop at a step boundary: an `_interrupted` checkpoint when this start trained anything."""
+        if reached > self.start_batch:
+            await self._save("interrupted", reached)
+        say(f"stopped at step {reached} as asked; resume with the same command")
+        return EXIT_STOPPED
+
+    async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None]:
+        """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
+        from platoon.train.tinker.supervisor import stop_requested
+
+        async with self.watchdog.keep_alive():
+            while True:
+                try:
+                    return await asyncio.wait_for(self._results.get(), _STOP_POLL_SECONDS)
+                except TimeoutError:
+                    self._raise_background_failure()
+                    if can_abandon and stop_requested():
+                        raise _Stopped from None
+
+    def _raise_background_failure(self) -> None:
+        """A feeder, group worker or eval loop that died of a bug would leave the step waiting forever."""
+        for task in self._background:
+            if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
+
+    async def _step(self, step: int) -> None:
+        """Consume `batch_size` groups microbatch by microbatch, one optimizer step per minibatch, then the
+        sampler refresh, the checkpoint when due, and the step's metrics."""
+        import tinker
+
+        from platoon.train.tinker.checkpoints import checkpoint_due
+        from platoon.train.tinker.microbatches import action_tokens, optim_metrics, prepare_microbatch
+
+        train = self.config.train
+        started = time.monotonic()
+        minibatches, microbatches = train.num_minibatches, train.num_microbatches
+        per_microbatch = train.batch_size // (minibatches * microbatches)
+        staleness = train.max_staleness
+        consumed: list[GroupOutput] = []
+        counts = {"groups_dequeued": 0, "stale_groups": 0, "stale_rollouts": 0, "failed": 0}
+        transform_metrics: dict[str, float] = {}
+        optim_values: dict[str, list[float]] = {}
+        applied = submitted = attention = 0
+        first_group_at: float | None = None
+        for _minibatch in range(minibatches):
+            pending: list[tuple[Any, Any]] = []
+            for _microbatch in range(microbatches):
+                groups: list[GroupOutput] = []
+                for _ in range(per_microbatch):
+                    _row, output = await self._next_group(can_abandon=applied == 0)
+                    first_group_at = first_group_at or time.monotonic()
+                    counts["groups_dequeued"] += 1
+                    if output is None:
+                        counts["failed"] += 1
+                        continue
+                    oldest = output.oldest_version
+                    if (
+                        staleness is not None
+                        and oldest is not None
+                        and self.policy.version - oldest > staleness
+                    ):
+                        counts["stale_groups"] += 1  # dropped whole, never requeued (train.md 2.5)
+                        counts["stale_rollouts"] += len(output.members)
+                        continue
+                    groups.append(output)
+                consumed += groups
+                ready = prepare_microbatch(
+                    [d for g in groups for d in g.datums], self.config, transform_metrics
+                )
+                if ready is None:
+                    continue
+                submitted += len(ready.sent)
+                attention += sum(d.model_input.length for d in ready.sent)
+                future = await self.client.forward_backward_async(
+                    ready.sent, loss_fn=train.loss_fn, loss_fn_config=train.loss_fn_config
+                )
+                pending.append((ready, future))
+            if not pending:
+                continue  # nothing sent: no optimizer step for this minibatch
+            if step == 0 and self.optimizer_steps == 0 and self._eval_tasks and self.config.eval.at_start:
+                await self._wait_for_evaluation(
+                    0
+                )  # the starting-policy number samples only the starting policy
+            adam = train.optimizer
+            optim = await self.client.optim_step_async(
+                tinker.AdamParams(
+                    learning_rate=adam.learning_rate,
+                    beta1=adam.beta1,
+                    beta2=adam.beta2,
+                    eps=adam.eps,
+                    weight_decay=adam.weight_decay,
+                    grad_clip_norm=adam.grad_clip_norm,
+                )
+            )
+            async with self.watchdog.keep_alive():
+                for ready, future in pending:
+                    # One deadline for the whole accumulated window: the service runs them in order.
+                    result = await asyncio.wait_for(
+                        future.result_async(), train.forward_backward_timeout_seconds
+                    )
+                    for key, value in optim_metrics(ready.kept, result.loss_fn_outputs, train).items():
+                        optim_values.setdefault(key, []).append(value)
+                optim_result = await asyncio.wait_for(optim.result_async(), train.optim_step_timeout_seconds)
+            for key, value in (getattr(optim_result, "metrics", None) or {}).items():
+                optim_values.setdefault(f"optim/{key}", []).append(float(value))
+            applied += 1
+            self.optimizer_steps += 1
+        rollouts_seconds = (first_group_at or started) - started
+        all_datums = [d for g in consumed for d in g.datums]
+
+        t_update = time.monotonic()
+        done = step + 1
+        if applied:
+            self.version += 1
+            # Cadences count the steps completed since this start began (train.md 2.12).
+            kind = checkpoint_due(
+                done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
+            )
+            if kind is not None:
+                sampler = await self._save(kind, done)
+            else:
+                async with self.watchdog.keep_alive():
+                    sampler = await self.client.save_weights_and_get_sampling_client_async()
+            self.policy.update(sampler, advanced=True)
+            if not self._served:
+                self.gateway.sampler = sampler
+        else:
+            why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
+            log.info("step %d took no optimizer step: %s", done, why)
+        update_seconds = time.monotonic() - t_update
+
+        metrics = self.stats.metrics(consumed)
+        metrics.update({f"train/{key}": value for key, value in transform_metrics.items()})
+        metrics.update({f"train/{key}": statistics.fmean(values) for key, values in optim_values.items()})
+        metrics.update(
+            {
+                "train/batch/groups_dequeued": float(counts["groups_dequeued"]),
+                "train/batch/stale_groups": float(counts["stale_groups"]),
+                "train/batch/groups_without_stats": float(counts["failed"]),
+                "train/rollout_completion/failed_rollouts": float(counts["failed"]),
+                "train/stale_rollouts": float(counts["stale_rollouts"]),
+                "train/batch/optimizer_updates": float(applied),
+                "train/batch/skipped_optimizer": 0.0 if applied else 1.0,
+                "train/policy/version": float(self.version),
+                "train/optim/updates_total": float(self.optimizer_steps),
+                "train/total_datums_per_batch": float(len(all_datums)),
+                "train/update_weights_time": update_seconds,
+                "train/rollout_completion/rollout_time": rollouts_seconds,
+                "train/workload/training_batch/total_submitted_datums": float(submitted),
+                "train/workload/training_batch/total_attention_tokens": float(attention),
+                "train/workload/training_batch/total_action_tokens": float(action_tokens(all_datums)),
+                "train/workload/training_batch/total_non_submitted_datums": float(
+                    len(all_datums) - submitted
+                ),
+                "train/step": float(done),
+                "train/epoch": float(done // self.batches_per_epoch),
+                "progress/done_frac": done / self.end_batch,
+                "optim/lr": train.optimizer.learning_rate,
+                "timing/batch_total": time.monotonic() - started,
+            }
+        )
+        metrics.setdefault("train/straggler_cancelled", 0.0)
+        metrics.update(self.pruner.metrics())
+        async with self._progress:
+            self.train_step = done
+            self._progress.notify_all()
+        self._updated.set()  # wakes the eval loop, skipped steps too
+        self.watchdog.beat()
+        self.metrics.log(done, metrics)
+        rewards_avg = metrics.get("train/batch/task_reward/avg")
+        rewards = int(metrics.get("train/batch/task_reward/count", 0))
+        reward_text = (
+            "no scored rollout"
+            if rewards_avg is None
+            else f"reward {rewards_avg:.3f} over {rewards} rollouts"
+        )
+        say(
+            f"step {done}/{self.end_batch}: {reward_text}{'' if applied else ' (no update)'}; "
+            f"{metrics['timing/batch_total']:.1f} s"
+        )

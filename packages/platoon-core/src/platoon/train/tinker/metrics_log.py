@@ -1,0 +1,146 @@
+"""Where a training run's metrics go (train.md 2.14): `metrics.jsonl` in the run directory, always, and a Weights &
+Biases run when `stats.wandb.mode` is `online` or `offline`.
+
+The W&B project defaults to the experiment name, the run name to the trial name and the group to
+`<experiment>_<trial>` (config_defs fills them); the full config is logged. A resumed run continues its W&B run
+(`resume="must"`) by the id its checkpoint rows carry. Without the `wandb` package installed the run goes on with
+`metrics.jsonl` alone and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+
+__all__ = ["METRICS_FILE", "MetricsLog", "wandb_key_problem"]
+
+log = logging.getLogger("platoon.train")
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def wandb_key_problem(
+    config: PlatoonTinkerRLTrainerConfig, env: Mapping[str, str] | None = None
+) -> str | None:
+    """Why an `online` W&B run could not start (no key anywhere W&B looks), as one line; None when it can, or when
+    W&B is off, offline or not installed. Checked before anything is written (a run would die in wandb.init)."""
+    import importlib.util
+    import netrc
+    from urllib.parse import urlsplit
+
+    settings = config.stats.wandb
+    environ = os.environ if env is None else env
+    if settings.mode != "online" or importlib.util.find_spec("wandb") is None:
+        return None
+    if settings.api_key or environ.get("WANDB_API_KEY"):
+        return None
+    host = urlsplit(settings.base_url or environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        if host and netrc.netrc().authenticators(host):
+            return None  # `wandb login` wrote it
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return (
+        "stats.wandb.mode is online but no W&B key is set: set WANDB_API_KEY (or stats.wandb.api_key, or run wandb "
+        "login), or set stats.wandb.mode to offline or disabled"
+    )
+
+
+class MetricsLog:
+    """Append one row per logged step to `metrics.jsonl` (and to W&B); `time/elapsed_seconds` and `time/step`
+    are added to every training row."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: PlatoonTinkerRLTrainerConfig,
+        *,
+        resume_run_id: str | None = None,
+    ) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        self._started = time.monotonic()
+        self._last_step_time = self._started
+        self._wandb_run: Any = None
+        self._wandb_step = -1
+        settings = config.stats.wandb
+        if settings.mode == "disabled":
+            return
+        try:
+            import wandb
+        except ImportError:
+            print(
+                f"platoon: stats.wandb.mode is {settings.mode} but the wandb package is not installed: metrics go to "
+                f"{self.path} only (pip install wandb, or set stats.wandb.mode: disabled)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        run_id = resume_run_id or settings.resume_run_id
+        if settings.api_key:
+            os.environ.setdefault("WANDB_API_KEY", settings.api_key)
+        if settings.base_url:
+            os.environ.setdefault("WANDB_BASE_URL", settings.base_url)
+        try:
+            self._wandb_run = wandb.init(
+                mode=settings.mode,
+                project=settings.project,
+                entity=settings.entity,
+                name=settings.name,
+                group=settings.group,
+                tags=list(settings.tags) or None,
+                notes=settings.notes,
+                dir=str(run_dir),
+                id=run_id,
+                resume="must" if run_id else None,
+                config=config.model_dump(mode="json"),
+            )
+        except Exception as exc:  # a logging backend never stops training: metrics.jsonl has everything
+            print(
+                f"platoon: W&B did not start ({type(exc).__name__}: {exc}); metrics go to {self.path} only",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._wandb_run = None
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        """The W&B run's id (recorded in `checkpoints.jsonl` so a resume continues it), None without W&B."""
+        return None if self._wandb_run is None else str(self._wandb_run.id)
+
+    def log(self, step: int, metrics: Mapping[str, Any], *, timing: bool = True) -> dict[str, Any]:
+        """Append `{"step": step, **metrics}` (plus the timing keys when `timing`); returns the row written."""
+        from platoon.train.tinker.records import append_jsonl
+
+        now = time.monotonic()
+        row: dict[str, Any] = {"step": step, **metrics}
+        if timing:
+            row["time/elapsed_seconds"] = now - self._started
+            row["time/step"] = now - self._last_step_time
+            self._last_step_time = now
+        append_jsonl(self.path, row)
+        if self._wandb_run is not None:
+            # W&B steps only go forward: an evaluation logged at an earlier step than the last is logged at it.
+            self._wandb_step = max(self._wandb_step, step)
+            values = {key: value for key, value in row.items() if key != "step"}
+            try:
+                self._wandb_run.log(values, step=self._wandb_step)
+            except Exception as exc:  # a logging backend never stops training
+                log.warning("W&B logging failed at step %d: %s", step, exc)
+        return row
+
+    def finish(self) -> None:
+        """Close the W&B run (idempotent)."""
+        run, self._wandb_run = self._wandb_run, None
+        if run is not None:
+            try:
+                run.finish()
+            except Exception as exc:
+                log.warning("finishing the W&B run failed: %s", exc)

@@ -1,0 +1,143 @@
+"""`platoon train` on number search end to end: the quickstart example on the local Tinker-compatible server, with
+rollouts sampled in process from a scripted policy (`platoon.testing.serve_policy`) that plays binary search on
+some turns and guesses at random on others, so rewards differ within a group and every step trains.
+
+The run takes steps, writes a checkpoint each step, evaluates at the configured steps, is killed with SIGKILL in
+the middle of a step, and resumes without losing a checkpoint or evaluating a step twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+QUICKSTART = REPO / "examples" / "quickstart" / "train.yaml"
+
+#: A script that serves the scripted searcher and runs `platoon train` with its arguments, in its own process.
+DRIVER = textwrap.dedent(
+    '''
+    import random
+    import re
+    import sys
+
+    from platoon.cli import main
+    from platoon.testing import serve_policy, tool_call
+
+    rng = random.Random(int(sys.argv[1]))
+
+
+    def searcher(prompt: str) -> str:
+        """Half the turns a binary-search guess (replaying the feedback so far), half a random one in range."""
+        low, high = map(int, re.search(r"between (\\d+) and (\\d+)", prompt).groups())
+        guesses = [int(n) for n in re.findall(r'"number": (\\d+)', prompt)]
+        for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\\.", prompt)):
+            low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+        low, high = min(low, high), max(low, high)
+        guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
+        return "\\n" + tool_call("guess", {"number": guess})
+
+
+    with serve_policy(searcher):
+        sys.exit(main(sys.argv[2:]))
+    '''
+)
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _argv(log_path: Path, steps: int) -> list[str]:
+    return [
+        "train",
+        str(QUICKSTART),
+        f"log_path={log_path}",
+        "train.batch_size=2",
+        "train.workflow_config.group_size=8",
+        f"train.max_training_steps={steps}",
+        "train.workflow_config.rollout_config.max_steps=8",
+        "checkpoint.every=1",
+        "eval.every=2",
+        "eval.workflow_config.group_size=1",
+        "environments.0.eval_dataset_kwargs={split_name: val, limit: 2}",
+    ]
+
+
+@pytest.fixture
+def driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    script = tmp_path / "drive_scripted.py"
+    script.write_text(DRIVER)
+    profile = tmp_path / "site.yaml"
+    profile.write_text(f"cache: {tmp_path / 'cache'}\n")  # the local server's checkpoints outlive a start
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.slow
+def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path, driver: list[str]) -> None:
+    logs = tmp_path / "logs"
+    run = logs / "quickstart" / "run"
+    argv = _argv(logs, steps=6)
+    child = subprocess.Popen(
+        [*driver, "1", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        deadline = time.monotonic() + 300
+        # two steps checkpointed, then SIGKILL while the third one runs
+        while time.monotonic() < deadline and child.poll() is None:
+            if any(row.get("batch", 0) >= 2 and row.get("kind") == "permanent" for row in _rows(run / "checkpoints.jsonl")):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the run never checkpointed step 2: {child.communicate()[1][-3000:]}")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+    killed = _rows(run / "checkpoints.jsonl")
+    assert [row["name"] for row in killed][:3] == ["recovery-000000", "000001", "000002"]
+
+    resumed = subprocess.run([*driver, "2", *argv], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step" in resumed.stderr
+
+    rows = _rows(run / "checkpoints.jsonl")
+    assert rows[: len(killed)] == killed  # no checkpoint of the killed start was lost or rewritten
+    assert rows[-1]["name"] == "final" and rows[-1]["batch"] == 6
+    permanent = [row["batch"] for row in rows if row["kind"] == "permanent"]
+    assert set(range(1, 7)) <= set(permanent) | {6}  # a checkpoint for every step (the last is `final` too)
+
+    steps = [row for row in _rows(run / "metrics.jsonl") if "train/step" in row]
+    assert sorted({row["step"] for row in steps}) == [1, 2, 3, 4, 5, 6]
+    # every step trained: the scripted policy's rewards differ within a group
+    assert all(row["train/batch/optimizer_updates"] == 1.0 for row in steps)
+    assert any(0.0 < row["train/batch/task_reward/avg"] < 1.0 for row in steps)
+    assert all(row["train/datums/tokens_after_merge"] < row["train/datums/tokens_before_merge"] for row in steps)
+
+    evaluated = [row["step"] for row in _rows(run / "evaluations.jsonl")]
+    assert sorted(evaluated) == [2, 4, 6] and len(evaluated) == len(set(evaluated))
+    assert all(row["tasks"] == 2 for row in _rows(run / "evaluations.jsonl"))
+    for step in (2, 4, 6):
+        assert len(list((run / "rollouts" / "eval" / f"step_{step}").glob("*/rollout_0/trajectory_collection.json"))) == 2
+
+    # training rollouts leave the viewer's event files, by the policy version they sampled
+    events = sorted((run / "rollouts" / "train").glob("*/events/events_*.jsonl"))
+    assert len(events) >= 6 * 2 * 8
+    first = [json.loads(line) for line in events[0].read_text().splitlines()]
+    assert first[0]["type"] == "trajectory_created" and first[-1]["type"] == "trajectory_finished"
+    assert not (run / "process.json").exists()

@@ -38,8 +38,8 @@ def train(
     from platoon.cli.config import deprecation_lines
     from platoon.config import load_config
     from platoon.config.site import describe_site
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.errors import ConfigError
+    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.credentials import check_tinker_key
     from platoon.train.tinker.metrics_log import wandb_key_problem
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals

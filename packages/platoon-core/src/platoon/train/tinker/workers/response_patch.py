@@ -1,0 +1,56 @@
+"""The response-model patch (train.md 3): the SDK's `SampleResponse`/`SampledSequence` ignore fields they do not
+declare, so a server's per-sequence `routing_id` would be dropped. The patch rebinds both, in `tinker` and
+`tinker.types`, to subclasses that keep extra fields; the SDK looks `types.SampleResponse` up on every sample.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["patch_response_models", "response_patch_verified"]
+
+_MARK = "__platoon_keeps_extra__"
+
+
+def patch_response_models() -> bool:
+    """Apply the patch once per process; returns whether a sequence's extra `routing_id` now survives."""
+    import tinker
+    from pydantic import ConfigDict
+    from tinker import types
+    from tinker.types import sample_response, sampled_sequence
+
+    if not getattr(types.SampledSequence, _MARK, False):
+        original_sequence: Any = types.SampledSequence
+        original_response: Any = types.SampleResponse
+
+        class SampledSequence(original_sequence):
+            model_config = ConfigDict(frozen=True, extra="allow")
+
+        class SampleResponse(original_response):
+            model_config = ConfigDict(frozen=True, extra="allow")
+            sequences: list[SampledSequence]
+
+        for patched, original in ((SampledSequence, original_sequence), (SampleResponse, original_response)):
+            patched.__module__ = original.__module__
+            patched.__qualname__ = original.__qualname__
+            setattr(patched, _MARK, True)
+        SampleResponse.model_rebuild(force=True)
+        for module in (tinker, types, sampled_sequence):
+            module.SampledSequence = SampledSequence  # type: ignore[attr-defined]
+        for module in (tinker, types, sample_response):
+            module.SampleResponse = SampleResponse  # type: ignore[attr-defined]
+    return response_patch_verified()
+
+
+def response_patch_verified() -> bool:
+    """Whether `tinker.types.SampleResponse` keeps a sequence's `routing_id` (checked on a made-up response)."""
+    try:
+        from tinker import types
+
+        response = types.SampleResponse.model_validate(
+            {"sequences": [{"stop_reason": "stop", "tokens": [1], "routing_id": "r-1"}]}
+        )
+        extra = getattr(response.sequences[0], "__pydantic_extra__", None) or {}
+        return extra.get("routing_id") == "r-1"
+    except Exception:
+        return False

@@ -38,10 +38,8 @@ def train(
     from platoon.cli.config import deprecation_lines
     from platoon.config import load_config
     from platoon.config.site import describe_site
-    from platoon.errors import ConfigError
     from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.credentials import check_tinker_key
-    from platoon.train.tinker.metrics_log import wandb_key_problem
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals
     from platoon.train.tinker.trainer import train as run_training
 
@@ -56,8 +54,6 @@ def train(
         return EX_CONFIG
     # The key check comes before anything is prepared or written (core.md 3.3 step 3).
     check_tinker_key(resolved.tinker_base_url)
-    if (problem := wandb_key_problem(resolved)) is not None:
-        raise ConfigError(problem)
     if prepare:
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
         return 1

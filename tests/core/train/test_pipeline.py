@@ -1,0 +1,319 @@
+"""The training pipeline's behaviour through `platoon train` on the local Tinker-compatible server: straggler
+cutoffs, group limits by label, the watchdog, a supervised restart after a crash, W&B logging, hold-out identity.
+
+Harnesses that run in a child process live in a module the test writes (the child imports it by name); the others
+are registered here and run in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from platoon.cli import main
+from platoon.harness.agent import AgentResult
+from platoon.harness.function import harness
+
+REPO = Path(__file__).resolve().parents[3]
+BANDIT = REPO / "examples" / "bandit" / "train.yaml"
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _steps(run: Path) -> list[dict[str, Any]]:
+    return [row for row in _rows(run / "metrics.jsonl") if "train/step" in row]
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A site profile whose cache (the local server's checkpoints) lives in the test's directory; returns log_path."""
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    profile = tmp_path / "site.yaml"
+    profile.write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    return tmp_path / "logs"
+
+
+def _bandit(log_path: Path, *overrides: str) -> list[str]:
+    return [
+        "train",
+        str(BANDIT),
+        f"log_path={log_path}",
+        "train.batch_size=2",
+        "train.workflow_config.group_size=4",
+        *overrides,
+    ]
+
+
+def _answer(ctx: Any) -> Any:
+    return ctx.chat([{"role": "user", "content": ctx.instruction}], max_tokens=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stragglers and group limits (in process)
+
+SLOW_LAST = "test-pipeline-slow-last"
+_members: list[int] = [0]
+
+
+@harness(SLOW_LAST)
+async def _slow_last(ctx: Any) -> AgentResult:
+    """The bandit's answer; every fourth rollout takes a minute (a straggler)."""
+    _members[0] += 1
+    if _members[0] % 4 == 0:
+        await asyncio.sleep(60)
+    reply = await _answer(ctx)
+    await ctx.call_tool("answer", {"letter": reply.text or ""})
+    return AgentResult(final_message=reply.text)
+
+
+@pytest.mark.slow
+def test_a_straggler_cutoff_cancels_the_slow_members_and_the_step_goes_on(site: Path, capsys: Any) -> None:
+    harness(SLOW_LAST)(_slow_last)
+    _members[0] = 0
+    argv = _bandit(
+        site,
+        "train.max_training_steps=2",
+        "train.max_staleness=0",  # no prefetch: each step's groups start together, one straggler in each
+        "train.workflow_config.straggler_timeout_seconds=1",
+        f"environments=[{{env: platoon-bandit, harness: {SLOW_LAST}}}]",
+    )
+    started = time.monotonic()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert time.monotonic() - started < 50  # nobody waited a minute for a straggler
+    steps = _steps(site / "bandit" / "run")
+    assert [row["step"] for row in steps] == [1, 2]
+    for row in steps:
+        assert row["train/straggler_cancelled"] == 2.0  # one per group, two groups a step
+        assert row["train/batch/outcome/none"] == 2.0  # a cancelled member is a missing one, never a 0
+        assert row["train/batch/outcome/scored"] == 6.0
+
+
+LABELLED = "test-pipeline-labelled"
+_in_flight: dict[str, int] = {}
+_most: dict[str, int] = {}
+
+
+@harness(LABELLED)
+async def _labelled(ctx: Any) -> AgentResult:
+    """The bandit's answer, counting how many rollouts of its entry (option `label`) run at once."""
+    label = str(ctx.options["label"])
+    _in_flight[label] = _in_flight.get(label, 0) + 1
+    _most[label] = max(_most.get(label, 0), _in_flight[label])
+    try:
+        await asyncio.sleep(0.3)
+        reply = await _answer(ctx)
+        await ctx.call_tool("answer", {"letter": reply.text or ""})
+        return AgentResult(final_message=reply.text)
+    finally:
+        _in_flight[label] -= 1
+
+
+@pytest.mark.slow
+def test_rollout_group_limits_cap_the_groups_of_a_label_in_flight(site: Path, capsys: Any) -> None:
+    harness(LABELLED)(_labelled)
+    _in_flight.clear()
+    _most.clear()
+    entries = (
+        f"[{{name: capped, env: platoon-bandit, harness: {LABELLED}, harness_options: {{label: capped}}}}, "
+        f"{{name: free, env: platoon-bandit, harness: {LABELLED}, harness_options: {{label: free}}}}]"
+    )
+    argv = _bandit(
+        site,
+        "train.batch_size=4",
+        "train.max_training_steps=2",
+        f"environments={entries}",
+        "train.rollout_group_limits={capped: 1}",
+    )
+    assert main(argv) == 0, capsys.readouterr().err
+    group = 4
+    assert _most["capped"] <= group  # one group of `capped` at a time
+    assert _most["free"] > group  # the other label was never held back behind it
+    # steps consume groups as they finish (the capped label's come later), but the run trains every one of them
+    steps = _steps(site / "bandit" / "run")
+    assert sum(row.get("train/batch/environment/capped/groups", 0.0) for row in steps) == 4.0
+    assert sum(row.get("train/batch/environment/free/groups", 0.0) for row in steps) == 4.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The watchdog and supervised restarts (child processes)
+
+CHILD_HARNESSES = textwrap.dedent(
+    '''
+    """Harnesses the child starts of these tests import by name."""
+    import os
+    import time
+    from pathlib import Path
+
+    from platoon.harness.agent import AgentResult
+    from platoon.harness.function import harness
+
+
+    @harness("test-blocks-the-loop")
+    async def blocks_the_loop(ctx):
+        time.sleep(60)  # a synchronous call that never returns in time: no heartbeat can run
+        return AgentResult(final_message="")
+
+
+    @harness("test-crashes-once")
+    async def crashes_once(ctx):
+        marker = Path(os.environ["CRASH_MARKER"])
+        if not marker.exists():
+            marker.write_text("crashed")
+            os._exit(3)  # the trainer process dies in the middle of a step
+        reply = await ctx.chat([{"role": "user", "content": ctx.instruction}], max_tokens=1)
+        await ctx.call_tool("answer", {"letter": reply.text or ""})
+        return AgentResult(final_message=reply.text)
+    '''
+)
+
+
+@pytest.fixture
+def child_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "child_harnesses.py").write_text(CHILD_HARNESSES)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    env["CRASH_MARKER"] = str(tmp_path / "crashed")
+    return env
+
+
+@pytest.mark.slow
+def test_the_watchdog_ends_a_run_whose_event_loop_is_stuck(site: Path, child_env: dict[str, str]) -> None:
+    argv = _bandit(
+        site,
+        "train.max_training_steps=2",
+        "watchdog.timeout_seconds=3",
+        "watchdog.exit_code=5",
+        "environments=[{env: platoon-bandit, harness: 'child_harnesses:blocks_the_loop'}]",
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "platoon", *argv], env=child_env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 5, done.stderr[-2000:]
+    assert time.monotonic() - started < 55  # well before the blocked call would have returned
+    assert "watchdog: no progress for" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_supervised_run_that_crashes_once_restarts_from_its_checkpoint_and_finishes(
+    site: Path, child_env: dict[str, str]
+) -> None:
+    argv = _bandit(
+        site,
+        "train.max_training_steps=2",
+        "watchdog.max_restarts=1",
+        "environments=[{env: platoon-bandit, harness: 'child_harnesses:crashes_once'}]",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "platoon", *argv], env=child_env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training exited with 3; starting again" in done.stderr
+    run = site / "bandit" / "run"
+    launches = [row for row in _rows(run / "checkpoints.jsonl") if row["kind"] == "launch"]
+    assert len(launches) == 2  # the crashed start and the one that finished
+    assert [row["step"] for row in _steps(run)] == [1, 2]
+    assert _rows(run / "checkpoints.jsonl")[-1]["name"] == "final"
+    assert not (run / "process.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# W&B
+
+
+@pytest.mark.slow
+def test_wandb_offline_logs_every_step_and_a_resume_continues_the_same_run(site: Path, capsys: Any) -> None:
+    argv = _bandit(site, "train.max_training_steps=2", "stats.wandb.mode=offline")
+    assert main(argv) == 0, capsys.readouterr().err
+    run = site / "bandit" / "run"
+    offline = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    ids = {row["wandb_run_id"] for row in _rows(run / "checkpoints.jsonl")}
+    assert len(ids) == 1 and offline[0].name.endswith(next(iter(ids)))
+    assert main(_bandit(site, "train.max_training_steps=3", "stats.wandb.mode=offline")) == 0
+    resumed = {row["wandb_run_id"] for row in _rows(run / "checkpoints.jsonl")}
+    assert resumed == ids  # the resumed start logged into the run its checkpoints name
+
+
+def test_wandb_online_without_a_key_is_one_line_and_78_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc of the developer's
+    assert main(["train", str(BANDIT), f"log_path={tmp_path / 'logs'}", "stats.wandb.mode=online"]) == 78
+    lines = [line for line in capsys.readouterr().err.splitlines() if "site profile" not in line]
+    assert lines == [
+        "platoon: stats.wandb.mode is online but no W&B key is set: set WANDB_API_KEY (or stats.wandb.api_key, or "
+        "run wandb login), or set stats.wandb.mode to offline or disabled"
+    ]
+    assert not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hold-out identity
+
+HOLDOUT_SERVICE = textwrap.dedent(
+    '''
+    """A task table that holds tasks out of training (`holdout`: ids) and keeps a split record, as Harbor does."""
+    from platoon.envs.table import TaskTableService
+
+
+    class HoldoutTable(TaskTableService):
+        def __init__(self, rows, *, holdout=(), **kwargs):
+            super().__init__(rows, **kwargs)
+            self.holdout = [str(task_id) for task_id in holdout]
+
+        async def list_splits(self):
+            return ["train", "eval"]
+
+        async def list_tasks(self, split):
+            every = await super().list_tasks("train")
+            held = [t for t in every if t in self.holdout]
+            return held if split == "eval" else [t for t in every if t not in self.holdout]
+
+        def split_record(self):
+            return {"holdout_rule": "ids", "held_out": list(self.holdout), "eval": list(self.holdout)}
+    '''
+)
+
+
+@pytest.mark.slow
+def test_identity_records_the_hold_out_and_a_resume_that_changes_it_is_refused(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    (tmp_path / "holdout_table.py").write_text(HOLDOUT_SERVICE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = "[{id: a, goal: 'Answer with the letter C'}, {id: b, goal: 'Answer with the letter C'}, {id: c, goal: 'Answer with the letter C'}]"
+
+    def argv(holdout: str) -> list[str]:
+        entry = (
+            f"[{{service: 'holdout_table:HoldoutTable', service_kwargs: {{rows: {rows}, holdout: {holdout}}}, "
+            "harness: platoon-noop}]"
+        )
+        return _bandit(site, "train.batch_size=1", "train.max_training_steps=1", f"environments={entry}")
+
+    assert main(argv("[a]")) == 0, capsys.readouterr().err
+    run = site / "bandit" / "run"
+    identity = json.loads((run / "identity.json").read_text())
+    assert identity["environments"] == {"default": {"holdout_rule": "ids", "held_out": ["a"], "eval": ["a"]}}
+    capsys.readouterr()
+    # releasing `a` into training and holding `b` out instead: both refused, before any service
+    assert main([*argv("[b]"), "train.max_training_steps=2"]) == 78
+    err = capsys.readouterr().err
+    assert "environments[default]: 1 task(s) the run held out would now train (a)" in err
+    assert "environments[default]: 1 task(s) are newly held out (b)" in err
+    assert json.loads((run / "lock.json").read_text())["resume_refused"]["problems"]

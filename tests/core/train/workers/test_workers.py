@@ -108,7 +108,7 @@ def test_a_forked_worker_runs_the_member_body_on_the_pickled_sampling_client(for
     assert _tokens(outcome) == _tokens(in_process)
     assert outcome.collection.root.reward == in_process.collection.root.reward
 
-    assert TELEMETRY <= set(outcome.telemetry)
+    assert set(outcome.telemetry) >= TELEMETRY
     assert (
         outcome.telemetry["rollout_worker_killed"] == 0 and outcome.telemetry["rollout_worker_crashed"] == 0
     )
@@ -232,6 +232,7 @@ def test_cancelling_a_member_kills_its_worker_and_every_group_it_started(forked,
     for pid in _sleepers(tmp_path):
         assert wait_for(lambda pid=pid: gone(pid), 5), pid
     assert not forked._live and not list((forked.scratch / "workers").glob("worker-*"))  # type: ignore[operator]
+    assert "stopping on request" in _log_of(forked, 1, "t-r0-")  # the graceful stop, not a plain kill
 
 
 def test_a_response_wins_over_the_kill_that_followed_it(forked, loop):
@@ -248,6 +249,21 @@ def test_a_rollout_that_cannot_start_is_an_error_member_with_the_reason(forked, 
     outcome = loop.run_until_complete(forked.run(member(entry, table_task()), scope="train"))
     assert outcome.disposition == "error" and outcome.collection is None
     assert "No module named 'worker_harnesses_no_such_package'" in (outcome.error or "")
+
+
+def test_plugin_counters_reach_the_outcome_from_the_response_and_from_a_killed_workers_diag(
+    forked, loop, tmp_path
+):
+    entry = table_entry("chat").model_copy(update={"package": "worker_hook_plugin"})
+    answered = loop.run_until_complete(forked.run(member(entry, table_task()), scope="train"))
+    assert answered.disposition == "completed"
+    assert answered.telemetry["test_hook_cells_started"] == 3.0
+    entry = table_entry("hang", dir=str(tmp_path)).model_copy(update={"package": "worker_hook_plugin"})
+    killed = loop.run_until_complete(
+        forked.run(member(entry, table_task()), scope="train", budget_seconds=1.0)
+    )
+    assert killed.disposition == "hard_timeout"
+    assert killed.telemetry["test_hook_cells_started"] == 3.0  # read back from the diag marker
 
 
 def test_a_dead_fork_server_is_replaced(forked, loop):
@@ -317,9 +333,8 @@ def test_a_request_of_another_protocol_is_refused_by_the_worker(tmp_path):
     import subprocess
     import sys
 
-    from platoon.train.tinker.workers.startup import worker_environment
-
     from platoon.train.tinker.workers.ipc import WorkerRequest
+    from platoon.train.tinker.workers.startup import worker_environment
 
     request = tmp_path / "x.req"
     old = WorkerRequest(1, "x", None, None, None, 300, 300, 0, 2, (), {}, os.getpid(), None)  # type: ignore[arg-type]
@@ -337,3 +352,75 @@ def test_a_request_of_another_protocol_is_refused_by_the_worker(tmp_path):
     assert "the request speaks worker protocol 1, this worker 2" in done.stderr
     assert not request.exists()  # unlinked on load, readable or not
     assert diag.read_text().startswith("phase=launch")
+
+
+TRAINER = """
+import asyncio, sys
+from pathlib import Path
+from platoon.config.environments import EnvironmentConfig
+from platoon.config_defs import RolloutConfig
+from platoon.task import Task
+from platoon.train.tinker.config_defs import WorkflowConfig
+from platoon.train.tinker.member import MemberRequest
+from platoon.train.tinker.workers import RolloutWorkers
+from worker_harnesses import StubSampler
+
+async def main(where):
+    workers = RolloutWorkers(
+        run_dir=where / "run", workflow=WorkflowConfig(rollout_isolation="process"), model_name="platoon/toy",
+        renderer_name="qwen3_instruct", renderer_kwargs={}, context_window_length=None, sample_timeout_seconds=60,
+        environment_packages=[], labels={}, services=["table"],
+    )
+    await workers.start()
+    workers.publish(StubSampler(), 1)
+    entry = EnvironmentConfig(
+        service="table", service_kwargs={"rows": ["x"]}, harness="worker_harnesses:wait",
+        harness_options={"dir": str(where)},
+    )
+    request = MemberRequest(
+        task=Task(goal="x", id="0"), task_id="t", label="t", entry=entry, split="train", rollout_number=0,
+        rollout_config=RolloutConfig(verbose=False),
+    )
+    await workers.run(request, scope="train")
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_a_trainer_killed_with_sigkill_takes_its_fork_server_workers_and_their_groups_along(
+    worker_env, tmp_path
+):
+    import subprocess
+    import sys
+
+    from platoon.train.tinker.workers.ipc import is_running, scratch_dir, start_time_of, sweep_orphans
+
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path)])
+    try:
+        sleepers = _sleepers_within(tmp_path, 120)
+        worker = _worker_of(sleepers[0])
+        server = _parent_of(worker)
+        identities = [(pid, start_time_of(pid)) for pid in (server, worker, *sleepers)]
+        trainer.kill()
+        trainer.wait()
+        for pid, start in identities:  # parent-death signals: server, then worker, which ends its groups
+            assert wait_for(lambda pid=pid, start=start: not is_running(pid, start), 15), pid
+    finally:
+        trainer.kill()
+        trainer.wait()
+    scratch = scratch_dir()
+    assert sweep_orphans(scratch) == 0  # nothing was left to kill: the records of the dead trainer just go
+    assert not any(str(trainer.pid) in p.read_text() for p in (scratch / "workers").glob("*.json"))
+
+
+def _sleepers_within(where: Path, seconds: float) -> list[int]:
+    assert wait_for(lambda: (where / "pids").exists(), seconds)
+    return [int(pid) for pid in (where / "pids").read_text().split()]
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
+
+
+def _worker_of(sleeper: int) -> int:
+    return _parent_of(sleeper)

@@ -124,3 +124,10 @@ async def inspect(ctx: Any) -> AgentResult:
     (_dir(ctx) / f"facts-{ctx.options['n']}.json").write_text(json.dumps(facts))
     await ctx.chat([{"role": "user", "content": "hi"}], max_tokens=2)
     return AgentResult()
+
+
+class StubSampler:
+    """A picklable stand-in for a sampling client, for workers whose harness never samples."""
+
+    async def sample_async(self, **kwargs: Any) -> Any:
+        raise RuntimeError("the stub sampler does not sample")

@@ -99,8 +99,10 @@ def _prepare(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
         plugins.plugin_manager()
         plugins.entry_points()
     for service in config.get("services") or ():
-        with contextlib.suppress(Exception):
-            plugins.get_service(plugins.service_scheme(service))
+        try:
+            _warm_service(service)
+        except Exception as exc:
+            problems.append(f"preparing the service {service} failed: {type(exc).__name__}: {exc}")
     for package in config.get("environment_packages") or ():
         try:
             importlib.import_module(package)
@@ -113,6 +115,24 @@ def _prepare(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
         except Exception as exc:
             problems.append(f"building the renderer {renderer} failed: {type(exc).__name__}: {exc}")
     return None, problems
+
+
+def _warm_service(service: str) -> None:
+    """Import what building `service` imports (its factory, and an ORS class with its SDK), but build nothing:
+    an instance could start threads, which would stop the server from forking."""
+    from platoon import plugins
+
+    scheme = plugins.service_scheme(service)
+    if scheme != service:  # a URI
+        plugins.get_service(scheme)
+        if scheme == "python":
+            from platoon.envs.ors.inprocess import load_env_class
+
+            load_env_class(service)
+    elif ":" in service:  # module:Class
+        plugins.resolve_target(service)
+    else:
+        plugins.get_service(service)
 
 
 def _foreign_threads(allowed: Sequence[str]) -> list[str]:

@@ -442,15 +442,17 @@ def sweep_orphans(
             continue
         if is_running(record.trainer_pid, record.trainer_start_time):
             continue
-        if is_same_process(record.pid, record.start_time):
+        if is_running(record.pid, record.start_time):
             orphans.append((path, record))
+            continue
+        # The worker itself is gone; members of its group may still run.
+        if is_same_process(record.pid, record.start_time):
+            signal_group(record.pgid, signal.SIGKILL)  # an unreaped zombie still holds the group id
         else:
-            # the worker itself is gone; members of its group (same session) may still run
-            leftovers = [pid for pid in group_members(record.pgid) if pid != record.pid]
-            for pid in leftovers:
+            for pid in group_members(record.pgid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            unregister(path)
+        unregister(path)
     if not orphans:
         return 0
     for _path, record in orphans:

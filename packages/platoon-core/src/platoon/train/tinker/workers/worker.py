@@ -57,7 +57,7 @@ EXIT_TERMINATED = 143
 EXIT_BAD_REQUEST = 2
 #: the stop of a SIGTERM or a dead parent takes at most this long before the group is killed
 TERMINATION_SECONDS = 8.0
-#: how long the rollout's own process groups get between SIGTERM and SIGKILL
+#: how long the processes a rollout started get between SIGTERM and SIGKILL when it ends
 GROUP_GRACE_SECONDS = 0.5
 
 #: renderers the fork server built before forking, by (model, renderer, kwargs as JSON)
@@ -104,28 +104,46 @@ def peak_rss_bytes() -> int:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Process groups the rollout started
+# Processes the rollout started
 
 
-def started_groups() -> set[int]:
-    """Process groups of our descendants other than our own: the ones the rollout started in their own sessions."""
+def _below() -> tuple[set[int], set[int]]:
+    """(process groups of our descendants other than ours, pids of descendants in our own group).
+
+    The rollout's processes that started sessions of their own are ended by group; the ones left in ours one by
+    one (a group kill would end this worker too). As the subreaper, we keep even orphaned descendants below us.
+    """
     own = os.getpgrp()
-    return {pgid for _pid, pgid in ipc.descendants(os.getpid()) if pgid != own}
+    groups: set[int] = set()
+    members: set[int] = set()
+    for pid, pgid in ipc.descendants(os.getpid()):
+        if pgid == own:
+            members.add(pid)
+        else:
+            groups.add(pgid)
+    return groups, members
 
 
-def kill_started_groups(*, grace: float) -> None:
-    """SIGTERM the rollout's own groups, give them `grace`, then SIGKILL them (grace 0: SIGKILL at once)."""
-    groups = started_groups()
-    if not groups:
+def _signal_below(groups: set[int], members: set[int], sig: int) -> None:
+    for pgid in groups:
+        ipc.signal_group(pgid, sig)
+    for pid in members:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def end_started_processes(*, grace: float) -> None:
+    """SIGTERM every process below this worker, give them `grace`, then SIGKILL them (grace 0: SIGKILL at once)."""
+    groups, members = _below()
+    if not groups and not members:
         return
     if grace > 0:
-        for pgid in groups:
-            ipc.signal_group(pgid, signal.SIGTERM)
+        _signal_below(groups, members, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and started_groups() & groups:
+        while time.monotonic() < deadline and any(_below()):
             time.sleep(0.05)
-    for pgid in groups | started_groups():
-        ipc.signal_group(pgid, signal.SIGKILL)
+    later_groups, later_members = _below()
+    _signal_below(groups | later_groups, members | later_members, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -218,6 +236,8 @@ class Worker:
         self.response_written = False
         self.startup_seconds = 0.0
         self._alarm_deadline: float | None = None
+        self._alarm_phase, self._alarm_budget = "", 0.0
+        #: the marker the alarm writes, formatted ahead (a signal handler should only write), refreshed by the monitor
         self._alarm_marker = b""
         self._monitor_stop = threading.Event()
 
@@ -227,8 +247,9 @@ class Worker:
         """SIGALRM in `seconds`: write the `phase` marker, SIGKILL the rollout's groups and our own."""
         if seconds <= 0:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            self._alarm_deadline = None
+            self._alarm_deadline, self._alarm_phase = None, ""
             return
+        self._alarm_phase, self._alarm_budget = phase, seconds
         self._alarm_marker = self.diag.preformat(phase, budget=f"{seconds:g}")
         self._alarm_deadline = time.monotonic() + seconds
         signal.signal(signal.SIGALRM, self._on_alarm)
@@ -240,7 +261,7 @@ class Worker:
     def die_by_alarm(self) -> None:
         self.diag.finish("alarm", self._alarm_marker)
         with contextlib.suppress(Exception):
-            kill_started_groups(grace=0)
+            end_started_processes(grace=0)
         with contextlib.suppress(OSError):
             os.killpg(os.getpgrp(), signal.SIGKILL)
         os._exit(EXIT_ALARM_FALLBACK)
@@ -265,13 +286,15 @@ class Worker:
                 fields.update({f"count.{k}": v for k, v in hook_counters().items()})
                 fields.update({f"note.{k}": v for k, v in hook_diagnostics().items()})
             self.diag.update(**fields)
+            if self._alarm_phase:
+                self._alarm_marker = self.diag.preformat(self._alarm_phase, budget=f"{self._alarm_budget:g}")
             if limit > 0 and rss > limit:
                 log.error(
                     "the worker's resident memory %d bytes is above the soft limit %d: stopping", rss, limit
                 )
                 self.diag.finish("rss", limit=limit)
                 with contextlib.suppress(Exception):
-                    kill_started_groups(grace=0)
+                    end_started_processes(grace=0)
                 os._exit(EXIT_RSS)
             if not self.terminating and not self._parent_alive():
                 log.warning("the trainer (pid %d) is gone: stopping", self.request.trainer_pid)
@@ -437,7 +460,7 @@ class Worker:
         if outcome is not None:
             self.write_response(outcome)
         self._monitor_stop.set()
-        kill_started_groups(grace=GROUP_GRACE_SECONDS)
+        end_started_processes(grace=GROUP_GRACE_SECONDS)
         if self.response_written:
             signal.setitimer(signal.ITIMER_REAL, 0)
             return 0

@@ -119,8 +119,8 @@ def test_a_forked_worker_runs_the_member_body_on_the_pickled_sampling_client(for
     logs = list((forked.run_dir / "rollouts" / "train" / "1" / "workers").glob("bandit_train_0-r2-*.log"))
     assert len(logs) == 1 and "started in" in logs[0].read_text()
     assert _session_files(forked) == ["model_binding.pkl"]
-    assert stat.S_IMODE((forked.session / "model_binding.pkl").stat().st_mode) == 0o600  # type: ignore[operator]
-    assert not list((forked.scratch / "workers").glob("worker-*"))  # type: ignore[operator]
+    assert stat.S_IMODE((forked.session / "model_binding.pkl").stat().st_mode) == 0o600
+    assert not list((forked.scratch / "workers").glob("worker-*"))
 
 
 def test_a_worker_follows_the_binding_and_reports_the_oldest_version_it_sampled(
@@ -231,7 +231,7 @@ def test_cancelling_a_member_kills_its_worker_and_every_group_it_started(forked,
     assert gone(worker)
     for pid in _sleepers(tmp_path):
         assert wait_for(lambda pid=pid: gone(pid), 5), pid
-    assert not forked._live and not list((forked.scratch / "workers").glob("worker-*"))  # type: ignore[operator]
+    assert not forked._live and not list((forked.scratch / "workers").glob("worker-*"))
     assert "stopping on request" in _log_of(forked, 1, "t-r0-")  # the graceful stop, not a plain kill
 
 

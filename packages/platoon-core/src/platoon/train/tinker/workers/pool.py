@@ -268,7 +268,7 @@ class RolloutWorkers:
 
     def terminate_all(self) -> None:
         """SIGTERM every live worker and fork server now (sync: the watchdog and hard exits call it)."""
-        for live in list(self._live.values()):
+        for live in _snapshot(self._live):
             live.killed = True
             live.signal(signal.SIGTERM)
         for server in (self._server, *self._retired):
@@ -762,6 +762,16 @@ class RolloutWorkers:
         for suffix in (".req", ".res", ".ready", ".res.diag"):
             with contextlib.suppress(OSError):
                 (self.session / f"{request_id}{suffix}").unlink()
+
+
+def _snapshot(live: dict[str, _Live]) -> list[_Live]:
+    # terminate_all may run on another thread (the watchdog's) while the loop's thread changes the dict
+    for _ in range(10):
+        try:
+            return list(live.values())
+        except RuntimeError:
+            continue
+    return []
 
 
 def _pidfd_exited(fd: int) -> bool:

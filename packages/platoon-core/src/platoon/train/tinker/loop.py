@@ -502,13 +502,17 @@ class Trainer:
         optim_values: dict[str, list[float]] = {}
         applied = submitted = attention = 0
         first_group_at: float | None = None
+        # Where the step's wall time went: waiting for groups (rollouts), waiting for the service.
+        waited = {"groups": 0.0, "service": 0.0}
         for _minibatch in range(minibatches):
             pending: list[tuple[Any, Any]] = []
             for _microbatch in range(microbatches):
                 groups: list[GroupOutput] = []
                 for _ in range(per_microbatch):
+                    t_wait = time.monotonic()
                     _row, output = await self._next_group(can_abandon=applied == 0)
                     first_group_at = first_group_at or time.monotonic()
+                    waited["groups"] += time.monotonic() - t_wait
                     counts["groups_dequeued"] += 1
                     if output is None:
                         counts["failed"] += 1
@@ -531,9 +535,11 @@ class Trainer:
                     continue
                 submitted += len(ready.sent)
                 attention += sum(d.model_input.length for d in ready.sent)
+                t_wait = time.monotonic()
                 future = await self.client.forward_backward_async(
                     ready.sent, loss_fn=train.loss_fn, loss_fn_config=train.loss_fn_config
                 )
+                waited["service"] += time.monotonic() - t_wait
                 pending.append((ready, future))
             if not pending:
                 continue  # nothing sent: no optimizer step for this minibatch
@@ -542,6 +548,7 @@ class Trainer:
                     0
                 )  # the starting-policy number samples only the starting policy
             adam = train.optimizer
+            t_wait = time.monotonic()
             optim = await self.client.optim_step_async(
                 tinker.AdamParams(
                     learning_rate=adam.learning_rate,
@@ -561,6 +568,7 @@ class Trainer:
                     for key, value in optim_metrics(ready.kept, result.loss_fn_outputs, train).items():
                         optim_values.setdefault(key, []).append(value)
                 optim_result = await asyncio.wait_for(optim.result_async(), train.optim_step_timeout_seconds)
+            waited["service"] += time.monotonic() - t_wait
             for key, value in (getattr(optim_result, "metrics", None) or {}).items():
                 optim_values.setdefault(f"optim/{key}", []).append(float(value))
             applied += 1
@@ -588,6 +596,7 @@ class Trainer:
             why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
             log.info("step %d took no optimizer step: %s", done, why)
         update_seconds = time.monotonic() - t_update
+        waited["service"] += update_seconds
 
         metrics = self.stats.metrics(consumed)
         metrics.update({f"train/{key}": value for key, value in transform_metrics.items()})
@@ -617,6 +626,8 @@ class Trainer:
                 "progress/done_frac": done / self.end_batch,
                 "optim/lr": train.optimizer.learning_rate,
                 "timing/batch_total": time.monotonic() - started,
+                "timing/groups_wait": waited["groups"],
+                "timing/service_wait": waited["service"],
             }
         )
         metrics.setdefault("train/straggler_cancelled", 0.0)

@@ -201,6 +201,7 @@ class RolloutWorkers:
         self._trainer = (os.getpid(), ipc.start_time_of(os.getpid()))
         self._host = socket.gethostname()
         self._warned: set[str] = set()
+        self._closed = False
 
     # ---- life cycle --------------------------------------------------------------------------------------
 
@@ -252,7 +253,11 @@ class RolloutWorkers:
         self._version = int(version)
 
     async def close(self) -> None:
-        """Stop every live worker (SIGTERM, grace, SIGKILL), then the fork servers; remove this session's files."""
+        """Stop every live worker (SIGTERM, grace, SIGKILL), then the fork servers; remove this session's files.
+
+        Members still running get the outcome of their killed worker; no member starts a worker afterwards.
+        """
+        self._closed = True
         await asyncio.gather(
             *(self._stop(live) for live in list(self._live.values())), return_exceptions=True
         )
@@ -410,6 +415,10 @@ class RolloutWorkers:
 
         if self._blob is None or self.session is None:
             raise RuntimeError("RolloutWorkers.start() and publish() come before run()")
+        if self._closed:
+            return MemberOutcome.missing(
+                "worker_launch_failed", version=version, error="the rollout workers are closed"
+            )
         budget = (
             budget_seconds
             if budget_seconds is not None
@@ -435,7 +444,7 @@ class RolloutWorkers:
                 raise
             except _LaunchFailed as exc:
                 self._remove_files(request_id)
-                if attempt == 1:
+                if attempt == 1 and not self._closed:
                     log.warning(
                         "launching a rollout worker for %s failed (%s); retrying once", request.task_id, exc
                     )
@@ -452,6 +461,8 @@ class RolloutWorkers:
                 )
         assert live is not None
         telemetry.set("launch_seconds", time.monotonic() - started)
+        if self._closed:  # closed while this one launched: it must not outlive the close
+            await self._stop(live)
         try:
             return await self._follow(live, request, version, budget, telemetry, ready)
         except asyncio.CancelledError:
@@ -479,6 +490,8 @@ class RolloutWorkers:
         from platoon.train.tinker.workers.forkserver import ForkFailed
 
         assert self.session is not None and self.scratch is not None and self._blob is not None
+        if self._closed:
+            raise _LaunchFailed("the rollout workers are closed")
         refusal = self._memory_refusal()
         if refusal is not None:
             raise _LaunchFailed(refusal)

@@ -313,3 +313,19 @@ def test_registry_records_round_trip(tmp_path):
     assert ipc.RegistryRecord.from_json(json.loads(path.read_text())) == record
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert ipc.RegistryRecord.from_json({"kind": "worker"}) is None
+
+
+def test_the_fork_server_sees_threads_it_must_not_fork_under():
+    import threading
+
+    from platoon.train.tinker.workers.forkserver import _foreign_threads
+
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, name="busy-helper")
+    thread.start()
+    try:
+        assert "busy-helper" in _foreign_threads(())
+        assert "busy-helper" not in _foreign_threads(("busy-helper",))
+    finally:
+        release.set()
+        thread.join()

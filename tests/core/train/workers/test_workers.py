@@ -21,6 +21,7 @@ from platoon.gateway.core import ModelGateway
 from platoon.testing.episode import resolve_service
 from platoon.train.tinker.member import run_member
 from platoon.train.tinker.workers import RolloutWorkers
+from platoon.train.tinker.workers.pool import MAX_FORK_SERVERS
 from platoon.train.tinker.workers.worker import prepared_renderer
 
 from .conftest import (
@@ -204,6 +205,16 @@ def test_a_hanging_harness_hits_its_budget_and_nothing_of_its_groups_survives(fo
         assert wait_for(lambda pid=pid: gone(pid), 5), pid
 
 
+def test_a_worker_that_cannot_act_is_ended_by_the_trainers_deadline(forked, loop, caplog):
+    outcome = loop.run_until_complete(
+        forked.run(member(table_entry("stop"), table_task()), scope="train", budget_seconds=0.5)
+    )
+    assert outcome.disposition == "hard_timeout" and "no marker" in (outcome.error or "")
+    assert outcome.telemetry["rollout_worker_killed"] == 1
+    assert outcome.telemetry["rollout_worker_wall_seconds"] >= 0.5 + 5  # budget + worker_parent_grace_seconds
+    assert "passed its deadline without leaving a marker" in caplog.text
+
+
 def test_a_crashing_worker_is_worker_crashed(forked, loop):
     outcome = loop.run_until_complete(forked.run(member(table_entry("crash"), table_task()), scope="train"))
     assert outcome.disposition == "worker_crashed"
@@ -267,6 +278,7 @@ def test_plugin_counters_reach_the_outcome_from_the_response_and_from_a_killed_w
 
 
 def test_a_dead_fork_server_is_replaced(forked, loop):
+    """The last test of the shared workers: it leaves them without a fork server."""
     server = forked.fork_server
     assert server is not None
     started = forked.fork_servers_started
@@ -276,6 +288,13 @@ def test_a_dead_fork_server_is_replaced(forked, loop):
     assert outcome.disposition == "completed", outcome.error
     assert forked.fork_servers_started == started + 1
     assert forked.fork_server is not None and forked.fork_server.pid != server.pid
+    # past the fourth fork server, workers start by exec
+    forked.fork_servers_started = MAX_FORK_SERVERS
+    os.kill(forked.fork_server.pid, signal.SIGKILL)
+    forked.fork_server.process.wait()
+    outcome = loop.run_until_complete(forked.run(member(table_entry("chat"), table_task()), scope="train"))
+    assert outcome.disposition == "completed", outcome.error
+    assert forked.fork_server is None and outcome.telemetry["rollout_worker_startup_seconds"] > 0.2
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -363,6 +382,7 @@ from platoon.task import Task
 from platoon.train.tinker.config_defs import WorkflowConfig
 from platoon.train.tinker.member import MemberRequest
 from platoon.train.tinker.workers import RolloutWorkers
+from platoon.train.tinker.workers.pool import MAX_FORK_SERVERS
 from worker_harnesses import StubSampler
 
 async def main(where):

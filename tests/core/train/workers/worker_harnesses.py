@@ -131,3 +131,10 @@ class StubSampler:
 
     async def sample_async(self, **kwargs: Any) -> Any:
         raise RuntimeError("the stub sampler does not sample")
+
+
+@harness("test-workers-stop")
+async def stop(ctx: Any) -> AgentResult:
+    """Stop the whole worker process (SIGSTOP): no alarm or monitor can run, only the trainer's deadline ends it."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return AgentResult()

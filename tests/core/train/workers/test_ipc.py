@@ -329,3 +329,52 @@ def test_the_fork_server_sees_threads_it_must_not_fork_under():
     finally:
         release.set()
         thread.join()
+
+
+def test_the_first_publication_failing_is_fatal_and_a_later_one_keeps_the_last(tmp_path, monkeypatch, caplog):
+    import asyncio
+
+    from platoon.errors import PlatoonError
+    from platoon.train.tinker.workers import RolloutWorkers
+
+    monkeypatch.setenv("PLATOON_NODE_SCRATCH", str(tmp_path))
+    workers = RolloutWorkers(
+        run_dir=tmp_path / "run",
+        workflow=WorkflowConfig(rollout_isolation="process", worker_start_method="exec"),
+        model_name="platoon/toy",
+        renderer_name="qwen3_instruct",
+        renderer_kwargs={},
+        context_window_length=None,
+        sample_timeout_seconds=60,
+        environment_packages=[],
+        labels={},
+    )
+    asyncio.run(workers.start())
+    try:
+        with pytest.raises(PlatoonError, match="the sampling client cannot be handed to rollout workers"):
+            workers.publish(lambda: None, 1)  # a closure cannot be pickled
+        workers.publish(_Recorder("v1"), 1)
+        workers.publish(lambda: None, 2)
+        assert "publishing policy version 2 to the rollout workers failed" in caplog.text
+        assert pickle.loads(workers.binding_path.read_bytes())["version"] == 1
+    finally:
+        asyncio.run(workers.close())
+    assert not workers.binding_path.exists()  # the session's files go with close()
+
+
+def test_python_env_isolation_is_refused_in_one_line(tmp_path):
+    from platoon.train.tinker.workers import RolloutWorkers
+
+    workflow = WorkflowConfig(rollout_isolation="process", worker_python_env_isolation=True)
+    with pytest.raises(WorkerSetupError, match="worker_python_env_isolation is not available in this build"):
+        RolloutWorkers(
+            run_dir=tmp_path,
+            workflow=workflow,
+            model_name="platoon/toy",
+            renderer_name="qwen3_instruct",
+            renderer_kwargs={},
+            context_window_length=None,
+            sample_timeout_seconds=60,
+            environment_packages=[],
+            labels={},
+        )

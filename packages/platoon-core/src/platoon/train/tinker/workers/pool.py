@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.errors import PlatoonError
 from platoon.train.tinker.workers import ipc
 from platoon.train.tinker.workers.startup import worker_environment
 
@@ -238,8 +239,8 @@ class RolloutWorkers:
         except RuntimeError:
             raise
         except Exception as exc:
-            if self._blob is None:
-                raise ipc.WorkerSetupError(
+            if self._blob is None:  # workers could never sample: the run cannot go on (exit 1)
+                raise PlatoonError(
                     f"the sampling client cannot be handed to rollout workers: {type(exc).__name__}: {exc}"
                 ) from None
             log.warning(
@@ -451,7 +452,8 @@ class RolloutWorkers:
                     telemetry.set("launch_retried", 1)
                     await asyncio.sleep(1.0)
                     continue
-                log.warning("launching a rollout worker for %s failed again: %s", request.task_id, exc)
+                again = " again" if attempt == 2 else ""
+                log.warning("launching a rollout worker for %s failed%s: %s", request.task_id, again, exc)
                 telemetry.set("launch_failed", 1)
                 return MemberOutcome.missing(
                     "worker_launch_failed",

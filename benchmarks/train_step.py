@@ -131,6 +131,11 @@ def run(
     return [row for row in rows if "train/step" in row], policy
 
 
+def _steps_per_second(ends: list[float]) -> float:
+    """Throughput between the first and the last step's end (the first step pays the start-up)."""
+    return (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 else float("nan")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -166,8 +171,9 @@ def main() -> None:
         after = [r["train/datums/tokens_after_merge"] for r in measured]
         calls = [r["train/workload/batch/total_model_calls"] for r in measured]
 
-        prefetched, _ = run(root / "prefetch", prefetch=True, **shape)
-        default_steps = [r["timing/batch_total"] for r in prefetched[1:]]
+        sequential_rate = _steps_per_second(STEP_ENDS[0])
+        run(root / "prefetch", prefetch=True, **shape)
+        prefetch_rate = _steps_per_second(STEP_ENDS[0])
 
     print(
         f"number search, batch {args.batch_size} x group {args.group_size}, {args.steps} steps "
@@ -179,9 +185,7 @@ def main() -> None:
         f"{median(sampling):.3f} s + platoon {median(own):.3f} s"
     )
     print(f"platoon's own share of a step (median): {100 * median(share):.1f}%   (target < 10%)")
-    print(
-        f"steps/s, no prefetch: {1 / median(totals):.2f}   default (prefetch): {1 / median(default_steps):.2f}"
-    )
+    print(f"steps/s, no prefetch: {sequential_rate:.2f}   default (prefetch): {prefetch_rate:.2f}")
     print(
         f"tokens sent per step (median): {median(before):.0f} before prefix merging, {median(after):.0f} after "
         f"({100 * (1 - median(after) / median(before)):.0f}% fewer)"

@@ -317,3 +317,33 @@ def test_identity_records_the_hold_out_and_a_resume_that_changes_it_is_refused(
     assert "environments[default]: 1 task(s) the run held out would now train (a)" in err
     assert "environments[default]: 1 task(s) are newly held out (b)" in err
     assert json.loads((run / "lock.json").read_text())["resume_refused"]["problems"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rollout workers
+
+
+@pytest.mark.slow
+def test_process_isolation_trains_from_rollouts_in_forked_workers(site: Path, capsys: Any) -> None:
+    argv = _bandit(
+        site,
+        "train.max_training_steps=2",
+        "train.workflow_config.rollout_isolation=process",
+        "eval.every=1",
+        "environments.0.eval_dataset_kwargs={limit: 1}",
+    )
+    assert main(argv) == 0, capsys.readouterr().err
+    run = site / "bandit" / "run"
+    steps = _steps(run)
+    assert [row["step"] for row in steps] == [1, 2]
+    for row in steps:
+        assert row["train/batch/outcome/scored"] == 8.0  # every member came back from its worker, graded
+        assert row["train/rollout_worker_crashed"] == 0.0 and row["train/rollout_worker_hard_timeout"] == 0.0
+        assert 0.0 < row["train/rollout_worker_wall_seconds"] < 60.0
+        assert row["train/datums/calls"] == 8.0  # the exact sampled tokens crossed the process boundary
+    assert [row["step"] for row in _rows(run / "evaluations.jsonl")] == [1, 2]
+    eval_logs = list((run / "rollouts" / "eval").glob("*/workers/*"))
+    assert eval_logs, "evaluation rollouts run in workers too"
+    logs = list((run / "rollouts" / "train").glob("*/workers/*"))
+    assert logs, "each worker leaves its log under rollouts/train/<version>/workers"
+    assert len(list((run / "rollouts" / "train").glob("*/events/events_*.jsonl"))) == 16

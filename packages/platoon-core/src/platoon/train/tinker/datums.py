@@ -167,19 +167,21 @@ def _call_id(misc: Mapping[str, Any]) -> str | None:
     return None if call_id is None else str(call_id)
 
 
-def _flatten_prompt(prompt: Any) -> list[Any]:
-    """Prompt tokens as a list: ints, and non-text chunks kept whole as opaque elements."""
+def _flatten_prompt(prompt: Any) -> tuple[list[Any], bool]:
+    """Prompt tokens as a list: ints, and non-text chunks kept whole as opaque elements; and whether any is."""
     chunks = getattr(prompt, "chunks", None)
     if chunks is None:
-        return [int(t) for t in prompt]
+        return list(map(int, prompt)), False
     items: list[Any] = []
+    opaque = False
     for chunk in chunks:
         tokens = getattr(chunk, "tokens", None)
         if tokens is not None and getattr(chunk, "type", "encoded_text") == "encoded_text":
-            items.extend(int(t) for t in tokens)
+            items.extend(map(int, tokens))
         else:
             items.append(chunk)
-    return items
+            opaque = True
+    return items, opaque
 
 
 def _width(item: Any) -> int:
@@ -206,27 +208,29 @@ class _Accumulator:
         self.mask: list[float] = []
         self.errors: list[bool] = []
         self.routing: int | None = None
+        #: whether any item is an opaque (non-text) chunk; without one every item is a token (the fast paths)
+        self.opaque = False
 
     def is_prefix_of(self, prompt: list[Any]) -> bool:
         n = len(self.items)
         return n <= len(prompt) and prompt[:n] == self.items
 
-    def context(self, items: Iterable[Any]) -> None:
-        for item in items:
-            self.items.append(item)
-            width = _width(item)
-            self.logprobs.extend([0.0] * width)
-            self.advantages.extend([0.0] * width)
-            self.mask.extend([0.0] * width)
-            self.errors.extend([False] * width)
+    def context(self, items: Sequence[Any], opaque: bool) -> None:
+        width = sum(_width(item) for item in items) if opaque else len(items)
+        self.opaque = self.opaque or opaque
+        self.items.extend(items)
+        self.logprobs.extend([0.0] * width)
+        self.advantages.extend([0.0] * width)
+        self.mask.extend([0.0] * width)
+        self.errors.extend([False] * width)
 
     def action(
         self, tokens: Sequence[int], logprobs: Sequence[float], advantage: float, trained: bool, error: bool
     ) -> None:
         if len(tokens) != len(logprobs):
             raise ValueError(f"{len(tokens)} sampled tokens but {len(logprobs)} logprobs")
-        self.items.extend(int(t) for t in tokens)
-        self.logprobs.extend(float(lp) for lp in logprobs)
+        self.items.extend(map(int, tokens))
+        self.logprobs.extend(map(float, logprobs))
         self.advantages.extend([advantage if trained else 0.0] * len(tokens))
         self.mask.extend([1.0 if trained else 0.0] * len(tokens))
         self.errors.extend([error and trained] * len(tokens))
@@ -238,21 +242,25 @@ class _Accumulator:
         if not self.items or not isinstance(self.items[-1], int):
             raise ValueError("a datum ends with a sampled token")
         chunks: list[Any] = []
-        run: list[int] = []
         targets: list[int] = []
-        for item in self.items:
-            if isinstance(item, int):
-                run.append(item)
-                targets.append(item)
-            else:
-                if run:
-                    chunks.append(EncodedTextChunk(tokens=run))
-                    run = []
-                chunks.append(item)
-                targets.extend([0] * _width(item))  # opaque positions have no token to predict
-        run.pop()  # the last position is only ever a target
-        if run:
-            chunks.append(EncodedTextChunk(tokens=run))
+        if not self.opaque:
+            targets = list(self.items)
+            chunks.append(EncodedTextChunk(tokens=self.items[:-1]))  # the last position is only a target
+        else:
+            run: list[int] = []
+            for item in self.items:
+                if isinstance(item, int):
+                    run.append(item)
+                    targets.append(item)
+                else:
+                    if run:
+                        chunks.append(EncodedTextChunk(tokens=run))
+                        run = []
+                    chunks.append(item)
+                    targets.extend([0] * _width(item))  # opaque positions have no token to predict
+            run.pop()  # the last position is only ever a target
+            if run:
+                chunks.append(EncodedTextChunk(tokens=run))
         length = len(targets) - 1
         arrays: dict[str, tuple[list[Any], str]] = {
             "target_tokens": (targets[1:], "int64"),
@@ -313,18 +321,19 @@ def trajectory_datums(
             stats.missing_calls += 1
             log.warning("trajectory %s: call %s has no recorded interaction; skipped", trajectory.id, call_id)
             continue
-        prompt = _flatten_prompt(interaction.prompt_tokens)
+        prompt, opaque = _flatten_prompt(interaction.prompt_tokens)
         sampled = list(interaction.sampled_tokens)
         stats.calls += 1
-        stats.tokens_before_merge += sum(_width(item) for item in prompt) + len(sampled)
+        width = sum(_width(item) for item in prompt) if opaque else len(prompt)
+        stats.tokens_before_merge += width + len(sampled)
         if acc.items and acc.is_prefix_of(prompt):
             stats.merged_calls += 1
-            acc.context(prompt[len(acc.items) :])
+            acc.context(prompt[len(acc.items) :], opaque)
         else:
             if acc.items:
                 sequences.append(acc)
                 acc = _Accumulator()
-            acc.context(prompt)
+            acc.context(prompt, opaque)
         trained = call_id not in message_ids
         if not trained:
             stats.message_masked_tokens += len(sampled)

@@ -321,16 +321,19 @@ async def evaluate(
     services: Mapping[str, Any] | None = None,
     logged_at: int | None = None,
     gateway: Any = None,
+    workers: Any = None,
+    service_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Evaluate `sampler`'s policy (the policy of training step `step`) on `tasks` (from `list_eval_tasks`).
 
-    Each task rolls out `eval.workflow_config.group_size` times through `recorded_rollout` with its entry's eval
-    route (`eval_overrides.harness_options` over `harness_options`) and eval rollout config, at most
+    Each task rolls out `eval.workflow_config.group_size` times through the trainer's member body with its entry's
+    eval route (`eval_overrides.harness_options` over `harness_options`) and eval rollout config, at most
     `eval.max_concurrent_rollouts` at once, on a `ModelGateway` of its own over `sampler`. Each rollout's
     `trajectory_collection.json` and `metadata.json` go to `<run_dir>/rollouts/eval/step_<n>/<safe task
     id>/rollout_<i>/`; the `evaluations.jsonl` row is appended once all are done (`logged_at` defaults to `step`).
     `services` (label -> service, e.g. the trainer's) are reused, others built from the config. `gateway` (e.g. a
-    served scripted policy's) replaces the one built over `sampler`.
+    served scripted policy's) replaces the one built over `sampler`. `workers` (the trainer's `RolloutWorkers` in
+    process isolation, with the `service_kwargs` its entries were built with) runs each rollout in a worker.
 
     Returns, over scored rollouts only (untrainable outcomes and raised rollouts are counted, never scored 0):
     `eval/reward/{avg,min,max,count}`, `eval/success_rate` (reward >= 1), `eval/tasks`, `eval/rollouts`,
@@ -338,8 +341,8 @@ async def evaluate(
     `eval/<label>/...` and `eval/environment/<label>/task_reward/...`, and train.md 2.14's
     `eval/rollout_completion/task_reward/...`, `eval/time`, `eval/num_tasks`, `eval/step`.
     """
-    from platoon.episode.rollout import Route, recorded_rollout
     from platoon.gateway.core import ModelGateway
+    from platoon.train.tinker.member import MemberRequest, run_member
 
     started = time.monotonic()
     entries = _entries(config)
@@ -371,25 +374,31 @@ async def evaluate(
         entry = entries[label][1]
         task_id = f"{label}::{task.id}" if mixture else str(task.id)
         where = out / _safe(task_id) / f"rollout_{member}"
+        request = MemberRequest(
+            task=task,
+            task_id=task_id,
+            label=label,
+            entry=entry,
+            split="eval",
+            rollout_number=member,
+            rollout_config=rollout_config,
+            service_kwargs=dict((service_kwargs or {}).get(label, {})),
+            output_dir=str(where),
+            record=False,  # the event file; this evaluation writes the trajectory and its own metadata
+        )
         async with gate:
-            t0 = time.monotonic()
-            error: str | None = None
-            collection: TrajectoryCollection | None = None
-            try:
-                route = Route.from_entry(
-                    entry, split="eval", task_id=None if task.id is None else str(task.id)
+            if workers is not None:
+                outcome = await workers.run(request, scope="eval")
+            else:
+                outcome = await run_member(
+                    request, service=built[label], gateway=gateway, version=lambda: step
                 )
-                collection, _ = await recorded_rollout(
-                    task, service=built[label], route=route, config=rollout_config, gateway=gateway
-                )
-                status, reward = _score(collection, entry.reward_processor)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # one failed rollout is counted, not fatal, as in training
-                log.warning("eval rollout of %s failed: %s: %s", task_id, type(exc).__name__, exc)
-                error = f"{type(exc).__name__}: {exc}"
-                status, reward = "error", None
-            seconds = time.monotonic() - t0
+        collection = outcome.collection if outcome.observed else None
+        error = None if outcome.observed else (outcome.error or outcome.disposition)
+        status, reward = (
+            _score(collection, entry.reward_processor) if collection is not None else ("error", None)
+        )
+        seconds = outcome.seconds
         if collection is not None:
             await asyncio.to_thread(_write, where / "trajectory_collection.json", collection.to_dict())
         metadata = {

@@ -229,6 +229,7 @@ class Trainer:
             sample_timeout_seconds=float(train.sample_timeout_seconds or 600.0),
             environment_packages=packages,
             labels={"platoon.run": str(self.run_dir)},
+            services=[str(entry.service) for entry in self.entries.values() if entry.service],
         )
         await workers.start()
         return workers
@@ -405,6 +406,8 @@ class Trainer:
                     services=self.services,
                     logged_at=self.train_step,
                     gateway=self.gateway if self._served else None,
+                    workers=self._workers,
+                    service_kwargs=self.service_kwargs,
                 )
                 self._eval_done.add(step)
                 self.metrics.log(self.train_step, metrics, timing=False)

@@ -260,15 +260,22 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
 
 
 def reap_orphans(run_dir: Path) -> int:
-    """Kill the rollout workers a dead trainer left (train.md 2.16, 4.5); returns how many, and logs a count."""
-    try:  # TEMPORARY until the workers package lands
-        from platoon.train.tinker.workers import sweep_orphans
-    except ImportError:
-        return 0
+    """Stop the rollout workers dead trainers left (train.md 2.16, 4.5); returns how many, and says so.
 
-    killed = sweep_orphans()
+    Only where a rollout-worker scratch dir exists: a run that never used process isolation has none to look at.
+    """
+    from platoon.train.tinker.workers import ipc
+
+    where = ipc.scratch_base() / f"platoon-rollout-ipc-{os.getuid()}"
+    if not where.is_dir():
+        return 0
+    try:
+        killed = ipc.sweep_orphans(ipc.scratch_dir())
+    except ipc.WorkerSetupError as exc:  # a scratch dir we may not use: nothing of ours can be in it
+        log.warning("not sweeping orphaned rollout workers: %s", exc)
+        return 0
     if killed:
-        say(f"stopped {killed} orphaned rollout worker(s) a previous start of a run left")
+        say(f"stopped {killed} orphaned rollout worker(s) of trainers that are gone")
     return killed
 
 

@@ -267,7 +267,7 @@ def test_plugin_counters_reach_the_outcome_from_the_response_and_from_a_killed_w
 ):
     entry = table_entry("chat").model_copy(update={"package": "worker_hook_plugin"})
     answered = loop.run_until_complete(forked.run(member(entry, table_task()), scope="train"))
-    assert answered.disposition == "completed"
+    assert answered.disposition == "completed", answered.error
     assert answered.telemetry["test_hook_cells_started"] == 3.0
     entry = table_entry("hang", dir=str(tmp_path)).model_copy(update={"package": "worker_hook_plugin"})
     killed = loop.run_until_complete(

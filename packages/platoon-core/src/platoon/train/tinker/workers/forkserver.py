@@ -3,8 +3,9 @@ renderer, freezes the GC, and then forks one rollout worker per request, so a wo
 
 Control is a `SOCK_SEQPACKET` pair carrying one JSON message per packet. Server to supervisor: `hello` (pid,
 seconds, error, prepare_errors), `forked` (id, pid, with a pidfd passed as SCM_RIGHTS), `fork_failed` (id,
-error), `exited` (id, pid, status). Supervisor to server: `fork` (id, request, log, cwd, env), `retire` (fork no
-more, exit once the last worker exited), `stop`. The server dies with its supervisor (parent-death signal) and
+error), `exited` (id, pid, status). Supervisor to server: `fork` (id, request, log, cwd, env), `warm`
+(services, packages: import them now, for the forks that follow), `retire` (fork no more, exit once the last
+worker exited), `stop`. The server dies with its supervisor (parent-death signal) and
 when the socket closes; its workers die with it in turn.
 
 `ForkServer` is the supervisor's side; `python -m platoon.train.tinker.workers.forkserver FD PARENT CONFIG`
@@ -135,6 +136,21 @@ def _warm_service(service: str) -> None:
         plugins.get_service(service)
 
 
+def _warm(message: Mapping[str, Any]) -> None:
+    """Import what workers of services and packages named after the start need, before forking them."""
+    for package in message.get("packages") or ():
+        try:
+            importlib.import_module(package)
+        except Exception as exc:
+            log.warning("importing %s failed: %s: %s", package, type(exc).__name__, exc)
+    for service in message.get("services") or ():
+        try:
+            _warm_service(service)
+        except Exception as exc:
+            log.warning("preparing the service %s failed: %s: %s", service, type(exc).__name__, exc)
+    gc.freeze()
+
+
 def _foreign_threads(allowed: Sequence[str]) -> list[str]:
     """Threads other than the main one: forking under them could copy a held lock into the worker."""
     names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
@@ -252,6 +268,8 @@ def serve(control_fd: int, parent_pid: int, config: Mapping[str, Any]) -> int:
                         return 0
                     if kind == "retire":
                         retiring = True
+                    elif kind == "warm":
+                        _warm(message)
                     elif kind == "fork":
                         _fork(message, sock, selector, children, server_pid, allowed, retiring)
                     continue
@@ -505,6 +523,13 @@ class ForkServer:
 
     def forget(self, request_id: str) -> None:
         self._exits.pop(request_id, None)
+
+    async def warm(self, *, services: Sequence[str] = (), packages: Sequence[str] = ()) -> None:
+        """Have the server import what these services and packages need; forks sent later wait for it."""
+        if self.alive:
+            message = {"type": "warm", "services": list(services), "packages": list(packages)}
+            with contextlib.suppress(OSError):
+                await self._loop.sock_sendall(self._sock, json.dumps(message).encode())
 
     async def retire(self) -> None:
         """No more forks; the server exits by itself once its last worker exited."""

@@ -203,6 +203,9 @@ class RolloutWorkers:
         self._host = socket.gethostname()
         self._warned: set[str] = set()
         self._closed = False
+        #: what fork servers import before forking: the run's packages and services, and those of entries seen since
+        self._prepared_packages: dict[str, None] = dict.fromkeys(self.environment_packages)
+        self._prepared_services: dict[str, None] = dict.fromkeys(self.services)
 
     # ---- life cycle --------------------------------------------------------------------------------------
 
@@ -307,8 +310,8 @@ class RolloutWorkers:
             "model_name": self.model_name,
             "renderer_name": self.renderer_name,
             "renderer_kwargs": self.renderer_kwargs,
-            "environment_packages": list(self.environment_packages),
-            "services": list(self.services),
+            "environment_packages": list(self._prepared_packages),
+            "services": list(self._prepared_services),
         }
         budget = self.workflow.worker_startup_budget_seconds
         try:
@@ -336,6 +339,19 @@ class RolloutWorkers:
         log.info("fork server pid %d ready in %.2fs", server.pid, server.seconds)
         self._server, self._server_key = server, key
         return server
+
+    async def _warm(self, server: ForkServer, request: MemberRequest) -> None:
+        """Before the first fork of a service or package the server did not prepare, have it import them: one
+        import in the server instead of one in every worker (an ORS SDK takes seconds)."""
+        entry = request.entry
+        services = [s for s in (entry.service,) if s and s not in self._prepared_services]
+        packages = [p for p in (entry.package,) if p and p not in self._prepared_packages]
+        if services or packages:
+            self._prepared_services.update(
+                dict.fromkeys(services)
+            )  # later fork servers start with them prepared
+            self._prepared_packages.update(dict.fromkeys(packages))
+            await server.warm(services=services, packages=packages)
 
     async def _server_for_launch(self) -> ForkServer | None:
         if self.workflow.worker_start_method != "forkserver" or self._server_lock is None:
@@ -547,12 +563,17 @@ class RolloutWorkers:
         loop = asyncio.get_running_loop()
         server = await self._server_for_launch()
         if server is not None:
+            await self._warm(server, request)
             try:
                 pid, pidfd = await server.fork(
                     request_id, request=str(files["request"]), log=str(files["log"]), cwd=cwd, env=env
                 )
             except ForkFailed as exc:
-                log.info("the fork server could not fork %s (%s); starting it by exec", request_id, exc)
+                if "fork_failed" not in self._warned:
+                    self._warned.add("fork_failed")
+                    log.warning("the fork server could not fork a worker (%s); starting it by exec", exc)
+                else:
+                    log.info("the fork server could not fork %s (%s); starting it by exec", request_id, exc)
                 server.forget(request_id)
                 server = None
             else:

@@ -347,3 +347,92 @@ def test_process_isolation_trains_from_rollouts_in_forked_workers(site: Path, ca
     logs = list((run / "rollouts" / "train").glob("*/workers/*"))
     assert logs, "each worker leaves its log under rollouts/train/<version>/workers"
     assert len(list((run / "rollouts" / "train").glob("*/events/events_*.jsonl"))) == 16
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prefetch and max_staleness
+
+COUNTING = "test-pipeline-counting"
+_started_at: list[int] = []
+
+
+@harness(COUNTING)
+async def _counting(ctx: Any) -> AgentResult:
+    """The bandit's answer; records how many steps the run had logged when this rollout started."""
+    metrics = Path(str(ctx.options["metrics"]))
+    _started_at.append(len(_steps(metrics.parent)) if metrics.exists() else 0)
+    reply = await _answer(ctx)
+    await ctx.call_tool("answer", {"letter": reply.text or ""})
+    return AgentResult(final_message=reply.text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [None, 0])
+def test_the_feeder_runs_ahead_of_training_unless_max_staleness_brakes_it(
+    site: Path, capsys: Any, staleness: int | None
+) -> None:
+    harness(COUNTING)(_counting)
+    _started_at.clear()
+    metrics = site / "bandit" / "run" / "metrics.jsonl"
+    entry = f"[{{env: platoon-bandit, harness: {COUNTING}, harness_options: {{metrics: '{metrics}'}}}}]"
+    extra = [] if staleness is None else [f"train.max_staleness={staleness}"]
+    assert main(_bandit(site, "train.max_training_steps=3", f"environments={entry}", *extra)) == 0
+    per_batch = 2 * 4
+    assert len(_started_at) >= 3 * per_batch
+    if staleness == 0:
+        # batch i's rollouts start only once step i-1 is logged: strictly on-policy
+        assert _started_at[: 3 * per_batch] == [n // per_batch for n in range(3 * per_batch)]
+    else:
+        # the next batch's rollouts run while the current one trains
+        assert any(at < n // per_batch for n, at in enumerate(_started_at))
+    assert [row["step"] for row in _steps(site / "bandit" / "run")] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pieces
+
+
+def test_the_admission_queue_is_fifo_and_caps_labels_without_blocking_others() -> None:
+    from platoon.train.tinker.admission import AdmissionQueue, Row
+
+    async def scenario() -> list[str]:
+        queue = AdmissionQueue(4, {"a": 1})
+        for task, label in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b")):
+            await queue.put(Row(0, task, "pool", label))
+        taken = [await queue.take(), await queue.take(), await queue.take()]
+        # a2 waits behind its label's cap; b1 and b2 went past it
+        assert [row.task_id for row in taken if row] == ["a1", "b1", "b2"]
+        assert queue.in_flight("a") == 1
+        waiting = asyncio.ensure_future(queue.take())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await queue.release(taken[0])  # a1's group finished: a2 may go
+        second = await waiting
+        await queue.close()
+        assert await queue.take() is None  # closed and drained
+        return [row.task_id for row in [*taken, second] if row]
+
+    assert asyncio.run(scenario()) == ["a1", "b1", "b2", "a2"]
+
+
+def test_straggler_cutoffs_come_from_the_label_else_the_globals() -> None:
+    from platoon.train.tinker.config_defs import WorkflowConfig
+    from platoon.train.tinker.workflows import GroupRolloutWorkflow, StragglerCutoff
+
+    workflow = GroupRolloutWorkflow(
+        WorkflowConfig.model_validate(
+            {
+                "group_size": 8,
+                "straggler_timeout_seconds": 30,
+                "straggler_policies": {
+                    "slow": {"timeout_seconds": 300, "quorum": 4},
+                    "patient": {"timeout_seconds": None},
+                },
+            }
+        )
+    )
+    assert workflow.straggler_cutoff("slow") == StragglerCutoff(300, 4)
+    assert workflow.straggler_cutoff("patient") is None  # null: this label waits for every member
+    assert workflow.straggler_cutoff("other") == StragglerCutoff(30, 7)  # quorum default group_size - 1
+    assert workflow.straggler_cutoff(None) == StragglerCutoff(30, 7)
+    assert GroupRolloutWorkflow(WorkflowConfig()).straggler_cutoff("any") is None

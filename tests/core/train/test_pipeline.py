@@ -436,3 +436,47 @@ def test_straggler_cutoffs_come_from_the_label_else_the_globals() -> None:
     assert workflow.straggler_cutoff("other") == StragglerCutoff(30, 7)  # quorum default group_size - 1
     assert workflow.straggler_cutoff(None) == StragglerCutoff(30, 7)
     assert GroupRolloutWorkflow(WorkflowConfig()).straggler_cutoff("any") is None
+
+
+FIRST_GROUP_SLOW = "test-pipeline-first-group-slow"
+_rollouts_started: list[int] = [0]
+
+
+@harness(FIRST_GROUP_SLOW)
+async def _first_group_slow(ctx: Any) -> AgentResult:
+    """The bandit's answer; the first group's two rollouts take 5 s, every later one is immediate."""
+    _rollouts_started[0] += 1
+    if _rollouts_started[0] <= 2:
+        await asyncio.sleep(5)
+    reply = await _answer(ctx)
+    await ctx.call_tool("answer", {"letter": reply.text or ""})
+    return AgentResult(final_message=reply.text)
+
+
+@pytest.mark.slow
+def test_a_group_staler_than_max_staleness_is_dropped_whole(site: Path, capsys: Any) -> None:
+    import itertools
+
+    from platoon.testing import serve_policy
+
+    harness(FIRST_GROUP_SLOW)(_first_group_slow)
+    _rollouts_started[0] = 0
+    answers = itertools.cycle(["C", "A"])
+    argv = _bandit(
+        site,
+        "train.batch_size=1",
+        "train.workflow_config.group_size=2",
+        "train.max_concurrent_rollouts=4",  # two group workers: the others go past the slow first group
+        "train.max_staleness=1",
+        "train.max_training_steps=4",
+        f"environments=[{{env: platoon-bandit, harness: {FIRST_GROUP_SLOW}}}]",
+    )
+    # a scripted policy answering C and A by turns: the two members of a group differ, so every step updates
+    with serve_policy(lambda prompt: next(answers)):
+        assert main(argv) == 0, capsys.readouterr().err
+    steps = _steps(site / "bandit" / "run")
+    assert [row["step"] for row in steps] == [1, 2, 3, 4]
+    # the slow group sampled version 0 and arrived after three updates: dropped whole, its rollouts counted
+    assert sum(row["train/batch/stale_groups"] for row in steps) == 1.0
+    assert sum(row["train/stale_rollouts"] for row in steps) == 2.0
+    assert sum(row["train/batch/groups_dequeued"] for row in steps) == 4.0

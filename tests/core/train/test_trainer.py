@@ -21,6 +21,7 @@ from platoon.harness.function import harness
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "bandit" / "train.yaml"
+EVAL = REPO / "examples" / "bandit" / "eval.yaml"
 
 
 def _run_dir(log_path: Path) -> Path:
@@ -55,6 +56,24 @@ def test_the_bandit_example_learns_on_the_local_server(tmp_path, monkeypatch, ca
     assert checkpoints[0]["name"] == "recovery-000000" and checkpoints[-1]["name"] == "final"
     assert all(c["sampler_path"].startswith("tinker://") for c in checkpoints)
     assert "step 20/20" in err
+
+    # The policy it saved, evaluated by the example's eval config: the local server of a later command finds the
+    # checkpoint under the site cache, and the trained policy answers C on the held-out orders.
+    monkeypatch.setenv("TINKER_BASE_URL", "local")
+    capsys.readouterr()
+    final = checkpoints[-1]["sampler_path"]
+    assert (
+        main(
+            ["eval", str(EVAL), f"inference.model_path={final}", f"inference.output_dir={tmp_path / 'eval'}"]
+        )
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    print(
+        f"evaluation of {final}: {summary['successful_rollouts']} of {summary['total_rollouts']} successful"
+    )
+    assert summary["total_rollouts"] == 4 * 8 and summary["errored_rollouts"] == 0
+    assert summary["success_rate"] >= 0.9
 
 
 @pytest.mark.parametrize(

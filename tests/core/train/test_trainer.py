@@ -105,6 +105,17 @@ def test_a_config_without_a_length_of_training_is_refused(tmp_path, monkeypatch,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bad_sample_timeout_variable_is_one_line_and_78_before_anything_is_written(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    monkeypatch.setenv("TINKER_SAMPLE_TIMEOUT_SECONDS", "soon")
+    assert main(["train", str(EXAMPLE), f"log_path={tmp_path}"]) == 78
+    lines = [line for line in capsys.readouterr().err.splitlines() if "site profile" not in line]
+    assert lines == ["platoon: TINKER_SAMPLE_TIMEOUT_SECONDS must be a number of seconds; got 'soon'"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_run_dir_in_use_is_refused(tmp_path, monkeypatch, capsys):
     import socket
     import subprocess

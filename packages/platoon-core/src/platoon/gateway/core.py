@@ -202,6 +202,17 @@ def resolve_sample_timeout(configured: float | None) -> float:
     return DEFAULT_SAMPLE_TIMEOUT_SECONDS
 
 
+def sample_timeout_with_source(configured: float | None, key: str) -> tuple[float, str]:
+    """`resolve_sample_timeout` and where the number came from: `key`, `$TINKER_SAMPLE_TIMEOUT_SECONDS` or the
+    default (the one line a run logs, train.md 2.1 step 6). Raises `ValueError` like it."""
+    seconds = resolve_sample_timeout(configured)
+    if configured is not None:
+        return seconds, key
+    if os.environ.get(SAMPLE_TIMEOUT_ENV, "").strip():
+        return seconds, f"${SAMPLE_TIMEOUT_ENV}"
+    return seconds, "the default"
+
+
 def _positive_seconds(value: Any, what: str) -> float:
     if (
         isinstance(value, bool)

@@ -70,6 +70,7 @@ class Trainer:
         service_kwargs: Mapping[str, Mapping[str, Any]],
         end_batch: int,
         batches_per_epoch: int,
+        sample_timeout_seconds: float,
     ) -> None:
         from platoon.train.tinker.batch_stats import BatchStats
         from platoon.train.tinker.checkpoints import CheckpointLog
@@ -90,6 +91,8 @@ class Trainer:
         self.start_batch = resume.start_batch if resume is not None else 0
         self.end_batch = end_batch
         self.batches_per_epoch = batches_per_epoch
+        #: resolved once (config, else $TINKER_SAMPLE_TIMEOUT_SECONDS, else 600) and shipped to workers as a number
+        self.sample_timeout_seconds = sample_timeout_seconds
         self.entries = {pool.label: config.environments[pool.entry] for pool in order.pools}
         self.mixture = len(order.pools) > 1
         # Labels (train.label_by) key group limits, straggler policies and per-label metrics; a single entry's
@@ -194,7 +197,7 @@ class Trainer:
                 model_name=train.model_name,
                 renderer=train.renderer_name,
                 renderer_kwargs=train.renderer_kwargs,
-                sample_timeout_seconds=train.sample_timeout_seconds,
+                sample_timeout_seconds=self.sample_timeout_seconds,
             )
             self._served = True
         else:
@@ -203,7 +206,7 @@ class Trainer:
                 self.renderer,
                 model_name=train.model_name,
                 context_window_length=train.context_window_length,
-                sample_timeout_seconds=train.sample_timeout_seconds,
+                sample_timeout_seconds=self.sample_timeout_seconds,
             )
             self._served = False
         evaluation = self.config.eval
@@ -226,7 +229,7 @@ class Trainer:
             renderer_name=train.renderer_name,
             renderer_kwargs=train.renderer_kwargs,
             context_window_length=train.context_window_length,
-            sample_timeout_seconds=float(train.sample_timeout_seconds or 600.0),
+            sample_timeout_seconds=self.sample_timeout_seconds,
             environment_packages=packages,
             labels={"platoon.run": str(self.run_dir)},
             services=[str(entry.service) for entry in self.entries.values() if entry.service],

@@ -183,6 +183,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
     """
     from platoon.config.checks import component_problems
+    from platoon.gateway.core import sample_timeout_with_source
     from platoon.testing.episode import resolve_service
     from platoon.train.tinker import records
     from platoon.train.tinker.checkpoints import CheckpointLog
@@ -200,6 +201,13 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     api_key = check_tinker_key(config.tinker_base_url)
     if (problem := wandb_key_problem(config)) is not None:
         raise ConfigError(problem)
+    try:
+        timeout, source = sample_timeout_with_source(
+            config.train.sample_timeout_seconds, "train.sample_timeout_seconds"
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    say(f"sample timeout {timeout:g} s ({source})")
     run_dir = run_dir_of(config)
     records.check_run_dir_free(run_dir)
     base_dir = loaded.path.parent if loaded is not None else Path.cwd()
@@ -249,6 +257,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             service_kwargs=service_kwargs,
             end_batch=end_batch,
             batches_per_epoch=per_epoch,
+            sample_timeout_seconds=timeout,
         )
         return await trainer.run()
     finally:

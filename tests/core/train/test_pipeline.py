@@ -302,7 +302,7 @@ def test_identity_records_the_hold_out_and_a_resume_that_changes_it_is_refused(
     def argv(holdout: str) -> list[str]:
         entry = (
             f"[{{service: 'holdout_table:HoldoutTable', service_kwargs: {{rows: {rows}, holdout: {holdout}}}, "
-            "harness: platoon-noop}]"
+            "harness: platoon-noop, exclude_tasks: [c]}]"
         )
         return _bandit(site, "train.batch_size=1", "train.max_training_steps=1", f"environments={entry}")
 
@@ -310,6 +310,8 @@ def test_identity_records_the_hold_out_and_a_resume_that_changes_it_is_refused(
     run = site / "bandit" / "run"
     identity = json.loads((run / "identity.json").read_text())
     assert identity["environments"] == {"default": {"holdout_rule": "ids", "held_out": ["a"], "eval": ["a"]}}
+    excluded = json.loads((run / "lock.json").read_text())["excluded_tasks"]
+    assert excluded == {"default": {"train": {"listed": 2, "excluded": ["c"]}}}
     capsys.readouterr()
     # releasing `a` into training and holding `b` out instead: both refused, before any service
     assert main([*argv("[b]"), "train.max_training_steps=2"]) == 78

@@ -174,6 +174,13 @@ def test_a_stopped_run_resumes_at_the_next_step_and_keeps_every_checkpoint(site,
     assert (identity["model"], identity["renderer"]) == ("platoon/toy", "qwen3_instruct")
     assert first[-1]["name"] == "final" and first[-1]["batch"] == 2
     assert first[-1]["task_order"]["next_batch"] == 2  # the order's position rides on the row
+    lock = json.loads((run / "lock.json").read_text())
+    assert lock["tool_call_parsing"] == {
+        "model_name": "platoon/toy",
+        "renderer_name": "qwen3_instruct",
+        "setting": "renderer",
+        "parser": "qwen3_instruct",
+    }
     capsys.readouterr()
 
     assert main(_small(site, "train.max_training_steps=4")) == 0

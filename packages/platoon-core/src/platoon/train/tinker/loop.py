@@ -71,6 +71,7 @@ class Trainer:
         end_batch: int,
         batches_per_epoch: int,
         sample_timeout_seconds: float,
+        renderer: Any,
     ) -> None:
         from platoon.train.tinker.batch_stats import BatchStats
         from platoon.train.tinker.checkpoints import CheckpointLog
@@ -93,6 +94,7 @@ class Trainer:
         self.batches_per_epoch = batches_per_epoch
         #: resolved once (config, else $TINKER_SAMPLE_TIMEOUT_SECONDS, else 600) and shipped to workers as a number
         self.sample_timeout_seconds = sample_timeout_seconds
+        self.renderer = renderer
         self.entries = {pool.label: config.environments[pool.entry] for pool in order.pools}
         self.mixture = len(order.pools) > 1
         # Labels (train.label_by) key group limits, straggler policies and per-label metrics; a single entry's
@@ -159,12 +161,9 @@ class Trainer:
         from platoon.train.tinker.metrics_log import MetricsLog
         from platoon.train.tinker.policy import PolicyHandle
         from platoon.train.tinker.pruning import Pruner
-        from platoon.train.tinker.renderers import get_renderer, get_tokenizer
         from platoon.train.tinker.trainer import call_service, training_client
 
         train = self.config.train
-        tokenizer = await asyncio.to_thread(get_tokenizer, train.model_name)
-        self.renderer = get_renderer(train.renderer_name, tokenizer, renderer_kwargs=train.renderer_kwargs)
 
         def open_service() -> Any:
             kwargs: dict[str, Any] = {"api_key": self.api_key}

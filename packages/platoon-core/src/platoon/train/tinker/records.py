@@ -434,6 +434,27 @@ def update_lock(run_dir: str | os.PathLike[str], **fields: Any) -> dict[str, Any
     return data
 
 
+def tool_call_parsing_record(model_name: str, renderer_name: str, renderer: Any) -> dict[str, Any]:
+    """`lock.json.tool_call_parsing` (core.md 9.3): the chat-template renderer's parser choice (or why it failed),
+    else the named renderer parsing its own format."""
+    record = getattr(renderer, "tool_call_parsing", None)
+    if callable(record):
+        try:
+            return dict(record())
+        except Exception as exc:  # the choice failed: the lock says why ("or error")
+            return {
+                "model_name": model_name,
+                "renderer_name": renderer_name,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+    return {
+        "model_name": model_name,
+        "renderer_name": renderer_name,
+        "setting": "renderer",
+        "parser": renderer_name,
+    }
+
+
 def check_name_collision(run_dir: str | os.PathLike[str], loaded: LoadedConfig) -> str | None:
     """The refusal (core.md 3.3 step 5) when the profile named this run dir after the config's stem and the
     existing `lock.json` says the dir belongs to another config file of that stem; None when it may proceed."""

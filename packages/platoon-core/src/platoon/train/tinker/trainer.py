@@ -234,6 +234,14 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
         # Identity first: a refused resume leaves the run's records as they were (but for resume_refused).
         _settle_identity(run_dir, config, pools, held_out, resuming=resume is not None)
         _write_records(run_dir, config, loaded)
+        renderer = await _renderer(config)
+        records.update_lock(
+            run_dir,
+            tool_call_parsing=records.tool_call_parsing_record(
+                config.train.model_name, config.train.renderer_name, renderer
+            ),
+            excluded_tasks={pool.label: dict(pool.excluded) for pool in pools if pool.excluded},
+        )
         end_batch, per_epoch = total_steps(config, order.total_tasks)
         if resume is not None and resume.start_batch >= end_batch:
             say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
@@ -258,6 +266,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             end_batch=end_batch,
             batches_per_epoch=per_epoch,
             sample_timeout_seconds=timeout,
+            renderer=renderer,
         )
         return await trainer.run()
     finally:
@@ -266,6 +275,15 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
         reap_orphans(run_dir)
         if not supervised:
             (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)
+
+
+async def _renderer(config: PlatoonTinkerRLTrainerConfig) -> Any:
+    """The run's renderer over its model's tokenizer (loaded once; workers rebuild theirs from name + kwargs)."""
+    from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+
+    train = config.train
+    tokenizer = await asyncio.to_thread(get_tokenizer, train.model_name)
+    return get_renderer(train.renderer_name, tokenizer, renderer_kwargs=train.renderer_kwargs)
 
 
 def reap_orphans(run_dir: Path) -> int:

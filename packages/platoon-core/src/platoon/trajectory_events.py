@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from platoon.trajectory import TrajectoryCollection, json_safe
+from platoon.trajectory import TrajectoryCollection
 
 __all__ = ["EVENTS_DIR", "event_file_name", "events_of", "write_events"]
 
@@ -76,7 +76,7 @@ def events_of(collection: TrajectoryCollection, *, ts: float | None = None) -> I
             reward=data.get("reward"),
             finish_message=data.get("finish_message"),
             error_message=data.get("error_message"),
-            misc=json_safe(misc),
+            misc=misc,
         )
 
 

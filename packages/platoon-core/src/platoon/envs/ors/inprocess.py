@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -72,8 +73,43 @@ class InvalidCall(Exception):
 # -- running environment code ------------------------------------------------------------------------------------
 
 
+class _DaemonThreads:
+    """Daemon threads that run sync environment code, reused from call to call.
+
+    Daemon threads, not the loop's executor: a hung sync environment must not keep the process from exiting. A
+    thread that finished a job waits for the next one (at most `_MAX_IDLE` wait); a job finding none idle starts a
+    new thread, so a hung job never holds up another.
+    """
+
+    _MAX_IDLE = 64
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            reuse = self._idle > 0
+            if reuse:
+                self._idle -= 1
+        self._jobs.put(job)
+        if not reuse:
+            threading.Thread(target=self._serve, name="platoon-ors-sync", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                if self._idle >= self._MAX_IDLE:
+                    return
+                self._idle += 1
+
+
+_threads = _DaemonThreads()
+
+
 async def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # Daemon threads, not the loop's executor: a hung sync environment must not keep the process from exiting.
     loop = asyncio.get_running_loop()
     result: asyncio.Future[Any] = loop.create_future()
     ended: asyncio.Future[None] = loop.create_future()
@@ -102,7 +138,7 @@ async def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         except RuntimeError:  # the loop is gone; nobody is waiting any more
             pass
 
-    threading.Thread(target=work, name="platoon-ors-sync", daemon=True).start()
+    _threads.run(work)
     return await result
 
 

@@ -298,6 +298,11 @@ def parse_response_for_stop_token(
 # The base class
 
 
+#: how many texts a renderer keeps the encoding of, and the longest text it keeps
+_ENCODE_CACHE_ENTRIES = 16384
+_ENCODE_CACHE_TEXT_LIMIT = 8192
+
+
 class Renderer(ABC):
     """The common base of platoon's renderers; subclasses reproduce one tinker-cookbook renderer token for token.
 
@@ -357,7 +362,18 @@ class Renderer(ABC):
     # ---- prompts and supervised examples -------------------------------------------------------------------
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # A conversation re-renders its earlier messages on every call, and a text always encodes the same way:
+        # the encodings of short texts are kept (a bounded table, emptied when full).
+        if len(text) > _ENCODE_CACHE_TEXT_LIMIT:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        cache: dict[str, tuple[int, ...]] = self.__dict__.setdefault("_encoded", {})
+        tokens = cache.get(text)
+        if tokens is None:
+            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(cache) >= _ENCODE_CACHE_ENTRIES:
+                cache.clear()
+            cache[text] = tokens
+        return list(tokens)
 
     def _get_generation_suffix(self, role: str, ctx: RenderContext) -> list[int]:
         """The tokens that open the turn to be generated: the header of an empty message of `role`."""

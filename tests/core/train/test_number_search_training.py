@@ -127,6 +127,9 @@ def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path
     # every step trained: the scripted policy's rewards differ within a group
     assert all(row["train/batch/optimizer_updates"] == 1.0 for row in steps)
     assert any(0.0 < row["train/batch/task_reward/avg"] < 1.0 for row in steps)
+    for row in steps:  # per group: the best of its 8 rollouts, their mean, the worst
+        best, mean, worst = (row[f"train/batch/task_reward_at_k_{k}/avg"] for k in ("max", "mean", "min"))
+        assert worst <= mean <= best and row["train/batch/task_reward_at_k_max/count"] == 2.0
     assert all(row["train/datums/tokens_after_merge"] < row["train/datums/tokens_before_merge"] for row in steps)
 
     evaluated = [row["step"] for row in _rows(run / "evaluations.jsonl")]

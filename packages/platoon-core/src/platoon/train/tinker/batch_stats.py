@@ -108,6 +108,9 @@ class BatchStats:
             for name in (
                 "task_reward",
                 "task_reward_valid",
+                "task_reward_at_k_mean",
+                "task_reward_at_k_max",
+                "task_reward_at_k_min",
                 "num_steps",
                 "num_input_tokens",
                 "num_output_tokens",
@@ -129,11 +132,24 @@ class BatchStats:
         for group in groups:
             if group.row.label is not None:
                 labels.setdefault(group.row.label, []).append(group)
+            scored: list[float] = []
             for credit in group.result.members:
                 if credit.has_result:
                     values["task_reward_valid"].append(1.0 if credit.task_reward_valid else 0.0)
                     if credit.task_reward_valid and credit.task_reward is not None:
-                        values["task_reward"].append(credit.task_reward)
+                        scored.append(credit.task_reward)
+                        root = credit.collection.root if credit.collection is not None else None
+                        for name, value in (credit.components.get(root.id, {}) if root else {}).items():
+                            values.setdefault(f"root_{name}", []).append(value)
+                for tid, components in credit.components.items():
+                    if tid in credit.eligible:
+                        for name, value in components.items():
+                            values.setdefault(f"reward/{name}", []).append(value)
+            values["task_reward"] += scored
+            if scored:  # the group's k rollouts of one task: the best, the worst and the mean of them
+                values["task_reward_at_k_mean"].append(statistics.fmean(scored))
+                values["task_reward_at_k_max"].append(max(scored))
+                values["task_reward_at_k_min"].append(min(scored))
             self._member_values(group.members, values)
             for member in group.members:
                 statuses[member.status if member.observed else "none"] += 1

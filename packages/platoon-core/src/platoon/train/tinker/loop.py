@@ -19,7 +19,7 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -252,10 +252,14 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
-    async def _save(self, kind: str, batch: int) -> Any:
+    async def _save(self, kind: str, batch: int, *, before_record: Callable[[], None] | None = None) -> Any:
         """A full checkpoint (state, then sampler weights, then its `checkpoints.jsonl` row with the task order's
         position); returns a sampler of the saved weights. Recovery saves (the launch one too) start a pruning
-        pass in the background."""
+        pass in the background.
+
+        `before_record` runs between the saves and the row: a step logs its metrics there, so a checkpoint a resume
+        can start from never stands without its step's metrics (a start killed in between redoes the step).
+        """
         from platoon.train.tinker.checkpoints import checkpoint_name
         from platoon.train.tinker.trainer import ORDER_STATE_KEY
 
@@ -263,18 +267,20 @@ class Trainer:
         async with self.watchdog.keep_alive():
             state = await (await self.client.save_state_async(name)).result_async()
             weights = await (await self.client.save_weights_for_sampler_async(name)).result_async()
-            self.checkpoints.record(
-                name,
-                kind=kind,
-                batch=batch,
-                state_path=state.path,
-                sampler_path=weights.path,
-                policy_version=self.version,
-                optimizer_steps=self.optimizer_steps,
-                wandb_run_id=self.metrics.wandb_run_id,
-                **{ORDER_STATE_KEY: self.order.state(next_batch=batch)},
-            )
             sampler = await self.client.create_sampling_client_async(weights.path)
+        if before_record is not None:
+            before_record()
+        self.checkpoints.record(
+            name,
+            kind=kind,
+            batch=batch,
+            state_path=state.path,
+            sampler_path=weights.path,
+            policy_version=self.version,
+            optimizer_steps=self.optimizer_steps,
+            wandb_run_id=self.metrics.wandb_run_id,
+            **{ORDER_STATE_KEY: self.order.state(next_batch=batch)},
+        )
         if kind in ("recovery", "launch") and (self._prune_task is None or self._prune_task.done()):
             in_use = self.policy.versions_in_use() if hasattr(self, "policy") else [self.version]
             self._prune_task = asyncio.ensure_future(self.pruner.prune(self.version, in_use))
@@ -581,28 +587,7 @@ class Trainer:
         rollouts_seconds = (first_group_at or started) - started
         all_datums = [d for g in consumed for d in g.datums]
 
-        t_update = time.monotonic()
         done = step + 1
-        if applied:
-            self.version += 1
-            # Cadences count the steps completed since this start began (train.md 2.12).
-            kind = checkpoint_due(
-                done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
-            )
-            if kind is not None:
-                sampler = await self._save(kind, done)
-            else:
-                async with self.watchdog.keep_alive():
-                    sampler = await self.client.save_weights_and_get_sampling_client_async()
-            self.policy.update(sampler, advanced=True)
-            if not self._served:
-                self.gateway.sampler = sampler
-        else:
-            why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
-            log.info("step %d took no optimizer step: %s", done, why)
-        update_seconds = time.monotonic() - t_update
-        waited["service"] += update_seconds
-
         metrics = self.stats.metrics(consumed)
         metrics.update({f"train/{key}": value for key, value in transform_metrics.items()})
         metrics.update({f"train/{key}": statistics.fmean(values) for key, values in optim_values.items()})
@@ -615,10 +600,8 @@ class Trainer:
                 "train/stale_rollouts": float(counts["stale_rollouts"]),
                 "train/batch/optimizer_updates": float(applied),
                 "train/batch/skipped_optimizer": 0.0 if applied else 1.0,
-                "train/policy/version": float(self.version),
                 "train/optim/updates_total": float(self.optimizer_steps),
                 "train/total_datums_per_batch": float(len(all_datums)),
-                "train/update_weights_time": update_seconds,
                 "train/rollout_completion/rollout_time": rollouts_seconds,
                 "train/workload/training_batch/total_submitted_datums": float(submitted),
                 "train/workload/training_batch/total_attention_tokens": float(attention),
@@ -630,19 +613,48 @@ class Trainer:
                 "train/epoch": float(done // self.batches_per_epoch),
                 "progress/done_frac": done / self.end_batch,
                 "optim/lr": train.optimizer.learning_rate,
-                "timing/batch_total": time.monotonic() - started,
-                "timing/groups_wait": waited["groups"],
-                "timing/service_wait": waited["service"],
             }
         )
         metrics.setdefault("train/straggler_cancelled", 0.0)
-        metrics.update(self.pruner.metrics())
+        t_update = time.monotonic()
+        logged = False
+
+        def log_step() -> None:
+            nonlocal logged
+            update_seconds = time.monotonic() - t_update
+            metrics["train/update_weights_time"] = update_seconds
+            metrics["train/policy/version"] = float(self.version)
+            metrics["timing/batch_total"] = time.monotonic() - started
+            metrics["timing/groups_wait"] = waited["groups"]
+            metrics["timing/service_wait"] = waited["service"] + update_seconds
+            metrics.update(self.pruner.metrics())
+            self.metrics.log(done, metrics)
+            logged = True
+
+        if applied:
+            self.version += 1
+            # Cadences count the steps completed since this start began (train.md 2.12).
+            kind = checkpoint_due(
+                done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
+            )
+            if kind is not None:
+                sampler = await self._save(kind, done, before_record=log_step)
+            else:
+                async with self.watchdog.keep_alive():
+                    sampler = await self.client.save_weights_and_get_sampling_client_async()
+            self.policy.update(sampler, advanced=True)
+            if not self._served:
+                self.gateway.sampler = sampler
+        else:
+            why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
+            log.info("step %d took no optimizer step: %s", done, why)
+        if not logged:
+            log_step()
         async with self._progress:
             self.train_step = done
             self._progress.notify_all()
         self._updated.set()  # wakes the eval loop, skipped steps too
         self.watchdog.beat()
-        self.metrics.log(done, metrics)
         rewards_avg = metrics.get("train/batch/task_reward/avg")
         rewards = int(metrics.get("train/batch/task_reward/count", 0))
         reward_text = (

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.train.tinker.admission import AdmissionQueue, Row
 from platoon.train.tinker.member import MemberOutcome, MemberRequest, run_member
+from platoon.train.tinker.trainer import say
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
 
 if TYPE_CHECKING:
@@ -43,11 +43,6 @@ EXIT_STOPPED = 130
 _STOP_POLL_SECONDS = 0.5
 #: how long the end of a run waits for an in-flight pruning pass
 _PRUNE_DRAIN_SECONDS = 30.0
-
-
-def say(message: str) -> None:
-    """One progress line on stderr, prefixed like every diagnostic."""
-    print(f"platoon: {message}", file=sys.stderr, flush=True)
 
 
 class _Stopped(Exception):
@@ -119,9 +114,8 @@ class Trainer:
         )
         self._tasks: dict[tuple[str, str], Task] = {}
         self._progress = asyncio.Condition()  # notified at every step boundary (feeder, eval waits)
-        self._updated = (
-            asyncio.Event()
-        )  # the eval loop's wake-up; set at start so the start step is considered
+        # The eval loop's wake-up, set at start so that the start step is considered at once.
+        self._updated = asyncio.Event()
         self._updated.set()
         self._eval_handled = -1  # the last step the eval loop looked at
         self._eval_done: set[int] = set()
@@ -139,12 +133,13 @@ class Trainer:
         """Train to `end_batch`; returns 0, or 130 when stopped at a step boundary on request."""
         from platoon.train.tinker.watchdog import at_hard_exit
 
-        await self._open()
-        forget = [at_hard_exit(self.metrics.finish)]
-        if self._workers is not None:
-            forget.append(at_hard_exit(self._workers.terminate_all))
-        self.watchdog.start()
+        forget: list[Callable[[], None]] = []
         try:
+            await self._open()
+            forget.append(at_hard_exit(self.metrics.finish))
+            if self._workers is not None:
+                forget.append(at_hard_exit(self._workers.terminate_all))
+            self.watchdog.start()
             return await self._pipeline()
         finally:
             self.watchdog.stop()
@@ -237,12 +232,15 @@ class Trainer:
         return workers
 
     async def _close(self) -> None:
+        """Whatever `_open` got to: a start that failed half-way leaves no worker and no session behind."""
         if self._prune_task is not None and not self._prune_task.done():
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._prune_task, _PRUNE_DRAIN_SECONDS)
         if self._workers is not None:
             await self._workers.close()
-        self.metrics.finish()
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.finish()
         # The SDK heartbeats its session until the process exits unless told otherwise; a start that ended (the
         # local server may be gone too) has nothing to keep alive.
         close = getattr(getattr(getattr(self, "service", None), "holder", None), "close", None)

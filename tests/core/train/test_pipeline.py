@@ -482,3 +482,17 @@ def test_a_group_staler_than_max_staleness_is_dropped_whole(site: Path, capsys: 
     assert sum(row["train/batch/stale_groups"] for row in steps) == 1.0
     assert sum(row["train/stale_rollouts"] for row in steps) == 2.0
     assert sum(row["train/batch/groups_dequeued"] for row in steps) == 4.0
+
+
+@pytest.mark.slow
+def test_an_evaluation_of_tasks_training_draws_from_is_warned_about(site: Path, capsys: Any) -> None:
+    argv = _bandit(
+        site,
+        "train.max_training_steps=1",
+        "eval.every=1",
+        "environments.0.eval_dataset_kwargs={split_name: train, limit: 1}",
+    )
+    assert main(argv) == 0
+    assert "platoon: environments[default]: the evaluation lists 1 task(s) that training draws from" in (
+        capsys.readouterr().err
+    )

@@ -210,6 +210,21 @@ class Trainer:
             self._eval_tasks = await list_eval_tasks(
                 self.config, base_dir=self.run_dir, services=self.services
             )
+            self._warn_overlap()
+
+    def _warn_overlap(self) -> None:
+        """Say so, per entry, when the evaluation lists tasks that training draws from (train.md 2.13)."""
+        from platoon.train.tinker.task_order import split_task_id
+
+        for pool in self.order.pools:
+            trained = {split_task_id(task_id)[1] if self.mixture else task_id for task_id in pool.task_ids}
+            evaluated = {str(task.id) for label, task in self._eval_tasks if label == pool.label}
+            shared = sorted(trained & evaluated)
+            if shared:
+                say(
+                    f"environments[{pool.label}]: the evaluation lists {len(shared)} task(s) that training draws "
+                    f"from ({', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''})"
+                )
 
     async def _start_workers(self) -> Any:
         from platoon.train.tinker.workers import RolloutWorkers

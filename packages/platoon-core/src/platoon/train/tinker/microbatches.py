@@ -6,8 +6,6 @@ clip metrics from the returned training logprobs.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -76,35 +74,42 @@ def prepare_microbatch(
 def optim_metrics(datums: Sequence[tinker.Datum], outputs: Sequence[Any], config: Any) -> dict[str, float]:
     """KL, entropy, importance-weight and clip metrics on action tokens from the returned training logprobs
     against the sampling logprobs (train.md 2.11); `datums` still carry their masks."""
-    diffs: list[float] = []
-    train_lps: list[float] = []
+    import numpy as np
+
+    sampled_parts: list[Any] = []
+    trained_parts: list[Any] = []
     for datum, output in zip(datums, outputs, strict=False):
         trained = output["logprobs"]
-        values = list(getattr(trained, "data", trained))
-        for sampled, lp, m in zip(_data(datum, "logprobs"), values, _data(datum, "mask"), strict=False):
-            if m > 0:
-                diffs.append(sampled - float(lp))
-                train_lps.append(float(lp))
-    if not diffs:
+        values = np.asarray(getattr(trained, "data", trained), dtype=np.float64)
+        sampled = np.asarray(_data(datum, "logprobs"), dtype=np.float64)
+        action = np.asarray(_data(datum, "mask"), dtype=np.float64) > 0
+        n = min(len(values), len(sampled), len(action))
+        sampled_parts.append(sampled[:n][action[:n]])
+        trained_parts.append(values[:n][action[:n]])
+    if not sampled_parts:
         return {}
-    weights = [math.exp(-d) for d in diffs]  # exp(train - sample)
+    train_lps = np.concatenate(trained_parts)
+    if not train_lps.size:
+        return {}
+    diffs = np.concatenate(sampled_parts) - train_lps
+    weights = np.exp(-diffs)  # exp(train - sample)
     out = {
-        "optim/kl_sample_train_v1": statistics.fmean(diffs),
-        "optim/kl_sample_train_v2": 0.5 * statistics.fmean(d * d for d in diffs),
-        "optim/entropy": -statistics.fmean(train_lps),
-        "optim/importance_weight_mean": statistics.fmean(weights),
-        "optim/importance_weight_std": statistics.pstdev(weights),
-        "optim/importance_weight_min": min(weights),
-        "optim/importance_weight_max": max(weights),
+        "optim/kl_sample_train_v1": float(diffs.mean()),
+        "optim/kl_sample_train_v2": float(0.5 * (diffs * diffs).mean()),
+        "optim/entropy": float(-train_lps.mean()),
+        "optim/importance_weight_mean": float(weights.mean()),
+        "optim/importance_weight_std": float(weights.std()),
+        "optim/importance_weight_min": float(weights.min()),
+        "optim/importance_weight_max": float(weights.max()),
     }
     if config.loss_fn in ("cispo", "ppo"):
         low = float(config.loss_fn_config.get("clip_low_threshold", 0.0))
         high = float(config.loss_fn_config.get("clip_high_threshold", 5.0))
-        below = sum(1 for w in weights if w < low)
-        above = sum(1 for w in weights if w > high)
-        out["optim/clip_frac_low"] = below / len(weights)
-        out["optim/clip_frac_high"] = above / len(weights)
-        out["optim/clip_frac_total"] = (below + above) / len(weights)
+        below = float((weights < low).mean())
+        above = float((weights > high).mean())
+        out["optim/clip_frac_low"] = below
+        out["optim/clip_frac_high"] = above
+        out["optim/clip_frac_total"] = below + above
     return out
 
 

@@ -270,6 +270,14 @@ HOLDOUT_SERVICE = textwrap.dedent(
     '''
     """A task table that holds tasks out of training (`holdout`: ids) and keeps a split record, as Harbor does."""
     from platoon.envs.table import TaskTableService
+    from platoon.harness.agent import AgentResult
+    from platoon.harness.function import harness
+
+
+    @harness("test-holdout-answer")
+    async def answer(ctx):
+        reply = await ctx.chat([{"role": "user", "content": ctx.instruction}], max_tokens=1)
+        return AgentResult(final_message=reply.text)
 
 
     class HoldoutTable(TaskTableService):
@@ -302,7 +310,7 @@ def test_identity_records_the_hold_out_and_a_resume_that_changes_it_is_refused(
     def argv(holdout: str) -> list[str]:
         entry = (
             f"[{{service: 'holdout_table:HoldoutTable', service_kwargs: {{rows: {rows}, holdout: {holdout}}}, "
-            "harness: platoon-noop, exclude_tasks: [c]}]"
+            "harness: 'holdout_table:answer', exclude_tasks: [c]}]"
         )
         return _bandit(site, "train.batch_size=1", "train.max_training_steps=1", f"environments={entry}")
 

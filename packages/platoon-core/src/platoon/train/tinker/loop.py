@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.train.tinker.admission import AdmissionQueue, Row
-from platoon.train.tinker.member import MemberOutcome, MemberRequest, run_member
+from platoon.train.tinker.member import FileWriter, MemberOutcome, MemberRequest, run_member
 from platoon.train.tinker.trainer import say
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
 
@@ -126,6 +126,8 @@ class Trainer:
         self._results: asyncio.Queue[tuple[Row, GroupOutput | None]] = asyncio.Queue()
         self._background: list[asyncio.Future[None]] = []
         self._queue = AdmissionQueue(train.batch_size, train.rollout_group_limits)
+        # Training rollouts' event files are written off the groups' path (workers write their own)
+        self._files = FileWriter()
 
     # ----------------------------------------------------------------------------------------------- open
 
@@ -253,6 +255,7 @@ class Trainer:
                 await asyncio.wait_for(self._prune_task, _PRUNE_DRAIN_SECONDS)
         if self._workers is not None:
             await self._workers.close()
+        await self._files.drain()  # every rollout's event file is on disk before the start ends
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics.finish()
@@ -399,7 +402,11 @@ class Trainer:
                 outcome: MemberOutcome = await self._workers.run(request, scope="train", on_ready=on_ready)
                 return outcome
             return await run_member(
-                request, service=self.services[row.pool], gateway=self.gateway, version=lambda: version
+                request,
+                service=self.services[row.pool],
+                gateway=self.gateway,
+                version=lambda: version,
+                writer=self._files,
             )
 
     # --------------------------------------------------------------------------------------------- evaluation

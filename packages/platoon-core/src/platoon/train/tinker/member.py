@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from platoon.task import Task
     from platoon.trajectory import TrajectoryCollection
 
-__all__ = ["MemberOutcome", "MemberRequest", "outcome_status", "run_member"]
+__all__ = ["FileWriter", "MemberOutcome", "MemberRequest", "outcome_status", "run_member"]
 
 log = logging.getLogger("platoon.train")
 
@@ -160,13 +160,42 @@ def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
     )
 
 
+class FileWriter:
+    """Writes rollout files on one background thread, so a group need not wait for its viewer files; `drain()`
+    waits until everything handed to it is on disk (a trainer drains before it ends)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="platoon-rollout-files")
+
+    def submit(self, request: MemberRequest, outcome: MemberOutcome) -> None:
+        self._pool.submit(_write_quietly, request, outcome)
+
+    async def drain(self) -> None:
+        await asyncio.to_thread(self._pool.shutdown, wait=True)
+
+
+def _write_quietly(request: MemberRequest, outcome: MemberOutcome) -> None:
+    try:
+        write_member_files(request, outcome)
+    except OSError as exc:
+        log.warning("writing the rollout files of %s failed: %s", request.task_id, exc)
+
+
 async def run_member(
-    request: MemberRequest, *, service: Any, gateway: Any, version: Callable[[], int]
+    request: MemberRequest,
+    *,
+    service: Any,
+    gateway: Any,
+    version: Callable[[], int],
+    writer: FileWriter | None = None,
 ) -> MemberOutcome:
     """Run one rollout of `request` on `gateway`; never raises but for cancellation.
 
     `version()` gives the policy version the member's samples come from, read when the rollout ends (in process
     the version when the request was built; a worker's following sampler reports the oldest version it sampled).
+    The rollout's files are written before it returns, or by `writer` in the background.
     """
     from platoon.episode.rollout import Route, recorded_rollout
 
@@ -200,8 +229,8 @@ async def run_member(
                 seconds,
                 _reward_key(collection),
             )
-    try:
-        await asyncio.to_thread(write_member_files, request, outcome)
-    except OSError as exc:
-        log.warning("writing the rollout files of %s failed: %s", request.task_id, exc)
+    if writer is not None:
+        writer.submit(request, outcome)
+    else:
+        await asyncio.to_thread(_write_quietly, request, outcome)
     return outcome

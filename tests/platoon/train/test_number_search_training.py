@@ -91,13 +91,20 @@ def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path
     run = logs / "quickstart" / "run"
     argv = _argv(logs, steps=6)
     child = subprocess.Popen(
-        [*driver, "1", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+        [*driver, "1", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
     )
     try:
         deadline = time.monotonic() + 300
         # two steps checkpointed, then SIGKILL while the third one runs
         while time.monotonic() < deadline and child.poll() is None:
-            if any(row.get("batch", 0) >= 2 and row.get("kind") == "permanent" for row in _rows(run / "checkpoints.jsonl")):
+            if any(
+                row.get("batch", 0) >= 2 and row.get("kind") == "permanent"
+                for row in _rows(run / "checkpoints.jsonl")
+            ):
                 break
             time.sleep(0.1)
         else:
@@ -130,13 +137,24 @@ def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path
     for row in steps:  # per group: the best of its 8 rollouts, their mean, the worst
         best, mean, worst = (row[f"train/batch/task_reward_at_k_{k}/avg"] for k in ("max", "mean", "min"))
         assert worst <= mean <= best and row["train/batch/task_reward_at_k_max/count"] == 2.0
-    assert all(row["train/datums/tokens_after_merge"] < row["train/datums/tokens_before_merge"] for row in steps)
+    assert all(
+        row["train/datums/tokens_after_merge"] < row["train/datums/tokens_before_merge"] for row in steps
+    )
 
     evaluated = [row["step"] for row in _rows(run / "evaluations.jsonl")]
     assert sorted(evaluated) == [2, 4, 6] and len(evaluated) == len(set(evaluated))
     assert all(row["tasks"] == 2 for row in _rows(run / "evaluations.jsonl"))
     for step in (2, 4, 6):
-        assert len(list((run / "rollouts" / "eval" / f"step_{step}").glob("*/rollout_0/trajectory_collection.json"))) == 2
+        assert (
+            len(
+                list(
+                    (run / "rollouts" / "eval" / f"step_{step}").glob(
+                        "*/rollout_0/trajectory_collection.json"
+                    )
+                )
+            )
+            == 2
+        )
 
     # training rollouts leave the viewer's event files, by the policy version they sampled
     events = sorted((run / "rollouts" / "train").glob("*/events/events_*.jsonl"))

@@ -516,17 +516,6 @@ def test_stage_report_needs_an_output_dir(workdir, write_config, capsys):
     ]
 
 
-def test_subprocess_slots_are_refused_in_one_line(workdir, write_config, capsys):
-    config = write_config(number_search_eval(workflow={"use_subprocesses": True}))
-    with serve_policy(binary_search):
-        status, _, err = run(["eval", str(config)], capsys)
-    assert status == 78
-    assert err[-1].startswith(
-        "platoon: inference.workflow.use_subprocesses: subprocess slots are not available"
-    )
-    assert not (workdir / "runs").exists()
-
-
 def test_an_unknown_harness_is_refused_before_anything_is_written(workdir, write_config, capsys):
     data = number_search_eval()
     data["environments"][0]["harness"] = "platoon-nothing"

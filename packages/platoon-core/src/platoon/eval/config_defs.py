@@ -93,9 +93,19 @@ class EvalWorkflowConfig(ConfigModel):
     success_threshold: Float = Field(1.0, description="a rollout with at least this reward succeeds")
     fail_fast: Bool = Field(False, description="stop at the first failed rollout")
     count_timeout_as_failure: Bool = Field(False, description="count timed-out rollouts as failures")
-    use_subprocesses: Bool = Field(False, description="run rollouts in worker processes")
-    subprocess_max_workers: Int | None = Field(None, ge=1, description="worker processes; None = automatic")
+    use_subprocesses: Bool = Field(
+        False, description="run rollouts in slot processes, each reused for one rollout at a time"
+    )
+    subprocess_max_workers: Int | None = Field(
+        None, ge=1, description="slot processes at most; None = num_concurrent_workers"
+    )
     rollout_config: RolloutConfig = Field(default_factory=RolloutConfig, description="how each rollout runs")
+
+    @property
+    def slot_count(self) -> int:
+        """The slot processes `use_subprocesses` may start: `subprocess_max_workers`, else one per concurrent
+        rollout."""
+        return self.subprocess_max_workers or self.num_concurrent_workers
 
 
 #: Settings of a Tinker policy: refused with a hosted model, and without a renderer (no Tinker policy).
@@ -164,13 +174,18 @@ class InferenceConfig(ConfigModel):
             hosted is not None
             and hosted.max_concurrent_requests is not None
             and workflow.use_subprocesses
-            and workflow.subprocess_max_workers is not None
-            and hosted.max_concurrent_requests < workflow.subprocess_max_workers
+            and hosted.max_concurrent_requests < workflow.slot_count
         ):
+            counted = (
+                f"workflow.subprocess_max_workers {workflow.subprocess_max_workers}"
+                if workflow.subprocess_max_workers is not None
+                else f"workflow.num_concurrent_workers {workflow.num_concurrent_workers}, as "
+                "subprocess_max_workers is not set"
+            )
             problems.append(
                 f"hosted.max_concurrent_requests ({hosted.max_concurrent_requests}) is split across the worker "
-                f"processes and must be at least their number (workflow.subprocess_max_workers "
-                f"{workflow.subprocess_max_workers})"
+                f"processes and must be at least their number ({counted}): raise it, or set "
+                "workflow.subprocess_max_workers lower"
             )
         raise_problems(type(self).__name__, problems, self)
         return self

@@ -10,6 +10,7 @@ made and its records written -> the policy opens (local server, hosted probe) ->
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import datetime as _dt
@@ -17,7 +18,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,9 @@ from platoon.errors import ConfigError, PlatoonError
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
     from platoon.eval.config_defs import PlatoonEvalConfig
-    from platoon.eval.policy import OpenPolicy, PolicySpec
+    from platoon.eval.policy import CallWatch, OpenPolicy, PolicySpec
+    from platoon.eval.slot import SlotPolicy
+    from platoon.eval.slots import SubprocessSlots
     from platoon.eval.tasks import EvalTask
 
 __all__ = [
@@ -183,15 +186,6 @@ def start_problems(config: PlatoonEvalConfig) -> list[str]:
     return component_problems(config) + judges_problems(config)
 
 
-def _use_subprocesses_problem(config: PlatoonEvalConfig) -> str | None:
-    if config.inference.workflow.use_subprocesses:
-        return (
-            "inference.workflow.use_subprocesses: subprocess slots are not available in this build; set it to "
-            "false (rollouts run in this process, num_concurrent_workers at once)"
-        )
-    return None
-
-
 def check_output_dir_free(
     output_dir: Path,
     *,
@@ -220,22 +214,6 @@ def _snapshot(loaded: LoadedConfig, output_dir: Path) -> LoadedConfig:
 # The evaluation
 
 
-class _OneRollout:
-    """The shared gateway as one rollout sees it, keeping the recorder that rollout opened (its agents' counters
-    say which calls failed after retries and what they cost)."""
-
-    def __init__(self, gateway: Any) -> None:
-        self._gateway = gateway
-        self.recorder: Any = None
-
-    def open_rollout(self, *args: Any, **kwargs: Any) -> Any:
-        self.recorder = self._gateway.open_rollout(*args, **kwargs)
-        return self.recorder
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._gateway, name)
-
-
 @dataclasses.dataclass
 class _Stage:
     """What the rollout stage did, for the report's workflow metrics and the run-wide refusals."""
@@ -244,6 +222,8 @@ class _Stage:
     run: int = 0
     not_started: int = 0
     run_wide: str | None = None
+    #: the subprocess slots' counts (`use_subprocesses`), for the workflow metrics
+    slots: dict[str, int] | None = None
 
 
 def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, Any] | None:
@@ -276,6 +256,69 @@ def _write_rollout(where: Path, collection: Any, record: Mapping[str, Any], task
     write_json(where / METADATA_FILE, record)
 
 
+def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
+    """What each slot process needs to sample the opened policy itself (core.md 8.4: never a policy served in
+    this process)."""
+    from platoon.eval.policy import HOSTED
+    from platoon.eval.slot import SlotPolicy
+
+    spec = policy.spec
+    workflow = config.inference.workflow
+    if spec.backend == HOSTED:
+        rollout = workflow.rollout_config
+        return SlotPolicy(
+            backend=HOSTED,
+            model=spec.model,
+            hosted=spec.hosted,
+            inference_params=rollout.inference_params.model_dump(),
+            sampling_precedence=rollout.sampling_precedence,
+            workers=workflow.slot_count,
+        )
+    from platoon.train.tinker.workers.binding import binding_blob
+
+    try:
+        blob = binding_blob(policy.sampler, 0)
+    except Exception as exc:
+        raise PlatoonError(
+            f"the sampling client cannot be handed to subprocess slots: {type(exc).__name__}: {exc}; set "
+            "inference.workflow.use_subprocesses: false"
+        ) from None
+    return SlotPolicy(
+        backend=str(spec.backend),
+        model=spec.model,
+        binding=blob,
+        renderer_name=spec.renderer,
+        renderer_kwargs=dict(spec.renderer_kwargs),
+        context_window_length=spec.context_window_length,
+        sample_timeout_seconds=spec.sample_timeout_seconds,
+        base_url=policy.base_url,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _slots(config: PlatoonEvalConfig, policy: OpenPolicy, output_dir: Path) -> AsyncIterator[Any]:
+    """The evaluation's subprocess slots for the block (`use_subprocesses`), else None."""
+    workflow = config.inference.workflow
+    if not workflow.use_subprocesses:
+        yield None
+        return
+    from platoon.eval.slots import SubprocessSlots
+
+    entries = list(config.environments or [])
+    slots = SubprocessSlots(
+        output_dir=output_dir,
+        max_slots=workflow.slot_count,
+        policy=_slot_policy(config, policy),
+        environment_packages=[entry.package for entry in entries if entry.package],
+        services=[str(entry.service) for entry in entries if entry.service],
+    )
+    try:
+        await slots.start()
+        yield slots
+    finally:
+        await slots.close()
+
+
 async def _rollout_stage(
     config: PlatoonEvalConfig,
     tasks: list[EvalTask],
@@ -283,10 +326,13 @@ async def _rollout_stage(
     policy: OpenPolicy,
     output_dir: Path,
     say: Say,
+    *,
+    base_dir: Path,
+    slots: SubprocessSlots | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], _Stage]:
-    from platoon.eval.rollouts import rollout_dir, rollout_record
-    from platoon.eval.tasks import entries_by_label
-    from platoon.train.tinker.member import MemberRequest, run_member
+    from platoon.eval.rollouts import rollout_dir, run_and_record
+    from platoon.eval.tasks import entries_by_label, service_kwargs
+    from platoon.train.tinker.member import MemberRequest
 
     inference = config.inference
     workflow = inference.workflow
@@ -301,6 +347,7 @@ async def _rollout_stage(
         }
     )
     provenance = policy.spec.provenance()
+    kwargs_by_label = {label: service_kwargs(entry, base_dir) for label, (_, entry) in entries.items()}
     gate = asyncio.Semaphore(workflow.num_concurrent_workers)
     stage = _Stage()
     watch = policy.watch
@@ -328,26 +375,26 @@ async def _rollout_stage(
                 split=config.split,
                 rollout_number=index,
                 rollout_config=rollout_config,
+                service_kwargs=kwargs_by_label[item.label],
             )
-            scoped = _OneRollout(policy.gateway)
-            outcome = await run_member(
-                request, service=services[item.label], gateway=scoped, version=lambda: 0
-            )
-        rollout_id = getattr(scoped.recorder, "rollout_id", None)
-        record = rollout_record(
-            task_id=item.task_id,
-            label=item.label,
-            split=config.split,
-            index=index,
-            outcome=outcome,
-            recorder=scoped.recorder,
-            reward_processor=entry.reward_processor,
-            threshold=workflow.success_threshold,
-            count_timeout_as_failure=workflow.count_timeout_as_failure,
-            provenance=provenance,
-            judges=inference.judges,
-            refusals=watch.refusals.get(rollout_id, 0) if rollout_id else 0,
-        )
+            settings = {
+                "task_id": item.task_id,
+                "label": item.label,
+                "split": config.split,
+                "index": index,
+                "reward_processor": entry.reward_processor,
+                "threshold": workflow.success_threshold,
+                "count_timeout_as_failure": workflow.count_timeout_as_failure,
+                "provenance": provenance,
+                "judges": inference.judges,
+            }
+            service = services[item.label]
+            if slots is None:
+                outcome, record = await run_and_record(
+                    request, service=service, gateway=policy.gateway, watch=watch, record_settings=settings
+                )
+            else:
+                outcome, record = await _in_slot(slots, request, service, settings, watch)
         if not inference.judges and record["judges"]["refused"] and stage.run_wide is None:
             stage.run_wide = (
                 f"environments[{item.label}]: a judge call was refused while judges are off (inference.judges: "
@@ -357,10 +404,14 @@ async def _rollout_stage(
         return record
 
     n = workflow.num_rollouts_per_task
+    in_slots = f", in up to {slots.max_slots} subprocess slots" if slots is not None else ""
     say(
-        f"rolling out {len(tasks)} tasks x {n} on split {config.split} ({workflow.num_concurrent_workers} at once)"
+        f"rolling out {len(tasks)} tasks x {n} on split {config.split} "
+        f"({workflow.num_concurrent_workers} at once{in_slots})"
     )
     results = await asyncio.gather(*(one(item, i) for item in tasks for i in range(n)))
+    if slots is not None:
+        stage.slots = {"started": slots.counts.started, "replaced": slots.counts.replaced}
     by_task: dict[str, list[dict[str, Any]]] = {item.task_id: [] for item in tasks}
     for record in results:
         if record is not None:
@@ -368,6 +419,29 @@ async def _rollout_stage(
     for records in by_task.values():
         records.sort(key=lambda r: int(r.get("rollout_index", 0)))
     return by_task, stage
+
+
+async def _in_slot(
+    slots: SubprocessSlots,
+    request: Any,
+    service: Any,
+    settings: Mapping[str, Any],
+    watch: CallWatch,
+) -> tuple[Any, dict[str, Any]]:
+    """One rollout in a subprocess slot; the run-wide refusals it saw join this evaluation's watch. A slot that
+    hung or died gives no record: the rollout is recorded as errored here."""
+    from platoon.eval.rollouts import rollout_record
+    from platoon.eval.slots import SlotJob, rollout_deadlines
+
+    result = await slots.run(SlotJob(request, settings, await rollout_deadlines(request, service)))
+    if result.key_refusal and watch.key_refusal is None:
+        watch.key_refusal = ConfigError(result.key_refusal)
+    if result.hosted_refusal and watch.hosted_refusal is None:
+        watch.hosted_refusal = result.hosted_refusal
+    record = result.record
+    if record is None:
+        record = rollout_record(outcome=result.outcome, recorder=None, **settings)
+    return result.outcome, record
 
 
 def _stage_refusals(policy: OpenPolicy, stage: _Stage) -> None:
@@ -459,16 +533,14 @@ async def evaluate(
 
     started = time.monotonic()
     spec = PolicySpec.of_eval(config)
+    in_process = not config.inference.workflow.use_subprocesses
     # The key first: a missing key is refused before anything is prepared or written (core.md 3.4).
-    check_policy_key(spec)
+    check_policy_key(spec, in_process=in_process)
     line = sample_timeout_line(spec, "inference")
     if line is not None:
         say(line)
     for warning in ignored_output_dir_lines(loaded):
         say(warning)
-    problem = _use_subprocesses_problem(config)
-    if problem is not None:
-        raise ConfigError(problem)
     choice = choose_output_dir(config, loaded, spec, now=now)
     if not choice.fresh:
         check_output_dir_free(choice.path)
@@ -491,16 +563,24 @@ async def evaluate(
         records.update_lock(output_dir, excluded_tasks=listing.excluded)
         rollout_config = config.inference.workflow.rollout_config
         async with open_policy(
-            spec, rollout_config=rollout_config, entries=config.environments, say=say
+            spec, rollout_config=rollout_config, entries=config.environments, say=say, in_process=in_process
         ) as policy:
             fields: dict[str, Any] = {"policy": spec.lock_record(probe=policy.probe)}
             parsing = policy.tool_call_parsing()
             if parsing is not None:
                 fields["tool_call_parsing"] = parsing
             records.update_lock(output_dir, **fields)
-            by_task, stage = await _rollout_stage(
-                config, listing.tasks, listing.services, policy, output_dir, say
-            )
+            async with _slots(config, policy, output_dir) as slots:
+                by_task, stage = await _rollout_stage(
+                    config,
+                    listing.tasks,
+                    listing.services,
+                    policy,
+                    output_dir,
+                    say,
+                    base_dir=loaded.path.parent,
+                    slots=slots,
+                )
             _stage_refusals(policy, stage)
         errored = sum(1 for rs in by_task.values() for r in rs if r.get("status") != "completed")
         total = sum(len(rs) for rs in by_task.values())
@@ -509,7 +589,10 @@ async def evaluate(
                 f"{errored} of {total} rollouts errored and inference.workflow.fail_fast is set; their records "
                 f"are under {output_dir / 'rollouts'}"
             )
-        metrics = {"rollouts_run": stage.run, "rollouts_reused": stage.reused}
+        metrics: dict[str, Any] = {"rollouts_run": stage.run, "rollouts_reused": stage.reused}
+        if stage.slots is not None:
+            metrics["subprocess_slots_started"] = stage.slots["started"]
+            metrics["subprocess_slots_replaced"] = stage.slots["replaced"]
         if config.stage == "rollouts":
             say(f"rolled out {total} rollouts ({errored} errored) into {output_dir / 'rollouts'}")
             return {

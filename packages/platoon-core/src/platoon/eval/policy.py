@@ -186,9 +186,14 @@ class PolicySpec:
         }
 
 
-def check_policy_key(spec: PolicySpec, environ: Mapping[str, str] | None = None) -> None:
+def check_policy_key(
+    spec: PolicySpec, environ: Mapping[str, str] | None = None, *, in_process: bool = True
+) -> None:
     """The key check before anything is prepared or written: the Tinker key (unless the local server or a policy
-    served in process answers), or the hosted key variable set. Raises a one-line ConfigError (exit 78)."""
+    served in process answers), or the hosted key variable set. Raises a one-line ConfigError (exit 78).
+
+    `in_process` False: the rollouts run in subprocess slots, which a policy served in this process never reaches
+    (core.md 8.4), so the Tinker key is checked whatever is served."""
     env = os.environ if environ is None else environ
     if spec.backend == HOSTED:
         assert spec.hosted is not None
@@ -203,7 +208,7 @@ def check_policy_key(spec: PolicySpec, environ: Mapping[str, str] | None = None)
         from platoon.testing.gateway import default_policy
         from platoon.train.tinker.credentials import check_tinker_key
 
-        if default_policy() is None:
+        if default_policy() is None or not in_process:
             check_tinker_key(spec.base_url, env)
 
 
@@ -301,6 +306,10 @@ class OpenPolicy:
     watch: CallWatch
     renderer: Any = None
     probe: dict[str, Any] | None = None
+    #: the Tinker sampling client itself (subprocess slots sample it from their own processes)
+    sampler: Any = None
+    #: the Tinker service the sampler talks to (for refusal messages in slots)
+    base_url: str | None = None
 
     def tool_call_parsing(self) -> dict[str, Any] | None:
         """`lock.json.tool_call_parsing` of a Tinker policy: the chat-template renderer's parser choice, else the
@@ -337,12 +346,14 @@ async def open_policy(
     rollout_config: Any,
     entries: Any = (),
     say: Any = None,
+    in_process: bool = True,
 ) -> AsyncIterator[OpenPolicy]:
     """Open `spec` for the life of the block: the gateway over its sampler (Tinker), the hosted model (probed
     first), or the policy `platoon.testing.serve_policy` installed in process.
 
     `rollout_config` gives a hosted model its sampling defaults; `entries` are the environment entries (their
-    harnesses' dialects are probed); `say` prints progress lines. Refusals are ConfigErrors (exit 78).
+    harnesses' dialects are probed); `say` prints progress lines; `in_process` False (subprocess slots) never
+    takes the served policy, which slot processes cannot see. Refusals are ConfigErrors (exit 78).
     """
     import asyncio
 
@@ -374,7 +385,7 @@ async def open_policy(
 
     from platoon.testing.gateway import default_policy
 
-    served = default_policy()
+    served = default_policy() if in_process else None
     if served is not None:
         # `serve_policy` in this process: the scripted policy answers, with the config's renderer and settings.
         gateway = served.gateway(
@@ -391,6 +402,7 @@ async def open_policy(
     base_url = spec.tinker_base_url()
     api_key = check_tinker_key(spec.base_url)
     stop_server: Any = None
+    sampler: Any = None
     try:
         if uses_local_server(spec.base_url):
             from platoon.testing.local_server.process import start_local_server_process
@@ -412,8 +424,11 @@ async def open_policy(
             context_window_length=spec.context_window_length,
             sample_timeout_seconds=spec.sample_timeout_seconds,
         )
-        yield OpenPolicy(spec, gateway, watch, renderer=renderer)
+        yield OpenPolicy(spec, gateway, watch, renderer=renderer, sampler=sampler, base_url=base_url)
     finally:
+        from platoon.train.tinker.trainer import close_session
+
+        close_session(sampler)
         if stop_server is not None:
             await asyncio.to_thread(stop_server)
 

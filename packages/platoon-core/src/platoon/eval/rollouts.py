@@ -17,20 +17,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from platoon.eval.policy import CallWatch
     from platoon.gateway.core import RolloutRecorder
     from platoon.gateway.records import AgentRecord
-    from platoon.train.tinker.member import MemberOutcome
+    from platoon.train.tinker.member import MemberOutcome, MemberRequest
     from platoon.trajectory import Trajectory, TrajectoryCollection
 
 __all__ = [
     "COLLECTION_FILE",
     "METADATA_FILE",
     "ROLLOUTS_DIR",
+    "OneRollout",
     "UsageBuckets",
     "iter_records",
     "provenance_mismatch",
     "rollout_dir",
     "rollout_record",
+    "run_and_record",
     "safe_task_id",
     "score_collection",
     "write_json",
@@ -356,6 +359,51 @@ def rollout_record(
         record["reward_components"] = scored["reward_components"]
     record["success"] = is_success(record, threshold)
     return record
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running one rollout (in process, or in a subprocess slot)
+
+
+class OneRollout:
+    """The shared gateway as one rollout sees it, keeping the recorder that rollout opened (its agents' counters
+    say which calls failed after retries and what they cost)."""
+
+    def __init__(self, gateway: Any) -> None:
+        self._gateway = gateway
+        self.recorder: Any = None
+
+    def open_rollout(self, *args: Any, **kwargs: Any) -> Any:
+        self.recorder = self._gateway.open_rollout(*args, **kwargs)
+        return self.recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gateway, name)
+
+
+async def run_and_record(
+    request: MemberRequest,
+    *,
+    service: Any,
+    gateway: Any,
+    watch: CallWatch,
+    record_settings: Mapping[str, Any],
+) -> tuple[MemberOutcome, dict[str, Any]]:
+    """Run one rollout through the trainer's member body on `gateway` and classify it; `record_settings` are
+    `rollout_record`'s keyword arguments other than the outcome, the recorder and the refusals. The same in process
+    and in a slot process, so both write the same records."""
+    from platoon.train.tinker.member import run_member
+
+    scoped = OneRollout(gateway)
+    outcome = await run_member(request, service=service, gateway=scoped, version=lambda: 0)
+    rollout_id = getattr(scoped.recorder, "rollout_id", None)
+    record = rollout_record(
+        outcome=outcome,
+        recorder=scoped.recorder,
+        refusals=watch.refusals.get(rollout_id, 0) if rollout_id else 0,
+        **record_settings,
+    )
+    return outcome, record
 
 
 # ---------------------------------------------------------------------------------------------------------------

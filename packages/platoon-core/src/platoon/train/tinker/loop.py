@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.train.tinker.admission import AdmissionQueue, Row
 from platoon.train.tinker.member import FileWriter, MemberOutcome, MemberRequest, run_member
-from platoon.train.tinker.trainer import say
+from platoon.train.tinker.trainer import close_session, say
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
 
 if TYPE_CHECKING:
@@ -259,12 +259,7 @@ class Trainer:
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics.finish()
-        # The SDK heartbeats its session until the process exits unless told otherwise; a start that ended (the
-        # local server may be gone too) has nothing to keep alive.
-        close = getattr(getattr(getattr(self, "service", None), "holder", None), "close", None)
-        if callable(close):
-            with contextlib.suppress(Exception):
-                close()
+        close_session(getattr(self, "service", None))
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

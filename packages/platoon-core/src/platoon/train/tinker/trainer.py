@@ -9,6 +9,7 @@ renderers) happen inside functions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.task_order import Pool, TaskOrder
 
-__all__ = ["call_service", "run_dir_of", "total_steps", "train", "training_client"]
+__all__ = ["call_service", "close_session", "run_dir_of", "total_steps", "train", "training_client"]
 
 log = logging.getLogger("platoon.train")
 
@@ -49,6 +50,18 @@ async def call_service[T](what: str, base_url: str | None, make: Callable[[], Aw
         if refused is not None:
             raise refused from None
         raise
+
+
+def close_session(client: Any) -> None:
+    """Stop the heartbeats of a Tinker client's session (a `ServiceClient` or a client it made).
+
+    The SDK heartbeats a session until the process exits unless told otherwise; a command or a start that is done
+    with the service (the local server may already be gone) has nothing to keep alive.
+    """
+    close = getattr(getattr(client, "holder", None), "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
 
 
 def total_steps(config: PlatoonTinkerRLTrainerConfig, n_tasks: int) -> tuple[int, int]:

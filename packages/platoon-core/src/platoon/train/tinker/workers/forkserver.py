@@ -3,7 +3,8 @@ renderer, freezes the GC, and then forks one rollout worker per request, so a wo
 
 Control is a `SOCK_SEQPACKET` pair carrying one JSON message per packet. Server to supervisor: `hello` (pid,
 seconds, error, prepare_errors), `forked` (id, pid, with a pidfd passed as SCM_RIGHTS), `fork_failed` (id,
-error), `exited` (id, pid, status). Supervisor to server: `fork` (id, request, log, cwd, env), `warm`
+error), `exited` (id, pid, status). Supervisor to server: `fork` (id, request, log, cwd, env, and optionally
+`main`: the module whose `main(argv, forked=True)` the child runs instead of the rollout worker's), `warm`
 (services, packages: import them now, for the forks that follow), `retire` (fork no more, exit once the last
 worker exited), `stop`. The server dies with its supervisor (parent-death signal) and
 when the socket closes; its workers die with it in turn.
@@ -60,6 +61,8 @@ STACK_MODULES = (
     "platoon.train.tinker.workers.worker",
 )
 PACKET_BYTES = 1 << 20
+#: what a forked child runs unless the fork message names another module (`platoon eval`'s slots do)
+DEFAULT_CHILD_MODULE = "platoon.train.tinker.workers.worker"
 
 
 class ForkServerUnavailable(RuntimeError):
@@ -82,8 +85,11 @@ def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = 
         sock.send(data)
 
 
-def _prepare(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
-    """Import the stack and the run's environment packages, build the renderer; (fatal error, other problems)."""
+def prepare_stack(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+    """Import the stack and the run's environment packages, build the renderer; (fatal error, other problems).
+
+    The fork server does this once for all its children; a process started by exec (an eval slot) does it itself
+    before it says it is ready."""
     for name in STACK_MODULES:
         try:
             importlib.import_module(name)
@@ -104,7 +110,7 @@ def _prepare(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
             _warm_service(service)
         except Exception as exc:
             problems.append(f"preparing the service {service} failed: {type(exc).__name__}: {exc}")
-    for package in config.get("environment_packages") or ():
+    for package in (*(config.get("environment_packages") or ()), *(config.get("modules") or ())):
         try:
             importlib.import_module(package)
         except Exception as exc:
@@ -208,10 +214,9 @@ def _become_worker(
         os.environ.clear()
         os.environ.update(message["env"])
         _reseed()
-        from platoon.train.tinker.workers import worker
-
-        sys.argv = [worker.__file__ or "worker", message["request"]]
-        code = worker.main([message["request"]], forked=True)
+        child = importlib.import_module(str(message.get("main") or DEFAULT_CHILD_MODULE))
+        sys.argv = [child.__file__ or "child", message["request"]]
+        code = child.main([message["request"]], forked=True)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -227,7 +232,7 @@ def serve(control_fd: int, parent_pid: int, config: Mapping[str, Any]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s fork server: %(message)s")
     started = time.monotonic()
     sock = socket.socket(fileno=control_fd)
-    error, problems = _prepare(config)
+    error, problems = prepare_stack(config)
     for problem in problems:
         log.warning("%s", problem)
     gc.collect()
@@ -493,9 +498,17 @@ class ForkServer:
                 future.set_result(None)  # its status went with the server
 
     async def fork(
-        self, request_id: str, *, request: str, log: str, cwd: str, env: Mapping[str, str]
+        self,
+        request_id: str,
+        *,
+        request: str,
+        log: str,
+        cwd: str,
+        env: Mapping[str, str],
+        main: str | None = None,
     ) -> tuple[int, int]:
-        """Fork a worker for `request`; (pid, pidfd). `ForkFailed` when the server cannot."""
+        """Fork a worker for `request` (or a child running `main`'s `main`); (pid, pidfd). `ForkFailed` when the
+        server cannot."""
         if not self.alive:
             raise ForkFailed("the fork server is gone")
         pending: asyncio.Future[tuple[int, int]] = self._loop.create_future()
@@ -509,6 +522,8 @@ class ForkServer:
             "cwd": cwd,
             "env": dict(env),
         }
+        if main is not None:
+            message["main"] = main
         try:
             await self._loop.sock_sendall(self._sock, json.dumps(message).encode())
         except OSError as exc:

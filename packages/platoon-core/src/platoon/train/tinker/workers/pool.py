@@ -608,7 +608,7 @@ class RolloutWorkers:
         live = _Live(
             request_id, popen.pid, pidfd, ipc.start_time_of(popen.pid), "exec", files, exited, popen=popen
         )
-        loop.add_reader(pidfd, self._on_exec_exit, live)
+        loop.add_reader(pidfd, exec_child_exited, live)
         return self._registered(live)
 
     def _registered(self, live: _Live) -> _Live:
@@ -630,29 +630,8 @@ class RolloutWorkers:
             )
         return live
 
-    def _on_exec_exit(self, live: _Live) -> None:
-        asyncio.get_running_loop().remove_reader(live.pidfd)
-        # Leftovers of its group die before the reap, while its zombie keeps the group id from reuse.
-        ipc.signal_group(live.pgid, signal.SIGKILL)
-        assert live.popen is not None
-        code = live.popen.wait()
-        if not live.exited.done():
-            live.exited.set_result(code)
-
     def _on_forked_exit(self, live: _Live) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(live.pidfd)
-
-        async def status() -> None:
-            assert live.server is not None
-            try:
-                code = await asyncio.wait_for(asyncio.shield(live.server.exit_status(live.request_id)), 5.0)
-            except TimeoutError:
-                code = None
-            if not live.exited.done():
-                live.exited.set_result(code)
-
-        live_status = loop.create_task(status())
+        live_status = asyncio.get_running_loop().create_task(forked_child_exited(live, live.request_id))
         live_status.add_done_callback(lambda _t: None)
 
     async def _follow(
@@ -798,6 +777,29 @@ class RolloutWorkers:
         for suffix in (".req", ".res", ".ready", ".res.diag"):
             with contextlib.suppress(OSError):
                 (self.session / f"{request_id}{suffix}").unlink()
+
+
+def exec_child_exited(child: Any) -> None:
+    """The pidfd of a child started by exec (a worker or an eval slot) became readable: kill what is left of its
+    group, reap it and resolve its `exited` future with the exit status."""
+    asyncio.get_running_loop().remove_reader(child.pidfd)
+    # Leftovers of its group die before the reap, while its zombie keeps the group id from reuse.
+    ipc.signal_group(child.pgid, signal.SIGKILL)
+    code = child.popen.wait()
+    if not child.exited.done():
+        child.exited.set_result(code)
+
+
+async def forked_child_exited(child: Any, fork_id: str) -> None:
+    """The pidfd of a child of the fork server became readable: its exit status comes from the fork server (its
+    parent, which reaped it), or None if the server does not say within 5 s. Run as a task."""
+    asyncio.get_running_loop().remove_reader(child.pidfd)
+    try:
+        code = await asyncio.wait_for(asyncio.shield(child.server.exit_status(fork_id)), 5.0)
+    except TimeoutError:
+        code = None
+    if not child.exited.done():
+        child.exited.set_result(code)
 
 
 def _snapshot(live: dict[str, _Live]) -> list[_Live]:

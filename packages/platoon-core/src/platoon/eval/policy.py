@@ -216,18 +216,14 @@ def sample_timeout_line(spec: PolicySpec, section: str) -> str | None:
     """The stderr line naming the sample timeout in force (train.md 2.17); a bad environment value is a 78."""
     if spec.backend != TINKER:
         return None
-    from platoon.gateway.core import SAMPLE_TIMEOUT_ENV, resolve_sample_timeout
+    from platoon.gateway.core import sample_timeout_with_source
 
     try:
-        seconds = resolve_sample_timeout(spec.sample_timeout_seconds)
+        seconds, source = sample_timeout_with_source(
+            spec.sample_timeout_seconds, f"{section}.sample_timeout_seconds"
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if spec.sample_timeout_seconds is not None:
-        source = f"{section}.sample_timeout_seconds"
-    elif os.environ.get(SAMPLE_TIMEOUT_ENV, "").strip():
-        source = f"${SAMPLE_TIMEOUT_ENV}"
-    else:
-        source = "the default"
     return f"sample timeout {seconds:g} s ({source})"
 
 
@@ -316,22 +312,9 @@ class OpenPolicy:
         named renderer parsing its own format."""
         if self.spec.backend != TINKER or self.renderer is None:
             return None
-        record = getattr(self.renderer, "tool_call_parsing", None)
-        if callable(record):
-            try:
-                return dict(record())
-            except Exception as exc:  # the choice failed: the lock says why (core.md 9.3 "or error")
-                return {
-                    "model_name": self.spec.model,
-                    "renderer_name": self.spec.renderer,
-                    "error": f"{type(exc).__name__}: {exc}",
-                }
-        return {
-            "model_name": self.spec.model,
-            "renderer_name": self.spec.renderer,
-            "setting": "renderer",
-            "parser": self.spec.renderer,
-        }
+        from platoon.train.tinker.records import tool_call_parsing_record
+
+        return tool_call_parsing_record(self.spec.model, str(self.spec.renderer), self.renderer)
 
 
 def _dialects(entries: Any) -> list[str]:

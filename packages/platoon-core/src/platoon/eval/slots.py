@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -613,29 +612,16 @@ class SubprocessSlots:
     def _exec(
         self, number: int, token: str, env: Mapping[str, str], log_path: Path, diag_path: Path
     ) -> _Slot:
-        from platoon.train.tinker.workers.pool import exec_child_exited
+        from platoon.train.tinker.workers.pool import ExecFailed, exec_child, exec_child_exited
 
         loop = asyncio.get_running_loop()
         try:
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise _SlotFailed(f"opening the slot log failed: {exc.strerror}") from None
-        try:
             # From the event loop's thread: the slot's parent-death signal follows the thread that started it.
-            popen = subprocess.Popen(
-                [sys.executable, "-m", SLOT_MODULE, str(self.session)],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                env=dict(env),
-                cwd=os.getcwd(),
-                start_new_session=True,
-                close_fds=True,
+            popen = exec_child(
+                SLOT_MODULE, str(self.session), log=log_path, env=env, cwd=os.getcwd(), what="slot"
             )
-        except OSError as exc:
-            raise _SlotFailed(f"starting {SLOT_MODULE} failed: {exc}") from None
-        finally:
-            os.close(log_fd)
+        except ExecFailed as exc:
+            raise _SlotFailed(str(exc)) from None
         pidfd = os.pidfd_open(popen.pid)
         slot = _Slot(
             number, token, popen.pid, pidfd, _start_time(popen.pid), "exec", log_path, diag_path,

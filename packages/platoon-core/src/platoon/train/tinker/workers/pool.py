@@ -584,25 +584,12 @@ class RolloutWorkers:
                 loop.add_reader(pidfd, self._on_forked_exit, live)
                 return self._registered(live)
         try:
-            log_fd = os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise _LaunchFailed(f"opening the worker log failed: {exc.strerror}") from None
-        try:
             # From the event loop's thread, like the fork server: see the class docstring.
-            popen = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE, str(files["request"])],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                close_fds=True,
+            popen = exec_child(
+                WORKER_MODULE, str(files["request"]), log=files["log"], env=env, cwd=cwd, what="worker"
             )
-        except OSError as exc:
-            raise _LaunchFailed(f"starting {WORKER_MODULE} failed: {exc}") from None
-        finally:
-            os.close(log_fd)
+        except ExecFailed as exc:
+            raise _LaunchFailed(str(exc)) from None
         pidfd = os.pidfd_open(popen.pid)
         exited = loop.create_future()
         live = _Live(
@@ -777,6 +764,36 @@ class RolloutWorkers:
         for suffix in (".req", ".res", ".ready", ".res.diag"):
             with contextlib.suppress(OSError):
                 (self.session / f"{request_id}{suffix}").unlink()
+
+
+class ExecFailed(Exception):
+    """A child could not be started by exec; the message says why in one line."""
+
+
+def exec_child(
+    module: str, argument: str, *, log: str | os.PathLike[str], env: Mapping[str, str], cwd: str, what: str
+) -> subprocess.Popen[bytes]:
+    """`python -m module argument` (a rollout worker or an eval slot) leading a session of its own, its stdout and
+    stderr appended to `log`. Raises ExecFailed."""
+    try:
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ExecFailed(f"opening the {what} log failed: {exc.strerror}") from None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, argument],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise ExecFailed(f"starting {module} failed: {exc}") from None
+    finally:
+        os.close(log_fd)
 
 
 def exec_child_exited(child: Any) -> None:

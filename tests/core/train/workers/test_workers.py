@@ -231,6 +231,15 @@ def test_a_worker_over_its_rss_limit_is_rollout_worker_oom(forked, loop):
     assert outcome.telemetry["rollout_worker_oom"] == 1
 
 
+def test_a_forked_child_sharing_the_workers_pages_is_not_counted_twice(forked, loop):
+    """Worker and child each map the worker's pages (over half the 768 MiB limit together with the imported
+    stack); the tree holds them once, so the rollout completes."""
+    request = member(table_entry("fork_holding", mebibytes=300, seconds=1.5), table_task())
+    outcome = loop.run_until_complete(forked.run(request, scope="train"))
+    assert outcome.disposition == "completed", outcome.error
+    assert outcome.telemetry["rollout_worker_oom"] == 0
+
+
 def test_cancelling_a_member_kills_its_worker_and_every_group_it_started(forked, loop, tmp_path):
     request = member(table_entry("wait", dir=str(tmp_path)), table_task())
     running = loop.create_task(forked.run(request, scope="train"))

@@ -81,6 +81,19 @@ async def hog(ctx: Any) -> AgentResult:
     return AgentResult(final_message=str(len(held)))
 
 
+@harness("test-workers-fork-holding")
+async def fork_holding(ctx: Any) -> AgentResult:
+    """Touch `mebibytes`, then fork a child that holds them copy-on-write for `seconds` without exec."""
+    held = b"x" * (int(ctx.options["mebibytes"]) << 20)
+    child = os.fork()
+    if child == 0:
+        time.sleep(float(ctx.options["seconds"]))
+        os._exit(0)
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        await asyncio.sleep(0.05)
+    return AgentResult(final_message=str(len(held)))
+
+
 @harness("test-workers-killed-after-response")
 async def killed_after_response(ctx: Any) -> AgentResult:
     """Finish normally, but SIGKILL the worker once its response file exists.

@@ -86,7 +86,20 @@ def prepared_renderer(model_name: str, renderer_name: str, renderer_kwargs: Mapp
 # Memory
 
 
-def _rss_bytes(pid: int | str) -> int:
+def _resident_bytes(pid: int | str) -> int:
+    """A process's proportional share of resident memory (Pss), or its plain RSS where the kernel has no
+    smaps_rollup.
+
+    The share, because a child forked from the worker holds the worker's pages copy-on-write until it execs:
+    summing plain RSS over the tree would count those pages twice and kill a worker for starting a subprocess.
+    """
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -95,8 +108,8 @@ def _rss_bytes(pid: int | str) -> int:
 
 
 def tree_rss_bytes() -> int:
-    """The resident memory of this worker and every process below it."""
-    return _rss_bytes("self") + sum(_rss_bytes(pid) for pid, _ in ipc.descendants(os.getpid()))
+    """The resident memory of this worker and every process below it, each shared page counted once."""
+    return _resident_bytes("self") + sum(_resident_bytes(pid) for pid, _ in ipc.descendants(os.getpid()))
 
 
 def peak_rss_bytes() -> int:

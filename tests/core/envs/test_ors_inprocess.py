@@ -568,12 +568,20 @@ def test_close_tears_down_once_and_later_calls_are_refused():
 
 
 def test_sync_tools_and_hooks_run_off_the_event_loop():
+    import threading
+
+    hooks: dict[str, bool] = {}
+
     class SyncEnv(NoTerminalEnv):
+        def setup(self) -> None:
+            hooks["setup"] = threading.current_thread().daemon
+
+        def teardown(self) -> None:
+            hooks["teardown"] = threading.current_thread().daemon
+
         @tool
         def slow(self) -> ToolOutput:
             """A sync tool."""
-            import threading
-
             return ToolOutput(blocks=[TextBlock(text=str(threading.current_thread().daemon))])
 
     async def main() -> None:
@@ -582,6 +590,32 @@ def test_sync_tools_and_hooks_run_off_the_event_loop():
         await session.close()
 
     run(main())
+    assert hooks == {"setup": True, "teardown": True}
+
+
+def test_the_sdks_tool_introspection_is_remembered_per_tool_and_answers_as_the_sdk_does():
+    from openreward.environments import environment as sdk_environment
+
+    from platoon.envs.ors import inprocess
+
+    inprocess._sdk()
+    original = (
+        sdk_environment._introspect_tool.__wrapped__
+    )  # the SDK's own, remembered since platoon loaded it
+    computed: list[Any] = []
+
+    def counting(fn: Any) -> Any:
+        computed.append(fn)
+        return original(fn)
+
+    cached = inprocess._cached_introspection(counting)
+    first, second = GuessEnv({"target": 1}), GuessEnv({"target": 2})
+    for fn in (first.guess, second.guess, GuessEnv.guess, first.guess):
+        real, hints, params = cached(fn)
+        _, sdk_hints, sdk_params = original(fn)
+        assert hints == sdk_hints and params == sdk_params
+        assert real == fn  # each caller gets its own callable back, bound to its own instance
+    assert len(computed) == 2  # once for the bound method, once for the plain function
 
 
 class SlowEnv(NoTerminalEnv):

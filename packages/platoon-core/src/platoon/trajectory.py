@@ -107,8 +107,12 @@ def json_safe(value: Any) -> Any:
     return _json_safe(value, set())
 
 
+#: the exact types JSON holds as they are
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
 def _json_safe(value: Any, active: set[int]) -> Any:
-    if value is None or type(value) in (bool, int, float, str):
+    if type(value) in _PLAIN:
         return value
     # Subclasses (str enums, LaunchFailure, IntEnum, numpy-free bool/int subclasses) become their plain type.
     if isinstance(value, bool):
@@ -123,6 +127,14 @@ def _json_safe(value: Any, active: set[int]) -> Any:
         return str(value)
     active.add(id(value))
     try:
+        # Plain dicts and lists first: they are nearly every node of a trajectory (messages, misc, token lists).
+        if type(value) is dict:
+            return {
+                k if type(k) is str else _json_key(k): v if type(v) in _PLAIN else _json_safe(v, active)
+                for k, v in value.items()
+            }
+        if type(value) is list:
+            return [item if type(item) in _PLAIN else _json_safe(item, active) for item in value]
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return {f.name: _json_safe(getattr(value, f.name), active) for f in dataclasses.fields(value)}
         if _is_pydantic_model(value):

@@ -206,8 +206,8 @@ def _cached_introspection(
     """The SDK's `_introspect_tool`, remembered per tool function.
 
     The SDK reads a tool's type hints and signature on every call (twice: once to find the tool, once to run it),
-    about a fifth of an in-process rollout's CPU. Both depend only on the function (and on whether it is bound,
-    which drops the first parameter), so they are computed once; the unwrapped callable is still the caller's own.
+    most of what an in-process tool call costs platoon. Both depend only on the function (and on whether it is
+    bound, which drops the first parameter), so they are computed once; the unwrapped callable is the caller's own.
     """
     known: dict[tuple[Any, bool], tuple[dict[str, Any], list[Any]]] = {}
 

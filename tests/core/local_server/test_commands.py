@@ -17,7 +17,18 @@ KEY = {"X-API-Key": "tml-test"}
 
 def test_tinker_serve_answers_until_interrupted(tmp_path):
     child = subprocess.Popen(
-        [sys.executable, "-m", "platoon", "tinker", "serve", "--dir", str(tmp_path / "state")],
+        # -X faulthandler: a server that does not stop is aborted below and prints where each thread was
+        [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-m",
+            "platoon",
+            "tinker",
+            "serve",
+            "--dir",
+            str(tmp_path / "state"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -32,7 +43,14 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
         }
         assert f"TINKER_BASE_URL={base_url}" in child.stderr.readline()
         child.send_signal(signal.SIGINT)
-        assert child.wait(timeout=20) == 0
+        try:
+            assert child.wait(timeout=20) == 0
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            _, stderr = child.communicate(timeout=10)
+            raise AssertionError(
+                f"the server did not stop within 20 s of Ctrl-C; its threads:\n{stderr}"
+            ) from None
     finally:
         child.kill()
     assert (tmp_path / "state" / "runs").is_dir()

@@ -32,6 +32,9 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as at a terminal: a suite started in the background by a shell without job control has SIGINT
+        # ignored, and an ignored SIGINT is inherited (and respected by Python)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert child.stdout is not None and child.stderr is not None

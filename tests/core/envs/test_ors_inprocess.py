@@ -599,9 +599,8 @@ def test_the_sdks_tool_introspection_is_remembered_per_tool_and_answers_as_the_s
     from platoon.envs.ors import inprocess
 
     inprocess._sdk()
-    original = (
-        sdk_environment._introspect_tool.__wrapped__
-    )  # the SDK's own, remembered since platoon loaded it
+    # the SDK's own function, which platoon wrapped when it loaded the SDK
+    original = sdk_environment._introspect_tool.__wrapped__
     computed: list[Any] = []
 
     def counting(fn: Any) -> Any:

@@ -378,3 +378,19 @@ def test_python_env_isolation_is_refused_in_one_line(tmp_path):
             environment_packages=[],
             labels={},
         )
+
+
+def test_a_fork_server_whose_log_cannot_be_opened_is_unavailable_in_one_line(tmp_path):
+    """Not a traceback: the trainer falls back to exec starts on ForkServerUnavailable."""
+    import asyncio
+
+    from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
+
+    start = ForkServer.start(
+        config={}, env=dict(os.environ), cwd=str(tmp_path), log_path=tmp_path / "missing" / "log", timeout=5
+    )
+    with pytest.raises(ForkServerUnavailable) as refused:
+        asyncio.run(start)
+    assert str(refused.value) == (
+        "the fork server did not start: opening the fork server log failed: No such file or directory"
+    )

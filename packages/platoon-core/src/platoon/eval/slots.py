@@ -612,7 +612,8 @@ class SubprocessSlots:
     def _exec(
         self, number: int, token: str, env: Mapping[str, str], log_path: Path, diag_path: Path
     ) -> _Slot:
-        from platoon.train.tinker.workers.pool import ExecFailed, exec_child, exec_child_exited
+        from platoon.train.tinker.workers.pool import exec_child_exited
+        from platoon.train.tinker.workers.startup import ExecFailed, exec_child
 
         loop = asyncio.get_running_loop()
         try:

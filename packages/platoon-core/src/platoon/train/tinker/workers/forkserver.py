@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from platoon.train.tinker.workers.ipc import PROTOCOL_VERSION
-from platoon.train.tinker.workers.startup import set_parent_death_signal
+from platoon.train.tinker.workers.startup import ExecFailed, exec_child, set_parent_death_signal
 
 __all__ = ["STACK_MODULES", "ForkFailed", "ForkServer", "ForkServerUnavailable", "serve"]
 
@@ -387,33 +387,25 @@ class ForkServer:
     ) -> ForkServer:
         """Start a server and wait for its hello; `ForkServerUnavailable` when it fails or takes too long."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             # Started from this (the event loop's) thread: the server's parent-death signal follows the thread
             # that started it, so it must be one that lives as long as the supervisor.
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    SERVER_MODULE,
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                    json.dumps(config),
-                ],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                env=dict(env),
+            process = exec_child(
+                SERVER_MODULE,
+                str(theirs.fileno()),
+                str(os.getpid()),
+                json.dumps(config),
+                log=log_path,
+                env=env,
                 cwd=cwd,
-                start_new_session=True,
+                what="fork server",
+                pass_fds=(theirs.fileno(),),
             )
-        except OSError as exc:
+        except ExecFailed as exc:
             ours.close()
             raise ForkServerUnavailable(f"the fork server did not start: {exc}") from None
         finally:
             theirs.close()
-            os.close(log_fd)
         ours.setblocking(False)
         server = cls(process, ours, log_path)
         try:

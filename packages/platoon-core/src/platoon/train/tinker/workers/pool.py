@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.errors import PlatoonError
 from platoon.train.tinker.workers import ipc
-from platoon.train.tinker.workers.startup import worker_environment
+from platoon.train.tinker.workers.startup import ExecFailed, exec_child, worker_environment
 
 if TYPE_CHECKING:
     from platoon.config_defs import RolloutConfig
@@ -764,36 +763,6 @@ class RolloutWorkers:
         for suffix in (".req", ".res", ".ready", ".res.diag"):
             with contextlib.suppress(OSError):
                 (self.session / f"{request_id}{suffix}").unlink()
-
-
-class ExecFailed(Exception):
-    """A child could not be started by exec; the message says why in one line."""
-
-
-def exec_child(
-    module: str, argument: str, *, log: str | os.PathLike[str], env: Mapping[str, str], cwd: str, what: str
-) -> subprocess.Popen[bytes]:
-    """`python -m module argument` (a rollout worker or an eval slot) leading a session of its own, its stdout and
-    stderr appended to `log`. Raises ExecFailed."""
-    try:
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise ExecFailed(f"opening the {what} log failed: {exc.strerror}") from None
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", module, argument],
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except OSError as exc:
-        raise ExecFailed(f"starting {module} failed: {exc}") from None
-    finally:
-        os.close(log_fd)
 
 
 def exec_child_exited(child: Any) -> None:

@@ -1,4 +1,5 @@
-"""What a rollout worker process sets up before anything heavy: its environment, its startup alarm, its death signal.
+"""What a rollout worker process sets up before anything heavy: its environment, its startup alarm, its death signal;
+and how a supervisor starts one of its children (a worker, the fork server, an eval slot) by exec.
 
 Standard library only: the workers package imports this module at its own import, so an exec-started worker arms
 its startup alarm before tinker or the environment packages load (train.md 4.2, 4.5 step 3).
@@ -12,12 +13,18 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = [
     "DIAG_ENV",
     "STARTUP_BUDGET_ENV",
     "WORKER_MARKER_ENV",
+    "ExecFailed",
     "arm_startup_alarm",
+    "exec_child",
     "process_start_wall_time",
     "set_child_subreaper",
     "set_parent_death_signal",
@@ -168,3 +175,42 @@ def arm_from_environment() -> None:
     except ValueError:
         return
     arm_startup_alarm(budget, diag_path=os.environ.get(DIAG_ENV))
+
+
+class ExecFailed(Exception):
+    """A child could not be started by exec; the message says why in one line."""
+
+
+def exec_child(
+    module: str,
+    *arguments: str,
+    log: str | os.PathLike[str],
+    env: Mapping[str, str],
+    cwd: str,
+    what: str,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """`python -m module arguments...` leading a session of its own, its stdout and stderr appended to `log`,
+    `pass_fds` its only inherited descriptors. Raises ExecFailed."""
+    import subprocess  # here, not at the top: workers import this module before anything else
+    import sys
+
+    try:
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ExecFailed(f"opening the {what} log failed: {exc.strerror}") from None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *arguments],
+            pass_fds=pass_fds,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise ExecFailed(f"starting the {what} ({module}) failed: {exc}") from None
+    finally:
+        os.close(log_fd)

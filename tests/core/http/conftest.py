@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -53,6 +54,36 @@ class Served:
         )
         self.clients.append(client)
         return client
+
+
+class GatedSampler:
+    """Wraps a gateway's sampler: each call sets `entered`, then waits for `release` before it samples; a call
+    cancelled while it waits sets `cancelled`. Tests order events with it instead of sleeping."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return await self.inner.sample_async(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def gate(state: Served) -> GatedSampler:
+    """Put a `GatedSampler` in front of the served gateway's sampler."""
+    gated = GatedSampler(state.gateway.sampler)
+    state.gateway.sampler = gated
+    return gated
 
 
 @contextlib.asynccontextmanager

@@ -9,9 +9,8 @@ import openai
 import pytest
 
 from platoon.gateway.core import BUDGET_STOP_MESSAGE
-from platoon.testing import Completion
 
-from .conftest import served
+from .conftest import gate, served
 
 pytestmark = pytest.mark.anyio
 
@@ -48,17 +47,19 @@ async def test_policy_calls_past_the_cap_get_the_stop_reply_then_400():
 
 
 async def test_in_flight_calls_count_and_a_failed_call_gives_its_step_back():
-    async with served([Completion("slow", delay=0.2), "next"], context_window_length=40) as s:
+    async with served(["slow", "next"], context_window_length=40) as s:
         s.gateway.set_call_cap(s.agent, 1)
         client = s.openai()
         with pytest.raises(openai.BadRequestError):  # context overflow: not a step
             await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x" * 100}])
-        first, second = await asyncio.gather(
-            client.chat.completions.create(model="x", messages=USER),
-            client.chat.completions.create(model="x", messages=USER),
-        )
-        contents = sorted([first.choices[0].message.content, second.choices[0].message.content])
-        assert contents[1] == "slow" and contents[0].startswith("[platoon] The step budget of 1")
+        sampler = gate(s)  # the first call stays in flight until the second has its answer
+        async with asyncio.timeout(60):  # a hang guard only
+            first = asyncio.ensure_future(client.chat.completions.create(model="x", messages=USER))
+            await sampler.entered.wait()
+            second = await client.chat.completions.create(model="x", messages=USER)
+            assert second.choices[0].message.content.startswith("[platoon] The step budget of 1")
+            sampler.release.set()
+            assert (await first).choices[0].message.content == "slow"
 
 
 async def test_minting_children_shares_the_cap_and_is_capped_per_rollout():

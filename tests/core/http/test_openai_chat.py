@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 
 from platoon.testing import Completion, tool_call
 
-from .conftest import same_record, same_tokens, served
+from .conftest import gate, same_record, same_tokens, served
 
 pytestmark = pytest.mark.anyio
 
@@ -58,7 +59,8 @@ async def test_parallel_tool_calls_and_content_null():
 
 async def test_streaming_chunks_in_order_with_keepalive_while_sampling():
     text = "thinking aloud\n" + tool_call("guess", number=7)
-    async with served([Completion(text, delay=0.35), Completion(text, delay=0.35)], keepalive=0.1) as s:
+    async with served([text, text], keepalive=0.1) as s:
+        sampler = gate(s)  # the call samples only once the client has seen two keepalives
         body = {
             "model": "x",
             "messages": USER,
@@ -75,9 +77,17 @@ async def test_streaming_chunks_in_order_with_keepalive_while_sampling():
         ):
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
-            lines = [line async for line in response.aiter_lines() if line]
-        keepalives = [line for line in lines if line == ": keepalive"]
-        assert len(keepalives) >= 2 and lines[0] == ": keepalive"
+            lines: list[str] = []
+            async with asyncio.timeout(60):  # a hang guard only
+                async for line in response.aiter_lines():
+                    if line:
+                        lines.append(line)
+                    if lines.count(": keepalive") == 2:
+                        sampler.release.set()
+        # keepalives while the call samples, then the reply's events (none before the call was released)
+        assert lines[:2] == [": keepalive", ": keepalive"]
+        first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+        assert set(lines[:first_data]) == {": keepalive"}
         data = [line[6:] for line in lines if line.startswith("data: ")]
         assert data[-1] == "[DONE]"
         chunks = [json.loads(d) for d in data[:-1]]
@@ -174,11 +184,15 @@ async def test_call_kind_header_and_policy_only_keys():
 
 
 async def test_a_disconnect_cancels_the_call_and_records_nothing():
-    async with served([Completion("late", delay=0.5)]) as s:
-        async with httpx.AsyncClient(timeout=0.1) as http:
-            with pytest.raises(httpx.TimeoutException):
-                await http.post(f"{s.v1}/chat/completions", json={"messages": USER})
-        await asyncio.sleep(0.6)
+    async with served(["late"]) as s:
+        sampler = gate(s)  # the call waits in the sampler until the client has gone
+        async with asyncio.timeout(60), httpx.AsyncClient() as http:  # a hang guard only
+            request = asyncio.ensure_future(http.post(f"{s.v1}/chat/completions", json={"messages": USER}))
+            await sampler.entered.wait()
+            request.cancel()  # the client disconnects mid-call
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            await sampler.cancelled.wait()  # the disconnect cancelled the call in the sampler
         assert s.agent.calls == [] and s.rollout.interactions == {}
 
 

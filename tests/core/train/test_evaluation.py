@@ -145,7 +145,7 @@ BANDIT = """
       renderer_name: qwen3_instruct
       batch_size: 4
       max_training_steps: 2
-      sample_timeout_seconds: 0.5
+      sample_timeout_seconds: 2  # generous: only the one-minute answer outlives it, even on a busy machine
       workflow_config:
         group_size: 8
         rollout_config: {verbose: false}
@@ -179,10 +179,10 @@ class CountingPolicy(ScriptedPolicy):
 
 
 def answer(prompt: str) -> str | Completion:
-    """C (reward 1) for the first val task, B (reward 0) for two others; the second one outlives the sample
-    timeout, so its rollouts are untrainable and never averaged in as 0."""
+    """C (reward 1) for the first val task, B (reward 0) for two others; the second one would take a minute, far
+    past the sample timeout, so its rollouts are untrainable and never averaged in as 0."""
     if "A, B, D or C." in prompt:
-        return Completion("C", delay=2.0)
+        return Completion("C", delay=60.0)
     return "C" if "A, B, C or D." in prompt else "B"
 
 

@@ -52,7 +52,7 @@ _build_lock = threading.Lock()
 
 @functools.cache
 def _build() -> type:
-    from openreward.environments import Environment, Split, TextBlock, ToolOutput, tool
+    from openreward.environments import Environment, Split, TextBlock, ToolOutput, terminal, tool
     from pydantic import BaseModel, Field
 
     class AnswerInput(BaseModel):
@@ -73,6 +73,9 @@ def _build() -> type:
             goal = self.task_spec.get("goal")
             return [TextBlock(text=goal if isinstance(goal, str) and goal else "Answer with one letter.")]
 
+        # Declared terminal (the SDK's way): an answer that raised is then an infrastructure error, never a 0, and
+        # harnesses that hide terminal tools submit the model's plain reply to it.
+        @terminal
         @tool
         async def answer(self, params: AnswerInput) -> ToolOutput:
             """Submit the one-letter answer; the episode ends with reward 1 for the right letter, else 0."""

@@ -22,8 +22,9 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed, OpClass
@@ -67,8 +68,10 @@ _SYNC_WORK: contextvars.ContextVar[set[asyncio.Future[None]] | None] = contextva
 class InvalidCall(Exception):
     """Raised by environment code for a call the policy got wrong (unknown tool, bad arguments, episode over).
 
-    The call is answered with an error result and the session lives on; any other exception a tool raises is
-    classified (a terminal tool that raised is an infrastructure failure, never a zero).
+    The call is answered with an error result and the session lives on. Any other exception a tool raises is the
+    environment failing: when the tool may end the episode (a declared terminal tool, or any tool of an environment
+    that declares none) the episode is an infrastructure error unless it finishes later, never a zero; a tool that
+    cannot end it (not declared terminal, beside declared ones) is the policy's `tool_raised`.
     """
 
 
@@ -165,13 +168,13 @@ _sdk_lock = threading.Lock()
 
 
 def _sdk() -> Any:
-    """`openreward.environments`, imported on first use, with the update check off and INFO logs quieted."""
+    """`openreward.environments`, imported on first use, with the update check off and its logs sent through
+    `logging` (see `_sdk_logger`)."""
     global _sdk_ready
     # The SDK's update check would reach pypi.org from every process that serves environments.
     os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
     try:
         import openreward.environments as sdk
-        from openreward import log_utils
         from openreward.environments import environment as sdk_environment
     except ImportError as exc:
         raise ImportError(
@@ -179,17 +182,7 @@ def _sdk() -> Any:
         ) from exc
     with _sdk_lock:
         if not _sdk_ready:
-            if not os.environ.get("OPENREWARD_LOG_LEVEL"):
-                # The SDK logs every tool call at INFO to stdout, which is a harness's stdout in process.
-                saved = os.environ.get("OPENREWARD_LOG_LEVEL")
-                os.environ["OPENREWARD_LOG_LEVEL"] = "WARNING"
-                try:
-                    sdk_environment.logger = log_utils.get_logger("openreward.environments")
-                finally:
-                    if saved is None:
-                        os.environ.pop("OPENREWARD_LOG_LEVEL", None)
-                    else:
-                        os.environ["OPENREWARD_LOG_LEVEL"] = saved
+            sdk_environment.logger = _sdk_logger()
             # Sync tool bodies then run on daemon threads that teardown can wait for, like the rest of the env code.
             sdk_environment.run_user_callable = _call
             _SDK_EMPTY_HOOKS.update({sdk.Environment.setup, sdk.Environment.teardown})
@@ -198,6 +191,39 @@ def _sdk() -> Any:
                 sdk_environment._introspect_tool = _cached_introspection(introspect)
             _sdk_ready = True
     return sdk
+
+
+def _sdk_logger() -> Any:
+    """The SDK environment's logger, writing through `logging` (logger `openreward.environments`) instead of
+    printing to stdout, which is a command's data channel (`platoon eval` prints its JSON summary there).
+
+    Its level is `OPENREWARD_LOG_LEVEL` when set, else WARNING: the SDK logs every tool call at INFO. A tool's
+    `InvalidCall` is dropped: that call is answered to the policy, not an environment failure worth a traceback.
+    """
+    import structlog
+
+    target = logging.getLogger("openreward.environments")
+    level_name = os.environ.get("OPENREWARD_LOG_LEVEL") or "WARNING"
+    level = logging.getLevelName(level_name.upper())
+    if not isinstance(level, int):
+        level = logging.WARNING
+
+    def to_logging(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> tuple[Any, ...]:
+        exc_info = event.pop("exc_info", None)
+        if exc_info is True:
+            exc_info = sys.exc_info()
+        if isinstance(exc_info, tuple) and isinstance(exc_info[1], InvalidCall):
+            raise structlog.DropEvent
+        event.pop("logger_name", None)
+        message = " ".join([str(event.pop("event", "")), *(f"{k}={v}" for k, v in event.items())])
+        return (message,), {"exc_info": exc_info} if exc_info else {}
+
+    return structlog.wrap_logger(
+        target,
+        processors=[to_logging],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        cache_logger_on_first_use=True,
+    )
 
 
 def _cached_introspection(
@@ -425,6 +451,7 @@ class InProcessOrsService:
         self._tools = _ToolTable(
             self.env_class,
             terminal=_names(o["terminal_tools"], "terminal_tools"),
+            terminal_given=o["terminal_tools"] is not None,
             read_only=_names(o["read_only_tools"], "read_only_tools"),
             concurrent=_names(o["concurrent_tools"], "concurrent_tools"),
             meta=tool_meta,
@@ -633,6 +660,7 @@ class _ToolTable:
         cls: type,
         *,
         terminal: set[str],
+        terminal_given: bool = False,
         read_only: set[str],
         concurrent: set[str],
         meta: Mapping[str, Mapping[str, Any]],
@@ -652,9 +680,8 @@ class _ToolTable:
             schema = hints[params[0].name].model_json_schema() if params else None
             specs.append((term.name, term.description or (fn.__doc__ or "").strip(), schema))
         names = {name for name, _, _ in specs}
-        declared_terminal = set(terminal) | _names(
-            _class_hook(cls, "platoon_terminal_tools"), "platoon_terminal_tools"
-        )
+        class_terminal = _class_hook(cls, "platoon_terminal_tools")
+        declared_terminal = set(terminal) | _names(class_terminal, "platoon_terminal_tools")
         if term is not None:
             declared_terminal.add(term.name)
         for name in names:
@@ -681,6 +708,9 @@ class _ToolTable:
                 )
         class_meta = _class_hook(cls, "platoon_tool_meta") or {}
         self.declared_terminal = declared_terminal
+        #: the class or the options say which tools are terminal; an explicitly empty list says "none": a tool
+        #: seen ending an episode is then not learned as terminal (which would hide it from models)
+        self.declares_terminal = bool(declared_terminal) or class_terminal is not None or terminal_given
         self.specs: dict[str, tuple[str, Any, dict[str, Any]]] = {}
         self.read_only: set[str] = set()
         for name, description, schema in specs:
@@ -703,8 +733,8 @@ class _ToolTable:
         self.concurrent = concurrent_names - declared_terminal
 
     def listing(self, learned: set[str]) -> list[ToolSpec]:
-        # Learned terminal tools count only for environments that declare none.
-        terminal = self.declared_terminal or learned
+        # Learned terminal tools count only for environments that declare nothing.
+        terminal = self.declared_terminal if self.declares_terminal else learned
         return [
             ToolSpec(
                 name,
@@ -812,9 +842,11 @@ class _Lease:
             return _error(str(exc) or f"Invalid call to {name!r}.", "invalid_call")
         except Exception as exc:
             what = f"{type(exc).__name__}: {exc}"
-            if name in self.table.declared_terminal:
-                # A crashed submit must never score 0: the measurement failed, not the policy.
-                self.infra.append(f"terminal tool {name!r} raised {what}")
+            if ending:
+                # A crashed submit must never score 0: the measurement failed, not the policy. Without a declared
+                # terminal tool any tool may be the submit, so the failure decides, not a declaration.
+                kind = "terminal tool" if name in self.table.declared_terminal else "tool"
+                self.infra.append(f"{kind} {name!r} raised {what}")
                 return _error(f"Tool {name!r} failed in the environment ({what}).", "env_error")
             self.tool_errors.append(f"{name}: {what}")
             return _error(f"Tool {name!r} raised {what}", "tool_raised")
@@ -839,7 +871,7 @@ class _Lease:
         if result.finished and not self.finished:
             self.finished = True
             self.terminal = result
-            if not self.table.declared_terminal:
+            if not self.table.declares_terminal:
                 self.service.learn_terminal(name)
         return result
 
@@ -903,7 +935,7 @@ class _Lease:
 
     def _fallback(self) -> Outcome:
         if self.infra:
-            return Outcome.infra("env_error", reason="; ".join(self.infra))
+            return Outcome.infra("env_error", reason=_counted(self.infra))
         metadata: dict[str, Any] = {"platoon_zero": True}
         if self.tool_errors:
             metadata["tool_errors"] = list(self.tool_errors)
@@ -934,6 +966,14 @@ class _Lease:
         log.debug("%s: closed after %d tool call(s)", self.label, self.turns)
         if self.parent is not None:
             await self.parent.release()
+
+
+def _counted(failures: list[str]) -> str:
+    """The distinct failures in order, a repeated one once with its count (an agent may retry a crashing tool)."""
+    counts: dict[str, int] = {}
+    for failure in failures:
+        counts[failure] = counts.get(failure, 0) + 1
+    return "; ".join(f"{text} ({n} times)" if n > 1 else text for text, n in counts.items())
 
 
 def _outcome_of(value: Any) -> Outcome:

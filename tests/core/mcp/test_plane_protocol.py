@@ -4,6 +4,7 @@ protocol versions, errors, SSE keepalives and progress, cancellation, tool excep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -61,6 +62,33 @@ def rpc(method: str, request_id: Any = 1, **params: Any) -> dict[str, Any]:
 
 def sse_messages(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+async def until(condition: Any, what: str) -> None:
+    """Wait until `condition()` holds (the state a step needs), polling the loop; the timeout is a hang guard."""
+    try:
+        async with asyncio.timeout(60):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
+
+
+async def stream_releasing(
+    http: httpx.AsyncClient, call: dict[str, Any], release: Any, when: Any
+) -> list[str]:
+    """POST `call` for SSE and read the stream's lines; `release()` once, at the first line `when(line)` holds."""
+    lines: list[str] = []
+    async with (
+        asyncio.timeout(60),
+        http.stream("POST", "/mcp", json=call, headers=SSE) as reply,
+    ):  # hang guard
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        async for line in reply.aiter_lines():
+            lines.append(line)
+            if when(line):
+                release()
+    return lines
 
 
 def run_with(session_factory: Any, body: Any, keepalive_s: float = 10.0) -> None:
@@ -168,31 +196,27 @@ def test_listing_shapes_and_result_blocks():
 
 def test_sse_keepalives_then_the_reply():
     async def body(http: httpx.AsyncClient, root: Any, session: ScriptedSession, served: Any) -> None:
-        async def release() -> None:
-            await asyncio.sleep(0.35)
-            session.release.set()
-
-        asyncio.get_running_loop().create_task(release())
-        reply = await http.post("/mcp", json=rpc("tools/call", 5, name="wait"), headers=SSE)
-        assert reply.headers["content-type"].startswith("text/event-stream")
-        assert ": keepalive" in reply.text
-        (message,) = sse_messages(reply.text)
+        # the tool is released only once the client has seen a keepalive: the reply comes after it
+        call = rpc("tools/call", 5, name="wait")
+        lines = await stream_releasing(http, call, session.release.set, lambda line: line == ": keepalive")
+        text = "\n".join(lines)
+        first_message = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+        assert ": keepalive" in lines[:first_message]
+        (message,) = sse_messages(text)
         assert message["id"] == 5 and message["result"]["content"][0]["text"] == "released"
-        assert "event: message" in reply.text
+        assert "event: message" in text
 
     run_with(scripted, body, keepalive_s=0.1)
 
 
 def test_sse_progress_notifications_for_a_progress_token():
     async def body(http: httpx.AsyncClient, root: Any, session: ScriptedSession, served: Any) -> None:
-        async def release() -> None:
-            await asyncio.sleep(0.35)
-            session.release.set()
-
-        asyncio.get_running_loop().create_task(release())
+        # the tool is released only once the client has seen a progress notification
         call = rpc("tools/call", 6, name="wait", _meta={"progressToken": "tok"})
-        reply = await http.post("/mcp", json=call, headers=SSE)
-        messages = sse_messages(reply.text)
+        lines = await stream_releasing(
+            http, call, session.release.set, lambda line: "notifications/progress" in line
+        )
+        messages = sse_messages("\n".join(lines))
         progress = [m for m in messages if m.get("method") == "notifications/progress"]
         assert progress and all(m["params"]["progressToken"] == "tok" for m in progress)
         assert progress[0]["params"]["progress"] > 0
@@ -205,11 +229,11 @@ def test_a_cancelled_queued_call_never_runs_and_gets_no_reply():
     async def body(http: httpx.AsyncClient, root: Any, session: ScriptedSession, served: Any) -> None:
         # The first call holds the provider's one-at-a-time slot; the second queues behind it and is cancelled.
         first = asyncio.ensure_future(http.post("/mcp", json=rpc("tools/call", 1, name="wait"), headers=SSE))
-        await asyncio.sleep(0.1)
+        await until(lambda: session.ran == ["wait"], "the first call runs")
         second = asyncio.ensure_future(
             http.post("/mcp", json=rpc("tools/call", 2, name="blocks"), headers=SSE)
         )
-        await asyncio.sleep(0.1)
+        await until(lambda: (root.agent_id, "2") in served.plane._inflight, "the second call is queued")
         cancel = rpc("notifications/cancelled", None, requestId=2, reason="changed my mind")
         assert (await http.post("/mcp", json=cancel)).status_code == 202
         reply = await second
@@ -224,16 +248,17 @@ def test_a_cancelled_queued_call_never_runs_and_gets_no_reply():
 
 def test_a_disconnect_cancels_the_call():
     async def body(http: httpx.AsyncClient, root: Any, session: ScriptedSession, served: Any) -> None:
-        with_timeout = httpx.Timeout(0.2)
-        try:
-            await http.post("/mcp", json=rpc("tools/call", 1, name="wait"), timeout=with_timeout)
-        except httpx.ReadTimeout:
-            pass
-        await asyncio.sleep(0.2)
-        assert served.plane._inflight == {}
+        request = asyncio.ensure_future(http.post("/mcp", json=rpc("tools/call", 1, name="wait")))
+        await until(lambda: session.ran == ["wait"], "the call runs")
+        request.cancel()  # the client goes away mid-call
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        await until(lambda: served.plane._inflight == {}, "the disconnect cancels the call")
         session.release.set()
-        await asyncio.sleep(0.05)
-        assert "tool_calls" not in root.misc
+        # a later call is answered and recorded; the cancelled one never is
+        later = await http.post("/mcp", json=rpc("tools/call", 2, name="blocks"))
+        assert later.json()["id"] == 2
+        assert [c["name"] for c in root.misc["tool_calls"]] == ["blocks"]
 
     run_with(scripted, body)
 

@@ -190,6 +190,20 @@ def test_a_forked_worker_is_its_own_session_with_the_worker_environment(forked, 
     assert first["random"] != second["random"]  # each forked worker is reseeded
 
 
+def test_a_forked_workers_harness_never_finds_the_tinker_key_yet_samples(forked, loop, tmp_path, monkeypatch):
+    """The key travels only inside the pickled sampling client: a harness reading os.environ (or a shell it
+    starts) never sees TINKER_API_KEY, and the worker still samples the trainer's client."""
+    monkeypatch.setenv("TINKER_API_KEY", "tml-trainer-secret-key-0123456789")
+    outcome = loop.run_until_complete(
+        forked.run(member(table_entry("inspect", dir=str(tmp_path), n=7), table_task()), scope="train")
+    )
+    assert outcome.disposition == "completed", outcome.error
+    assert outcome.interactions  # the harness's chat call was sampled
+    facts = json.loads((tmp_path / "facts-7.json").read_text())
+    assert "TINKER_API_KEY" not in facts["env"]
+    assert not any("tml-trainer-secret" in value for value in facts["env"].values())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # How members fail
 

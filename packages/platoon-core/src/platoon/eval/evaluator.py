@@ -273,6 +273,7 @@ def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
             inference_params=rollout.inference_params.model_dump(),
             sampling_precedence=rollout.sampling_precedence,
             workers=workflow.slot_count,
+            api_key=policy.hosted_key,  # over the slots' socket: never in their environment
         )
     from platoon.train.tinker.workers.binding import binding_blob
 

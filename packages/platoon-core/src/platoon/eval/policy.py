@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -306,6 +306,8 @@ class OpenPolicy:
     sampler: Any = None
     #: the Tinker service the sampler talks to (for refusal messages in slots)
     base_url: str | None = None
+    #: the hosted key, read once when the policy opened (subprocess slots receive it over their socket)
+    hosted_key: str | None = field(default=None, repr=False)
 
     def tool_call_parsing(self) -> dict[str, Any] | None:
         """`lock.json.tool_call_parsing` of a Tinker policy: the chat-template renderer's parser choice, else the
@@ -315,6 +317,31 @@ class OpenPolicy:
         from platoon.train.tinker.records import tool_call_parsing_record
 
         return tool_call_parsing_record(self.spec.model, str(self.spec.renderer), self.renderer)
+
+
+def key_variables(spec: PolicySpec) -> tuple[str, ...]:
+    """The variables holding the policy's keys: withheld from harness code while the policy is open."""
+    from platoon.train.tinker.credentials import KEY_VARIABLE
+
+    if spec.backend == HOSTED:
+        assert spec.hosted is not None
+        return (spec.hosted.api_key_env,) if spec.hosted.api_key_env else ()
+    return (KEY_VARIABLE,) if spec.backend == TINKER else ()
+
+
+@contextlib.contextmanager
+def withheld_from_environment(names: tuple[str, ...]) -> Iterator[None]:
+    """`names` removed from `os.environ` for the block, put back after it (a caller's process keeps its own).
+
+    Function harnesses run in this process and any process they start inherits its environment, so the keys the
+    policy already read must not be there while rollouts run (train.md 6.6).
+    """
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.setdefault(name, value)
 
 
 def _dialects(entries: Any) -> list[str]:
@@ -337,6 +364,9 @@ async def open_policy(
     `rollout_config` gives a hosted model its sampling defaults; `entries` are the environment entries (their
     harnesses' dialects are probed); `say` prints progress lines; `in_process` False (subprocess slots) never
     takes the served policy, which slot processes cannot see. Refusals are ConfigErrors (exit 78).
+
+    The policy's key is read once, as it opens; inside the block its variable is withheld from this process's
+    environment, where function harnesses run and which the processes they start inherit.
     """
     import asyncio
 
@@ -363,7 +393,8 @@ async def open_policy(
         await backend.probe(dialects)
         gateway.backend = _WatchedHosted(gateway.backend, watch)
         probe = {"ok": True, "dialects": dialects}
-        yield OpenPolicy(spec, gateway, watch, probe=probe)
+        with withheld_from_environment(key_variables(spec)):
+            yield OpenPolicy(spec, gateway, watch, probe=probe, hosted_key=backend.api_key)
         return
 
     from platoon.testing.gateway import default_policy
@@ -377,7 +408,8 @@ async def open_policy(
             renderer_kwargs=dict(spec.renderer_kwargs),
             sample_timeout_seconds=spec.sample_timeout_seconds,
         )
-        yield OpenPolicy(spec, gateway, watch, renderer=gateway.renderer)
+        with withheld_from_environment(key_variables(spec)):
+            yield OpenPolicy(spec, gateway, watch, renderer=gateway.renderer)
         return
 
     from platoon.train.tinker.credentials import check_tinker_key, refused_key_error, uses_local_server
@@ -407,7 +439,8 @@ async def open_policy(
             context_window_length=spec.context_window_length,
             sample_timeout_seconds=spec.sample_timeout_seconds,
         )
-        yield OpenPolicy(spec, gateway, watch, renderer=renderer, sampler=sampler, base_url=base_url)
+        with withheld_from_environment(key_variables(spec)):
+            yield OpenPolicy(spec, gateway, watch, renderer=renderer, sampler=sampler, base_url=base_url)
     finally:
         from platoon.train.tinker.trainer import close_session
 

@@ -3,7 +3,7 @@ runs one rollout at a time, as many as the evaluation hands it, each under its h
 
 `python -m platoon.eval.slot SESSION_DIR` (or the same `main` in a child of the rollout workers' fork server)
 connects to the evaluation's socket in SESSION_DIR, says who it is, receives the policy (a pickled Tinker
-sampling client, or a hosted model whose key it reads from its own environment), imports the environment
+sampling client, or a hosted model and its key: neither key is in a slot's environment), imports the environment
 packages, then runs the rollouts it is sent and answers each with its outcome and record. Messages are
 length-prefixed pickles over that socket, so nothing that carries a key is ever written to a file.
 
@@ -82,7 +82,8 @@ class SlotDeadlines:
 @dataclass(frozen=True)
 class SlotPolicy:
     """What a slot samples: a Tinker sampling client (pickled, as rollout workers receive it) with the renderer to
-    rebuild, or a hosted model (its config names the key's variable, never the key)."""
+    rebuild, or a hosted model with the key the evaluation read (sent over the socket, never through the slot's
+    environment, where harness code would see it)."""
 
     backend: str
     model: str
@@ -98,6 +99,8 @@ class SlotPolicy:
     inference_params: Mapping[str, Any] = field(default_factory=dict)
     sampling_precedence: str = "request"
     workers: int = 1
+    #: hosted: the key itself (None: no auth)
+    api_key: str | None = field(default=None, repr=False)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -137,7 +140,7 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
     """The slot's gateway: over the unpickled Tinker sampling client (never a ServiceClient of its own), or to the
-    hosted server, reading the key from this process's environment at each call."""
+    hosted server with the key the policy carries."""
     from platoon.eval.policy import HOSTED, _WatchedHosted, _WatchedSampler
 
     if policy.backend == HOSTED:
@@ -150,6 +153,7 @@ def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
             inference_params=dict(policy.inference_params),
             sampling_precedence=policy.sampling_precedence,
             workers=policy.workers,
+            api_key=policy.api_key,
         )
         gateway.backend = _WatchedHosted(gateway.backend, watch)
         return gateway

@@ -509,10 +509,20 @@ class SubprocessSlots:
             "modules": [SLOT_MODULE, "platoon.eval.rollouts", "platoon.gateway.hosted"],
         }
 
+    def _environment(self) -> dict[str, str]:
+        """A slot's (and the fork server's) environment: the worker environment without the hosted key's
+        variable, which the slots receive as a value over their socket (harness code reads the environment)."""
+        from platoon.train.tinker.workers.startup import worker_environment
+
+        env = worker_environment(os.environ)
+        hosted = self.policy.hosted
+        if hosted is not None and hosted.api_key_env:
+            env.pop(hosted.api_key_env, None)
+        return env
+
     async def _fork_server(self) -> ForkServer | None:
         """The fork server slots are forked from, started with the first slot; None: slots start by exec."""
         from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
-        from platoon.train.tinker.workers.startup import worker_environment
 
         async with self._server_lock:
             if self._server is not None and self._server.alive:
@@ -523,7 +533,7 @@ class SubprocessSlots:
             try:
                 server = await ForkServer.start(
                     config=self._stack_config(),
-                    env=worker_environment(os.environ),
+                    env=self._environment(),
                     cwd=os.getcwd(),
                     log_path=self.session / "forkserver.log",
                     timeout=STARTUP_BUDGET_SECONDS,
@@ -558,13 +568,12 @@ class SubprocessSlots:
 
     async def _start_slot(self) -> _Slot:
         from platoon.train.tinker.workers.forkserver import ForkFailed
-        from platoon.train.tinker.workers.startup import worker_environment
 
         assert self.session is not None
         self._numbers += 1
         number = self._numbers
         token = secrets.token_hex(16)
-        env = worker_environment(os.environ)
+        env = self._environment()
         env[SLOT_ENV] = f"{number}:{token}:{self._evaluator[0]}:{self._evaluator[1] or ''}"
         log_path = self.log_dir / f"slot-{number}.log"
         diag_path = self.session / f"slot-{number}.diag"

@@ -1,7 +1,8 @@
 """Hosted inference (train.md 5.3): each call forwarded in its own dialect to `inference.hosted.base_url`.
 
 The gateway keeps agents, budgets and recording; a call is recorded with a provider record instead of tokens (it
-never trains). The key is read from its variable per call, sent only upstream, and redacted from all it relays.
+never trains). The key is read from its variable once, when the backend is built, sent only upstream, and redacted
+from all it relays.
 """
 
 from __future__ import annotations
@@ -148,6 +149,22 @@ class _Attempt:
     timed_out: bool = False
 
 
+class _Unset:
+    """The default of `api_key`: read the key from `api_key_env` (None itself means no auth)."""
+
+
+UNSET = _Unset()
+
+
+def _read_key(config: HostedConfig, environ: Mapping[str, str] | None) -> str | None:
+    """The key `api_key_env` names, stripped; None for no auth or an empty variable."""
+    name = config.api_key_env
+    if name is None:
+        return None
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    return value or None
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -192,6 +209,7 @@ class HostedBackend:
         workers: int = 1,
         gateway: ModelGateway | None = None,
         environ: Mapping[str, str] | None = None,
+        api_key: str | _Unset | None = UNSET,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.config = config
@@ -205,20 +223,22 @@ class HostedBackend:
         self.inference_params = {k: v for k, v in params.items() if v is not None}
         self.sampling_precedence = sampling_precedence
         self.gateway = gateway
-        self._environ = environ if environ is not None else os.environ
+        # Read once, here: the evaluation then withholds the variable from its environment, where harness code
+        # runs (docs/gateway.md), and subprocess slots receive the key itself over their socket.
+        self._api_key = _read_key(config, environ) if isinstance(api_key, _Unset) else api_key
         self._sleep = sleep
         limit = config.max_concurrent_requests
         self._slots = None if limit is None else asyncio.Semaphore(max(1, limit // max(1, workers)))
 
     # ---- the key
 
+    @property
+    def api_key(self) -> str | None:
+        """The key sent upstream (None: no auth); never logged, recorded or relayed."""
+        return self._api_key
+
     def _key(self) -> str | None:
-        """Read at each call (a rotated key is picked up), stripped; never stored."""
-        name = self.config.api_key_env
-        if name is None:
-            return None
-        value = self._environ.get(name, "").strip()
-        return value or None
+        return self._api_key
 
     def redact(self, text: str, key: str | None = None) -> str:
         """`text` with the key replaced by `[redacted]` (keys under 8 characters are not searched)."""
@@ -327,8 +347,6 @@ class HostedBackend:
         attempt = _Attempt()
         for n in range(1, retries + 2):
             attempts = n
-            key = self._key()  # re-read: the variable may be rotated between attempts
-            request_headers = self._headers(wire, headers, key)
             attempt = await self._attempt(url, data, request_headers, timeout, wire, stream)
             status = attempt.status
             if status == 429:
@@ -568,8 +586,11 @@ def hosted_gateway(
     sampling_precedence: str = "request",
     workers: int = 1,
     environ: Mapping[str, str] | None = None,
+    api_key: str | _Unset | None = UNSET,
 ) -> ModelGateway:
-    """A `ModelGateway` whose calls go to the hosted model (no renderer, no sampler, no tokens)."""
+    """A `ModelGateway` whose calls go to the hosted model (no renderer, no sampler, no tokens).
+
+    The key is `api_key` when given (None: no auth), else read once from `api_key_env` in `environ`."""
     from platoon.gateway.core import ModelGateway
 
     gateway = ModelGateway(None, _NoRenderer(), model_name=model)
@@ -581,6 +602,7 @@ def hosted_gateway(
         workers=workers,
         gateway=gateway,
         environ=environ,
+        api_key=api_key,
     )
     gateway.backend = HostedSampler(backend)
     return gateway

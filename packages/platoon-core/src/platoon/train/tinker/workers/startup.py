@@ -38,7 +38,7 @@ STARTUP_BUDGET_ENV = "PLATOON_ROLLOUT_WORKER_STARTUP_BUDGET"
 #: the worker's diagnostic marker file, written when an alarm fires
 DIAG_ENV = "PLATOON_ROLLOUT_WORKER_DIAG"
 
-#: train.md 4.2: the trainer's environment with these set (and TINKER_SUBPROCESS_SAMPLING removed)
+#: train.md 4.2: the trainer's environment with these set (and REMOVED_VARIABLES removed)
 WORKER_OVERRIDES: dict[str, str] = {
     "TINKER_TELEMETRY": "0",
     "OMP_NUM_THREADS": "1",
@@ -50,7 +50,9 @@ WORKER_OVERRIDES: dict[str, str] = {
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     WORKER_MARKER_ENV: "1",
 }
-REMOVED_VARIABLES = ("TINKER_SUBPROCESS_SAMPLING",)
+#: TINKER_API_KEY too: a worker samples through the pickled sampling client, which carries the key, and harness
+#: code in the worker (and any process it starts) must not find the key in its environment (train.md 6.6)
+REMOVED_VARIABLES = ("TINKER_SUBPROCESS_SAMPLING", "TINKER_API_KEY")
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

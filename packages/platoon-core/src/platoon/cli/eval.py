@@ -30,6 +30,8 @@ def eval_(
 ) -> int:
     """Evaluate a policy on every task of a split and write a report."""
     import asyncio
+    import contextlib
+    import sys
 
     from platoon.cli.config import deprecation_lines
     from platoon.config import load_config
@@ -58,7 +60,9 @@ def eval_(
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
         return 1
     try:
-        result = asyncio.run(evaluate(resolved, loaded, say=err))
+        # Environment code runs in this process: what it prints goes to stderr, so stdout holds the summary only.
+        with contextlib.redirect_stdout(sys.stderr):
+            result = asyncio.run(evaluate(resolved, loaded, say=err))
     except KeyboardInterrupt:
         err("interrupted")
         return 130

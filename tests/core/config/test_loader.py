@@ -99,7 +99,16 @@ def test_missing_top_file(tmp_path: Path) -> None:
 
 
 def test_empty_file_invalid_yaml_and_non_mapping(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path / "empty.yaml", ""), cwd=tmp_path).data == {}
+    # An empty base reads as {}; a config that is empty as a whole is refused (as `platoon train` refuses it).
+    write(tmp_path / "empty.yaml", "# nothing yet\n")
+    assert load_config(write(tmp_path / "top.yaml", "extends: empty.yaml\na: 1\n"), cwd=tmp_path).data == {
+        "a": 1
+    }
+    assert refused("empty.yaml", cwd=tmp_path).problems == [
+        "empty.yaml: the config is empty: write a training config (train, environments) or an evaluation config "
+        "(inference, environments); docs/reference/config.md lists the keys"
+    ]
+    assert load_config("empty.yaml", ["a=1"], cwd=tmp_path).data == {"a": 1}
     write(tmp_path / "bad.yaml", "a: [1, 2\n")
     (problem,) = refused("bad.yaml", cwd=tmp_path).problems
     assert problem.startswith("bad.yaml: invalid YAML: ")

@@ -123,6 +123,27 @@ def test_value_errors() -> None:
     ]
 
 
+def test_a_sections_rule_is_placed_at_the_field_its_message_starts_with() -> None:
+    class Ruled(StrictModel):
+        train: Train
+        log_path: str = "runs"
+
+        @model_validator(mode="after")
+        def _rule(self) -> Ruled:
+            if self.log_path == "/":
+                raise ValueError("log_path: the root directory is not a run directory; name one below it")
+            if self.train.batch_size == 7:
+                raise ValueError("train.batch_size 7 is unlucky (pick 8)")
+            return self
+
+    assert problems({"train": {"model_name": "m"}, "log_path": "/"}, Ruled) == [
+        "log_path: ValueError: the root directory is not a run directory; name one below it"
+    ]
+    assert problems({"train": {"model_name": "m", "batch_size": 7}}, Ruled) == [
+        "train.batch_size: ValueError: train.batch_size 7 is unlucky (pick 8)"
+    ]
+
+
 def test_float_hint_for_numeric_text() -> None:
     from pydantic import StrictFloat
 

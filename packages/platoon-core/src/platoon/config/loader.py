@@ -143,6 +143,8 @@ class _FileLoader:
         self.top = top
         self.cwd = cwd
         self.problems: list[str] = []
+        #: problems that begin with the file they are about (reading it failed), so need no header naming it
+        self.self_named: set[str] = set()
         self.sources: list[Path] = []
         self.prov: Provenance = {}
 
@@ -160,6 +162,7 @@ class _FileLoader:
             data = read_yaml_mapping(path, shown)
         except ConfigError as exc:
             self.problems.extend(exc.problems)
+            self.self_named.update(exc.problems)
             return None
         bases = self._bases(data.pop("extends", None), shown)
         origin = None if real == self.top.resolve() else shown
@@ -201,6 +204,44 @@ class _FileLoader:
         return []
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that gives a key twice: YAML would silently keep the last value."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+        self.line = line
+        self.first_line = first_line
+
+
+class StrictSafeLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a mapping giving a key twice (merge keys `<<` may still be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                given = key in first_lines
+            except TypeError:  # an unhashable key: the base class says what is wrong with it
+                continue
+            if given:
+                raise DuplicateKey(key, line, first_lines[key])
+            first_lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def empty_config_problem(shown: str) -> str:
+    """The refusal of a config with no keys at all (its file, bases and overrides hold nothing)."""
+    return (
+        f"{shown}: the config is empty: write a training config (train, environments) or an evaluation config "
+        "(inference, environments); docs/reference/config.md lists the keys"
+    )
+
+
 def read_yaml_mapping(path: Path, shown: str) -> dict[str, Any]:
     """A YAML file's top-level mapping (an empty file is `{}`); one ConfigError line when it is not one."""
     try:
@@ -210,7 +251,12 @@ def read_yaml_mapping(path: Path, shown: str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot be read ({exc.strerror or exc})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictSafeLoader)  # a SafeLoader subclass: safe
+    except DuplicateKey as exc:
+        raise ConfigError(
+            f"{shown}:{exc.line}: duplicate key {exc.key!r} (first given on line {exc.first_line}): YAML would "
+            "keep only the last value; give the key once"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{shown}: invalid YAML: {_yaml_error(exc)}") from None
     if data is None:
@@ -540,7 +586,8 @@ def load_config(
     files = _FileLoader(config_path, workdir)
     merged = files.load(config_path)
     if files.problems or merged is None:
-        raise ConfigError(files.problems, source=given)
+        found = list(dict.fromkeys(files.problems))  # a base reached twice (diamond extends) reports once
+        raise ConfigError(found, source=None if found and files.self_named.issuperset(found) else given)
     prov = files.prov
 
     # 4: the schema, narrowed by the files' trainer_config.
@@ -576,6 +623,9 @@ def load_config(
         data = merged
     if problems:
         raise ConfigError(problems, source=given)
+    if not data and schema is None:
+        # One refusal for every command: `config validate` would otherwise pass what `platoon train` refuses.
+        raise ConfigError(empty_config_problem(given))
     for ov in parsed:
         _mark(prov, tuple(ov.key.split(".")), None)
     if base_schema is not None and is_training_schema(base_schema):

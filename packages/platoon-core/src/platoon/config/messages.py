@@ -7,6 +7,7 @@ location to tell them apart, and the errors of a union are reduced to the member
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,6 +227,30 @@ def _fallback_type(kind: str) -> str:
     return _FALLBACK_NAMES.get(stem, stem)
 
 
+#: a message's leading dotted name (`min_successful_group_size (5) must ...`, `hosted.timeout_s: ...`)
+_LEADING_NAME = re.compile(r"([A-Za-z_]\w*(?:\.\w+)*)(: |(?=[\s(,])|$)")
+
+
+def _named_field(schema: Any, path: Sequence[Any], data: Any, message: str) -> tuple[list[Any], str]:
+    """The field a section's own rule names first, relative to the section, and the message to print.
+
+    A model validator's problem is located at its section (`train.workflow_config`); when its message starts with
+    one of that section's fields, the problem is placed at that field. A leading `field: ` is then dropped from
+    the message, which would only repeat the path.
+    """
+    if schema is None:
+        return [], message
+    match = _LEADING_NAME.match(message)
+    tp = type_at(schema, path, data) if match else None
+    section = pick_member(unwrap(tp), _value_at(data, path)) if tp is not None else None
+    if match is None or not is_model(section):
+        return [], message
+    segments = [int(seg) if seg.isdigit() else seg for seg in match.group(1).split(".")]
+    if segments[0] not in section.model_fields:
+        return [], message
+    return segments, message[match.end() :] if match.group(2) == ": " else message
+
+
 def _format(rec: _Record, data: Any, schema: Any) -> str:
     err = rec.error
     kind = str(err.get("type", ""))
@@ -252,6 +277,9 @@ def _format(rec: _Record, data: Any, schema: Any) -> str:
         error = ctx.get("error")
         message = str(error) if error is not None else str(err.get("msg", "")).removeprefix("Value error, ")
         name = type(error).__name__ if isinstance(error, Exception) else "ValueError"
+        field_path, message = _named_field(schema, rec.clean, data, message)
+        if field_path:
+            where = dotted([*rec.clean, *field_path])
         return f"{where}: {name}: {message}"
     if kind in ("model_type", "model_attributes_type", "dataclass_type"):
         if value is None:

@@ -462,6 +462,26 @@ def _inherited(workflow: WorkflowConfig) -> dict[str, Any]:
     return {"rollout_config": rollout_dump, **values}
 
 
+def _valid_raw_keys(raw: dict[str, Any], exc: ValidationError) -> dict[str, Any]:
+    """The raw keys of a training workflow that did not build which eval may inherit: those (and, inside a
+    mapping such as rollout_config, the sub-keys) with no problem of their own. A problem of the whole section (a
+    rule across keys) leaves nothing to inherit, since any of the keys it judges may be the wrong one."""
+    locations = [tuple(error["loc"]) for error in exc.errors()]
+    if () in locations:
+        return {}
+    inherited: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in EVAL_INHERITED_KEYS:
+            continue
+        inside = [loc[1:] for loc in locations if loc[0] == key]
+        if not inside:
+            inherited[key] = value
+        elif isinstance(value, dict) and all(inside):
+            bad = {loc[0] for loc in inside}
+            inherited[key] = {name: item for name, item in value.items() if name not in bad}
+    return inherited
+
+
 class PlatoonTinkerRLTrainerConfig(ConfigModel):
     """A training config: `platoon train` (the base class of `trainer_config` subclasses)."""
 
@@ -504,7 +524,8 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
         Which keys eval sets is read from the raw input (not `model_fields_set`), because the laying must happen
         before eval's workflow validates: its own rules (worker_python_env_isolation needs process isolation) judge
         the combined values. Training's workflow is built on its own first ("built": deprecated keys converted);
-        if it does not build, its raw keys are used so eval reports no problem training already reports.
+        if it does not build, eval inherits only the raw values training reports no problem with, so a problem is
+        reported once, under train.
         """
         if not isinstance(data, dict):
             return data
@@ -514,8 +535,8 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
             return data
         try:
             base = _inherited(WorkflowConfig.model_validate(raw))
-        except ValidationError:
-            base = {key: value for key, value in raw.items() if key in EVAL_INHERITED_KEYS}
+        except ValidationError as exc:
+            base = _valid_raw_keys(raw, exc)
         evaluation = data.get("eval", {})
         if not isinstance(evaluation, dict):
             return data

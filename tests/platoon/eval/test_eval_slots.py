@@ -170,7 +170,7 @@ def test_a_hosted_model_in_slots_keeps_the_key_out_of_every_file(
     assert report["model"]["served_models"] == ["served-model-2025"]
     assert report["workflow_specific_metrics"]["subprocess_slots_started"] == 2
     assert {task for _, _, _, task in slot_lines(out_dir)} == {"val:0", "val:1"}
-    # Every non-probe call came from a slot, each with the key it read from its own environment.
+    # Every non-probe call came from a slot, with the key the evaluation sent it (never through its environment).
     assert hosted_server.calls and all(
         c["headers"]["authorization"] == f"Bearer {HOSTED_KEY}" for c in hosted_server.calls
     )

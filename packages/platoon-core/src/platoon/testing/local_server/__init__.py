@@ -33,6 +33,8 @@ __all__ = [
 DEFAULT_MODEL = "platoon/toy"
 #: the key platoon hands the SDK for the local server; any key starting with `tml-` is accepted
 DEFAULT_API_KEY = "tml-platoon-local"
+#: the largest request line and headers uvicorn's h11 reads (a larger head is answered 400)
+MAX_HEADER_BYTES = 16 << 10
 MISSING_TORCH = (
     "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon[local]'"
 )
@@ -66,7 +68,8 @@ class LocalTinkerServer:
     """A local Tinker server on a loopback port, served by uvicorn in a background thread.
 
     `base_url` and `api_key` are what `tinker.ServiceClient(base_url=..., api_key=...)` takes. `state_dir` holds
-    the checkpoints (a temporary directory, removed on stop, when not given).
+    the checkpoints (a temporary directory, removed on stop, when not given). `max_body_bytes` (64 MiB) and
+    `body_idle_seconds` (30 s) bound what one request body may take (413 and 408 past them).
     """
 
     def __init__(
@@ -79,6 +82,8 @@ class LocalTinkerServer:
         api_key: str = DEFAULT_API_KEY,
         backend_factory: BackendFactory | None = None,
         long_poll_seconds: float | None = None,
+        max_body_bytes: int | None = None,
+        body_idle_seconds: float | None = None,
     ) -> None:
         self.model = model
         self.host = host
@@ -87,6 +92,8 @@ class LocalTinkerServer:
         self._state_dir = Path(state_dir) if state_dir is not None else None
         self._backend_factory = backend_factory
         self._long_poll_seconds = long_poll_seconds
+        self._max_body_bytes = max_body_bytes
+        self._body_idle_seconds = body_idle_seconds
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -122,8 +129,13 @@ class LocalTinkerServer:
             if self._long_poll_seconds is None
             else FutureStore(long_poll_seconds=self._long_poll_seconds)
         )
+        limits: dict[str, Any] = {}
+        if self._max_body_bytes is not None:
+            limits["max_body_bytes"] = self._max_body_bytes
+        if self._body_idle_seconds is not None:
+            limits["body_idle_seconds"] = self._body_idle_seconds
         self.state = ServerState(
-            model=self.model, state_dir=self._state_dir, backend_factory=factory, futures=futures
+            model=self.model, state_dir=self._state_dir, backend_factory=factory, futures=futures, **limits
         )
         sock = _bind(self.host, self.port)
         self.port = sock.getsockname()[1]
@@ -132,6 +144,9 @@ class LocalTinkerServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            # h11 whatever else is installed: its limits are the ones documented and tested
+            http="h11",
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             # long-polls end at once on stop instead of holding shutdown for their 20 s
             timeout_graceful_shutdown=1,
         )

@@ -7,8 +7,10 @@ app. starlette is imported inside `build_app`, so importing this module stays ch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.testing.local_server import checkpoints as ckpt
 from platoon.testing.local_server.futures import FutureStore, UserError
+from platoon.testing.local_server.losses import LOSS_INPUT_KEYS, REQUIRED_INPUTS
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -48,6 +51,12 @@ ADAM_DEFAULTS: dict[str, float] = {
     "grad_clip_norm": 0.0,
 }
 LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+#: the largest AdamW learning rate taken
+MAX_LEARNING_RATE = 1.0
+#: the largest request body read; the SDK splits forward_backward into chunks of about 5 MB (15 MB of JSON at most)
+MAX_BODY_BYTES = 64 << 20
+#: seconds a request body may go without a byte arriving before the server answers 408 and closes the connection
+BODY_IDLE_SECONDS = 30.0
 
 
 class Backend(Protocol):
@@ -82,11 +91,20 @@ BackendFactory = Callable[..., Backend]
 
 
 class HTTPError(Exception):
-    """A submission refused before it is queued; the SDK raises its status error (no retry for 4xx but 408/409/429)."""
+    """A submission refused before it is queued; the SDK raises its status error (no retry for 4xx but 408/409/429).
 
-    def __init__(self, status: int, message: str) -> None:
+    `close` ends the connection after the answer: the body was not read to its end, so the connection cannot serve
+    another request.
+    """
+
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.close = close
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request body arrived: there is nobody to answer."""
 
 
 @dataclass
@@ -121,6 +139,8 @@ class ServerState:
     state_dir: Path
     backend_factory: BackendFactory
     futures: FutureStore = field(default_factory=FutureStore)
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_idle_seconds: float = BODY_IDLE_SECONDS
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     runs: dict[str, TrainingRun] = field(default_factory=dict)
     samplers: dict[str, Sampler] = field(default_factory=dict)
@@ -130,6 +150,9 @@ class ServerState:
         self.checkpoints = ckpt.CheckpointStore(self.state_dir)
         self._base_lock = threading.Lock()
         self._base: dict[str, Backend] = {}
+        self._close_lock = threading.Lock()
+        self._on_close: list[Callable[[], None]] = []
+        self.closed = False
 
     def run(self, model_id: Any) -> TrainingRun:
         run = self.runs.get(model_id) if isinstance(model_id, str) else None
@@ -145,7 +168,20 @@ class ServerState:
                 backend = self._base[base_model] = _build(self, base_model, lora_rank=None, seed=None)
             return backend
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the stopping thread) when the server stops; at once if it has stopped."""
+        with self._close_lock:
+            if not self.closed:
+                self._on_close.append(callback)
+                return
+        callback()
+
     def close(self) -> None:
+        with self._close_lock:
+            self.closed = True
+            callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
         self.futures.close()
 
 
@@ -196,14 +232,28 @@ def _tokens(model_input: Any) -> list[int]:
     return [t for chunk in _chunks(model_input) for t in chunk["tokens"]]
 
 
-def _tensor(name: str, value: Any) -> dict[str, Any]:
+def _tensor(where: str, value: Any) -> dict[str, Any]:
+    """A `TensorData` whose values fit its dtype (finite floats) and whose shape holds exactly its data."""
     if not isinstance(value, dict) or not isinstance(value.get("data"), list):
-        raise HTTPError(400, f"loss_fn_inputs[{name!r}] must be TensorData {{'data', 'dtype', 'shape'}}")
+        raise HTTPError(400, f"{where} must be TensorData {{'data', 'dtype', 'shape'}}")
+    data = value["data"]
     dtype = value.get("dtype")
-    if dtype not in ("int64", "float32"):
-        raise HTTPError(400, f"loss_fn_inputs[{name!r}] has dtype {dtype!r}, not int64 or float32")
+    if dtype == "int64":
+        if not all(_is_int(x) for x in data):
+            raise HTTPError(400, f"{where} has dtype int64 but holds a value that is not an integer")
+    elif dtype == "float32":
+        if not all(_is_number(x) and math.isfinite(x) for x in data):
+            raise HTTPError(400, f"{where} holds a value that is not a finite number (NaN, infinity or text)")
+    else:
+        raise HTTPError(400, f"{where} has dtype {dtype!r}, not int64 or float32")
     shape = value.get("shape")
-    return {**value, "shape": [len(value["data"])] if shape is None else shape}
+    if shape is None:
+        shape = [len(data)]
+    elif not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        raise HTTPError(400, f"{where}.shape must be a list of non-negative integers, got {shape!r}")
+    elif math.prod(shape) != len(data):
+        raise HTTPError(400, f"{where}.shape is {shape}, which does not hold its {len(data)} values")
+    return {**value, "shape": shape}
 
 
 def _datums(container: Any, key: str) -> tuple[list[dict[str, Any]], str, dict[str, Any] | None]:
@@ -218,20 +268,103 @@ def _datums(container: Any, key: str) -> tuple[list[dict[str, Any]], str, dict[s
     config = container.get("loss_fn_config")
     if config is not None and not isinstance(config, dict):
         raise HTTPError(400, "loss_fn_config must be an object of numbers or null")
+    for name, number in (config or {}).items():
+        if number is not None:
+            _finite(f"{key}.loss_fn_config[{name!r}]", number)
     datums = []
-    for datum in data:
+    for index, datum in enumerate(data):
+        where = f"{key}.data[{index}]"
         if not isinstance(datum, dict):
-            raise HTTPError(400, "a datum must be an object")
+            raise HTTPError(400, f"{where} must be an object")
         inputs = datum.get("loss_fn_inputs") or {}
         if not isinstance(inputs, dict):
-            raise HTTPError(400, "loss_fn_inputs must be an object")
-        datums.append(
-            {
-                "model_input": {"chunks": _chunks(datum.get("model_input"))},
-                "loss_fn_inputs": {name: _tensor(name, value) for name, value in inputs.items()},
-            }
-        )
+            raise HTTPError(400, f"{where}.loss_fn_inputs must be an object")
+        chunks = _chunks(datum.get("model_input"))
+        length = sum(len(chunk["tokens"]) for chunk in chunks)
+        if not length:
+            raise HTTPError(400, f"{where}.model_input is empty")
+        tensors = {
+            name: _tensor(f"{where}.loss_fn_inputs[{name!r}]", value) for name, value in inputs.items()
+        }
+        for name in ("target_tokens", *REQUIRED_INPUTS[loss_fn]):
+            if name not in tensors:
+                raise HTTPError(400, f"{where}.loss_fn_inputs lacks {name!r}, which loss {loss_fn!r} needs")
+        for name, tensor in tensors.items():
+            if name in LOSS_INPUT_KEYS and tensor["shape"] != [length]:
+                raise HTTPError(
+                    400,
+                    f"{where}.loss_fn_inputs[{name!r}] has shape {tensor['shape']}, not [{length}] (one entry per "
+                    "model input token: target i is predicted from input tokens 0..i)",
+                )
+        datums.append({"model_input": {"chunks": chunks}, "loss_fn_inputs": tensors})
     return datums, loss_fn, config
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(where: str, value: Any) -> float:
+    """A finite JSON number; NaN, infinity, text and booleans are refused (one bad value poisons the weights)."""
+    if not _is_number(value) or not math.isfinite(value):
+        raise HTTPError(400, f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _adam_params(given: Any) -> dict[str, float]:
+    """The request's AdamW hyperparameters over the defaults, each finite and in AdamW's range."""
+    if not isinstance(given, dict):
+        raise HTTPError(400, "adam_params must be an object")
+    params = dict(ADAM_DEFAULTS)
+    for name, value in given.items():
+        if name in ADAM_DEFAULTS and value is not None:
+            params[name] = _finite(f"adam_params.{name}", value)
+    if not 0 <= params["learning_rate"] <= MAX_LEARNING_RATE:
+        # AdamW moves every weight by about the learning rate each step: far above 1 the weights overflow.
+        raise HTTPError(
+            400,
+            f"adam_params.learning_rate must be in [0, {MAX_LEARNING_RATE:g}], got {params['learning_rate']!r}",
+        )
+    for name in ("weight_decay", "grad_clip_norm"):
+        if params[name] < 0:
+            raise HTTPError(400, f"adam_params.{name} must be >= 0, got {params[name]!r}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= params[name] < 1:
+            raise HTTPError(400, f"adam_params.{name} must be in [0, 1), got {params[name]!r}")
+    if params["eps"] <= 0:
+        raise HTTPError(400, f"adam_params.eps must be > 0, got {params['eps']!r}")
+    return params
+
+
+def _sampling_params(given: Any) -> dict[str, Any]:
+    """`sampling_params` over the 0.16 defaults, each of its type and in range (an explicit null is the default)."""
+    if not isinstance(given, dict):
+        raise HTTPError(400, "sampling_params must be an object")
+    params = {**SAMPLING_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    max_tokens, seed, top_k = params["max_tokens"], params["seed"], params["top_k"]
+    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 0):
+        raise HTTPError(400, f"sampling_params.max_tokens must be a non-negative integer, got {max_tokens!r}")
+    if seed is not None and not _is_int(seed):
+        raise HTTPError(400, f"sampling_params.seed must be an integer, got {seed!r}")
+    if not (_is_int(top_k) and top_k >= -1):
+        raise HTTPError(400, f"sampling_params.top_k must be an integer >= -1 (-1: no limit), got {top_k!r}")
+    temperature = _finite("sampling_params.temperature", params["temperature"])
+    if temperature < 0:
+        raise HTTPError(400, f"sampling_params.temperature must be >= 0, got {temperature!r}")
+    top_p = _finite("sampling_params.top_p", params["top_p"])
+    if not 0 < top_p <= 1:
+        raise HTTPError(400, f"sampling_params.top_p must be in (0, 1], got {top_p!r}")
+    stop = params["stop"]
+    entries = [stop] if isinstance(stop, str | int) else stop
+    if entries is not None and not (
+        isinstance(entries, list) and all(isinstance(e, str) or _is_int(e) for e in entries)
+    ):
+        raise HTTPError(400, f"sampling_params.stop must be token ids or strings, got {stop!r}")
+    return params
 
 
 def _colon_metrics(output: dict[str, Any]) -> dict[str, Any]:
@@ -293,10 +426,10 @@ class Operations:
 
     def create_session(self, body: dict[str, Any]) -> dict[str, Any]:
         session_id = f"session-{uuid.uuid4().hex[:16]}"
+        version = body.get("sdk_version")
+        # Only what is small: nothing reads a session's tags or metadata, and a session lives as long as the server.
         self.state.sessions[session_id] = {
-            "tags": body.get("tags") or [],
-            "user_metadata": body.get("user_metadata"),
-            "sdk_version": body.get("sdk_version"),
+            "sdk_version": version if isinstance(version, str) and len(version) <= 64 else None,
             "created": datetime.now(UTC).isoformat(),
         }
         return {"type": "create_session", "session_id": session_id}
@@ -393,10 +526,7 @@ class Operations:
         return self._train_submit(body, idempotency, key, fn)
 
     def optim_step(self, body: dict[str, Any], idempotency: str | None) -> dict[str, Any]:
-        given = body.get("adam_params") or {}
-        if not isinstance(given, dict):
-            raise HTTPError(400, "adam_params must be an object")
-        params = {**ADAM_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+        params = _adam_params(body.get("adam_params") or {})
 
         def fn(run: TrainingRun) -> dict[str, Any]:
             assert run.backend is not None
@@ -544,14 +674,13 @@ class Operations:
         if not tokens:
             raise HTTPError(400, "the prompt is empty")
         num_samples = body.get("num_samples", 1)
-        if not isinstance(num_samples, int) or num_samples < 1:
+        if not (_is_int(num_samples) and num_samples >= 1):
             raise HTTPError(400, f"num_samples must be a positive integer, got {num_samples!r}")
-        given = body.get("sampling_params") or {}
-        if not isinstance(given, dict):
-            raise HTTPError(400, "sampling_params must be an object")
-        params = {**SAMPLING_DEFAULTS, **given}
+        params = _sampling_params(body.get("sampling_params") or {})
         prompt_logprobs = bool(body.get("prompt_logprobs") or False)
         topk = body.get("topk_prompt_logprobs") or 0
+        if not (_is_int(topk) and topk >= 0):
+            raise HTTPError(400, f"topk_prompt_logprobs must be a non-negative integer, got {topk!r}")
         backend = sampler.backend
 
         def job() -> dict[str, Any]:
@@ -560,7 +689,7 @@ class Operations:
                 num_samples=num_samples,
                 sampling_params=params,
                 prompt_logprobs=prompt_logprobs,
-                topk_prompt_logprobs=int(topk),
+                topk_prompt_logprobs=topk,
             )
             return {"type": "sample", **out}
 
@@ -651,6 +780,7 @@ def _run_meta(run: TrainingRun) -> dict[str, Any]:
 def build_app(state: ServerState) -> Starlette:
     """The ASGI app; every route checks the `tml-` API key except the health check."""
     from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -660,12 +790,16 @@ def build_app(state: ServerState) -> Starlette:
             return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     ops = Operations(state)
+    reader = BodyReader(state)
 
-    def error(status: int, message: str) -> Response:
-        return JSON({"error": message, "category": "user", "detail": message}, status_code=status)
+    def error(status: int, message: str, *, close: bool = False) -> Response:
+        headers = {"Connection": "close"} if close else None
+        return JSON(
+            {"error": message, "category": "user", "detail": message}, status_code=status, headers=headers
+        )
 
     async def parse(request: Request) -> dict[str, Any]:
-        raw = await request.body()
+        raw = await reader.read(request)
         if not raw:
             return {}
         try:
@@ -686,7 +820,15 @@ def build_app(state: ServerState) -> Starlette:
             try:
                 result = await handler(request)
             except HTTPError as exc:
-                return error(exc.status, str(exc))
+                return error(exc.status, str(exc), close=exc.close)
+            except (ClientGone, ClientDisconnect):
+                # Nobody to answer (a client that exited mid-request): uvicorn drops what is sent.
+                return Response(status_code=400)
+            except asyncio.CancelledError:
+                if not state.closed:
+                    raise
+                # uvicorn cancels what outlives its graceful shutdown: an answer, not a traceback.
+                return error(503, "the local Tinker server stopped", close=True)
             except Exception as exc:
                 # Not a 500: the SDK retries 5xx for minutes, and a bug should surface at once.
                 logger.exception("local Tinker server: %s %s failed", method, path)
@@ -812,6 +954,87 @@ def build_app(state: ServerState) -> Starlette:
     app = Starlette(routes=routes)
     app.state.server = state
     return app
+
+
+class BodyReader:
+    """Reads request bodies within the server's limits: at most `max_body_bytes` (413 by Content-Length before
+    reading, or as soon as a body without one passes it), with at most `body_idle_seconds` between two pieces
+    (408), and never past the server's stop (503). A refused body's connection is closed after the answer."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self._stopped: asyncio.Event | None = None
+
+    async def read(self, request: Request) -> bytes:
+        limit = self.state.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise HTTPError(
+                    400, f"the Content-Length header {declared!r} is not a number", close=True
+                ) from None
+            if size > limit:
+                raise HTTPError(413, _too_large(size, limit), close=True)
+        pieces: list[bytes] = []
+        received = 0
+        more = True
+        while more:
+            message = await self._next(request)
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            piece = message.get("body", b"")
+            received += len(piece)
+            if received > limit:
+                # a chunked body has no Content-Length: stop reading it here, keeping nothing
+                raise HTTPError(413, _too_large(None, limit), close=True)
+            pieces.append(piece)
+            more = message.get("more_body", False)
+        return b"".join(pieces)
+
+    async def _next(self, request: Request) -> Any:
+        receiving = asyncio.ensure_future(request.receive())
+        stopped = asyncio.ensure_future(self._stop_event().wait())
+        try:
+            await asyncio.wait(
+                {receiving, stopped},
+                timeout=self.state.body_idle_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            stopped.cancel()
+        if receiving.done():
+            return receiving.result()
+        receiving.cancel()
+        if self.state.closed:
+            raise HTTPError(
+                503, "the local Tinker server stopped while the request body was arriving", close=True
+            )
+        raise HTTPError(
+            408,
+            f"the request body stopped arriving (nothing for {self.state.body_idle_seconds:g} s); "
+            "the connection is closed",
+            close=True,
+        )
+
+    def _stop_event(self) -> asyncio.Event:
+        # Created on the server's loop at the first body; the server's stop sets it from the stopping thread.
+        if self._stopped is None:
+            event = self._stopped = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
+            def wake() -> None:
+                with contextlib.suppress(RuntimeError):  # the loop already ended
+                    loop.call_soon_threadsafe(event.set)
+
+            self.state.on_close(wake)
+        return self._stopped
+
+
+def _too_large(size: int | None, limit: int) -> str:
+    what = "is over" if size is None else f"is {size} bytes, over"
+    return f"the request body {what} the local server's limit of {limit} bytes (LocalTinkerServer(max_body_bytes=...))"
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

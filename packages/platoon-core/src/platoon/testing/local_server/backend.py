@@ -10,6 +10,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 import os
 import threading
 from dataclasses import asdict, dataclass
@@ -294,6 +295,8 @@ class ModelBackend:
         params.update(
             {key: float(value) for key, value in (adam_params or {}).items() if key in ADAM_DEFAULTS}
         )
+        if not all(map(math.isfinite, params.values())):
+            raise ValueError(f"AdamW hyperparameters must be finite numbers, got {params}")
         if params["learning_rate"] < 0:
             raise ValueError(f"learning_rate must be >= 0, got {params['learning_rate']}")
         with self._lock, torch.no_grad():
@@ -303,13 +306,22 @@ class ModelBackend:
                 group["betas"] = (params["beta1"], params["beta2"])
                 group["eps"] = params["eps"]
                 group["weight_decay"] = params["weight_decay"]
-            grads = [p for p in self.model.parameters() if p.grad is not None]
+            with_grad = [p for p in self.model.parameters() if p.grad is not None]
             if params["grad_clip_norm"] > 0:
-                norm = torch.nn.utils.clip_grad_norm_(grads, params["grad_clip_norm"])
-            elif grads:
-                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                norm = torch.nn.utils.clip_grad_norm_(with_grad, params["grad_clip_norm"])
+            elif with_grad:
+                norm = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(p.grad) for p in with_grad])
+                )
             else:
                 norm = torch.zeros(())
+            if not math.isfinite(float(norm)):
+                # A step on a NaN or infinite gradient would leave every weight NaN and every later sample failing.
+                optimizer.zero_grad(set_to_none=True)
+                raise ValueError(
+                    "the accumulated gradient is not finite (a loss input such as a logprob or advantage is "
+                    "extreme): the step was skipped and the gradient dropped"
+                )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             self._steps += 1

@@ -52,8 +52,8 @@ class SamplingParams:
         if max_tokens is not None and int(max_tokens) < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         temperature = float(_default(params, "temperature", 1.0))
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0 <= temperature < float("inf"):  # NaN too
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
         top_p = float(_default(params, "top_p", 1.0))
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")

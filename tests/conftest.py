@@ -1,6 +1,12 @@
-"""Every test runs without the developer's own site profile or extension-requirement override."""
+"""Every test runs without the developer's own site profile or extension-requirement override, and leaves no
+Tinker SDK session heartbeating after it."""
 
 from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -15,3 +21,71 @@ def _isolated_site(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         "PLATOON_IGNORE_EXTENSION_REQUIREMENTS",
     ):
         monkeypatch.delenv(name, raising=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tinker SDK sessions
+#
+# Every `tinker.ServiceClient` starts a task on the SDK's one background event loop that heartbeats its session
+# every 10 s until `client.holder.close()` (`platoon.train.tinker.trainer.close_session`); the task holds the
+# client, so it is never collected. A client a test leaves open heartbeats for the rest of the session, at a
+# server that is gone (or at a later test's server on a reused port) and, after two minutes, logs warnings into
+# later tests. These guards fail the test (or, for a module-scoped fixture, the module) that left one open.
+
+
+def _heartbeats() -> set[asyncio.Task[Any]]:
+    """The SDK's session heartbeats still running and not being cancelled; empty while the SDK is not loaded."""
+    holder_module = sys.modules.get("tinker.lib.internal_client_holder")
+    if holder_module is None:
+        return set()
+    loop = getattr(holder_module._internal_client_holder_thread_singleton, "_loop", None)
+    if loop is None or not loop.is_running():
+        return set()
+
+    async def running() -> set[asyncio.Task[Any]]:
+        # Runs on the SDK's loop after any close() scheduled before it: a closed client's task is cancelling.
+        return {
+            task
+            for task in asyncio.all_tasks()
+            if getattr(task.get_coro(), "__qualname__", "").endswith("._session_heartbeat")
+            and not task.done()
+            and not task.cancelling()
+        }
+
+    return asyncio.run_coroutine_threadsafe(running(), loop).result(timeout=60)
+
+
+def _stop(tasks: set[asyncio.Task[Any]]) -> list[str]:
+    """Cancel these heartbeats (so they trouble no later test); returns their session ids."""
+    sessions = []
+    for task in tasks:
+        frame = getattr(task.get_coro(), "cr_frame", None)
+        sessions.append(str(frame.f_locals.get("session_id")) if frame is not None else "?")
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    return sorted(sessions)
+
+
+def _left_open(before: set[asyncio.Task[Any]], where: str) -> None:
+    leaked = _heartbeats() - before
+    if leaked:
+        sessions = _stop(leaked)
+        pytest.fail(
+            f"{where} left {len(leaked)} Tinker session(s) heartbeating ({', '.join(sessions)}): close each "
+            "ServiceClient it opens when done (client.holder.close(), or "
+            "platoon.train.tinker.trainer.close_session(client))",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_tinker_session_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = _heartbeats()
+    yield
+    _left_open(before, f"module {request.module.__name__} (its fixtures)")
+
+
+@pytest.fixture(autouse=True)
+def _no_tinker_session_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = _heartbeats()
+    yield
+    _left_open(before, request.node.nodeid)

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTinkerServ
 
 
 @pytest.fixture(scope="module")
-def service(server: LocalTinkerServer):
+def service(server: LocalTinkerServer) -> Iterator[Any]:
+    """An SDK client of the module's server; its session stops heartbeating when the module is done."""
     import tinker
 
-    return tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+    from platoon.train.tinker.trainer import close_session
+
+    client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+    yield client
+    close_session(client)

@@ -30,9 +30,13 @@ LEARNING_RATE = 0.01
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.ServiceClient]:
+    from platoon.train.tinker.trainer import close_session
+
     with local_tinker_server(state_dir=tmp_path_factory.mktemp("learnability")) as server:
         assert isinstance(server, LocalTinkerServer)
-        yield tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+        client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+        yield client
+        close_session(client)  # its session stops heartbeating with the module
 
 
 def _datum(answer: int, **inputs: float) -> types.Datum:

@@ -134,7 +134,9 @@ def test_not_ready_is_408_after_a_long_poll_and_order_is_kept(fake):
     started = time.monotonic()
     pending = post(fake, "retrieve_future", {"request_id": step})
     assert pending.status_code == 408 and pending.json()["queue_state"] == "active"
-    assert 0.25 < time.monotonic() - started < 5
+    assert (
+        time.monotonic() - started > 0.25
+    )  # the poll was held (long_poll_seconds 0.3), not answered at once
     CountingBackend.gate.set()
     assert "metrics" in result(fake, step)
     assert result(fake, fb)["metrics"]["loss:sum"] > 0

@@ -330,10 +330,15 @@ def test_the_snapshot_of_a_rollout_loads_as_a_config(workdir, tree_config, capsy
     assert snapshot["environments"][0]["env"] == "platoon-number-search@1"
 
 
-def test_rollout_samples_a_saved_checkpoint(workdir, write_config, capsys, monkeypatch, tinker_server):
+def test_rollout_samples_a_saved_checkpoint(
+    workdir, write_config, capsys, monkeypatch, tinker_server, request
+):
     import tinker
 
+    from platoon.train.tinker.trainer import close_session
+
     service = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
+    request.addfinalizer(lambda: close_session(service))
     client = service.create_lora_training_client(base_model="platoon/toy", rank=8)
     path = client.save_weights_for_sampler("eval-test").result().path
     monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)

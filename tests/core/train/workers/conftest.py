@@ -51,10 +51,15 @@ def tinker_server(worker_env: Path) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def service_client(tinker_server: Any) -> Any:
+def service_client(tinker_server: Any) -> Iterator[Any]:
+    """An SDK client of the module's server; its session stops heartbeating when the module is done."""
     import tinker
 
-    return tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
+    from platoon.train.tinker.trainer import close_session
+
+    client = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
+    yield client
+    close_session(client)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +153,8 @@ def bandit_entry() -> EnvironmentConfig:
     return EnvironmentConfig(service=BANDIT_SERVICE, harness="platoon-bandit-answer", agents={"max_depth": 0})
 
 
-def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+def wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> bool:
+    """Poll until `condition()` holds; False after `seconds` (a hang guard, generous for a busy machine)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if condition():

@@ -155,20 +155,40 @@ def test_tool_output_never_leaks_into_the_cell_and_stderr_is_captured() -> None:
     run_with(body, tools=tools)
 
 
-def test_cells_run_off_the_agent_loop() -> None:
+def wait_for_file_cell(path: Path) -> str:
+    """A cell that blocks its thread until `path` exists (a minute at most, a hang guard) and shows whether it
+    does."""
+    return (
+        "import pathlib, time\n"
+        f"marker = pathlib.Path({str(path)!r})\n"
+        "for _ in range(6000):\n"
+        "    if marker.exists():\n"
+        "        break\n"
+        "    time.sleep(0.01)\n"
+        "marker.exists()"
+    )
+
+
+async def file_appears(path: Path) -> None:
+    async with asyncio.timeout(60):  # a hang guard only
+        while not path.exists():
+            await asyncio.sleep(0.01)
+
+
+def test_cells_run_off_the_agent_loop(tmp_path: Path) -> None:
+    started, loop_ran = tmp_path / "started", tmp_path / "loop-ran"
+
     async def body(executor: CodeActExecutor, ctx: Any) -> None:
-        ticks = 0
+        async def answer() -> None:
+            await file_appears(started)
+            loop_ran.touch()
 
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        ticker = asyncio.create_task(tick())
-        await executor.run("import time\ntime.sleep(0.3)")
-        ticker.cancel()
-        assert ticks >= 10  # the agent's loop kept running while the cell blocked its own thread
+        answering = asyncio.create_task(answer())
+        code = f"import pathlib\npathlib.Path({str(started)!r}).touch()\n" + wait_for_file_cell(loop_ran)
+        outcome = await executor.run(code)
+        await answering
+        # the agent's loop ran while the cell blocked its own thread: the cell saw what the loop wrote
+        assert outcome.output == "True\n"
         outcome = await executor.run("import threading\nthreading.current_thread().name")
         assert outcome.output == "'platoon-codeact-cells'\n"
         assert threading.current_thread() is threading.main_thread()
@@ -329,11 +349,19 @@ def test_fixed_budget_launch_has_no_num_steps() -> None:
 # ------------------------------------------------------------------------------------------ timeouts, closing
 
 
-def test_a_timed_out_cell_is_retired_and_its_later_calls_refused() -> None:
+def test_a_timed_out_cell_is_retired_and_its_later_calls_refused(tmp_path: Path) -> None:
+    go, called = tmp_path / "go", tmp_path / "called"
+
     async def body(executor: CodeActExecutor, ctx: Any) -> None:
-        outcome = await executor.run("import time\ntime.sleep(0.6)\nguess(1)", timeout=0.2)
+        # the cell waits for `go`, which comes only after its timeout, then tries a tool call
+        code = (
+            wait_for_file_cell(go)
+            + f"\ntry:\n    guess(1)\nfinally:\n    pathlib.Path({str(called)!r}).touch()"
+        )
+        outcome = await executor.run(code, timeout=0.2)
         assert outcome.timed_out and outcome.error == "Cell timed out after 0.2 s."
-        await asyncio.sleep(0.8)
+        go.touch()
+        await file_appears(called)
         assert ctx.tool_calls == []
 
     run_with(body)

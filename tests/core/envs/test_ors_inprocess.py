@@ -364,16 +364,19 @@ def test_an_env_busy_call_is_not_run_and_does_not_count():
     async def main() -> None:
         session = await opened(queue_timeout_s=0.05)
         lease = session._lease
+        holding, release = asyncio.Event(), asyncio.Event()
 
         async def hold() -> None:
-            await asyncio.sleep(0.3)
+            holding.set()
+            await release.wait()
 
         blocker = asyncio.create_task(lease.gate.run(hold, "exclusive"))
-        await asyncio.sleep(0.01)
+        await holding.wait()  # the env is busy until released, past the call's queue timeout
         busy = await session.call_tool("guess", {"number": 3})
         assert busy.is_error and busy.metadata["error"] == "env_busy"
         assert "does not count" in text(busy)
         assert lease.turns == 0 and session.env.guesses == []
+        release.set()
         await blocker
 
     run(main())
@@ -618,13 +621,17 @@ def test_the_sdks_tool_introspection_is_remembered_per_tool_and_answers_as_the_s
 
 
 class SlowEnv(NoTerminalEnv):
-    """A slow submit, a slow serial tool and a concurrent tool, to watch the gate at work."""
+    """A slow submit, a slow serial tool and a concurrent tool, to watch the gate at work: the slow ones wait
+    until the test sets the instance's `held` event."""
+
+    async def _held(self) -> None:
+        await self.held.wait()  # set by the test on session.env
 
     @tool
     async def work(self, params: Note) -> ToolOutput:
         """Slow serial work."""
         self.state.append(f"+{params.text}")
-        await asyncio.sleep(0.05)
+        await self._held()
         self.state.append(f"-{params.text}")
         return ToolOutput(blocks=[TextBlock(text=params.text)])
 
@@ -638,18 +645,37 @@ class SlowEnv(NoTerminalEnv):
     @tool
     async def submit(self, params: Answer) -> ToolOutput:
         """Submit after a while."""
-        await asyncio.sleep(float(params.answer))
+        self.state.append("submit")
+        await self._held()
         return ToolOutput(blocks=[TextBlock(text="done")], reward=1.0, finished=True)
+
+
+async def until(condition: Any, what: str) -> None:
+    """Let the loop run until `condition()` holds; the timeout is a hang guard."""
+    try:
+        async with asyncio.timeout(60):
+            while not condition():
+                await asyncio.sleep(0.001)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
+
+
+async def held(cls: type, **options: Any) -> InProcessOrsSession:
+    """A session of `cls` whose slow tools wait for `session.env.held`."""
+    session = await opened(cls, **options)
+    session.env.held = asyncio.Event()
+    return session
 
 
 def test_agents_take_turns_and_concurrent_tools_pass_serial_ones():
     async def main() -> None:
-        session = await opened(SlowEnv)
+        session = await held(SlowEnv)
         calls = [session.call_tool("work", {"text": f"a{i}"}, on_behalf_of="a") for i in range(3)]
         calls += [session.call_tool("work", {"text": f"b{i}"}, on_behalf_of="b") for i in range(2)]
         tasks = [asyncio.ensure_future(c) for c in calls]
-        await asyncio.sleep(0.005)
+        await until(lambda: "+a0" in session.env.state, "a0 is admitted")
         assert (await session.call_tool("look", {}, on_behalf_of="c")).as_text() == "seen"
+        session.env.held.set()
         await asyncio.gather(*tasks)
         starts = [s[1:] for s in session.env.state if s.startswith("+")]
         # a1 joined the queue when a0 was admitted, before b0 arrived; from then on the agents alternate.
@@ -661,16 +687,22 @@ def test_agents_take_turns_and_concurrent_tools_pass_serial_ones():
 
 def test_a_grade_waits_for_a_submit_in_flight_or_reports_env_busy():
     async def main() -> None:
-        session = await opened(SlowEnv)
-        submit = asyncio.ensure_future(session.call_tool("submit", {"answer": "0.05"}))
-        await asyncio.sleep(0.005)
-        assert (await session.grade()).reward == 1.0
+        session = await held(SlowEnv)
+        submit = asyncio.ensure_future(session.call_tool("submit", {"answer": "0"}))
+        await until(lambda: "submit" in session.env.state, "the submit runs")
+        grading = asyncio.ensure_future(session.grade())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not grading.done()  # the grade waits behind the submit in flight
+        session.env.held.set()
+        assert (await grading).reward == 1.0
         await submit
-        hurried = await opened(SlowEnv, queue_timeout_s=0.02)
-        slow = asyncio.ensure_future(hurried.call_tool("submit", {"answer": "0.2"}))
-        await asyncio.sleep(0.005)
-        busy = await hurried.grade()
+        hurried = await held(SlowEnv, queue_timeout_s=0.02)
+        slow = asyncio.ensure_future(hurried.call_tool("submit", {"answer": "0"}))
+        await until(lambda: "submit" in hurried.env.state, "the submit runs")
+        busy = await hurried.grade()  # the submit holds the env past the queue timeout
         assert (busy.status, busy.failure_kind) == ("error", "env_busy")
+        hurried.env.held.set()
         await slow
         assert (await hurried.grade()).reward == 1.0
 

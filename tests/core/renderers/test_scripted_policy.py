@@ -6,7 +6,6 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -83,9 +82,7 @@ def test_delay_sleeps_asynchronously():
         await asyncio.gather(one("a"), one("b"))
         return order
 
-    start = time.monotonic()
     assert asyncio.run(both()) == ["b", "a"]  # the delayed first answer did not block the second
-    assert time.monotonic() - start < 1.0
 
 
 def test_script_exhaustion_names_the_call_and_the_prompt_tail():

@@ -6,6 +6,7 @@ start, the provenance refusal, resume, and the refusals that come before anythin
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,10 @@ EMPTY = {"count": 0, "mean": None, "min": None, "max": None}
 
 def test_eval_on_number_search_writes_the_report_field_by_field(workdir, write_config, capsys):
     config = write_config(number_search_eval())
+    started = time.monotonic()
     with serve_policy(binary_search) as policy:
         status, out, err = run(["eval", str(config)], capsys)
+    command_seconds = time.monotonic() - started
     assert status == 0, err
     out_dir = only_dir(workdir / "runs" / "eval" / "platoon-toy")
     assert "platoon: rolling out 2 tasks x 2 on split eval (4 at once)" in err
@@ -82,7 +85,7 @@ def test_eval_on_number_search_writes_the_report_field_by_field(workdir, write_c
     summary = report["summary"]
     assert json.loads(out) == summary  # the summary is what the command prints
     elapsed = summary.pop("elapsed_seconds")
-    assert 0 < elapsed < 120
+    assert 0 < elapsed <= command_seconds  # the evaluation's own time, inside the command's
     assert summary == {
         "total_tasks": 2,
         "tasks_without_valid_rollouts": 0,

@@ -70,7 +70,8 @@ def shape(value: Any) -> Any:
     return None
 
 
-def gone_soon(pids: list[int], seconds: float = 10.0) -> bool:
+def gone_soon(pids: list[int], seconds: float = 60.0) -> bool:
+    """Poll until none of `pids` runs; False after `seconds` (a hang guard, generous for a busy machine)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if not any(is_running(pid, None) for pid in pids):
@@ -264,10 +265,9 @@ def test_a_hanging_rollout_and_a_dying_slot_are_errors_and_their_slots_are_repla
     entry = data["environments"][0]
     entry.update(harness="slot_harnesses:misbehave", harness_options={"dir": str(marks)})
     entry["eval_dataset_kwargs"]["limit"] = 3
-    started = time.monotonic()
+    # val:0 sleeps for an hour: the command returns only because the hard timeout ended that rollout
     status, out, err = run(["eval", str(write_config(data))], capsys)
     assert status == 0, err
-    assert time.monotonic() - started < 60
     assert ("slots start by exec" in caplog.text) == (start == "exec")
     summary = json.loads(out)
     assert (summary["total_rollouts"], summary["errored_rollouts"], summary["valid_rollouts"]) == (3, 2, 1)

@@ -201,6 +201,8 @@ class RolloutWorkers:
         self._trainer = (os.getpid(), ipc.start_time_of(os.getpid()))
         self._host = socket.gethostname()
         self._warned: set[str] = set()
+        #: whether any worker's samples carried routing ids (the service sends them)
+        self._routing_ids_seen = False
         self._closed = False
         #: what fork servers import before forking: the run's packages and services, and those of entries seen since
         self._prepared_packages: dict[str, None] = dict.fromkeys(self.environment_packages)
@@ -674,13 +676,7 @@ class RolloutWorkers:
             coverage = _routing_id_coverage(outcome)
             if coverage is not None:
                 telemetry.set("routing_id_coverage", coverage)
-                if coverage < 1 and "routing" not in self._warned:
-                    self._warned.add("routing")
-                    log.warning(
-                        "routing ids are missing from %.0f%% of a worker's samples: the service sent none, "
-                        "or the response-model patch is not in effect",
-                        100 * (1 - coverage),
-                    )
+                self._check_routing_ids(coverage)
             return outcome
         diag = ipc.read_diag(live.files["diag"])
         phase = diag.get("phase")
@@ -703,6 +699,20 @@ class RolloutWorkers:
         outcome = MemberOutcome.missing(disposition, version=version, error=error)
         outcome.telemetry.update(counters)
         return outcome
+
+    def _check_routing_ids(self, coverage: float) -> None:
+        """Warn once when routing ids get lost: some of a worker's samples have one and others not, or a service
+        seen sending them sent a worker none. A service that sends none at all (the local server, which has no
+        expert routing to replay) is not warned about; `rollout_worker_routing_id_coverage` records it."""
+        if coverage > 0:
+            self._routing_ids_seen = True
+        if coverage < 1 and self._routing_ids_seen and "routing" not in self._warned:
+            self._warned.add("routing")
+            log.warning(
+                "platoon: routing ids are missing from %.0f%% of a rollout worker's samples though the service "
+                "sends them; the response-model patch may not be in effect in that worker",
+                100 * (1 - coverage),
+            )
 
     def _warn_once_from(self, response: ipc.WorkerResponse) -> None:
         notes = response.notes

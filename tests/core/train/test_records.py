@@ -531,14 +531,20 @@ def test_jsonl_readers_skip_bad_lines(tmp_path: Path) -> None:
     assert read_jsonl(path) == [{"a": 1}, {"b": 2}]
 
 
-def test_appenders_terminate_a_cut_off_line(tmp_path: Path) -> None:
+def test_appenders_cut_off_a_cut_off_line_and_keep_it_aside(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "sub" / "x.jsonl"
     append_jsonl(path, {"a": 1})
     with open(path, "ab") as handle:
         handle.write(b'{"cut": ')  # a crash mid-write
     append_jsonl(path, {"b": Path("/p")})
-    assert path.read_bytes() == b'{"a": 1}\n{"cut": \n{"b": "/p"}\n'
-    assert read_jsonl(path) == [{"a": 1}, {"b": "/p"}]
+    assert path.read_bytes() == b'{"a": 1}\n{"b": "/p"}\n'  # every line parses
+    assert (tmp_path / "sub" / "x.jsonl.torn").read_bytes() == b'{"cut": \n'
+    assert f"{path} ended in a cut-off row (8 bytes" in capsys.readouterr().err
+    # a whole row that only lost its newline is kept
+    with open(path, "ab") as handle:
+        handle.write(b'{"whole": true}')
+    append_jsonl(path, {"after": 1})
+    assert read_jsonl(path) == [{"a": 1}, {"b": "/p"}, {"whole": True}, {"after": 1}]
     append_jsonl(path, {"c": "é"})
     assert read_jsonl(path)[-1] == {"c": "é"}
 

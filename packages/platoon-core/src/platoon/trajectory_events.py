@@ -9,6 +9,7 @@ rollout's `trajectory_collection.json`, `platoon rollout` under its run dir.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -94,6 +95,11 @@ def write_events(
     path = directory / event_file_name(task_id, collection.id)
     temporary = directory / f".{path.name}.{os.getpid()}.tmp"
     text = "".join(json.dumps(event, default=str) + "\n" for event in events_of(collection))
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()  # a full disk leaves no half-written file behind
+        raise
     return path

@@ -164,7 +164,7 @@ def _validate_one(
 ) -> bool:
     """Print one file's verdict; returns whether it failed."""
     from platoon.config import load_config
-    from platoon.config.checks import component_problems, run_problems
+    from platoon.config.checks import component_problems, output_problems, run_problems
 
     try:
         loaded = load_config(path, overrides, kind=kind, schema=schema)
@@ -176,6 +176,8 @@ def _validate_one(
     problems: list[str] = []
     if loaded.config is not None:
         problems += run_problems(loaded.config, kind=loaded.kind)
+        site_runs = loaded.site.runs if loaded.site is not None else None
+        problems += output_problems(loaded.config, kind=loaded.kind, site_runs=site_runs)
         report_only = getattr(loaded.config, "stage", None) == "report"
         if resolve and not report_only:
             problems += component_problems(loaded.config)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from platoon.cli.output import err
-from platoon.errors import EX_CONFIG
+from platoon.errors import EX_CONFIG, ConfigError
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -83,6 +83,9 @@ def _supervised(resolved: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig) ->
     stats = resolved.stats
     run_dir = Path(os.path.abspath(resolved.log_path)) / stats.experiment_name / stats.trial_name
     # Refused (78) before anything is written; the child starts find this process as their parent and go on.
+    problem = records.writable_dir_problem(run_dir, key="log_path")
+    if problem is not None:
+        raise ConfigError(problem)
     records.check_run_dir_free(run_dir)
     records.write_resolved_config(run_dir, loaded)
     records.write_lock(run_dir, loaded, [])

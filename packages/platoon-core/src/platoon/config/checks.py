@@ -1,5 +1,5 @@
 """The checks a run makes on a loaded config beyond its schema: mixture rules, rollouts that could never train,
-and every component the entries name resolving (core.md 3.8, 4.7, 4.9).
+every component the entries name resolving, and a writable place for the run's records (core.md 3.8, 4.7, 4.9).
 
 `platoon config validate` reports these so that it refuses what a run would refuse, before any run starts.
 """
@@ -7,7 +7,9 @@ and every component the entries name resolving (core.md 3.8, 4.7, 4.9).
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from platoon.errors import ExtensionError
@@ -34,6 +36,29 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
 
         problems += training_problems(config)
     return problems
+
+
+def output_problems(config: Any, *, kind: str, site_runs: str | os.PathLike[str] | None = None) -> list[str]:
+    """Whether the run could write its records: a training run's `log_path/<experiment>/<trial>`, an evaluation's
+    `inference.output_dir` (unset: `<runs>/eval`, the site profile's runs or `./runs`). A file where a directory
+    goes, a read-only mount or a full disk is one line, which the run refuses (78) before writing anything."""
+    from platoon.train.tinker.records import writable_dir_problem
+
+    if kind == "train" and getattr(config, "log_path", None) is not None:
+        stats = config.stats
+        target = Path(os.path.abspath(config.log_path)) / stats.experiment_name / stats.trial_name
+        key = "log_path"
+    elif kind == "eval" and getattr(config, "inference", None) is not None:
+        explicit = config.inference.output_dir
+        if explicit:
+            target = Path(os.path.abspath(os.path.expanduser(explicit)))
+        else:
+            target = Path(site_runs if site_runs is not None else os.path.abspath("runs")) / "eval"
+        key = "inference.output_dir"
+    else:
+        return []
+    problem = writable_dir_problem(target, key=key)
+    return [problem] if problem is not None else []
 
 
 def _references(entry: Any) -> Iterator[tuple[str, str, Callable[[str], Any]]]:

@@ -189,6 +189,8 @@ async def run_adhoc_rollout(
     if problems:
         raise ConfigError(problems)
     run_dir = run_dir_for(loaded, options, now=now)
+    if (unwritable := records.writable_dir_problem(run_dir, key="--output-dir")) is not None:
+        raise ConfigError(unwritable)
     check_output_dir_free(run_dir, key="--output-dir", way_out="stop that run, or give another --output-dir")
     item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent)
 

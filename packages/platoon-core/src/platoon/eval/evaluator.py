@@ -543,6 +543,8 @@ async def evaluate(
     for warning in ignored_output_dir_lines(loaded):
         say(warning)
     choice = choose_output_dir(config, loaded, spec, now=now)
+    if (unwritable := records.writable_dir_problem(choice.path, key="inference.output_dir")) is not None:
+        raise ConfigError(unwritable)
     if not choice.fresh:
         check_output_dir_free(choice.path)
         refusal = provenance_mismatch(choice.path, spec.provenance())

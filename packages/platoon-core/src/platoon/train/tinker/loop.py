@@ -681,3 +681,4 @@ class Trainer:
             f"step {done}/{self.end_batch}: {reward_text}{'' if applied else ' (no update)'}; "
             f"{metrics['timing/batch_total']:.1f} s"
         )
+            self._files.raise_if_out_of_space()  # a full disk stops the run here, at the step boundary

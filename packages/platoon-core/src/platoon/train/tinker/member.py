@@ -9,6 +9,7 @@ output directory, and classifies the result. Conversion to datums and credit hap
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import time
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from platoon.trajectory import TrajectoryCollection
 
 __all__ = ["FileWriter", "MemberOutcome", "MemberRequest", "outcome_status", "run_member"]
+
+#: a full disk or an exhausted quota (records.NO_SPACE_ERRNOS, without importing the records module here)
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 log = logging.getLogger("platoon.train")
 
@@ -121,8 +125,10 @@ def _reward_key(collection: TrajectoryCollection) -> str | None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    from platoon.train.tinker.records import write_bytes_atomic
+
+    # Atomic: a full disk leaves no half record that a resumed evaluation would stumble on.
+    write_bytes_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8"))
 
 
 def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
@@ -139,6 +145,8 @@ def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
         try:
             write_events(outcome.collection, where, task_id=request.task_id)
         except OSError as exc:  # the viewer's copy: a failure to write it only warns
+            if exc.errno in NO_SPACE_ERRNOS:
+                raise  # a full disk is the trainer's to report, once (FileWriter)
             log.warning("writing the event file of %s failed: %s", request.task_id, exc)
     if not request.record:
         return
@@ -168,9 +176,30 @@ class FileWriter:
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="platoon-rollout-files")
+        #: the first write a full disk refused; the trainer stops at the step boundary on it, with one line
+        self.out_of_space: OSError | None = None
 
     def submit(self, request: MemberRequest, outcome: MemberOutcome) -> None:
-        self._pool.submit(_write_quietly, request, outcome)
+        self._pool.submit(self._write, request, outcome)
+
+    def _write(self, request: MemberRequest, outcome: MemberOutcome) -> None:
+        try:
+            write_member_files(request, outcome)
+        except OSError as exc:
+            if exc.errno not in NO_SPACE_ERRNOS:
+                log.warning("writing the rollout files of %s failed: %s", request.task_id, exc)
+            elif self.out_of_space is None:
+                if exc.filename is None:
+                    exc.filename = request.output_dir  # a failed write() names no file: name where it went
+                self.out_of_space = exc
+
+    def raise_if_out_of_space(self) -> None:
+        """Raise the one-line RunDirWriteError of the first write a full disk refused, if one did."""
+        from platoon.train.tinker.records import RunDirWriteError
+
+        exc = self.out_of_space
+        if exc is not None:
+            raise RunDirWriteError(exc.filename or "a rollout file", exc)
 
     async def drain(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, wait=True)

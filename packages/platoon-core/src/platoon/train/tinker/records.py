@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
+import errno
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from platoon._version import running_version
-from platoon.errors import ConfigError
+from platoon.errors import ConfigError, PlatoonError
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -34,12 +35,15 @@ if TYPE_CHECKING:
 __all__ = [
     "IDENTITY_FILE",
     "LOCK_FILE",
+    "NO_SPACE_ERRNOS",
     "PROCESS_FILE",
     "RESOLVED_CONFIG_FILE",
     "IdentityRecord",
     "ProcessRecord",
     "RunDirInUse",
+    "RunDirWriteError",
     "append_jsonl",
+    "append_jsonl_rows",
     "build_lock",
     "check_identity",
     "check_name_collision",
@@ -52,11 +56,15 @@ __all__ = [
     "read_lock",
     "read_process",
     "refuse_resume",
+    "repair_jsonl",
+    "replace_jsonl_rows",
     "run_dir_of",
     "settle_identity",
     "snapshot_data",
     "update_lock",
     "update_process",
+    "writable_dir_problem",
+    "write_bytes_atomic",
     "write_identity",
     "write_json_atomic",
     "write_lock",
@@ -103,16 +111,93 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+#: the errors of a full disk or an exhausted quota
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class RunDirWriteError(PlatoonError, OSError):
+    """A run's record could not be written (a full disk, a read-only remount): one line, exit 1.
+
+    Also an OSError carrying the cause's errno, so code that tolerates a failed write (a viewer's copy) still does.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], cause: OSError) -> None:
+        if cause.errno in NO_SPACE_ERRNOS:
+            why, fix = "no space left on its disk", "free space there"
+        elif cause.errno == errno.EROFS:
+            why, fix = "its file system is read-only", "make it writable"
+        else:
+            why, fix = (cause.strerror or str(cause)).lower(), "fix that"
+        self.message = (
+            f"could not write {path}: {why}; {fix} and run the same command again (a training run resumes from its "
+            "last checkpoint)"
+        )
+        super().__init__(self.message)
+        self.errno = cause.errno
+        self.filename = os.fspath(path)
+
+    def __str__(self) -> str:
+        return self.message  # not OSError's "[Errno n] ..." rendering: this is the line the user reads
+
+
+def writable_dir_problem(target: str | os.PathLike[str], *, key: str) -> str | None:
+    """Why a run could not create and write `target` (the directory it writes its records under), as one line
+    naming `key`; None when it can. Writes nothing that stays: the probe is an unnamed temporary file."""
+    import tempfile
+
+    wanted = Path(os.path.abspath(os.path.expanduser(target)))
+    existing = wanted
+    try:
+        while not os.path.lexists(existing) and existing != existing.parent:
+            existing = existing.parent
+        is_dir = existing.is_dir()
+    except OSError as exc:
+        return f"{key}: {existing} cannot be looked at ({(exc.strerror or str(exc)).lower()}); set {key} elsewhere"
+    if not is_dir:
+        what = "a broken symbolic link" if existing.is_symlink() and not existing.exists() else "a file"
+        where = "" if existing == wanted else f", so {wanted} cannot be created"
+        return f"{key}: {existing} is {what}, not a directory{where}; set {key} to a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing) as probe:
+            probe.write(b"\n")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            why = "is on a read-only file system"
+        elif exc.errno in (errno.EACCES, errno.EPERM):
+            why = "is not writable by this user"
+        elif exc.errno in NO_SPACE_ERRNOS:
+            why = "is on a disk with no space left"
+        else:
+            why = f"cannot be written ({(exc.strerror or str(exc)).lower()})"
+        return f"{key}: {existing} {why}; set {key} to a writable directory"
+    return None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Indented, newline-terminated JSON, replaced atomically through `.<name>.partial` beside it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
+    """Indented, newline-terminated JSON, replaced atomically through `.<name>.partial` beside it (fsynced first,
+    so a crash leaves the old file or the new one). A failed write removes the partial file and raises
+    RunDirWriteError."""
     text = json.dumps(data, indent=2, ensure_ascii=False, default=_json_default) + "\n"
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, content: bytes) -> None:
+    """Replace `path` with `content` through `.<name>.partial` beside it, fsynced first: a crash leaves the old
+    file or the new one. A failed write removes the partial file and raises RunDirWriteError."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise RunDirWriteError(path, exc) from None
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -125,10 +210,11 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The object lines of a JSONL file; unparsable and non-object lines (a cut-off last line) are skipped."""
+    """The object lines of a JSONL file; unparsable and non-object lines (a cut-off last line) are skipped, and so
+    is a file that cannot be read (records are advisory)."""
     try:
         raw = Path(path).read_bytes()
-    except FileNotFoundError:
+    except OSError:
         return []
     rows: list[dict[str, Any]] = []
     for line in raw.split(b"\n"):
@@ -143,21 +229,131 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def append_jsonl(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
-    """Append one JSON line; a cut-off last line (a crash mid-write) is terminated first so this one parses."""
+def _is_row(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line.decode("utf-8")), dict)
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+def torn_path(path: str | os.PathLike[str]) -> Path:
+    """Where a JSONL file's cut-off last line is moved: `<name>.torn` beside it."""
     target = Path(path)
-    line = json.dumps(dict(record), ensure_ascii=False, default=_json_default).encode("utf-8") + b"\n"
+    return target.with_name(f"{target.name}.torn")
+
+
+def _line_start(fd: int, size: int) -> int:
+    """The offset just after the file's last newline (0 when it has none): where a cut-off last line begins."""
+    end = size
+    while end > 0:
+        begin = max(0, end - 65536)
+        chunk = os.pread(fd, end - begin, begin)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            return begin + newline + 1
+        end = begin
+    return 0
+
+
+def _settle_tail(fd: int, path: Path) -> int:
+    """Make the file end at a whole line; returns its size after. A last line without its newline that holds a
+    whole row is terminated; one that does not (a writer died mid-line) is cut off and moved to `<name>.torn`,
+    with a one-line warning, so the file stays parsable line by line."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    start = _line_start(fd, size)
+    tail = os.pread(fd, size - start, start)
+    if _is_row(tail):
+        _write_all(fd, b"\n")
+        return size + 1
+    kept = "kept"
+    try:
+        with open(torn_path(path), "ab") as aside:
+            aside.write(tail + b"\n")
+    except OSError:
+        kept = "not kept (it could not be written)"
+    os.ftruncate(fd, start)
+    print(
+        f"platoon: {path} ended in a cut-off row ({len(tail)} bytes, from a write that never finished); cut it off "
+        f"so the file parses, {kept} in {torn_path(path).name}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return start
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def repair_jsonl(path: str | os.PathLike[str]) -> None:
+    """Cut a cut-off last line off a JSONL file (see `append_jsonl`); nothing when the file is whole or missing."""
+    target = Path(path)
     with _io_lock:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line
-            os.write(fd, line)
-            os.fsync(fd)
+            fd = os.open(target, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise RunDirWriteError(target, exc) from None
+        try:
+            _settle_tail(fd, target)
+        except OSError as exc:
+            raise RunDirWriteError(target, exc) from None
         finally:
             os.close(fd)
+
+
+def append_jsonl(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
+    """Append one JSON line, whole or not at all (see `append_jsonl_rows`)."""
+    append_jsonl_rows(path, [record])
+
+
+def append_jsonl_rows(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> None:
+    """Append JSON lines in one write, whole or not at all, and fsync them.
+
+    A cut-off last line a dead writer left is cut off first (moved to `<name>.torn`, with a warning), so the file
+    parses line by line; a write that fails (a full disk) is rolled back to the file's previous end and raises
+    RunDirWriteError (one line, exit 1).
+    """
+    target = Path(path)
+    lines = b"".join(
+        json.dumps(dict(record), ensure_ascii=False, default=_json_default).encode("utf-8") + b"\n"
+        for record in records
+    )
+    with _io_lock:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise RunDirWriteError(target, exc) from None
+        size = None
+        try:
+            size = _settle_tail(fd, target)
+            _write_all(fd, lines)
+            os.fsync(fd)
+        except OSError as exc:
+            if size is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)  # no half line stays behind
+            raise RunDirWriteError(target, exc) from None
+        finally:
+            os.close(fd)
+
+
+def replace_jsonl_rows(
+    path: str | os.PathLike[str], head: bytes, records: Iterable[Mapping[str, Any]]
+) -> None:
+    """Replace a JSONL file atomically with `head` (whole lines, as read) followed by `records`."""
+    lines = b"".join(
+        json.dumps(dict(record), ensure_ascii=False, default=_json_default).encode("utf-8") + b"\n"
+        for record in records
+    )
+    with _io_lock:
+        write_bytes_atomic(Path(path), head + lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,10 +420,7 @@ def write_resolved_config(
     body = yaml.safe_dump(
         snapshot_data(loaded, cwd=cwd), sort_keys=False, allow_unicode=True, default_flow_style=False
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_text("\n".join(header) + "\n" + body, encoding="utf-8")
-    os.replace(partial, target)
+    write_bytes_atomic(target, ("\n".join(header) + "\n" + body).encode("utf-8"))
     return target
 
 

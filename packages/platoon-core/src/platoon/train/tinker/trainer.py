@@ -195,7 +195,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     A run dir whose `checkpoints.jsonl` has a resumable row resumes from it: its identity is checked (a changed
     model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
     """
-    from platoon.config.checks import component_problems
+    from platoon.config.checks import component_problems, output_problems
     from platoon.gateway.core import sample_timeout_with_source
     from platoon.testing.episode import resolve_service
     from platoon.train.tinker import records
@@ -210,6 +210,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     # Every component the config names resolves before anything is written or started (core.md 3.3, step 8).
     problems = training_problems(config) + _batch_problems(config) + component_problems(config)
     if problems:
+    problems += output_problems(config, kind="train")  # a file or read-only mount at log_path: one line, 78
         raise ConfigError(problems)
     api_key = check_tinker_key(config.tinker_base_url)
     if (problem := wandb_key_problem(config)) is not None:

@@ -178,7 +178,9 @@ class Trainer:
             service.create_rest_client,
         )
         resume_run_id = self.resume.row.wandb_run_id if self.resume is not None else None
-        self.metrics = MetricsLog(self.run_dir, self.config, resume_run_id=resume_run_id)
+        self.metrics = MetricsLog(
+            self.run_dir, self.config, resume_run_id=resume_run_id, start_step=self.start_batch
+        )
         if self.workflow_config.rollout_isolation == "process":
             self._workers = await self._start_workers()
         # Launch checkpoint: the first sampler samples the saved starting (or resumed) weights (train.md 2.12).
@@ -648,10 +650,6 @@ class Trainer:
 
         if applied:
             self.version += 1
-            # Cadences count the steps completed since this start began (train.md 2.12).
-            kind = checkpoint_due(
-                done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
-            )
             if kind is not None:
                 sampler = await self._save(kind, done, before_record=log_step)
             else:
@@ -682,3 +680,11 @@ class Trainer:
             f"{metrics['timing/batch_total']:.1f} s"
         )
             self._files.raise_if_out_of_space()  # a full disk stops the run here, at the step boundary
+        # Cadences count the steps completed since this start began (train.md 2.12).
+        kind = checkpoint_due(
+            done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
+        )
+            if kind is not None:
+                # Saved anyway (the weights are the last step's, the policy stays as it is): skipping a due
+                # checkpoint would leave the resume point behind and widen what a crash loses.
+                await self._save(kind, done, before_record=log_step)

@@ -5,10 +5,17 @@ The W&B project defaults to the experiment name, the run name to the trial name 
 `<experiment>_<trial>` (config_defs fills them); the full config is logged. A resumed run continues its W&B run
 (`resume="must"`) by the id its checkpoint rows carry. Without the `wandb` package installed the run goes on with
 `metrics.jsonl` alone and says so once.
+
+`metrics.jsonl` holds one history: a start moves the rows of steps after its start step (logged by a start that
+ended before a checkpoint kept them, so this start redoes those steps) to `metrics_superseded.jsonl`, and cuts off a
+row a dead writer left half-written, so every line parses and a plot of the file shows each step once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
+import json
 import logging
 import os
 import sys
@@ -20,11 +27,89 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
 
-__all__ = ["METRICS_FILE", "MetricsLog", "wandb_key_problem"]
+__all__ = ["METRICS_FILE", "SUPERSEDED_FILE", "MetricsLog", "supersede_redone_steps", "wandb_key_problem"]
 
 log = logging.getLogger("platoon.train")
 
 METRICS_FILE = "metrics.jsonl"
+#: where the rows of steps a later start redid go
+SUPERSEDED_FILE = "metrics_superseded.jsonl"
+
+
+def _step_of(row: Mapping[str, Any], key: str = "step") -> int | None:
+    value = row.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse_row(line: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> int:
+    """Before a start logs anything: cut off a half-written last row, then move the rows this start will log again
+    out of `metrics.jsonl` into `metrics_superseded.jsonl`; returns how many rows moved.
+
+    A row is redone when its `step` is after `start_step`, except an evaluation of a step at or before it (the policy
+    it measured is the one this start resumes). Rows are in step order, so only the tail after the last training row
+    at or before `start_step` is read row by row; `metrics.jsonl` is replaced atomically.
+    """
+    from platoon.train.tinker.records import (
+        append_jsonl_rows,
+        repair_jsonl,
+        replace_jsonl_rows,
+        torn_path,
+    )
+
+    path = Path(run_dir) / METRICS_FILE
+    repair_jsonl(path)
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError:
+        return 0  # no metrics yet (or unreadable: the first append says why)
+    tail_from = len(lines)
+    for index in range(len(lines) - 1, -1, -1):
+        row = _parse_row(lines[index])
+        step = _step_of(row) if row is not None else None
+        if row is not None and "eval/step" not in row and step is not None and step <= start_step:
+            break
+        tail_from = index
+    kept: list[dict[str, Any]] = []
+    moved: list[dict[str, Any]] = []
+    torn: list[bytes] = []
+    for line in lines[tail_from:]:
+        if not line.strip():
+            continue
+        row = _parse_row(line)
+        if row is None:
+            torn.append(line)  # a cut-off row an older platoon terminated: not a row anyone can plot
+            continue
+        step, evaluated = _step_of(row), _step_of(row, "eval/step")
+        redone = step is not None and step > start_step and (evaluated is None or evaluated > start_step)
+        (moved if redone else kept).append(row)
+    if not moved and not torn:
+        return 0
+    if moved:
+        when = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        marker = {"superseded_by_start_at_step": start_step, "superseded_at": when}
+        append_jsonl_rows(Path(run_dir) / SUPERSEDED_FILE, [{**row, **marker} for row in moved])
+    if torn:
+        with contextlib.suppress(OSError), open(torn_path(path), "ab") as aside:
+            aside.write(b"".join(line + b"\n" for line in torn))
+    head = b"".join(line + b"\n" for line in lines[:tail_from])
+    replace_jsonl_rows(path, head, kept)
+    if moved:
+        steps = sorted({_step_of(row) or 0 for row in moved})
+        print(
+            f"platoon: {path.name}: this start redoes steps after {start_step}, so the {len(moved)} row(s) an "
+            f"earlier start logged for steps {steps[0]}..{steps[-1]} moved to {SUPERSEDED_FILE}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return len(moved)
 
 
 def wandb_key_problem(
@@ -56,7 +141,8 @@ def wandb_key_problem(
 
 class MetricsLog:
     """Append one row per logged step to `metrics.jsonl` (and to W&B); `time/elapsed_seconds` and `time/step`
-    are added to every training row."""
+    are added to every training row. Opening it for a start at `start_step` supersedes the rows of the steps this
+    start redoes (`supersede_redone_steps`)."""
 
     def __init__(
         self,
@@ -64,8 +150,10 @@ class MetricsLog:
         config: PlatoonTinkerRLTrainerConfig,
         *,
         resume_run_id: str | None = None,
+        start_step: int = 0,
     ) -> None:
         self.path = Path(run_dir) / METRICS_FILE
+        supersede_redone_steps(run_dir, start_step)
         self._started = time.monotonic()
         self._last_step_time = self._started
         self._wandb_run: Any = None

@@ -2,6 +2,8 @@
 
 `start_local_server_process` is what `TINKER_BASE_URL=local` starts (core.md 8.7); `serve_foreground` is
 `platoon tinker serve`. The child prints its base URL as its first stdout line and exits when its stdin closes.
+It runs in a session of its own, so a Ctrl-C at the terminal reaches the command (which stops at its own pace and
+then stops the server) and never the server first.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -21,6 +24,8 @@ from platoon.testing.local_server import DEFAULT_MODEL, LocalTinkerServer, requi
 
 #: seconds the parent waits for the child's base URL (importing torch and transformers takes a while)
 START_TIMEOUT = 180.0
+#: how often a start looks whether its caller asked to stop
+_STOP_POLL_SECONDS = 0.2
 
 
 def default_state_dir() -> Path:
@@ -32,13 +37,24 @@ def default_state_dir() -> Path:
     return root / "local-tinker"
 
 
+class StartAbandoned(PlatoonError):
+    """The caller asked to stop while the local server was still starting; the child is stopped."""
+
+
 def start_local_server_process(
     *,
     model: str = DEFAULT_MODEL,
     state_dir: str | os.PathLike[str] | None = None,
     timeout: float = START_TIMEOUT,
+    on_exit: Callable[[int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[str, Callable[[], None]]:
-    """Start the server in a child process; returns its base URL and a `stop()` that ends it and waits."""
+    """Start the server in a child process; returns its base URL and a `stop()` that ends it and waits.
+
+    `on_exit(returncode)` is called (from a watcher thread) as soon as the child exits without `stop()` having
+    asked it to (killed, crashed). `should_stop()` is polled while the child starts: when it says so, the child is
+    stopped and `StartAbandoned` raised.
+    """
     require_torch()  # the one-line error here, not a child's traceback
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
     command = [
@@ -51,13 +67,19 @@ def start_local_server_process(
         str(directory),
         "--exit-on-stdin-eof",
     ]
-    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # Its own session: the terminal's SIGINT (Ctrl-C) goes to the foreground process group, and the server must
+    # outlive the command's stop at the next step boundary, which still saves through it.
+    child = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert child.stdout is not None
     stdout = child.stdout
     threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    stopping = threading.Event()
 
     def stop() -> None:
+        stopping.set()
         if child.poll() is None:
             # closing stdin asks for a clean stop; SIGTERM and SIGKILL follow if it does not come
             if child.stdin is not None:
@@ -73,15 +95,33 @@ def start_local_server_process(
                     child.wait()
         stdout.close()
 
-    try:
-        line = lines.get(timeout=timeout).strip()
-    except queue.Empty:
-        stop()
-        raise PlatoonError(f"the local Tinker server did not start within {timeout:.0f} s") from None
+    deadline = time.monotonic() + timeout
+    line: str | None = None
+    while line is None:
+        if should_stop is not None and should_stop():
+            child.terminate()  # still importing: it would notice its stdin closing only once it serves
+            stop()
+            raise StartAbandoned("stopped while the local Tinker server was starting")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            stop()
+            raise PlatoonError(f"the local Tinker server did not start within {timeout:.0f} s")
+        try:
+            line = lines.get(timeout=min(left, _STOP_POLL_SECONDS)).strip()
+        except queue.Empty:
+            continue
     if not line.startswith("http://"):
         code = child.wait()
         stop()
         raise PlatoonError(f"the local Tinker server failed to start (exit {code}; its error is above)")
+
+    def watch() -> None:
+        code = child.wait()
+        if not stopping.is_set() and on_exit is not None:
+            on_exit(code)
+
+    if on_exit is not None:
+        threading.Thread(target=watch, name="platoon-local-server-watch", daemon=True).start()
     return line, stop
 
 

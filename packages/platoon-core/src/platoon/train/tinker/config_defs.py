@@ -246,6 +246,11 @@ class TrainConfig(ConfigModel):
         5400.0, gt=0, description="bound on one forward-backward call"
     )
     optim_step_timeout_seconds: Float = Field(300.0, gt=0, description="bound on one optimizer step")
+    service_unreachable_seconds: Float = Field(
+        300.0,
+        gt=0,
+        description="how long the Tinker service may not answer before the run stops (exit 1, resumable)",
+    )
 
     @field_validator("rollout_group_limits")
     @classmethod

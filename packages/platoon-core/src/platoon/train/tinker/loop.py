@@ -32,21 +32,45 @@ if TYPE_CHECKING:
     from platoon.train.tinker.checkpoints import ResumePoint
     from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.task_order import TaskOrder
+    from platoon.train.tinker.watchdog import ServiceMonitor
 
-__all__ = ["EXIT_STOPPED", "Trainer"]
+__all__ = ["EXIT_SERVICE_LOST", "EXIT_STOPPED", "Trainer", "stopped_before_training"]
 
 log = logging.getLogger("platoon.train")
 
 #: the exit status of a start stopped at a step boundary on request
 EXIT_STOPPED = 130
+#: the exit status of a start whose training service died or stopped answering (a runtime failure; resumable)
+EXIT_SERVICE_LOST = 1
 #: how often a step waiting for groups looks whether a stop was requested
 _STOP_POLL_SECONDS = 0.5
 #: how long the end of a run waits for an in-flight pruning pass
 _PRUNE_DRAIN_SECONDS = 30.0
 
 
+def _unreachable(exc: BaseException, name: str) -> str | None:
+    """Why `exc` says the service could not be reached (the SDK's connection or timeout error, raised once its own
+    retries gave up), else None."""
+    import tinker
+
+    seen: BaseException | None = exc
+    for _ in range(10):  # the error, its cause, its cause's cause...
+        if seen is None:
+            break
+        if isinstance(seen, tinker.APIConnectionError):  # APITimeoutError is one too
+            return f"{name} could not be reached ({type(seen).__name__}: {seen})"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class _Stopped(Exception):
     """A stop was requested before the current batch applied an update: the batch is abandoned."""
+
+
+def stopped_before_training(step: int) -> int:
+    """A stop requested before this start trained anything (nothing to save): its line and exit status."""
+    say(f"stopped at step {step} as asked; resume with the same command")
+    return EXIT_STOPPED
 
 
 class Trainer:
@@ -67,11 +91,12 @@ class Trainer:
         batches_per_epoch: int,
         sample_timeout_seconds: float,
         renderer: Any,
+        service_monitor: ServiceMonitor | None = None,
     ) -> None:
         from platoon.train.tinker.batch_stats import BatchStats
         from platoon.train.tinker.checkpoints import CheckpointLog
         from platoon.train.tinker.config_defs import DEFAULT_LABEL_COLUMN
-        from platoon.train.tinker.watchdog import Watchdog
+        from platoon.train.tinker.watchdog import ServiceMonitor, Watchdog
 
         self.config = config
         self.order = order
@@ -107,10 +132,16 @@ class Trainer:
         self.optimizer_steps = resume.optimizer_steps if resume is not None else 0
         self.train_step = self.start_batch
         self.stats = BatchStats(label_column=train.label_column, default_column=DEFAULT_LABEL_COLUMN)
+        #: whether the service still answers: the local server's death, else health probes
+        self.service_monitor = service_monitor or ServiceMonitor(
+            f"the Tinker service at {base_url or 'the SDK default URL'}",
+            unreachable_seconds=train.service_unreachable_seconds,
+        )
         self.watchdog = Watchdog(
             timeout_seconds=config.watchdog.timeout_seconds,
             exit_code=config.watchdog.exit_code,
             enabled=config.watchdog.enabled,
+            answering=self.service_monitor.answering,
         )
         self._tasks: dict[tuple[str, str], Task] = {}
         self._progress = asyncio.Condition()  # notified at every step boundary (feeder, eval waits)
@@ -132,7 +163,60 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------- open
 
     async def run(self) -> int:
-        """Train to `end_batch`; returns 0, or 130 when stopped at a step boundary on request."""
+        """Train to `end_batch`; returns 0, 130 when stopped at a step boundary on request, or 1 when the service
+        died or stopped answering (said in one line; the step in progress is redone on resume)."""
+        from platoon.train.tinker.supervisor import stop_requested
+        from platoon.train.tinker.watchdog import quiet_sdk_connection_noise
+
+        if stop_requested():  # asked before any service opened: nothing to save, nothing to train
+            return stopped_before_training(self.start_batch)
+        quiet_sdk_connection_noise()  # the monitor says it in one line when the service does not answer
+        monitor = asyncio.ensure_future(self.service_monitor.run(self._probe))
+        training = asyncio.ensure_future(self._train())
+        try:
+            await asyncio.wait({training, monitor}, return_when=asyncio.FIRST_COMPLETED)
+            if not training.done():
+                training.cancel()
+                # whatever the cancelled step awaited may fail on its way out: the lost service says why
+                await asyncio.gather(training, return_exceptions=True)
+                return self._service_lost(self.service_monitor.lost or monitor.result())
+            try:
+                return training.result()
+            except Exception as exc:
+                reason = self.service_monitor.lost or _unreachable(exc, self.service_monitor.name)
+                if reason is None:
+                    raise
+                return self._service_lost(reason)
+        finally:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+            probe = getattr(self, "_probe_client", None)
+            if probe is not None:
+                with contextlib.suppress(Exception):
+                    await probe.close()
+
+    def _service_lost(self, reason: str) -> int:
+        """The one line of a start that stops because its service is gone; its checkpoints and metrics stay."""
+        say(
+            f"{reason}: stopped at step {self.train_step}; the step in progress is redone when the same command "
+            "starts again"
+        )
+        return EXIT_SERVICE_LOST
+
+    async def _probe(self) -> None:
+        """One health probe of the service (its unauthenticated health route), no retries of its own."""
+        # The SDK's own HTTP client (what its ServiceClient builds): the same default URL, headers and proxies.
+        from tinker._client import AsyncTinker
+
+        client = getattr(self, "_probe_client", None)
+        if client is None:
+            kwargs: dict[str, Any] = {"api_key": self.api_key, "max_retries": 0}
+            if self.base_url is not None:
+                kwargs["base_url"] = self.base_url
+            client = self._probe_client = AsyncTinker(**kwargs)
+        await client.service.health_check(timeout=10)
+
+    async def _train(self) -> int:
         from platoon.train.tinker.watchdog import at_hard_exit
 
         forget: list[Callable[[], None]] = []
@@ -253,6 +337,8 @@ class Trainer:
     async def _close(self) -> None:
         """Whatever `_open` got to: a start that failed half-way leaves no worker and no session behind."""
         if self._prune_task is not None and not self._prune_task.done():
+            if self.service_monitor.lost is not None:
+                self._prune_task.cancel()  # its deletes would only wait on a service that is gone
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._prune_task, _PRUNE_DRAIN_SECONDS)
         if self._workers is not None:
@@ -467,12 +553,12 @@ class Trainer:
         )
         try:
             for step in range(self.start_batch, self.end_batch):
+                if stop_requested():  # asked between two steps (or while the service opened): no new step
+                    return await self._stop(step)
                 try:
                     await self._step(step)
                 except _Stopped:
                     return await self._stop(step)
-                if stop_requested() and step + 1 < self.end_batch:
-                    return await self._stop(step + 1)
             await self._save("final", self.end_batch)
             if evaluating:
                 await self._wait_for_evaluation(self.end_batch)
@@ -645,9 +731,14 @@ class Trainer:
             metrics["timing/groups_wait"] = waited["groups"]
             metrics["timing/service_wait"] = waited["service"] + update_seconds
             metrics.update(self.pruner.metrics())
+            self._files.raise_if_out_of_space()  # a full disk stops the run here, at the step boundary
             self.metrics.log(done, metrics)
             logged = True
 
+        # Cadences count the steps completed since this start began (train.md 2.12).
+        kind = checkpoint_due(
+            done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
+        )
         if applied:
             self.version += 1
             if kind is not None:
@@ -661,6 +752,10 @@ class Trainer:
         else:
             why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
             log.info("step %d took no optimizer step: %s", done, why)
+            if kind is not None:
+                # Saved anyway (the weights are the last step's, the policy stays as it is): skipping a due
+                # checkpoint would leave the resume point behind and widen what a crash loses.
+                await self._save(kind, done, before_record=log_step)
         if not logged:
             log_step()
         async with self._progress:
@@ -679,12 +774,3 @@ class Trainer:
             f"step {done}/{self.end_batch}: {reward_text}{'' if applied else ' (no update)'}; "
             f"{metrics['timing/batch_total']:.1f} s"
         )
-            self._files.raise_if_out_of_space()  # a full disk stops the run here, at the step boundary
-        # Cadences count the steps completed since this start began (train.md 2.12).
-        kind = checkpoint_due(
-            done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
-        )
-            if kind is not None:
-                # Saved anyway (the weights are the last step's, the policy stays as it is): skipping a due
-                # checkpoint would leave the resume point behind and widen what a crash loses.
-                await self._save(kind, done, before_record=log_step)

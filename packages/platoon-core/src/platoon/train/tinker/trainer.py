@@ -202,15 +202,16 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.config_defs import training_problems
     from platoon.train.tinker.credentials import check_tinker_key, uses_local_server
-    from platoon.train.tinker.loop import Trainer
+    from platoon.train.tinker.loop import Trainer, stopped_before_training
     from platoon.train.tinker.metrics_log import wandb_key_problem
-    from platoon.train.tinker.supervisor import hold_for_trainer
+    from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
     from platoon.train.tinker.task_order import _service_kwargs, list_training_tasks
+    from platoon.train.tinker.watchdog import ServiceMonitor
 
     # Every component the config names resolves before anything is written or started (core.md 3.3, step 8).
     problems = training_problems(config) + _batch_problems(config) + component_problems(config)
-    if problems:
     problems += output_problems(config, kind="train")  # a file or read-only mount at log_path: one line, 78
+    if problems:
         raise ConfigError(problems)
     api_key = check_tinker_key(config.tinker_base_url)
     if (problem := wandb_key_problem(config)) is not None:
@@ -261,13 +262,27 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
             return 0
         reap_orphans(run_dir)  # what a killed start left behind, before this start adds its own
+        start_step = resume.start_batch if resume is not None else 0
+        if stop_requested():  # a SIGINT/SIGTERM while preparing: nothing opens, nothing trains
+            return stopped_before_training(start_step)
+        monitor = ServiceMonitor(
+            f"the Tinker service at {base_url or 'the SDK default URL'}",
+            unreachable_seconds=config.train.service_unreachable_seconds,
+        )
         if uses_local_server(config.tinker_base_url):
-            from platoon.testing.local_server.process import start_local_server_process
+            from platoon.testing.local_server.process import StartAbandoned, start_local_server_process
 
             say(f"starting the local Tinker-compatible server for {config.train.model_name}")
-            base_url, stop_server = await asyncio.to_thread(
-                start_local_server_process, model=config.train.model_name
-            )
+            try:
+                base_url, stop_server = await asyncio.to_thread(
+                    start_local_server_process,
+                    model=config.train.model_name,
+                    on_exit=lambda code: monitor.lose(f"the local Tinker server {_how_it_ended(code)}"),
+                    should_stop=stop_requested,
+                )
+            except StartAbandoned:
+                return stopped_before_training(start_step)
+            monitor.name = f"the local Tinker server at {base_url}"
         trainer = Trainer(
             config,
             order,
@@ -281,6 +296,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             batches_per_epoch=per_epoch,
             sample_timeout_seconds=timeout,
             renderer=renderer,
+            service_monitor=monitor,
         )
         return await trainer.run()
     finally:
@@ -289,6 +305,20 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
         reap_orphans(run_dir)
         if not supervised:
             (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)
+
+
+def _how_it_ended(returncode: int) -> str:
+    """`died (killed by SIGKILL)`, `died (exit 3)`, `stopped on its own (exit 0)`: how a child ended."""
+    import signal
+
+    if returncode == 0:
+        return "stopped on its own (exit 0)"
+    if returncode < 0:
+        try:
+            return f"died (killed by {signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"died (killed by signal {-returncode})"
+    return f"died (exit {returncode})"
 
 
 async def _renderer(config: PlatoonTinkerRLTrainerConfig) -> Any:

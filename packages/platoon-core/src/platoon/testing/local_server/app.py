@@ -963,7 +963,7 @@ class BodyReader:
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self._stopped: asyncio.Event | None = None
+        self._stopped: asyncio.Future[None] | None = None
 
     async def read(self, request: Request) -> bytes:
         limit = self.state.max_body_bytes
@@ -995,15 +995,12 @@ class BodyReader:
 
     async def _next(self, request: Request) -> Any:
         receiving = asyncio.ensure_future(request.receive())
-        stopped = asyncio.ensure_future(self._stop_event().wait())
-        try:
-            await asyncio.wait(
-                {receiving, stopped},
-                timeout=self.state.body_idle_seconds,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            stopped.cancel()
+        waiting: set[asyncio.Future[Any]] = {receiving, self._stop_signal()}
+        await asyncio.wait(
+            waiting,
+            timeout=self.state.body_idle_seconds,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         if receiving.done():
             return receiving.result()
         receiving.cancel()
@@ -1018,15 +1015,19 @@ class BodyReader:
             close=True,
         )
 
-    def _stop_event(self) -> asyncio.Event:
-        # Created on the server's loop at the first body; the server's stop sets it from the stopping thread.
+    def _stop_signal(self) -> asyncio.Future[None]:
+        # One future on the server's loop, made at the first body, resolved by the stopping thread; every body
+        # read waits on it (waiting on a future never consumes or cancels it).
         if self._stopped is None:
-            event = self._stopped = asyncio.Event()
-            loop = asyncio.get_running_loop()
+            stopped = self._stopped = asyncio.get_running_loop().create_future()
+
+            def resolve() -> None:
+                if not stopped.done():
+                    stopped.set_result(None)
 
             def wake() -> None:
                 with contextlib.suppress(RuntimeError):  # the loop already ended
-                    loop.call_soon_threadsafe(event.set)
+                    stopped.get_loop().call_soon_threadsafe(resolve)
 
             self.state.on_close(wake)
         return self._stopped

@@ -379,17 +379,28 @@ def test_process_isolation_trains_from_rollouts_in_forked_workers(site: Path, ca
 COUNTING = "test-pipeline-counting"
 PER_BATCH = 2 * 4  # rollouts a batch: batch_size groups of group_size
 _started_at: list[int] = []
+_task_ids: list[str] = []
 _next_batch_started: list[asyncio.Event] = []
 
 
 @harness(COUNTING)
 async def _counting(ctx: Any) -> AgentResult:
-    """The bandit's answer; records how many steps the run had logged when this rollout started, and says so
-    when a rollout of the second batch has started."""
+    """The bandit's answer; records how many steps the run had logged when this rollout started.
+
+    With the option `hold`, the first batch cannot finish before the next one starts: a first-batch rollout of
+    any task but the first one seen waits until a rollout past the first batch has started (at most a minute, a
+    hang guard). Only a feeder that runs ahead of training lets the group worker freed by the first task's group
+    start the next batch meanwhile."""
     metrics = Path(str(ctx.options["metrics"]))
     _started_at.append(len(_steps(metrics.parent)) if metrics.exists() else 0)
-    if len(_started_at) > PER_BATCH and _next_batch_started:
+    started = len(_started_at)
+    task_id = str(ctx.task.id)
+    _task_ids.append(task_id)
+    if started > PER_BATCH:
         _next_batch_started[0].set()
+    elif ctx.options.get("hold") and task_id != _task_ids[0]:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_next_batch_started[0].wait(), 60)
     reply = await _answer(ctx)
     await ctx.call_tool("answer", {"letter": reply.text or ""})
     return AgentResult(final_message=reply.text)
@@ -398,27 +409,16 @@ async def _counting(ctx: Any) -> AgentResult:
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness", [None, 0])
 def test_the_feeder_runs_ahead_of_training_unless_max_staleness_brakes_it(
-    site: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, staleness: int | None
+    site: Path, capsys: Any, staleness: int | None
 ) -> None:
-    import tinker
-
     harness(COUNTING)(_counting)
     _started_at.clear()
+    _task_ids.clear()
     _next_batch_started[:] = [asyncio.Event()]
-    if staleness is None:
-        # The first optimizer step waits until a rollout of the second batch has started: a feeder that runs
-        # ahead gets there while step 1 is still open; one that waited for training never would (and the step
-        # goes on after the hang guard, for the assertion below to fail).
-        optim_step = tinker.TrainingClient.optim_step_async
-
-        async def after_the_next_batch_started(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_next_batch_started[0].wait(), 120)
-            return await optim_step(self, *args, **kwargs)
-
-        monkeypatch.setattr(tinker.TrainingClient, "optim_step_async", after_the_next_batch_started)
     metrics = site / "bandit" / "run" / "metrics.jsonl"
-    entry = f"[{{env: platoon-bandit, harness: {COUNTING}, harness_options: {{metrics: '{metrics}'}}}}]"
+    hold = "true" if staleness is None else "false"  # held, an on-policy run would wait out the hang guard
+    options = f"{{metrics: '{metrics}', hold: {hold}}}"
+    entry = f"[{{env: platoon-bandit, harness: {COUNTING}, harness_options: {options}}}]"
     extra = [] if staleness is None else [f"train.max_staleness={staleness}"]
     assert main(_bandit(site, "train.max_training_steps=3", f"environments={entry}", *extra)) == 0
     assert len(_started_at) >= 3 * PER_BATCH
@@ -426,7 +426,7 @@ def test_the_feeder_runs_ahead_of_training_unless_max_staleness_brakes_it(
         # batch i's rollouts start only once step i-1 is logged: strictly on-policy
         assert _started_at[: 3 * PER_BATCH] == [n // PER_BATCH for n in range(3 * PER_BATCH)]
     else:
-        # the next batch's rollouts ran while the current one trained: started before its step was logged
+        # the next batch's first rollout started while the first batch was still in flight, before step 1
         assert _started_at[PER_BATCH] == 0
     assert [row["step"] for row in _steps(site / "bandit" / "run")] == [1, 2, 3]
 

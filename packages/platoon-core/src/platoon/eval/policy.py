@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError, PlatoonError
+from platoon.train.tinker.credentials import withheld_from_environment
 
 if TYPE_CHECKING:
     from platoon.eval.config_defs import HostedConfig, PlatoonEvalConfig
@@ -329,21 +330,6 @@ def key_variables(spec: PolicySpec) -> tuple[str, ...]:
     return (KEY_VARIABLE,) if spec.backend == TINKER else ()
 
 
-@contextlib.contextmanager
-def withheld_from_environment(names: tuple[str, ...]) -> Iterator[None]:
-    """`names` removed from `os.environ` for the block, put back after it (a caller's process keeps its own).
-
-    Function harnesses run in this process and any process they start inherits its environment, so the keys the
-    policy already read must not be there while rollouts run (train.md 6.6).
-    """
-    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            os.environ.setdefault(name, value)
-
-
 def _dialects(entries: Any) -> list[str]:
     # TOML-spec harnesses (each with its own dialect) arrive with the spec runner; function harnesses chat.
     return [FUNCTION_HARNESS_DIALECT] if entries else []
@@ -461,12 +447,16 @@ async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str,
             kwargs["base_url"] = base_url
         return tinker.ServiceClient(**kwargs)
 
+    service = None
     try:
         service = await asyncio.to_thread(connect)
         if spec.model_path is not None:
             return await service.create_sampling_client_async(model_path=spec.model_path)
         return await service.create_sampling_client_async(base_model=spec.model)
     except Exception as exc:
+        from platoon.train.tinker.trainer import close_session
+
+        close_session(service)  # a session that opened but gave no sampler must not heartbeat on
         error = refused(exc, base_url=base_url, what="a sampling client")
         if error is not None:
             raise error from None

@@ -6,10 +6,11 @@ The Tinker SDK is never imported here: a refused key is recognised by the shape 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +25,7 @@ __all__ = [
     "check_tinker_key",
     "refused_key_error",
     "uses_local_server",
+    "withheld_from_environment",
 ]
 
 KEY_VARIABLE = "TINKER_API_KEY"
@@ -163,3 +165,18 @@ def refused_key_error(
         f"{where} refused {KEY_VARIABLE}{asked} (HTTP {status}: {detail}): "
         f"set {KEY_VARIABLE} to a key that service accepts"
     )
+
+
+@contextlib.contextmanager
+def withheld_from_environment(names: tuple[str, ...]) -> Iterator[None]:
+    """`names` removed from `os.environ` for the block, put back after it (a caller's process keeps its own).
+
+    Function harnesses run in the process that opened the policy, and any process they start inherits its
+    environment, so the keys the run already read must not be there while rollouts run (train.md 6.6).
+    """
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.setdefault(name, value)

@@ -247,7 +247,9 @@ class Trainer:
         train = self.config.train
 
         def open_service() -> Any:
-            kwargs: dict[str, Any] = {"api_key": self.api_key}
+            # The key goes in explicitly, also as the header the SDK would otherwise read from the environment:
+            # TINKER_API_KEY is withheld from this process while harnesses run in it.
+            kwargs: dict[str, Any] = {"api_key": self.api_key, "default_headers": {"X-API-Key": self.api_key}}
             if self.base_url is not None:
                 kwargs["base_url"] = self.base_url
             return tinker.ServiceClient(**kwargs)

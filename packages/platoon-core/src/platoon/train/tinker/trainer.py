@@ -201,7 +201,12 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     from platoon.train.tinker import records
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.config_defs import training_problems
-    from platoon.train.tinker.credentials import check_tinker_key, uses_local_server
+    from platoon.train.tinker.credentials import (
+        KEY_VARIABLE,
+        check_tinker_key,
+        uses_local_server,
+        withheld_from_environment,
+    )
     from platoon.train.tinker.loop import Trainer, stopped_before_training
     from platoon.train.tinker.metrics_log import wandb_key_problem
     from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
@@ -298,7 +303,9 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             renderer=renderer,
             service_monitor=monitor,
         )
-        return await trainer.run()
+        # In-process rollouts run harness code here: the key, read once above, is not in their environment.
+        with withheld_from_environment((KEY_VARIABLE,)):
+            return await trainer.run()
     finally:
         if stop_server is not None:
             await asyncio.to_thread(stop_server)

@@ -274,6 +274,12 @@ def test_parse_site_invalid_yaml(tmp_path: Path) -> None:
     assert info.value.problems[0].startswith("invalid YAML: ")
 
 
+def test_a_site_profile_giving_a_key_twice_is_refused_with_its_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_site(tmp_path / "s.yaml", f"cache: {tmp_path / 'a'}\nruns: r\ncache: {tmp_path / 'b'}\n")
+    assert info.value.problems == ["line 3: duplicate key 'cache' (first given on line 1); give the key once"]
+
+
 def test_site_problems_refuse_loading(tmp_path: Path) -> None:
     site = site_file(tmp_path, {"runs": "r", "batch_size": 3})
     cfg = write(tmp_path / "c.yaml", {**TRAIN, "log_path": "x"})

@@ -164,8 +164,17 @@ def parse_site(path: Path, text: str, env: Mapping[str, str] | None = None) -> S
     """A profile from its text; every problem is reported together (ConfigError with the profile as source)."""
     environ = _environ(env)
     sha = hashlib.sha256(text.encode()).hexdigest()
+    from platoon.config.loader import DuplicateKey, StrictSafeLoader  # the loader imports this module
+
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=StrictSafeLoader)  # a SafeLoader subclass: safe
+    except DuplicateKey as exc:
+        raise ConfigError(
+            [
+                f"line {exc.line}: duplicate key {exc.key!r} (first given on line {exc.first_line}); give the key once"
+            ],
+            source=str(path),
+        ) from None
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise ConfigError([f"invalid YAML: {detail}"], source=str(path)) from None

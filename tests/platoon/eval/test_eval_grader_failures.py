@@ -160,3 +160,15 @@ def test_stdout_is_the_json_summary_alone_and_the_tracebacks_go_to_stderr(
     assert "Traceback (most recent call last)" in done.stderr
     assert "RuntimeError: grader database unreachable" in done.stderr
     assert "grading right-a" in done.stderr
+
+
+def test_rollout_stdout_is_its_json_summary_alone(workdir, write_config, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(workdir))
+    config = write_config(flaky_eval(workdir))
+    with serve_policy(middle_guess):
+        status = main(["rollout", str(config), "--task", "test:0", "--split", "test", "--json-output"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    summary = json.loads(captured.out)  # all of stdout
+    assert summary["reward"] == 1.0
+    assert "grading right-a" in captured.err  # the environment's print went to stderr

@@ -41,6 +41,8 @@ def rollout(
 ) -> int:
     """Roll out one task and print its agent tree."""
     import asyncio
+    import contextlib
+    import sys
 
     from platoon.cli.config import deprecation_lines
     from platoon.config import load_config
@@ -69,7 +71,10 @@ def rollout(
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
         return 1
     try:
-        summary, _ = asyncio.run(run_adhoc_rollout(loaded, options, say=err))
+        # Environment and harness code run in this process: what they print goes to stderr, so stdout holds the
+        # tree (or the JSON summary) alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            summary, _ = asyncio.run(run_adhoc_rollout(loaded, options, say=err))
     except KeyboardInterrupt:
         err("interrupted")
         return 130

@@ -25,7 +25,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 import tinker
 from tinker import types
 
-from platoon.testing.local_server.process import start_local_server_process
+from platoon.local_server.process import start_local_server_process
 
 MODEL = "platoon/toy"
 # ChatML through the byte-level toy tokenizer: 257 <|im_start|>, 258 <|im_end|>.

@@ -143,7 +143,7 @@ def measure_worker_starts(count: int = 100, *, exec_count: int = 3, sampler: Any
         if sampler is None:
             import tinker
 
-            from platoon.testing.local_server.process import start_local_server_process
+            from platoon.local_server.process import start_local_server_process
 
             url, stop = start_local_server_process(model=MODEL, state_dir=Path(scratch) / "server")
             service = tinker.ServiceClient(base_url=url, api_key="tml-platoon-bench")

@@ -36,8 +36,8 @@ from typing import Any
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 from platoon.cli import main as platoon
+from platoon.renderers.toy import toy_tokenizer
 from platoon.testing import ScriptedPolicy, serve_policy, tool_call
-from platoon.testing.tokenizer import toy_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart" / "train.yaml"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+import platoon.renderers as renderers
 import platoon.testing.policy as policy_module
-import platoon.train.tinker.renderers as renderers
 from platoon.gateway import ModelGateway
 
 TOOLS = [

@@ -15,7 +15,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from platoon.testing.local_server import LocalTinkerServer
+from platoon.local_server import LocalTinkerServer
 
 
 @pytest.fixture(scope="module")

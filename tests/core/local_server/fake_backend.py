@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from platoon.testing.tokenizer import TOY_TOKENIZER_DIR
+from platoon.renderers.toy import TOY_TOKENIZER_DIR
 
 VOCAB = 265
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from platoon.local_server import backend as backend_module
+from platoon.local_server.backend import ModelBackend, tensor_data
+from platoon.local_server.sampling import SamplingParams, sampling_logprobs
 from platoon.testing import TOY_TOKENIZER_DIR
-from platoon.testing.local_server import backend as backend_module
-from platoon.testing.local_server.backend import ModelBackend, tensor_data
-from platoon.testing.local_server.sampling import SamplingParams, sampling_logprobs
 
 MODEL = "platoon/toy"
 PROMPT = [257, *b"user\nPick a letter.", 258, 10, 257, *b"assistant\n"]

@@ -20,7 +20,7 @@ HALF_A_BODY = (
 
 def test_clients_gone_mid_request_and_a_stop_with_a_request_open_print_no_traceback(tmp_path):
     # the child-process server as `TINKER_BASE_URL=local` starts it, its stderr captured
-    command = [sys.executable, "-m", "platoon.testing.local_server.process", "--dir", str(tmp_path)]
+    command = [sys.executable, "-m", "platoon.local_server.process", "--dir", str(tmp_path)]
     child = subprocess.Popen(
         [*command, "--exit-on-stdin-eof"],
         stdin=subprocess.PIPE,

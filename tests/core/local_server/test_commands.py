@@ -10,7 +10,7 @@ import textwrap
 
 import httpx
 
-from platoon.testing.local_server.process import default_state_dir, start_local_server_process
+from platoon.local_server.process import default_state_dir, start_local_server_process
 
 KEY = {"X-API-Key": "tml-test"}
 

@@ -16,7 +16,7 @@ import pytest
 import tinker
 from tinker import types
 
-from platoon.testing.local_server import LocalTinkerServer, local_tinker_server
+from platoon.local_server import LocalTinkerServer, local_tinker_server
 
 MODEL = "platoon/toy"
 # The toy tokenizer is byte-level with the ChatML markers: 257 <|im_start|>, 258 <|im_end|>.

@@ -14,7 +14,7 @@ import tinker
 from fake_backend import BigramBackend
 from tinker import types
 
-from platoon.testing.local_server import LocalTinkerServer
+from platoon.local_server import LocalTinkerServer
 
 KEY = {"X-API-Key": "tml-test"}
 MODEL = "platoon/toy"

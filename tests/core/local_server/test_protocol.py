@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fake_backend import BigramBackend
 
-from platoon.testing.local_server import LocalTinkerServer
+from platoon.local_server import LocalTinkerServer
 
 KEY = {"X-API-Key": "tml-test"}
 

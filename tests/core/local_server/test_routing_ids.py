@@ -17,9 +17,9 @@ import tinker
 
 from platoon.config.environments import EnvironmentConfig
 from platoon.config_defs import RolloutConfig
-from platoon.testing.episode import resolve_service
-from platoon.testing.local_server import LocalTinkerServer
-from platoon.testing.local_server.backend import ModelBackend
+from platoon.envs.resolve import resolve_service
+from platoon.local_server import LocalTinkerServer
+from platoon.local_server.backend import ModelBackend
 from platoon.train.tinker.config_defs import WorkflowConfig
 from platoon.train.tinker.member import MemberRequest
 from platoon.train.tinker.workers import RolloutWorkers

@@ -10,8 +10,8 @@ import pytest
 import tinker
 from tinker import types
 
-from platoon.testing.local_server import LocalTinkerServer
-from platoon.testing.local_server.backend import ModelBackend
+from platoon.local_server import LocalTinkerServer
+from platoon.local_server.backend import ModelBackend
 from platoon.train.tinker.trainer import close_session
 
 MODEL = "platoon/toy"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from platoon.errors import ConfigError
-from platoon.train.tinker.renderers.base import get_renderer
-from platoon.train.tinker.renderers.chat_template import ChatTemplateRenderer
-from platoon.train.tinker.renderers.probe import PROBE_TOOLS
+from platoon.renderers.base import get_renderer
+from platoon.renderers.chat_template import ChatTemplateRenderer
+from platoon.renderers.probe import PROBE_TOOLS
 
 FRAME = (
     "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
@@ -176,7 +176,7 @@ def test_a_named_parser_that_fails_the_probe_only_warns(qwen3_hf_tokenizer: Any)
 
 
 USER_PARSER = '''
-from platoon.train.tinker.renderers.tool_parsers import ParsedToolCall, ToolCallParser
+from platoon.renderers.tool_parsers import ParsedToolCall, ToolCallParser
 
 
 class AtCall(ToolCallParser):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from platoon.train.tinker.renderers.tool_parsers import get_parser
+from platoon.renderers.tool_parsers import get_parser
 
 from .conftest import load_vectors
 

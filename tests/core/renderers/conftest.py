@@ -32,7 +32,7 @@ def qwen3_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def qwen3_tokenizer(qwen3_tokenizer_dir: Path) -> Any:
     """The real Qwen3 tokenizer through platoon's `tokenizers` adapter."""
-    from platoon.train.tinker.renderers.tokenizers import TokenizersTokenizer
+    from platoon.renderers.tokenizers import TokenizersTokenizer
 
     return TokenizersTokenizer.from_directory(qwen3_tokenizer_dir, name_or_path="Qwen/Qwen3-8B")
 
@@ -62,7 +62,7 @@ def _real_tokenizer_dir(name: str) -> Path:
 def llama3_tokenizer() -> Any:
     """The Llama 3.1 tokenizer; its decode applies `clean_up_tokenization_spaces` as its config (and the golden
     files' transformers loader) does, unless `clean_up_tokenization_spaces=False` is passed."""
-    from platoon.train.tinker.renderers.tokenizers import TokenizersTokenizer
+    from platoon.renderers.tokenizers import TokenizersTokenizer
 
     class CleanUpDecode(TokenizersTokenizer):
         def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
@@ -105,7 +105,7 @@ def deepseek_v3_tokenizer() -> Any:
     """The DeepSeek-V3 tokenizer; the package ships no tokenizer_config.json, so BOS/EOS are named here."""
     from tokenizers import Tokenizer
 
-    from platoon.train.tinker.renderers.tokenizers import TokenizersTokenizer
+    from platoon.renderers.tokenizers import TokenizersTokenizer
 
     directory = _real_tokenizer_dir("deepseek_v3")
     return TokenizersTokenizer(
@@ -119,7 +119,7 @@ def deepseek_v3_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def gpt_oss_tokenizer() -> Any:
     """The gpt-oss (o200k_harmony) tokenizer through platoon's `tokenizers` adapter."""
-    from platoon.train.tinker.renderers.tokenizers import TokenizersTokenizer
+    from platoon.renderers.tokenizers import TokenizersTokenizer
 
     return TokenizersTokenizer.from_directory(
         _real_tokenizer_dir("gpt_oss"), name_or_path="openai/gpt-oss-20b"

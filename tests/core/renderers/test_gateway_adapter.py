@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from platoon.renderers import ParsedCompletion, get_renderer
 from platoon.testing import Completion, ScriptedPolicy, tool_call, toy_renderer, toy_tokenizer
-from platoon.train.tinker.renderers import ParsedCompletion, get_renderer
 
 WEATHER = {
     "type": "function",
@@ -108,7 +108,7 @@ def test_render_prompt_keeps_malformed_history_arguments():
 
 
 def test_render_prompt_refuses_images():
-    from platoon.train.tinker.renderers import RendererError
+    from platoon.renderers import RendererError
 
     message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
     with pytest.raises(RendererError, match="only text content"):

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from platoon.renderers import RendererError, get_renderer
 from platoon.testing import toy_tokenizer
-from platoon.train.tinker.renderers import RendererError, get_renderer
 
 from .test_golden_renders import renders_dir
 
@@ -213,7 +213,7 @@ def test_kimi_needs_single_token_markers() -> None:
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Split
 
-    from platoon.train.tinker.renderers import TokenizersTokenizer
+    from platoon.renderers import TokenizersTokenizer
 
     # One token per character and no chat markers: `<think>` and `<|im_end|>` are several tokens.
     raw = RawTokenizer(WordLevel({chr(c): c for c in range(32, 127)} | {"[UNK]": 127}, unk_token="[UNK]"))
@@ -306,7 +306,7 @@ def test_kimi_k25_typescript_tool_declaration() -> None:
 
 
 def test_kimi_k25_self_referencing_schema() -> None:
-    from platoon.train.tinker.renderers.kimi import encode_tools_typescript
+    from platoon.renderers.kimi import encode_tools_typescript
 
     tool = {
         "name": "tree",

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from platoon.renderers import RendererError, get_renderer, message_to_jsonable
 from platoon.testing import toy_tokenizer
-from platoon.train.tinker.renderers import RendererError, get_renderer, message_to_jsonable
 
 from .test_golden_renders import renders_dir
 

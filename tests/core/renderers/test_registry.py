@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from platoon.errors import ConfigError
-from platoon.testing import toy_tokenizer
-from platoon.train.tinker.renderers import (
+from platoon.renderers import (
     Renderer,
     get_renderer,
     get_tokenizer,
@@ -19,8 +18,9 @@ from platoon.train.tinker.renderers import (
     unregister_renderer,
     unregister_tokenizer,
 )
-from platoon.train.tinker.renderers import tokenizers as tokenizer_module
-from platoon.train.tinker.renderers.qwen3 import Qwen3InstructRenderer
+from platoon.renderers import tokenizers as tokenizer_module
+from platoon.renderers.qwen3 import Qwen3InstructRenderer
+from platoon.testing import toy_tokenizer
 
 
 def test_builtin_names():
@@ -116,7 +116,7 @@ def test_llama3_remap(monkeypatch: pytest.MonkeyPatch):
 def test_im_end_must_be_one_token():
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from platoon.train.tinker.renderers import RendererError, TokenizersTokenizer
+    from platoon.renderers import RendererError, TokenizersTokenizer
 
     vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
     plain = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from platoon.renderers import get_tokenizer
 from platoon.testing import TOY_MODEL_NAME, TOY_RENDERER_NAME, TOY_TOKENIZER_DIR, toy_renderer, toy_tokenizer
-from platoon.train.tinker.renderers import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -161,7 +161,7 @@ def test_get_tokenizer_of_a_local_directory_uses_auto_tokenizer(monkeypatch: pyt
 def test_toy_loads_without_transformers_or_tinker(run_python: Any):
     code = (
         "import sys\n"
-        "from platoon.train.tinker.renderers import get_tokenizer, get_renderer\n"
+        "from platoon.renderers import get_tokenizer, get_renderer\n"
         "tok = get_tokenizer('platoon/toy')\n"
         "ids = get_renderer('qwen3_instruct', tok).render_prompt([{'role': 'user', 'content': 'hi'}])\n"
         "assert ids[-1] == 10 and ids[0] == 257, ids\n"

@@ -116,7 +116,7 @@ def test_a_log_path_that_is_a_file_is_one_line_and_78_and_validate_says_so(tmp_p
 
 
 def test_a_read_only_log_path_is_refused_before_anything_starts(read_only_dir, site, capsys, monkeypatch):
-    from platoon.testing.local_server import process
+    from platoon.local_server import process
 
     started: list[str] = []
     monkeypatch.setattr(process, "start_local_server_process", lambda **kw: started.append("server"))

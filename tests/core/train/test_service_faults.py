@@ -137,7 +137,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _local_server_child(trainer: int) -> int:
-    servers = [pid for pid in _children(trainer) if "platoon.testing.local_server.process" in _cmdline(pid)]
+    servers = [pid for pid in _children(trainer) if "platoon.local_server.process" in _cmdline(pid)]
     assert len(servers) == 1, f"the trainer's children: {[_cmdline(pid) for pid in _children(trainer)]}"
     return servers[0]
 
@@ -193,7 +193,7 @@ def test_a_killed_local_server_stops_the_run_at_once_with_one_line_and_the_run_r
 def _serve(state_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     """A Tinker-compatible service of its own (as a hosted one is): the local server in a separate process."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "platoon.testing.local_server.process", "--dir", str(state_dir)],
+        [sys.executable, "-m", "platoon.local_server.process", "--dir", str(state_dir)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,

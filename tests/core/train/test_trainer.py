@@ -285,7 +285,7 @@ def test_a_stop_request_abandons_the_batch_it_has_not_applied_and_resume_redoes_
 def test_a_resume_that_changes_model_or_renderer_is_refused_before_any_service(
     tmp_path, monkeypatch, capsys, override, message
 ):
-    from platoon.testing.local_server import process
+    from platoon.local_server import process
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.records import write_identity
 

@@ -49,7 +49,7 @@ def write_config(workdir: Path) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The local Tinker-compatible server (tiny Qwen3, toy tokenizer), built once for these tests."""
-    from platoon.testing.local_server import LocalTinkerServer
+    from platoon.local_server import LocalTinkerServer
 
     with LocalTinkerServer(state_dir=tmp_path_factory.mktemp("local-tinker")) as running:
         yield running

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from platoon.envs.resolve import resolve_service
 from platoon.gateway.core import ModelGateway
-from platoon.testing.episode import resolve_service
 from platoon.train.tinker.member import run_member
 from platoon.train.tinker.workers import RolloutWorkers
 from platoon.train.tinker.workers.pool import MAX_FORK_SERVERS

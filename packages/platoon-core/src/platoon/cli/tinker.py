@@ -22,9 +22,9 @@ def serve(
     model: Annotated[str, typer.Option(help="The base model the server offers.")] = "platoon/toy",
 ) -> int:
     """Run the local Tinker-compatible training server until interrupted; prints the TINKER_BASE_URL to use."""
-    from platoon.testing.local_server import require_torch
+    from platoon.local_server import require_torch
 
     require_torch()
-    from platoon.testing.local_server.process import serve_foreground
+    from platoon.local_server.process import serve_foreground
 
     return serve_foreground(host=host, port=port, state_dir=state_dir, model=model)

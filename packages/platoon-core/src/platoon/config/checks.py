@@ -116,7 +116,7 @@ def renderer_problems(config: Any) -> list[str]:
     """
     import difflib
 
-    from platoon.train.tinker.renderers import renderer_names
+    from platoon.renderers import renderer_names
 
     problems = []
     for section in ("train", "inference"):

@@ -114,7 +114,7 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
 def _renderer_problem(spec: PolicySpec) -> str | None:
     import difflib
 
-    from platoon.train.tinker.renderers import renderer_names
+    from platoon.renderers import renderer_names
 
     if spec.renderer is None or spec.hosted is not None:
         return None

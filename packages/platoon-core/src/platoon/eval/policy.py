@@ -206,7 +206,7 @@ def check_policy_key(
             )
         return
     if spec.backend == TINKER:
-        from platoon.testing.gateway import default_policy
+        from platoon.gateway.default import default_policy
         from platoon.train.tinker.credentials import check_tinker_key
 
         if default_policy() is None or not in_process:
@@ -383,7 +383,7 @@ async def open_policy(
             yield OpenPolicy(spec, gateway, watch, probe=probe, hosted_key=backend.api_key)
         return
 
-    from platoon.testing.gateway import default_policy
+    from platoon.gateway.default import default_policy
 
     served = default_policy() if in_process else None
     if served is not None:
@@ -406,14 +406,14 @@ async def open_policy(
     sampler: Any = None
     try:
         if uses_local_server(spec.base_url):
-            from platoon.testing.local_server.process import start_local_server_process
+            from platoon.local_server.process import start_local_server_process
 
             if say is not None:
                 say(f"starting the local Tinker-compatible server for {spec.model}")
             base_url, stop_server = await asyncio.to_thread(start_local_server_process, model=spec.model)
         sampler = await _sampling_client(spec, base_url, api_key, refused_key_error)
         from platoon.gateway.core import ModelGateway
-        from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+        from platoon.renderers import get_renderer, get_tokenizer
 
         tokenizer = await asyncio.to_thread(get_tokenizer, spec.model)
         assert spec.renderer is not None

@@ -309,7 +309,7 @@ class Slot:
         self.gateway = build_gateway(message["policy"], self.watch)
 
     def _service(self, request: Any) -> Any:
-        from platoon.testing.episode import resolve_service
+        from platoon.envs.resolve import resolve_service
 
         entry = request.entry
         kwargs = dict(request.service_kwargs or entry.service_kwargs)

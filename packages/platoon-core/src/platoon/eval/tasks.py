@@ -61,13 +61,13 @@ def entries_by_label(config: Any) -> dict[str, tuple[int, EnvironmentConfig]]:
 
 def service_kwargs(entry: EnvironmentConfig, base_dir: Path) -> dict[str, Any]:
     """The entry's service kwargs, relative input paths against `base_dir` (the loader made a file's absolute)."""
-    from platoon.train.tinker.task_order import _service_kwargs
+    from platoon.envs.resolve import entry_service_kwargs
 
-    return _service_kwargs(entry, base_dir)
+    return entry_service_kwargs(entry, base_dir)
 
 
 def build_service(entry: EnvironmentConfig, base_dir: Path) -> Any:
-    from platoon.testing.episode import resolve_service
+    from platoon.envs.resolve import resolve_service
 
     if entry.package:
         importlib.import_module(entry.package)

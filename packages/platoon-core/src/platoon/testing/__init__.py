@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_TOKENIZER = "platoon.testing.tokenizer"
+_TOKENIZER = "platoon.renderers.toy"
 _POLICY = "platoon.testing.policy"
 
 #: public name -> the module that defines it
@@ -35,8 +35,8 @@ _EXPORTS: dict[str, str] = {
     "serve_policy": "platoon.testing.gateway",
     "EpisodeRun": "platoon.testing.episode",
     "run_episode": "platoon.testing.episode",
-    "LocalTinkerServer": "platoon.testing.local_server",
-    "local_tinker_server": "platoon.testing.local_server",
+    "LocalTinkerServer": "platoon.local_server",
+    "local_tinker_server": "platoon.local_server",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -58,6 +58,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from platoon.renderers.toy import TOY_MODEL_NAME as TOY_MODEL_NAME
+    from platoon.renderers.toy import TOY_RENDERER_NAME as TOY_RENDERER_NAME
+    from platoon.renderers.toy import TOY_TOKENIZER_DIR as TOY_TOKENIZER_DIR
+    from platoon.renderers.toy import toy_renderer as toy_renderer
+    from platoon.renderers.toy import toy_tokenizer as toy_tokenizer
     from platoon.testing.policy import Completion as Completion
     from platoon.testing.policy import PolicyCall as PolicyCall
     from platoon.testing.policy import ScriptedPolicy as ScriptedPolicy
@@ -66,8 +71,3 @@ if TYPE_CHECKING:
     from platoon.testing.policy import rules as rules
     from platoon.testing.policy import sample_response as sample_response
     from platoon.testing.policy import tool_call as tool_call
-    from platoon.testing.tokenizer import TOY_MODEL_NAME as TOY_MODEL_NAME
-    from platoon.testing.tokenizer import TOY_RENDERER_NAME as TOY_RENDERER_NAME
-    from platoon.testing.tokenizer import TOY_TOKENIZER_DIR as TOY_TOKENIZER_DIR
-    from platoon.testing.tokenizer import toy_renderer as toy_renderer
-    from platoon.testing.tokenizer import toy_tokenizer as toy_tokenizer

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.resolve import resolve_service
+
 if TYPE_CHECKING:
     from platoon.gateway.core import ModelGateway
     from platoon.gateway.records import Interaction
@@ -64,24 +66,6 @@ class EpisodeRun:
     def policy(self) -> Any:
         """The gateway's sampler (the `ScriptedPolicy`)."""
         return self.gateway.sampler
-
-
-def resolve_service(service: Any, service_kwargs: Mapping[str, Any] | None = None) -> Any:
-    """An `EnvironmentService` from a service reference (`table`, `python://mod:Class`, `module:Class`) or as is."""
-    if not isinstance(service, str):
-        if service_kwargs:
-            raise ValueError("service_kwargs apply to a service reference, not to a service object")
-        return service
-    from platoon import plugins
-
-    kwargs = dict(service_kwargs or {})
-    scheme = plugins.service_scheme(service)
-    if scheme != service:  # a URI: the factory takes it first
-        factory = plugins.resolve_target(plugins.get_service(scheme).factory)
-        return factory(service, **kwargs)
-    if ":" in service:
-        return plugins.resolve_target(service)(**kwargs)
-    return plugins.resolve_target(plugins.get_service(service).factory)(**kwargs)
 
 
 def _route(

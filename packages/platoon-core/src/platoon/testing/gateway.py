@@ -60,7 +60,7 @@ def make_gateway(
     `sample_timeout_seconds`. The policy's and the gateway's tokenizers must match.
     """
     from platoon.gateway.core import ModelGateway
-    from platoon.train.tinker.renderers.base import get_renderer
+    from platoon.renderers.base import get_renderer
 
     if renderer is not None and not isinstance(renderer, str):
         if renderer_kwargs:
@@ -69,10 +69,10 @@ def make_gateway(
         tokenizer = tokenizer if tokenizer is not None else renderer.tokenizer
     else:
         if tokenizer is None:
-            from platoon.testing.tokenizer import toy_tokenizer
+            from platoon.renderers.toy import toy_tokenizer
 
             tokenizer = toy_tokenizer()
-        from platoon.testing.tokenizer import TOY_RENDERER_NAME
+        from platoon.renderers.toy import TOY_RENDERER_NAME
 
         renderer_obj = get_renderer(
             renderer or TOY_RENDERER_NAME, tokenizer, renderer_kwargs=dict(renderer_kwargs or {})
@@ -115,17 +115,18 @@ class DefaultPolicy:
         )
 
 
-_DEFAULT: DefaultPolicy | None = None
-
-
 def default_policy() -> DefaultPolicy | None:
     """The policy `serve_policy` installed, or None."""
-    return _DEFAULT
+    from platoon.gateway.default import default_policy as installed
+
+    served = installed()
+    return served if isinstance(served, DefaultPolicy) else None
 
 
 def default_gateway(**kwargs: Any) -> ModelGateway | None:
     """A gateway over the served policy (see `DefaultPolicy.gateway`), or None when nothing is served."""
-    return None if _DEFAULT is None else _DEFAULT.gateway(**kwargs)
+    served = default_policy()
+    return None if served is None else served.gateway(**kwargs)
 
 
 @contextlib.contextmanager
@@ -136,24 +137,24 @@ def serve_policy(
 
     Sets `TINKER_API_KEY=tml-platoon-testing` when unset; restores the previous default and key on exit.
     """
-    global _DEFAULT
+    from platoon.gateway.default import install_default_policy
+
     if tokenizer is None:
         if renderer is not None and not isinstance(renderer, str):
             tokenizer = renderer.tokenizer
         else:
-            from platoon.testing.tokenizer import toy_tokenizer
+            from platoon.renderers.toy import toy_tokenizer
 
             tokenizer = toy_tokenizer()
     scripted = _policy(policy, tokenizer)
-    previous = _DEFAULT
     previous_key = os.environ.get("TINKER_API_KEY")
-    _DEFAULT = DefaultPolicy(scripted, tokenizer, renderer, dict(settings))
+    previous = install_default_policy(DefaultPolicy(scripted, tokenizer, renderer, dict(settings)))
     if previous_key is None:
         os.environ["TINKER_API_KEY"] = TESTING_API_KEY
     try:
         yield scripted
     finally:
-        _DEFAULT = previous
+        install_default_policy(previous)
         if previous_key is None:
             os.environ.pop("TINKER_API_KEY", None)
         else:

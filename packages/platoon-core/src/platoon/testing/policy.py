@@ -164,7 +164,7 @@ class ScriptedPolicy:
         else:
             self._items = [_as_completion(item, f"script item {i}") for i, item in enumerate(script)]
         if tokenizer is None:
-            from platoon.testing.tokenizer import toy_tokenizer
+            from platoon.renderers.toy import toy_tokenizer
 
             tokenizer = toy_tokenizer()
         self.tokenizer = tokenizer

@@ -16,7 +16,7 @@ import pytest
 @pytest.fixture(scope="session", name="toy_tokenizer")
 def _toy_tokenizer_fixture() -> Any:
     """The toy tokenizer (core.md 8.2)."""
-    from platoon.testing.tokenizer import toy_tokenizer
+    from platoon.renderers.toy import toy_tokenizer
 
     return toy_tokenizer()
 
@@ -24,7 +24,7 @@ def _toy_tokenizer_fixture() -> Any:
 @pytest.fixture(scope="session", name="toy_renderer")
 def _toy_renderer_fixture() -> Any:
     """The default toy renderer (`qwen3_instruct` over the toy tokenizer)."""
-    from platoon.testing.tokenizer import toy_renderer
+    from platoon.renderers.toy import toy_renderer
 
     return toy_renderer()
 

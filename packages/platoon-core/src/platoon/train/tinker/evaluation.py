@@ -171,12 +171,11 @@ async def _list_entry(
 def _resolve(entry: EnvironmentConfig, base_dir: Path | None) -> Any:
     import importlib
 
-    from platoon.testing.episode import resolve_service
-    from platoon.train.tinker.task_order import _service_kwargs
+    from platoon.envs.resolve import entry_service_kwargs, resolve_service
 
     if entry.package:
         importlib.import_module(entry.package)
-    kwargs = _service_kwargs(entry, base_dir) if base_dir is not None else dict(entry.service_kwargs)
+    kwargs = entry_service_kwargs(entry, base_dir) if base_dir is not None else dict(entry.service_kwargs)
     return resolve_service(entry.service, kwargs)
 
 

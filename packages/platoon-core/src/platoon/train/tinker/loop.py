@@ -237,7 +237,7 @@ class Trainer:
         import tinker
 
         from platoon.gateway.core import ModelGateway
-        from platoon.testing.gateway import default_policy
+        from platoon.gateway.default import default_policy
         from platoon.train.tinker.evaluation import evaluated_steps, list_eval_tasks
         from platoon.train.tinker.metrics_log import MetricsLog
         from platoon.train.tinker.policy import PolicyHandle

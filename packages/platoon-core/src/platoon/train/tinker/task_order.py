@@ -390,24 +390,6 @@ def _split_names(value: Any) -> list[str] | None:
     return None
 
 
-def _service_kwargs(entry: Any, base_dir: Path) -> dict[str, Any]:
-    """The entry's service options with relative input paths made absolute against `base_dir`.
-
-    The loader already made a config file's paths absolute; this covers entries built in code.
-    """
-    from platoon.config.paths import is_left_alone, service_path_options
-
-    kwargs = dict(entry.service_kwargs)
-    for option in service_path_options(entry.service):
-        value = kwargs.get(option.name)
-        if "[]." in option.name or not isinstance(value, str) or is_left_alone(value):
-            continue
-        expanded = os.path.expanduser(value)
-        if not os.path.isabs(expanded):
-            kwargs[option.name] = os.path.normpath(base_dir / expanded)
-    return kwargs
-
-
 def _failure(exc: BaseException) -> str:
     # A user's mistake (ConfigError, ValueError) says itself; anything else also says what kind of failure it was.
     if isinstance(exc, ValueError):
@@ -470,7 +452,7 @@ async def _list_entry(
 ) -> Pool | None:
     import importlib
 
-    from platoon.testing.episode import resolve_service
+    from platoon.envs.resolve import entry_service_kwargs, resolve_service
 
     where = f"environments.{index}"
     label = entry.name if mixture else DEFAULT_LABEL
@@ -496,7 +478,7 @@ async def _list_entry(
     try:
         if entry.package:
             importlib.import_module(entry.package)
-        service = resolve_service(entry.service, _service_kwargs(entry, base_dir))
+        service = resolve_service(entry.service, entry_service_kwargs(entry, base_dir))
     except Exception as exc:  # the user's service: any failure to build it is one problem line
         problems.append(f"{where}.service: {_failure(exc)}")
         return None

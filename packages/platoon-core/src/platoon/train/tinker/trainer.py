@@ -196,8 +196,8 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
     """
     from platoon.config.checks import component_problems, output_problems
+    from platoon.envs.resolve import entry_service_kwargs, resolve_service
     from platoon.gateway.core import sample_timeout_with_source
-    from platoon.testing.episode import resolve_service
     from platoon.train.tinker import records
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.config_defs import training_problems
@@ -210,7 +210,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     from platoon.train.tinker.loop import Trainer, stopped_before_training
     from platoon.train.tinker.metrics_log import wandb_key_problem
     from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
-    from platoon.train.tinker.task_order import _service_kwargs, list_training_tasks
+    from platoon.train.tinker.task_order import list_training_tasks
     from platoon.train.tinker.watchdog import ServiceMonitor
 
     # Every component the config names resolves before anything is written or started (core.md 3.3, step 8).
@@ -236,7 +236,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     order = _task_order(config, pools, resume)
     # One service per entry, built the way the listing built it; rollout workers get the same kwargs.
     service_kwargs = {
-        pool.label: _service_kwargs(config.environments[pool.entry], base_dir) for pool in pools
+        pool.label: entry_service_kwargs(config.environments[pool.entry], base_dir) for pool in pools
     }
     services = {
         pool.label: resolve_service(config.environments[pool.entry].service, service_kwargs[pool.label])
@@ -275,7 +275,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             unreachable_seconds=config.train.service_unreachable_seconds,
         )
         if uses_local_server(config.tinker_base_url):
-            from platoon.testing.local_server.process import StartAbandoned, start_local_server_process
+            from platoon.local_server.process import StartAbandoned, start_local_server_process
 
             say(f"starting the local Tinker-compatible server for {config.train.model_name}")
             try:
@@ -330,7 +330,7 @@ def _how_it_ended(returncode: int) -> str:
 
 async def _renderer(config: PlatoonTinkerRLTrainerConfig) -> Any:
     """The run's renderer over its model's tokenizer (loaded once; workers rebuild theirs from name + kwargs)."""
-    from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+    from platoon.renderers import get_renderer, get_tokenizer
 
     train = config.train
     tokenizer = await asyncio.to_thread(get_tokenizer, train.model_name)

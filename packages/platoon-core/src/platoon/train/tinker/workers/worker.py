@@ -75,7 +75,7 @@ def prepared_renderer(model_name: str, renderer_name: str, renderer_kwargs: Mapp
     so forked workers share its tokenizer copy-on-write)."""
     key = renderer_key(model_name, renderer_name, renderer_kwargs)
     if key not in _PREPARED:
-        from platoon.train.tinker.renderers import get_renderer, get_tokenizer
+        from platoon.renderers import get_renderer, get_tokenizer
 
         tokenizer = get_tokenizer(model_name)
         _PREPARED[key] = get_renderer(renderer_name, tokenizer, renderer_kwargs=dict(renderer_kwargs) or None)
@@ -385,8 +385,8 @@ class Worker:
         marks = [("start", time.perf_counter())]
         import tinker  # noqa: F401  (the SDK, before the patch that rebinds its response models)
 
+        from platoon.envs.resolve import resolve_service
         from platoon.gateway.core import ModelGateway
-        from platoon.testing.episode import resolve_service
         from platoon.train.tinker.workers.binding import FollowingSampler, load_binding
         from platoon.train.tinker.workers.response_patch import patch_response_models
 

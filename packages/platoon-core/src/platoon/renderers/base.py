@@ -1,0 +1,849 @@
+"""The renderer base class, message types and renderer registry shared by every renderer family (train.md 7.1).
+
+A renderer turns chat messages into prompt tokens, parses sampled tokens back into a message, and offers the
+gateway-facing adapter (`render_prompt`, `stop_token_ids`, `parse_completion`) on top. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import re
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from platoon.errors import ConfigError
+
+if TYPE_CHECKING:
+    import tinker
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------------------------------------------
+# Message types: the cookbook's message form, as plain dicts plus two small tool-call classes
+
+
+class Tokenizer(Protocol):
+    """What a renderer needs from a tokenizer (a `transformers` tokenizer or platoon's `tokenizers` adapter)."""
+
+    name_or_path: str
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str: ...
+
+
+#: A message: `{"role", "content": str | list[part], "tool_calls"?: [ToolCall], "unparsed_tool_calls"?: [...],
+#: "tool_call_id"?, "name"?, "trainable"?}`; a part is `{"type": "text", "text"}` or `{"type": "thinking",
+#: "thinking"}`. Plain dicts, as in tinker-cookbook, so the golden `messages` load as they are.
+Message = dict[str, Any]
+ContentPart = dict[str, Any]
+#: A tool definition: `{"name", "description", "parameters"}` (the `function` body of an OpenAI tool).
+ToolSpec = dict[str, Any]
+
+
+class RendererError(ValueError):
+    """A message or a response the renderer cannot handle (the cookbook's `RendererError`)."""
+
+
+@dataclass(frozen=True)
+class FunctionBody:
+    """A tool call's function: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed or given tool call (the cookbook's `ToolCall`): `function.name`, `function.arguments` (JSON text).
+
+    `raw_text` is the sampled block it was parsed from (not part of equality or `to_dict`), so a call that is not
+    emitted can be shown to the harness as the text the model wrote.
+    """
+
+    function: FunctionBody
+    id: str | None = None
+    type: str = "function"
+    raw_text: str | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "id": self.id,
+            "function": {"name": self.function.name, "arguments": self.function.arguments},
+        }
+
+    @classmethod
+    def from_obj(cls, value: Any) -> ToolCall:
+        """A `ToolCall` from itself, an OpenAI/cookbook dict (nested or flat), or an object with `.function`."""
+        if isinstance(value, ToolCall):
+            return value
+        if isinstance(value, Mapping):
+            function = value.get("function")
+            body = function if isinstance(function, Mapping) else value
+            name, arguments, call_id = body.get("name"), body.get("arguments"), value.get("id")
+        else:
+            body = getattr(value, "function", None) or value
+            name, arguments = getattr(body, "name", None), getattr(body, "arguments", None)
+            call_id = getattr(value, "id", None)
+        if not isinstance(name, str):
+            raise RendererError(f"a tool call needs a function name; got {value!r}")
+        if arguments is None:
+            arguments = "{}"
+        elif not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        return cls(FunctionBody(name, arguments), None if call_id is None else str(call_id))
+
+
+@dataclass(frozen=True)
+class UnparsedToolCall:
+    """A tool-call block that did not parse: the raw text (tags included) and why."""
+
+    raw_text: str
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"raw_text": self.raw_text, "error": self.error}
+
+
+def message_to_jsonable(message: Message) -> dict[str, Any]:
+    """A message with its tool-call objects as dicts (the golden files' `parsed` form)."""
+    out = dict(message)
+    for key in ("tool_calls", "unparsed_tool_calls"):
+        if key in out:
+            out[key] = [c.to_dict() if hasattr(c, "to_dict") else c for c in out[key]]
+    return out
+
+
+def remove_thinking(parts: list[ContentPart]) -> list[ContentPart]:
+    return [p for p in parts if p["type"] != "thinking"]
+
+
+def has_thinking(content: str | list[ContentPart]) -> bool:
+    if isinstance(content, str):
+        return "<think>" in content
+    return any(p["type"] == "thinking" for p in content)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering structure
+
+
+@dataclass(frozen=True)
+class RenderedMessage:
+    """One message as token chunks: `header` (role markup, never trained), `output` (what the model writes),
+    `stop_overlap` (role-colon style stops that span into the next header; appended only for the last message)."""
+
+    output: list[list[int]]
+    header: list[int] | None = None
+    stop_overlap: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Where a message sits in the conversation being rendered."""
+
+    idx: int
+    is_last: bool
+    prev_message: Message | None = None
+    last_user_index: int = -1
+
+
+class TrainOnWhat(StrEnum):
+    """Which tokens of a supervised example get weight 1 (the cookbook's modes)."""
+
+    LAST_ASSISTANT_MESSAGE = "last_assistant_message"
+    LAST_ASSISTANT_TURN = "last_assistant_turn"
+    ALL_ASSISTANT_MESSAGES = "all_assistant_messages"
+    ALL_MESSAGES = "all_messages"
+    ALL_TOKENS = "all_tokens"
+    ALL_USER_AND_SYSTEM_MESSAGES = "all_user_and_system_messages"
+    CUSTOMIZED = "customized"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The gateway adapter's result
+
+
+@dataclass
+class ParsedCompletion:
+    """One sampled sequence parsed for an OpenAI-compatible caller (train.md 6.1 step 6).
+
+    `message` is an OpenAI assistant message: `role`, `content` (str; the raw text of tool blocks that were not
+    emitted is appended), `tool_calls` (OpenAI dicts with JSON-string arguments and ids, or None),
+    `reasoning_content` (None when empty). `ok`: a stop token was sampled.
+    """
+
+    message: dict[str, Any]
+    ok: bool
+    finish_reason: str
+    parsed_tool_calls: int = 0
+    emitted_tool_calls: int = 0
+    recovered_tool_calls: int = 0
+    unparsed_tool_calls: int = 0
+
+
+@dataclass
+class CompletionParts:
+    """A renderer's reading of a completion before the emit rules: the input to `parse_completion`'s assembly.
+
+    `content` is the visible text (tool blocks removed); `calls` the tool blocks, parsed (`ToolCall`, with its
+    `raw_text`) or not (`UnparsedToolCall`); `recovered` how many calls needed a lenient parse.
+    """
+
+    content: str = ""
+    reasoning: str = ""
+    #: parsed and unparsed tool blocks, in the order they were written
+    calls: list[ToolCall | UnparsedToolCall] = field(default_factory=list)
+    recovered: int = 0
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [c for c in self.calls if isinstance(c, ToolCall)]
+
+    @property
+    def unparsed(self) -> list[UnparsedToolCall]:
+        return [c for c in self.calls if isinstance(c, UnparsedToolCall)]
+
+
+def mint_tool_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tool-call block parsing shared by the `<tool_call>{json}</tool_call>` families
+
+
+def parse_tool_call_json(payload: str, raw_text: str) -> ToolCall | UnparsedToolCall:
+    """A `{"name", "arguments": {...}, "id"?}` payload as a `ToolCall`, else an `UnparsedToolCall` saying why."""
+    try:
+        value = json.loads(payload.strip())
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return UnparsedToolCall(raw_text, f"Invalid JSON: {exc}")
+    if not isinstance(value, dict):
+        return UnparsedToolCall(raw_text, "Tool call is not a JSON object")
+    name, arguments, call_id = value.get("name"), value.get("arguments"), value.get("id")
+    if not isinstance(name, str):
+        return UnparsedToolCall(raw_text, "Missing or invalid 'name' field")
+    if not isinstance(arguments, dict):
+        return UnparsedToolCall(raw_text, "Missing or invalid 'arguments' field")
+    try:
+        encoded = json.dumps(arguments)
+    except ValueError as exc:  # e.g. nesting too deep to encode again
+        return UnparsedToolCall(raw_text, f"Invalid JSON: {exc}")
+    return ToolCall(
+        FunctionBody(name, encoded), call_id if isinstance(call_id, str) else None, raw_text=raw_text
+    )
+
+
+BLOCK_PATTERN = re.compile(r"<think>(.*?)</think>|<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_content_blocks(
+    content: str,
+) -> tuple[list[ContentPart], list[ToolCall | UnparsedToolCall]] | None:
+    """Split text with `<think>` and `<tool_call>` blocks into parts and tool calls (None when there are none).
+
+    Text outside blocks is kept verbatim (empty pieces dropped), so parse then render is the identity.
+    """
+    if "<think>" not in content and "<tool_call>" not in content:
+        return None
+    parts: list[ContentPart] = []
+    calls: list[ToolCall | UnparsedToolCall] = []
+    pos = 0
+    for match in BLOCK_PATTERN.finditer(content):
+        if match.start() > pos:
+            parts.append({"type": "text", "text": content[pos : match.start()]})
+        if match.group(1) is not None:
+            if match.group(1):
+                parts.append({"type": "thinking", "thinking": match.group(1)})
+        else:
+            calls.append(parse_tool_call_json(match.group(2), match.group(0)))
+        pos = match.end()
+    if pos < len(content):
+        parts.append({"type": "text", "text": content[pos:]})
+    return parts, calls
+
+
+def parse_response_for_stop_token(
+    response: Sequence[int], tokenizer: Tokenizer, stop_token: int
+) -> tuple[Message, bool]:
+    """Decode up to the single stop token: (message with string content, whether the stop token was there).
+
+    More than one stop token means the sampler was given the wrong stops, as in the cookbook: a `RendererError`.
+    """
+    tokens = list(response)
+    count = tokens.count(stop_token)
+    if count == 0:
+        return {"role": "assistant", "content": str(tokenizer.decode(tokens))}, False
+    if count == 1:
+        return {
+            "role": "assistant",
+            "content": str(tokenizer.decode(tokens[: tokens.index(stop_token)])),
+        }, True
+    raise RendererError(
+        f"When parsing response, expected to split into 1 or 2 pieces using stop tokens, but got {count}. "
+        "You probably are using the wrong stop tokens when sampling"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The base class
+
+
+#: how many texts a renderer keeps the encoding of, and the longest text it keeps
+_ENCODE_CACHE_ENTRIES = 16384
+_ENCODE_CACHE_TEXT_LIMIT = 8192
+
+
+class Renderer(ABC):
+    """The common base of platoon's renderers; subclasses reproduce one tinker-cookbook renderer token for token.
+
+    A subclass implements `render_message`, `get_stop_sequences` and `parse_response`, and usually
+    `create_conversation_prefix_with_tools`; `build_generation_prompt` and `build_supervised_example` concatenate
+    the rendered messages and work for every family whose prompt is such a concatenation.
+
+    The gateway adapter, which the gateway codes against and which every renderer offers through this class:
+
+    - `render_prompt(openai_messages, tools=None) -> list[int]`: OpenAI Chat Completions messages (and OpenAI
+      function tools) to the generation prompt's token ids.
+    - `stop_token_ids() -> list[int]`: the token ids that end a turn.
+    - `parse_completion(tokens, stop_reason) -> ParsedCompletion`: sampled ids to an OpenAI assistant message;
+      it never raises on what the model wrote.
+
+    Families override `to_renderer_messages`, `tool_specs_from_openai` or `completion_parts` when their message
+    form or output format needs it.
+    """
+
+    #: the registry name it was built under (set by `get_renderer`)
+    name: str | None = None
+    #: whether `parse_response_streaming` exists (kept for parity with the cookbook's attribute)
+    supports_streaming: bool = False
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    # ---- what a family implements --------------------------------------------------------------------------
+
+    @property
+    def has_extension_property(self) -> bool:
+        """Whether each successive generation prompt extends the previous prompt plus its completion."""
+        return False
+
+    @property
+    def _bos_tokens(self) -> list[int]:
+        return []
+
+    @abstractmethod
+    def get_stop_sequences(self) -> list[int] | list[str]:
+        """The stop token ids (or stop strings for text-stop families) for sampling."""
+
+    @abstractmethod
+    def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
+        """One message as header/output/stop-overlap token chunks."""
+
+    @abstractmethod
+    def parse_response(self, response: list[int]) -> tuple[Message, bool]:
+        """Sampled ids to an assistant message and whether the response ended on a stop token."""
+
+    def create_conversation_prefix_with_tools(
+        self, tools: list[ToolSpec], system_prompt: str = ""
+    ) -> list[Message]:
+        """The messages that declare `tools` (and carry `system_prompt`), to put before the conversation."""
+        raise NotImplementedError(f"the {type(self).__name__} renderer has no tool declaration")
+
+    # ---- prompts and supervised examples -------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        # A conversation re-renders its earlier messages on every call, and a text always encodes the same way:
+        # the encodings of short texts are kept (a bounded table, emptied when full).
+        if len(text) > _ENCODE_CACHE_TEXT_LIMIT:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        cache: dict[str, tuple[int, ...]] = self.__dict__.setdefault("_encoded", {})
+        tokens = cache.get(text)
+        if tokens is None:
+            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(cache) >= _ENCODE_CACHE_ENTRIES:
+                cache.clear()
+            cache[text] = tokens
+        return list(tokens)
+
+    def _get_generation_suffix(self, role: str, ctx: RenderContext) -> list[int]:
+        """The tokens that open the turn to be generated: the header of an empty message of `role`."""
+        rendered = self.render_message({"role": role, "content": ""}, ctx)
+        return list(rendered.header) if rendered.header else []
+
+    def generation_prompt_chunks(
+        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
+    ) -> list[list[int]]:
+        """The generation prompt as token chunks (the chunks of `build_generation_prompt`'s ModelInput)."""
+        messages = list(messages)
+        chunks: list[list[int]] = []
+        if self._bos_tokens:
+            chunks.append(list(self._bos_tokens))
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        for idx, message in enumerate(messages):
+            ctx = RenderContext(idx, idx == len(messages) - 1, messages[idx - 1] if idx else None, last_user)
+            rendered = self.render_message(message, ctx)
+            if rendered.header:
+                chunks.append(list(rendered.header))
+            # Empty chunks are dropped: the service answers 400 to an empty encoded-text chunk.
+            chunks.extend(list(chunk) for chunk in rendered.output if chunk)
+        suffix_ctx = RenderContext(len(messages), True, messages[-1] if messages else None, last_user)
+        suffix = self._get_generation_suffix(role, suffix_ctx)
+        if suffix:
+            chunks.append(suffix)
+        if prefill:
+            chunks.append(self._encode(prefill))
+        return chunks
+
+    def build_generation_prompt(
+        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
+    ) -> tinker.ModelInput:
+        """The prompt to sample the next `role` turn from, as a Tinker `ModelInput` (one chunk per piece)."""
+        import tinker
+
+        return tinker.ModelInput(
+            chunks=[
+                tinker.EncodedTextChunk(tokens=chunk)
+                for chunk in self.generation_prompt_chunks(messages, role, prefill)
+            ]
+        )
+
+    def supervised_chunks(
+        self,
+        messages: Sequence[Message],
+        train_on_what: TrainOnWhat | str = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+    ) -> list[tuple[list[int], int]]:
+        """The supervised example as (token chunk, weight) pairs, in the cookbook's weighting."""
+        messages = list(messages)
+        mode = TrainOnWhat(train_on_what)
+        if mode == TrainOnWhat.ALL_ASSISTANT_MESSAGES and not self.has_extension_property:
+            log.warning(
+                "train_on_what=all_assistant_messages with a renderer without the extension property: earlier "
+                "assistant messages see a different prefix than their generation prompt had"
+            )
+        pieces: list[tuple[list[int], int]] = []
+        if self._bos_tokens:
+            pieces.append((list(self._bos_tokens), 0))
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        for idx, message in enumerate(messages):
+            if mode == TrainOnWhat.CUSTOMIZED:
+                if "trainable" not in message:
+                    raise RendererError("train_on_what=customized needs a 'trainable' field on every message")
+            elif "trainable" in message:
+                raise RendererError("a 'trainable' field needs train_on_what=customized")
+            is_last = idx == len(messages) - 1
+            is_assistant = message["role"] == "assistant"
+            ctx = RenderContext(idx, is_last, messages[idx - 1] if idx else None, last_user)
+            rendered = self.render_message(message, ctx)
+            if rendered.header:
+                pieces.append((list(rendered.header), int(mode == TrainOnWhat.ALL_TOKENS)))
+            weight = {
+                TrainOnWhat.LAST_ASSISTANT_MESSAGE: is_last and is_assistant,
+                TrainOnWhat.LAST_ASSISTANT_TURN: is_assistant and (last_user == -1 or idx > last_user),
+                TrainOnWhat.ALL_ASSISTANT_MESSAGES: is_assistant,
+                TrainOnWhat.ALL_MESSAGES: True,
+                TrainOnWhat.ALL_TOKENS: True,
+                TrainOnWhat.ALL_USER_AND_SYSTEM_MESSAGES: message["role"] in ("user", "system"),
+                TrainOnWhat.CUSTOMIZED: bool(message.get("trainable", False)),
+            }[mode]
+            pieces.extend((list(chunk), int(weight)) for chunk in rendered.output if chunk)
+            if is_last and rendered.stop_overlap:
+                pieces.append((list(rendered.stop_overlap), int(weight)))
+        return pieces
+
+    def build_supervised_example(
+        self,
+        messages: Sequence[Message],
+        train_on_what: TrainOnWhat | str = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+    ) -> tuple[tinker.ModelInput, list[float]]:
+        """The conversation as a Tinker `ModelInput` and one weight per token (1.0 where the loss applies).
+
+        The cookbook returns a torch tensor of weights; platoon returns a list so no torch is needed.
+        """
+        import tinker
+
+        pieces = self.supervised_chunks(messages, train_on_what)
+        model_input = tinker.ModelInput(chunks=[tinker.EncodedTextChunk(tokens=c) for c, _ in pieces])
+        return model_input, [float(w) for chunk, w in pieces for _ in chunk]
+
+    # ---- the gateway adapter -------------------------------------------------------------------------------
+
+    def stop_token_ids(self) -> list[int]:
+        """The token ids that end a sampled turn (the renderer's integer stop sequences)."""
+        return [s for s in self.get_stop_sequences() if isinstance(s, int)]
+
+    def tool_specs_from_openai(self, tools: Sequence[Mapping[str, Any]]) -> list[ToolSpec]:
+        """OpenAI function tools (`{"type": "function", "function": {...}}`, or the bare function) as tool specs.
+
+        A spec is exactly `{"name", "description", "parameters"}` (the cookbook's `ToolSpec`): a missing
+        description is "", missing parameters are an empty object schema, other keys (`strict`) are dropped.
+        """
+        specs: list[ToolSpec] = []
+        for tool in tools:
+            function = tool.get("function") if isinstance(tool, Mapping) else None
+            body = function if isinstance(function, Mapping) else tool
+            if not isinstance(body, Mapping) or not isinstance(body.get("name"), str):
+                raise RendererError(f"a tool needs a function name; got {tool!r}")
+            parameters = body.get("parameters")
+            specs.append(
+                {
+                    "name": body["name"],
+                    "description": body.get("description") or "",
+                    "parameters": dict(parameters) if parameters else {"type": "object", "properties": {}},
+                }
+            )
+        return specs
+
+    def to_renderer_messages(self, openai_messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+        """OpenAI Chat Completions messages in this renderer's message form.
+
+        None content becomes ""; text content parts are kept as text parts; an assistant's `reasoning_content`
+        becomes a thinking part followed by the content as a text part (when not empty); tool-call dicts
+        (JSON-string arguments) become `ToolCall`s; empty tool-call lists are dropped; a tool message keeps its
+        `tool_call_id` and `name`. OpenAI's `developer` role is the system role.
+        """
+        out: list[Message] = []
+        for raw in openai_messages:
+            if not isinstance(raw, Mapping):
+                raise RendererError(f"a message must be an object; got {raw!r}")
+            role = raw.get("role")
+            if not isinstance(role, str):
+                raise RendererError(f"a message needs a role; got {raw!r}")
+            if role == "developer":
+                role = "system"
+            content = _content_from_openai(raw.get("content"))
+            message: Message = {"role": role, "content": content}
+            reasoning = raw.get("reasoning_content")
+            if reasoning is None:
+                reasoning = raw.get("reasoning")  # the newer OpenAI-compatible spelling
+            if role == "assistant" and isinstance(reasoning, str) and reasoning:
+                parts: list[ContentPart] = [{"type": "thinking", "thinking": reasoning}]
+                if isinstance(content, str):
+                    if content:
+                        parts.append({"type": "text", "text": content})
+                else:
+                    parts.extend(content)
+                message["content"] = parts
+            tool_calls = raw.get("tool_calls")
+            if tool_calls:
+                message["tool_calls"] = [ToolCall.from_obj(call) for call in tool_calls]
+            if role == "tool":
+                for key in ("tool_call_id", "name"):
+                    if raw.get(key) is not None:
+                        message[key] = raw[key]
+            out.append(message)
+        return out
+
+    def apply_tools(
+        self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
+    ) -> list[Message]:
+        """Fold `tools` into the conversation by this renderer's tools-prefix rule.
+
+        A leading system message's content becomes the system prompt of the tool prefix. A renderer without a
+        tool declaration renders the conversation without the tools (logged).
+        """
+        if not tools:
+            return messages
+        specs = self.tool_specs_from_openai(tools)
+        system_prompt, rest = "", messages
+        if messages and messages[0]["role"] == "system":
+            system_prompt = _text_of(messages[0]["content"])
+            rest = messages[1:]
+        try:
+            prefix = self.create_conversation_prefix_with_tools(specs, system_prompt)
+        except NotImplementedError as exc:
+            log.warning("tools not rendered: %s", exc)
+            return messages
+        return [*prefix, *rest]
+
+    def render_prompt(
+        self, openai_messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """The generation prompt's token ids for OpenAI messages and OpenAI function tools."""
+        messages = self.apply_tools(self.to_renderer_messages(openai_messages), tools)
+        return [token for chunk in self.generation_prompt_chunks(messages) for token in chunk]
+
+    def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:
+        """Read a completion (already cut after its first stop token) into content, reasoning and tool calls.
+
+        The default reads `parse_response`'s message; families whose format needs more (the whitespace the
+        renderer writes around tool calls, an unclosed reasoning block) override it.
+        """
+        message, ok = self.parse_response(tokens)
+        parts = CompletionParts()
+        content = message.get("content", "")
+        if isinstance(content, str):
+            parts.content = content
+        else:
+            parts.content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+            parts.reasoning = "".join(p.get("thinking", "") for p in content if p.get("type") == "thinking")
+        parts.calls = [*(message.get("tool_calls") or []), *(message.get("unparsed_tool_calls") or [])]
+        return parts, ok
+
+    def parse_completion(self, tokens: Sequence[int], stop_reason: str) -> ParsedCompletion:
+        """Sampled ids and the sampler's stop reason as an OpenAI assistant message (train.md 6.1 step 6).
+
+        Tool calls are emitted only when a stop token was sampled and the stop reason is not `length`; the raw
+        text of tool blocks that were not emitted (unparsed, or parsed but not emitted) is appended to the
+        content. Nothing the model wrote makes this raise: a parser failure makes the whole text one unparsed
+        call.
+        """
+        tokens = [int(t) for t in tokens]
+        stops = set(self.stop_token_ids())
+        cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+        if cut is not None:
+            tokens = tokens[
+                : cut + 1
+            ]  # the sampler stops at the first stop token; anything after is not a turn
+        try:
+            parts, ok = self.completion_parts(tokens)
+        except Exception as exc:  # a parser bug must not fail the model call
+            log.warning("the %s renderer could not parse a completion: %s", type(self).__name__, exc)
+            text = str(self.tokenizer.decode(tokens[:cut] if cut is not None else tokens))
+            parts, ok = (
+                CompletionParts(calls=[UnparsedToolCall(text, f"parser error: {exc}")]),
+                cut is not None,
+            )
+        emit = ok and stop_reason != "length"
+        content = parts.content
+        tool_calls: list[dict[str, Any]] = []
+        for call in parts.calls:
+            if isinstance(call, UnparsedToolCall):
+                content += call.raw_text
+            elif emit:
+                tool_calls.append(
+                    {
+                        "id": call.id or mint_tool_call_id(),
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": call.function.arguments},
+                    }
+                )
+            else:
+                content += call.raw_text if call.raw_text is not None else self._tool_call_text(call)
+        if tool_calls:
+            finish_reason = "tool_calls"
+        elif stop_reason == "length":
+            finish_reason = "length"
+        else:
+            finish_reason = "stop"
+        message = {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": tool_calls or None,
+            "reasoning_content": parts.reasoning or None,
+        }
+        return ParsedCompletion(
+            message=message,
+            ok=ok,
+            finish_reason=finish_reason,
+            parsed_tool_calls=len(parts.tool_calls),
+            emitted_tool_calls=len(tool_calls),
+            recovered_tool_calls=parts.recovered,
+            unparsed_tool_calls=len(parts.unparsed),
+        )
+
+    def _tool_call_text(self, call: ToolCall) -> str:
+        """The text of a parsed call that was not emitted, when the parser kept no raw text."""
+        return json.dumps({"name": call.function.name, "arguments": call.function.arguments})
+
+
+def _content_from_openai(content: Any) -> str | list[ContentPart]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts: list[ContentPart] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append({"type": "text", "text": part})
+                continue
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text":
+                parts.append({"type": "text", "text": str(part.get("text") or "")})
+            elif kind == "thinking":
+                parts.append({"type": "thinking", "thinking": str(part.get("thinking") or "")})
+            elif kind == "refusal":
+                parts.append({"type": "text", "text": str(part.get("refusal") or "")})
+            else:
+                raise RendererError(f"only text content is supported by this renderer; got a {kind!r} part")
+        return parts
+    raise RendererError(f"message content must be a string or a list of parts; got {type(content).__name__}")
+
+
+def _text_of(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The registry
+
+#: factory(tokenizer, image_processor) -> Renderer
+RendererFactory = Callable[..., Renderer]
+
+_CUSTOM: dict[str, RendererFactory] = {}
+
+#: built-in renderer names -> "module:class"; imported on first use, so the registry stays import-light
+_BUILTIN: dict[str, str] = {
+    "chat_template": "platoon.renderers.chat_template:ChatTemplateRenderer",
+    "qwen3_6_preserve_thinking": "platoon.renderers.chat_template:Qwen36PreserveThinkingRenderer",
+    "qwen3_6_preserve_thinking_disable_thinking": (
+        "platoon.renderers.chat_template:Qwen36PreserveThinkingDisableThinkingRenderer"
+    ),
+    "qwen3_8_preserve_thinking": "platoon.renderers.chat_template:Qwen38PreserveThinkingRenderer",
+    "qwen3_8_preserve_thinking_disable_thinking": (
+        "platoon.renderers.chat_template:Qwen38PreserveThinkingDisableThinkingRenderer"
+    ),
+    "qwen3": "platoon.renderers.qwen3:Qwen3Renderer",
+    "qwen3_disable_thinking": "platoon.renderers.qwen3:Qwen3DisableThinkingRenderer",
+    "qwen3_instruct": "platoon.renderers.qwen3:Qwen3InstructRenderer",
+    "qwen3_vl": "platoon.renderers.qwen3:Qwen3VLRenderer",
+    "qwen3_vl_instruct": "platoon.renderers.qwen3:Qwen3VLInstructRenderer",
+    "role_colon": "platoon.renderers.role_colon:RoleColonRenderer",
+    "llama3": "platoon.renderers.llama3:Llama3Renderer",
+    "deepseekv3": "platoon.renderers.deepseek:DeepSeekV3DisableThinkingRenderer",
+    "deepseekv3_disable_thinking": "platoon.renderers.deepseek:DeepSeekV3DisableThinkingRenderer",
+    "deepseekv3_thinking": "platoon.renderers.deepseek:DeepSeekV3ThinkingRenderer",
+    "gpt_oss_no_sysprompt": "platoon.renderers.gpt_oss:GptOssNoSysPromptRenderer",
+    "gpt_oss_low_reasoning": "platoon.renderers.gpt_oss:GptOssLowReasoningRenderer",
+    "gpt_oss_medium_reasoning": "platoon.renderers.gpt_oss:GptOssMediumReasoningRenderer",
+    "gpt_oss_high_reasoning": "platoon.renderers.gpt_oss:GptOssHighReasoningRenderer",
+    "qwen3_5": "platoon.renderers.qwen3_5:Qwen3_5Renderer",
+    "qwen3_5_disable_thinking": "platoon.renderers.qwen3_5:Qwen3_5DisableThinkingRenderer",
+    "kimi_k2": "platoon.renderers.kimi:KimiK2Renderer",
+    "kimi_k25": "platoon.renderers.kimi:KimiK25Renderer",
+    "kimi_k25_disable_thinking": "platoon.renderers.kimi:KimiK25DisableThinkingRenderer",
+    "nemotron3": "platoon.renderers.nemotron:Nemotron3Renderer",
+    "nemotron3_disable_thinking": "platoon.renderers.nemotron:Nemotron3DisableThinkingRenderer",
+}
+#: built-in classes that take an image processor as their second argument
+_TAKES_IMAGE_PROCESSOR = {
+    "qwen3_vl",
+    "qwen3_vl_instruct",
+    "qwen3_5",
+    "qwen3_5_disable_thinking",
+    "kimi_k25",
+    "kimi_k25_disable_thinking",
+}
+
+
+def register_renderer(name: str, factory: RendererFactory) -> None:
+    """Add (or replace) a renderer name; `factory(tokenizer, image_processor)` builds it.
+
+    A factory that takes a single argument is called with the tokenizer alone. Registered names are looked up
+    before the built-in ones.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("a renderer name must be a non-empty string")
+    if not callable(factory):
+        raise TypeError(f"the factory for renderer {name!r} is not callable")
+    _CUSTOM[name] = factory
+
+
+def unregister_renderer(name: str) -> bool:
+    """Remove a registered renderer name; False when it was not registered."""
+    return _CUSTOM.pop(name, None) is not None
+
+
+def renderer_names() -> list[str]:
+    """Every name `get_renderer` knows: the registered ones, then the built-in ones."""
+    return [*_CUSTOM, *(n for n in _BUILTIN if n not in _CUSTOM)]
+
+
+def _register_builtin(name: str, target: str, *, takes_image_processor: bool = False) -> None:
+    """For renderer families shipped with platoon: add a built-in name resolved lazily from "module:class"."""
+    _BUILTIN[name] = target
+    if takes_image_processor:
+        _TAKES_IMAGE_PROCESSOR.add(name)
+
+
+def get_renderer(
+    name: str,
+    tokenizer: Tokenizer,
+    image_processor: Any = None,
+    *,
+    renderer_kwargs: Mapping[str, Any] | None = None,
+) -> Renderer:
+    """The renderer `name` over `tokenizer`, with `renderer_kwargs` set as attributes afterwards.
+
+    An unknown name, or a renderer kwarg naming an attribute the renderer lacks, is a `ConfigError` (a
+    `ValueError`).
+    """
+    renderer: Renderer
+    if name in _CUSTOM:
+        factory = _CUSTOM[name]
+        renderer = factory(tokenizer, image_processor) if _takes_two(factory) else factory(tokenizer)
+    elif name in _BUILTIN:
+        module_name, _, class_name = _BUILTIN[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        renderer = cls(tokenizer, image_processor) if name in _TAKES_IMAGE_PROCESSOR else cls(tokenizer)
+    else:
+        raise ConfigError(
+            f"unknown renderer {name!r}; known renderers: {', '.join(sorted(renderer_names()))} "
+            "(or register one with register_renderer)"
+        )
+    try:
+        renderer.name = name
+    except AttributeError:  # a custom renderer class that does not allow the attribute
+        pass
+    if renderer_kwargs:
+        apply_renderer_kwargs(renderer, renderer_kwargs)
+    return renderer
+
+
+def apply_renderer_kwargs(renderer: Any, renderer_kwargs: Mapping[str, Any]) -> None:
+    """Set each kwarg as an attribute of `renderer`; one it does not have is a `ConfigError` (a `ValueError`)."""
+    unknown = [key for key in renderer_kwargs if not hasattr(renderer, key)]
+    if unknown:
+        raise ConfigError(
+            f"renderer_kwargs: the {type(renderer).__name__} renderer has no attribute "
+            + ", ".join(repr(k) for k in unknown)
+        )
+    for key, value in renderer_kwargs.items():
+        setattr(renderer, key, value)
+
+
+def _takes_two(factory: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 2
+
+
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def parse_think_blocks(content: str) -> list[ContentPart] | None:
+    """Text with `<think>` blocks as thinking and text parts (empty pieces dropped); None without `<think>`."""
+    if "<think>" not in content:
+        return None
+    parts: list[ContentPart] = []
+    pos = 0
+    for match in _THINK_BLOCK.finditer(content):
+        if match.start() > pos:
+            parts.append({"type": "text", "text": content[pos : match.start()]})
+        if match.group(1):
+            parts.append({"type": "thinking", "thinking": match.group(1)})
+        pos = match.end()
+    if pos < len(content):
+        parts.append({"type": "text", "text": content[pos:]})
+    return parts

@@ -1,0 +1,214 @@
+"""platoon's tokenizer loading (train.md 7.1): its registry, a local directory, the Llama-3 remap, AutoTokenizer.
+
+`platoon/toy` is registered (core.md 8.2) and loads through `tokenizers` alone, never importing transformers;
+`TokenizersTokenizer` is the small adapter that gives a `tokenizers.Tokenizer` the interface renderers use.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tokenizers
+
+#: factory() -> tokenizer
+TokenizerFactory = Callable[[], Any]
+
+_REGISTRY: dict[str, TokenizerFactory] = {}
+
+LLAMA3_PREFIX = "meta-llama/Llama-3"
+LLAMA3_TOKENIZER = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
+
+
+def register_tokenizer(name: str, factory: TokenizerFactory) -> None:
+    """Make `get_tokenizer(name)` return `factory()` (looked up before any directory or hub name)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("a tokenizer name must be a non-empty string")
+    if not callable(factory):
+        raise TypeError(f"the factory for tokenizer {name!r} is not callable")
+    _REGISTRY[name] = factory
+
+
+def unregister_tokenizer(name: str) -> bool:
+    """Remove a registered tokenizer name; False when it was not registered."""
+    return _REGISTRY.pop(name, None) is not None
+
+
+def is_tokenizer_registered(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def registered_tokenizer_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_tokenizer(name: str) -> Any:
+    """The tokenizer for a model name, in train.md 7.1's order.
+
+    1. platoon's registry (`platoon/toy` is registered); the factory decides about caching.
+    2. A local directory: `AutoTokenizer.from_pretrained(dir, trust_remote_code=True)`.
+    3. `meta-llama/Llama-3*` is loaded from the ungated `thinkingmachineslabinc/meta-llama-3-instruct-tokenizer`.
+    4. `AutoTokenizer.from_pretrained(name, use_fast=True)` (the hub or a seeded Hugging Face cache).
+    """
+    factory = _REGISTRY.get(name)
+    if factory is not None:
+        return factory()
+    return _load_hf_tokenizer(name)
+
+
+@functools.cache
+def _load_hf_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if os.path.isdir(name):
+        return AutoTokenizer.from_pretrained(name, use_fast=True, trust_remote_code=True)
+    if name.startswith(LLAMA3_PREFIX):
+        name = LLAMA3_TOKENIZER
+    return AutoTokenizer.from_pretrained(name, use_fast=True)
+
+
+class TokenizersTokenizer:
+    """A `tokenizers.Tokenizer` with the part of the transformers tokenizer interface renderers and samplers use.
+
+    Encoding and decoding are the `tokenizers` library's own (byte-identical to a `PreTrainedTokenizerFast` over
+    the same `tokenizer.json` with `clean_up_tokenization_spaces=False`); special-token names come from the
+    directory's `tokenizer_config.json`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        name_or_path: str,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+        bos_token: str | None = None,
+        unk_token: str | None = None,
+        model_max_length: int = 1048576,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.name_or_path = name_or_path
+        self.eos_token = eos_token
+        self.pad_token = pad_token
+        self.bos_token = bos_token
+        self.unk_token = unk_token
+        self.model_max_length = model_max_length
+
+    @classmethod
+    def from_directory(
+        cls, directory: str | os.PathLike[str], *, name_or_path: str | None = None
+    ) -> TokenizersTokenizer:
+        """Load `tokenizer.json` (and the special-token names of `tokenizer_config.json`) from a directory."""
+        from tokenizers import Tokenizer
+
+        path = Path(directory)
+        config_path = path / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
+        return cls(
+            Tokenizer.from_file(str(path / "tokenizer.json")),
+            name_or_path=name_or_path or str(path),
+            eos_token=_token_name(config.get("eos_token")),
+            pad_token=_token_name(config.get("pad_token")),
+            bos_token=_token_name(config.get("bos_token")),
+            unk_token=_token_name(config.get("unk_token")),
+            model_max_length=int(config.get("model_max_length") or 1048576),
+        )
+
+    @property
+    def backend_tokenizer(self) -> tokenizers.Tokenizer:
+        """The wrapped `tokenizers.Tokenizer` (transformers' name for it)."""
+        return self._tokenizer
+
+    # ---- encoding and decoding -----------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = False, **_: Any) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, token_ids: int | Iterable[int], skip_special_tokens: bool = False, **_: Any) -> str:
+        ids = [token_ids] if isinstance(token_ids, int) else [int(t) for t in token_ids]
+        return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def batch_decode(
+        self, sequences: Iterable[Iterable[int]], skip_special_tokens: bool = False
+    ) -> list[str]:
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        ids = self.encode(text, add_special_tokens=add_special_tokens)
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+    # ---- the vocabulary ------------------------------------------------------------------------------------
+
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> Any:
+        if isinstance(tokens, str):
+            return self._tokenizer.token_to_id(tokens)
+        return [self._tokenizer.token_to_id(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> Any:
+        if isinstance(ids, int):
+            return self._tokenizer.id_to_token(ids)
+        return [self._tokenizer.id_to_token(int(i)) for i in ids]
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._tokenizer.get_vocab(with_added_tokens=True))
+
+    def __len__(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def vocab_size(self) -> int:
+        """The base vocabulary without added tokens (transformers' `vocab_size`)."""
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=False))
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self._tokenizer.token_to_id(token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._id(self.eos_token)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._id(self.pad_token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id(self.bos_token)
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._id(self.unk_token)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        decoder = self._tokenizer.get_added_tokens_decoder()
+        return sorted(i for i, token in decoder.items() if token.special)
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        decoder = self._tokenizer.get_added_tokens_decoder()
+        return [decoder[i].content for i in self.all_special_ids]
+
+    def __repr__(self) -> str:
+        return f"TokenizersTokenizer(name_or_path={self.name_or_path!r}, vocab={len(self)})"
+
+
+def _token_name(value: Any) -> str | None:
+    # tokenizer_config.json spells a special token as a string or as an AddedToken dict.
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _toy_tokenizer() -> Any:
+    from platoon.renderers.toy import toy_tokenizer
+
+    return toy_tokenizer()
+
+
+register_tokenizer("platoon/toy", _toy_tokenizer)

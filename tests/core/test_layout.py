@@ -1,0 +1,122 @@
+"""The rooms of platoon-core and which may import which (docs/architecture.md): read from the source's imports,
+those at module level and those inside functions alike."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import platoon
+
+CORE_SRC = Path(platoon.__file__).parent
+PLUGIN_SRCS = [CORE_SRC.parents[2] / name / "src" for name in ("platoon-harnesses", "platoon-sandbox", "platoon-harbor")]
+
+
+def _module_name(path: Path, src: Path) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, src: Path) -> Iterator[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import statement of one file."""
+    module = _module_name(path, src)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield target, [alias.name for alias in node.names], node.lineno
+
+
+def _sources(src: Path, room: str = "") -> list[Path]:
+    root = src / room.replace(".", "/") if room else src
+    return sorted(root.rglob("*.py"))
+
+
+def _room(module: str) -> str:
+    """`platoon.train.tinker.loop` -> `train`; `platoon.cli` -> `cli`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "platoon" else ""
+
+
+def _violations(rooms: list[str], forbidden: list[str]) -> list[str]:
+    found = []
+    for room in rooms:
+        for path in _sources(CORE_SRC.parent, f"platoon.{room}"):
+            for target, _names, line in _imports(path, CORE_SRC.parent):
+                if target.startswith("platoon.") and _room(target) in forbidden:
+                    found.append(f"{path.relative_to(CORE_SRC.parent)}:{line} imports {target}")
+    return found
+
+
+def test_nothing_outside_the_test_kit_imports_it():
+    found = []
+    for src in [CORE_SRC.parent, *PLUGIN_SRCS]:
+        for path in _sources(src):
+            if path.is_relative_to(CORE_SRC / "testing"):
+                continue
+            for target, _names, line in _imports(path, src):
+                if target == "platoon.testing" or target.startswith("platoon.testing."):
+                    found.append(f"{path.relative_to(src)}:{line} imports {target}")
+    assert found == []
+
+
+def test_renderers_import_only_the_leaves():
+    assert _violations(["renderers"], ["gateway", "episode", "rollouts", "train", "eval", "testing"]) == []
+
+
+def test_the_local_server_imports_neither_training_nor_evaluation():
+    assert _violations(["local_server"], ["train", "eval", "testing", "rollouts", "gateway", "episode"]) == []
+
+
+#: the stable import paths of core.md 1.4 and train.md 1, and names each must give
+STABLE_PATHS = {
+    "platoon.train.tinker.renderers": [
+        "ChatTemplateRenderer",
+        "get_renderer",
+        "register_renderer",
+        "get_tokenizer",
+        "register_tokenizer",
+    ],
+    "platoon.train.tinker.renderers.tool_parsers": [
+        "ToolCallParser",
+        "ParseResult",
+        "ParsedToolCall",
+        "UnparsedToolCall",
+        "register_parser",
+    ],
+    "platoon.train.tinker.config_defs": ["PlatoonTinkerRLTrainerConfig", "TrainConfig", "WorkflowConfig"],
+    "platoon.train.tinker.workflows": ["GroupRolloutWorkflow"],
+    "platoon.eval.run": ["PlatoonEvalConfig"],
+    "platoon.eval.config_defs": ["EvalWorkflowConfig", "HostedConfig", "PricingConfig"],
+    "platoon.testing": ["LocalTinkerServer", "local_tinker_server", "toy_tokenizer", "serve_policy"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(STABLE_PATHS))
+def test_the_stable_import_paths_keep_working(module):
+    imported = importlib.import_module(module)
+    for name in STABLE_PATHS[module]:
+        assert getattr(imported, name) is not None, f"{module}.{name}"
+
+
+def test_the_old_renderer_path_gives_the_same_objects():
+    from platoon.renderers import get_renderer
+    from platoon.renderers.tool_parsers import ToolCallParser
+    from platoon.train.tinker.renderers import get_renderer as old_get_renderer
+    from platoon.train.tinker.renderers.tool_parsers import ToolCallParser as OldToolCallParser
+
+    assert old_get_renderer is get_renderer and OldToolCallParser is ToolCallParser

@@ -41,8 +41,8 @@ async def return_at_once(ctx: Any) -> AgentResult:
 def _member(rollout_number: int) -> Any:
     from platoon.config.environments import EnvironmentConfig
     from platoon.config_defs import RolloutConfig
+    from platoon.rollouts.one_rollout import MemberRequest
     from platoon.task import Task
-    from platoon.train.tinker.member import MemberRequest
 
     entry = EnvironmentConfig(
         service="table", service_kwargs={"rows": ["x"]}, harness=f"{MODULE}:return_at_once"
@@ -74,8 +74,8 @@ async def _ready_times(workers: Any, count: int) -> list[float]:
 
 
 async def _measure(sampler: Any, run_dir: Path, count: int, exec_count: int) -> dict[str, Any]:
-    from platoon.train.tinker.config_defs import WorkflowConfig
-    from platoon.train.tinker.workers import RolloutWorkers
+    from platoon.config.training import WorkflowConfig
+    from platoon.rollouts.workers import RolloutWorkers
 
     def workers(method: str) -> RolloutWorkers:
         return RolloutWorkers(

@@ -27,7 +27,7 @@ def _isolated_site(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 # Tinker SDK sessions
 #
 # Every `tinker.ServiceClient` starts a task on the SDK's one background event loop that heartbeats its session
-# every 10 s until `client.holder.close()` (`platoon.train.tinker.trainer.close_session`); the task holds the
+# every 10 s until `client.holder.close()` (`platoon.gateway.tinker_service.close_session`); the task holds the
 # client, so it is never collected. A client a test leaves open heartbeats for the rest of the session, at a
 # server that is gone (or at a later test's server on a reused port) and, after two minutes, logs warnings into
 # later tests. These guards fail the test (or, for a module-scoped fixture, the module) that left one open.
@@ -72,7 +72,7 @@ def _left_open(before: set[asyncio.Task[Any]], where: str) -> None:
         pytest.fail(
             f"{where} left {len(leaked)} Tinker session(s) heartbeating ({', '.join(sessions)}): close each "
             "ServiceClient it opens when done (client.holder.close(), or "
-            "platoon.train.tinker.trainer.close_session(client))",
+            "platoon.gateway.tinker_service.close_session(client))",
             pytrace=False,
         )
 

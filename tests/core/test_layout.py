@@ -13,7 +13,9 @@ import pytest
 import platoon
 
 CORE_SRC = Path(platoon.__file__).parent
-PLUGIN_SRCS = [CORE_SRC.parents[2] / name / "src" for name in ("platoon-harnesses", "platoon-sandbox", "platoon-harbor")]
+PLUGIN_SRCS = [
+    CORE_SRC.parents[2] / name / "src" for name in ("platoon-harnesses", "platoon-sandbox", "platoon-harbor")
+]
 
 
 def _module_name(path: Path, src: Path) -> str:
@@ -72,6 +74,32 @@ def test_nothing_outside_the_test_kit_imports_it():
                 if target == "platoon.testing" or target.startswith("platoon.testing."):
                     found.append(f"{path.relative_to(src)}:{line} imports {target}")
     assert found == []
+
+
+def test_only_the_command_line_imports_the_trainer():
+    rooms = ["eval", "gateway", "config", "envs", "episode", "renderers", "rollouts", "local_server"]
+    assert _violations(rooms, ["train"]) == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = []
+    for src in [CORE_SRC.parent, *PLUGIN_SRCS]:
+        for path in _sources(src):
+            for target, names, line in _imports(path, src):
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                if target.startswith("platoon") and private:
+                    found.append(f"{path.relative_to(src)}:{line} takes {', '.join(private)} from {target}")
+    assert found == []
+
+
+def test_the_biggest_room_holds_under_a_fifth_of_the_lines():
+    def lines(paths: list[Path]) -> int:
+        return sum(len(path.read_text(encoding="utf-8").splitlines()) for path in paths)
+
+    total = lines(_sources(CORE_SRC))
+    rooms = {room.name: lines(_sources(room)) for room in CORE_SRC.iterdir() if room.is_dir()}
+    biggest = max(rooms, key=rooms.__getitem__)
+    assert rooms[biggest] < total / 5, (biggest, rooms[biggest], total)
 
 
 def test_renderers_import_only_the_leaves():

@@ -137,9 +137,7 @@ def test_schema_choice_under_auto(tmp_path: Path) -> None:
 
 def test_schema_strings(tmp_path: Path) -> None:
     cfg = write(tmp_path / "c.yaml", {"train": {"model_name": "m", "renderer_name": "r"}, "log_path": "x"})
-    loaded = load_config(
-        cfg, schema="platoon.train.tinker.config_defs:PlatoonTinkerRLTrainerConfig", cwd=tmp_path
-    )
+    loaded = load_config(cfg, schema="platoon.config.training:PlatoonTinkerRLTrainerConfig", cwd=tmp_path)
     assert loaded.config is not None
     assert refused(cfg, schema="not-a-class", cwd=tmp_path).problems == [
         "schema 'not-a-class': expected module:Class"
@@ -334,7 +332,7 @@ def test_outputs_stay_cwd_relative_with_home_expanded(
 @pytest.fixture
 def trainer_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     code = """
-        from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+        from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
         class MyTrainer(PlatoonTinkerRLTrainerConfig):
             extra_knob: int = 0
@@ -518,7 +516,7 @@ def test_deprecated_service_options_come_from_the_service_class(
 def test_importing_the_config_package_stays_light(run_python: Any) -> None:
     code = (
         "import sys, platoon.config as c; c.load_config; c.apply_overrides; c.describe_site; "
-        "heavy = [m for m in ('platoon.plugins', 'platoon.train.tinker.config_defs', 'platoon.eval.config_defs') "
+        "heavy = [m for m in ('platoon.plugins', 'platoon.config.training', 'platoon.eval.config_defs') "
         "if m in sys.modules]; print(heavy)"
     )
     result = run_python(code, path=tuple(Path(p) for p in sys.path if p))

@@ -174,7 +174,7 @@ def test_bools_are_not_numbers() -> None:
 
 
 def test_real_training_config_messages() -> None:
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig as Schema
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig as Schema
 
     data = {
         "train": {"model_name": "m", "renderer_name": "r", "batchsize": 3, "task_order": "random"},

@@ -7,9 +7,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from platoon.config_defs import InferenceParams, RolloutConfig, kept_defaults, lay_over
-from platoon.deprecations import DeprecatedKey
-from platoon.train.tinker.config_defs import (
+from platoon.config.training import (
     EVAL_INHERITED_KEYS,
     AdamParams,
     CheckpointConfig,
@@ -21,6 +19,8 @@ from platoon.train.tinker.config_defs import (
     WorkflowConfig,
     training_problems,
 )
+from platoon.config_defs import InferenceParams, RolloutConfig, kept_defaults, lay_over
+from platoon.deprecations import DeprecatedKey
 
 
 def config(**sections: Any) -> dict[str, Any]:
@@ -695,7 +695,7 @@ def test_config_modules_import_nothing_heavy() -> None:
     import sys
 
     code = (
-        "import sys, platoon.train.tinker.config_defs, platoon.eval.run, platoon.config.environments;"
+        "import sys, platoon.config.training, platoon.eval.run, platoon.config.environments;"
         "heavy = {'torch', 'transformers', 'tinker', 'openreward', 'docker', 'mcp', 'yaml', 'tokenizers'};"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"
     )

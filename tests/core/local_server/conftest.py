@@ -30,7 +30,7 @@ def service(server: LocalTinkerServer) -> Iterator[Any]:
     """An SDK client of the module's server; its session stops heartbeating when the module is done."""
     import tinker
 
-    from platoon.train.tinker.trainer import close_session
+    from platoon.gateway.tinker_service import close_session
 
     client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
     yield client

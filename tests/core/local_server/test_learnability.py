@@ -30,7 +30,7 @@ LEARNING_RATE = 0.01
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.ServiceClient]:
-    from platoon.train.tinker.trainer import close_session
+    from platoon.gateway.tinker_service import close_session
 
     with local_tinker_server(state_dir=tmp_path_factory.mktemp("learnability")) as server:
         assert isinstance(server, LocalTinkerServer)

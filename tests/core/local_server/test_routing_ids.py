@@ -16,13 +16,13 @@ import pytest
 import tinker
 
 from platoon.config.environments import EnvironmentConfig
+from platoon.config.training import WorkflowConfig
 from platoon.config_defs import RolloutConfig
 from platoon.envs.resolve import resolve_service
 from platoon.local_server import LocalTinkerServer
 from platoon.local_server.backend import ModelBackend
-from platoon.train.tinker.config_defs import WorkflowConfig
-from platoon.train.tinker.member import MemberRequest
-from platoon.train.tinker.workers import RolloutWorkers
+from platoon.rollouts.one_rollout import MemberRequest
+from platoon.rollouts.workers import RolloutWorkers
 
 MODEL = "platoon/toy"
 BANDIT_SERVICE = "python://platoon.envs.bandit.env:BanditEnvironment"

@@ -10,9 +10,9 @@ import pytest
 import tinker
 from tinker import types
 
+from platoon.gateway.tinker_service import close_session
 from platoon.local_server import LocalTinkerServer
 from platoon.local_server.backend import ModelBackend
-from platoon.train.tinker.trainer import close_session
 
 MODEL = "platoon/toy"
 PROMPT = [ord(c) for c in "Hello, world"]

@@ -244,7 +244,7 @@ def test_a_disk_that_fills_mid_run_stops_at_the_step_boundary_with_one_line_and_
 
 
 def test_a_jsonl_append_on_a_full_disk_leaves_no_half_line_and_is_one_line(small_disk):
-    from platoon.train.tinker.records import RunDirWriteError, append_jsonl, read_jsonl
+    from platoon.rollouts.records import RunDirWriteError, append_jsonl, read_jsonl
 
     path = small_disk / "rows.jsonl"
     append_jsonl(path, {"step": 1})
@@ -261,7 +261,7 @@ def test_a_jsonl_append_on_a_full_disk_leaves_no_half_line_and_is_one_line(small
 
 
 def test_an_atomic_json_write_on_a_full_disk_keeps_the_old_file_and_leaves_no_partial(small_disk):
-    from platoon.train.tinker.records import RunDirWriteError, write_json_atomic
+    from platoon.rollouts.records import RunDirWriteError, write_json_atomic
 
     path = small_disk / "lock.json"
     write_json_atomic(path, {"version": 1})
@@ -284,7 +284,7 @@ def test_validate_checks_the_eval_runs_dir_when_no_output_dir_is_set(tmp_path, s
 
 
 def test_the_probe_leaves_nothing_behind(tmp_path):
-    from platoon.train.tinker.records import writable_dir_problem
+    from platoon.rollouts.records import writable_dir_problem
 
     assert writable_dir_problem(tmp_path / "a" / "b", key="log_path") is None
     assert list(tmp_path.iterdir()) == []

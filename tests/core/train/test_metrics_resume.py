@@ -131,8 +131,8 @@ def test_after_sigkill_and_a_resume_from_an_earlier_checkpoint_each_step_is_plot
 
 
 def test_a_step_logged_but_not_checkpointed_is_superseded_when_the_resume_redoes_it(tmp_path, capsys):
+    from platoon.rollouts.records import append_jsonl
     from platoon.train.tinker.metrics_log import supersede_redone_steps
-    from platoon.train.tinker.records import append_jsonl
 
     # What SIGKILL leaves after step 2's row and before step 2's checkpoint row: the resume point is step 1.
     metrics = tmp_path / "metrics.jsonl"

@@ -459,7 +459,7 @@ def test_the_admission_queue_is_fifo_and_caps_labels_without_blocking_others() -
 
 
 def test_straggler_cutoffs_come_from_the_label_else_the_globals() -> None:
-    from platoon.train.tinker.config_defs import WorkflowConfig
+    from platoon.config.training import WorkflowConfig
     from platoon.train.tinker.workflows import GroupRolloutWorkflow, StragglerCutoff
 
     workflow = GroupRolloutWorkflow(

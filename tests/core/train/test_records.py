@@ -19,15 +19,15 @@ import yaml
 from platoon._version import running_version
 from platoon.config import load_config
 from platoon.errors import ConfigError
-from platoon.train.tinker import records
-from platoon.train.tinker.credentials import (
+from platoon.gateway.tinker_service import (
     LOCAL_API_KEY,
     TinkerKeyError,
     check_tinker_key,
     refused_key_error,
     uses_local_server,
 )
-from platoon.train.tinker.records import (
+from platoon.rollouts import records
+from platoon.rollouts.records import (
     IdentityRecord,
     ProcessRecord,
     RunDirInUse,
@@ -653,7 +653,7 @@ def test_a_supervised_child_start_may_check_its_supervisors_dir(tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            f"from platoon.train.tinker import records; records.check_run_dir_free({str(run)!r})",
+            f"from platoon.rollouts import records; records.check_run_dir_free({str(run)!r})",
         ],
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from platoon.train.tinker.records import read_jsonl
+from platoon.rollouts.records import read_jsonl
 from platoon.train.tinker.supervisor import progress_mark, supervise
 
 # Each start pops its plan: append checkpoint rows, then either exit with `code` or wait for SIGUSR1.
@@ -252,7 +252,7 @@ def test_platoon_train_supervises_the_bandit_example_to_the_end(tmp_path, monkey
 
 
 def test_hold_for_trainer_only_under_a_supervisor(tmp_path):
-    from platoon.train.tinker.records import hold_run_dir, read_process
+    from platoon.rollouts.records import hold_run_dir, read_process
     from platoon.train.tinker.supervisor import hold_for_trainer
 
     assert not hold_for_trainer(tmp_path)  # no process.json

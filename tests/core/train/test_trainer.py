@@ -286,8 +286,8 @@ def test_a_resume_that_changes_model_or_renderer_is_refused_before_any_service(
     tmp_path, monkeypatch, capsys, override, message
 ):
     from platoon.local_server import process
+    from platoon.rollouts.records import write_identity
     from platoon.train.tinker.checkpoints import CheckpointLog
-    from platoon.train.tinker.records import write_identity
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     started: list[str] = []

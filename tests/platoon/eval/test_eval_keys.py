@@ -99,7 +99,7 @@ def assert_no_key(found: list[dict[str, Any]], variable: str, key: str) -> None:
 
 def no_fork_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fork server that cannot start: slots start by exec instead."""
-    from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
+    from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
 
     async def unavailable(*_args: Any, **_kwargs: Any) -> ForkServer:
         raise ForkServerUnavailable("the fork server did not start (this test stops it)")

@@ -24,8 +24,8 @@ from eval_support import (
 )
 
 from platoon.cli import main
+from platoon.rollouts.workers.ipc import is_running
 from platoon.testing import serve_policy
-from platoon.train.tinker.workers.ipc import is_running
 
 SLOT_LINE = re.compile(r"slot (\d+) \(pid (\d+)\) runs rollout (\d+) of (\S+)")
 
@@ -230,7 +230,7 @@ def test_a_hanging_rollout_and_a_dying_slot_are_errors_and_their_slots_are_repla
     start, workdir, write_config, capsys, caplog, scratch, local_tinker, monkeypatch, tmp_path
 ):
     from platoon.eval import slots
-    from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
+    from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
 
     if start == "exec":
         # A fork server that cannot start (its interpreter broken, say): the slots start by exec instead.

@@ -248,7 +248,7 @@ def test_a_mixture_task_names_its_environment(workdir, write_config, capsys):
 
 
 def test_the_run_dir_slug_and_tree_texts_follow_the_rules():
-    from platoon.eval.adhoc import task_slug
+    from platoon.eval.one_task import task_slug
     from platoon.eval.policy import policy_slug
     from platoon.eval.tree import rollout_tree
 
@@ -335,7 +335,7 @@ def test_rollout_samples_a_saved_checkpoint(
 ):
     import tinker
 
-    from platoon.train.tinker.trainer import close_session
+    from platoon.gateway.tinker_service import close_session
 
     service = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
     request.addfinalizer(lambda: close_session(service))

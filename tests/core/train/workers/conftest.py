@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from platoon.config.environments import EnvironmentConfig
+from platoon.config.training import WorkflowConfig
 from platoon.config_defs import RolloutConfig
+from platoon.rollouts.one_rollout import MemberRequest
+from platoon.rollouts.workers import RolloutWorkers
+from platoon.rollouts.workers.ipc import is_running
 from platoon.task import Task
-from platoon.train.tinker.config_defs import WorkflowConfig
-from platoon.train.tinker.member import MemberRequest
-from platoon.train.tinker.workers import RolloutWorkers
-from platoon.train.tinker.workers.ipc import is_running
 
 HERE = Path(__file__).resolve().parent
 MODEL = "platoon/toy"
@@ -55,7 +55,7 @@ def service_client(tinker_server: Any) -> Iterator[Any]:
     """An SDK client of the module's server; its session stops heartbeating when the module is done."""
     import tinker
 
-    from platoon.train.tinker.trainer import close_session
+    from platoon.gateway.tinker_service import close_session
 
     client = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
     yield client

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from platoon.config.training import WorkflowConfig
 from platoon.config_defs import RolloutConfig
-from platoon.train.tinker.config_defs import WorkflowConfig
-from platoon.train.tinker.member import MemberOutcome
-from platoon.train.tinker.workers import ipc
-from platoon.train.tinker.workers.binding import FollowingSampler, binding_blob, publish_binding
-from platoon.train.tinker.workers.ipc import WorkerSetupError, scratch_dir
-from platoon.train.tinker.workers.pool import classify_exit, rollout_budget_seconds
-from platoon.train.tinker.workers.startup import worker_environment
+from platoon.rollouts.one_rollout import MemberOutcome
+from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.binding import FollowingSampler, binding_blob, publish_binding
+from platoon.rollouts.workers.ipc import WorkerSetupError, scratch_dir
+from platoon.rollouts.workers.pool import classify_exit, rollout_budget_seconds
+from platoon.rollouts.workers.startup import worker_environment
 
 from .conftest import gone, wait_for
 
@@ -318,7 +318,7 @@ def test_registry_records_round_trip(tmp_path):
 def test_the_fork_server_sees_threads_it_must_not_fork_under():
     import threading
 
-    from platoon.train.tinker.workers.forkserver import _foreign_threads
+    from platoon.rollouts.workers.forkserver import _foreign_threads
 
     release = threading.Event()
     thread = threading.Thread(target=release.wait, name="busy-helper")
@@ -335,7 +335,7 @@ def test_the_first_publication_failing_is_fatal_and_a_later_one_keeps_the_last(t
     import asyncio
 
     from platoon.errors import PlatoonError
-    from platoon.train.tinker.workers import RolloutWorkers
+    from platoon.rollouts.workers import RolloutWorkers
 
     monkeypatch.setenv("PLATOON_NODE_SCRATCH", str(tmp_path))
     workers = RolloutWorkers(
@@ -363,7 +363,7 @@ def test_the_first_publication_failing_is_fatal_and_a_later_one_keeps_the_last(t
 
 
 def test_python_env_isolation_is_refused_in_one_line(tmp_path):
-    from platoon.train.tinker.workers import RolloutWorkers
+    from platoon.rollouts.workers import RolloutWorkers
 
     workflow = WorkflowConfig(rollout_isolation="process", worker_python_env_isolation=True)
     with pytest.raises(WorkerSetupError, match="worker_python_env_isolation is not available in this build"):
@@ -384,7 +384,7 @@ def test_a_fork_server_whose_log_cannot_be_opened_is_unavailable_in_one_line(tmp
     """Not a traceback: the trainer falls back to exec starts on ForkServerUnavailable."""
     import asyncio
 
-    from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
+    from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
 
     start = ForkServer.start(
         config={}, env=dict(os.environ), cwd=str(tmp_path), log_path=tmp_path / "missing" / "log", timeout=5

@@ -19,10 +19,10 @@ import pytest
 
 from platoon.envs.resolve import resolve_service
 from platoon.gateway.core import ModelGateway
-from platoon.train.tinker.member import run_member
-from platoon.train.tinker.workers import RolloutWorkers
-from platoon.train.tinker.workers.pool import MAX_FORK_SERVERS
-from platoon.train.tinker.workers.worker import prepared_renderer
+from platoon.rollouts.one_rollout import run_member
+from platoon.rollouts.workers import RolloutWorkers
+from platoon.rollouts.workers.pool import MAX_FORK_SERVERS
+from platoon.rollouts.workers.worker import prepared_renderer
 
 from .conftest import (
     BANDIT_SERVICE,
@@ -375,8 +375,8 @@ def test_a_request_of_another_protocol_is_refused_by_the_worker(tmp_path):
     import subprocess
     import sys
 
-    from platoon.train.tinker.workers.ipc import WorkerRequest
-    from platoon.train.tinker.workers.startup import worker_environment
+    from platoon.rollouts.workers.ipc import WorkerRequest
+    from platoon.rollouts.workers.startup import worker_environment
 
     request = tmp_path / "x.req"
     old = WorkerRequest(1, "x", None, None, None, 300, 300, 0, 2, (), {}, os.getpid(), None)  # type: ignore[arg-type]
@@ -384,7 +384,7 @@ def test_a_request_of_another_protocol_is_refused_by_the_worker(tmp_path):
     diag = tmp_path / "x.res.diag"
     env = worker_environment(os.environ, diag_path=str(diag))
     done = subprocess.run(
-        [sys.executable, "-m", "platoon.train.tinker.workers.worker", str(request)],
+        [sys.executable, "-m", "platoon.rollouts.workers.worker", str(request)],
         env=env,
         capture_output=True,
         text=True,
@@ -402,10 +402,10 @@ from pathlib import Path
 from platoon.config.environments import EnvironmentConfig
 from platoon.config_defs import RolloutConfig
 from platoon.task import Task
-from platoon.train.tinker.config_defs import WorkflowConfig
-from platoon.train.tinker.member import MemberRequest
-from platoon.train.tinker.workers import RolloutWorkers
-from platoon.train.tinker.workers.pool import MAX_FORK_SERVERS
+from platoon.config.training import WorkflowConfig
+from platoon.rollouts.one_rollout import MemberRequest
+from platoon.rollouts.workers import RolloutWorkers
+from platoon.rollouts.workers.pool import MAX_FORK_SERVERS
 from worker_harnesses import StubSampler
 
 async def main(where):
@@ -436,7 +436,7 @@ def test_a_trainer_killed_with_sigkill_takes_its_fork_server_workers_and_their_g
     import subprocess
     import sys
 
-    from platoon.train.tinker.workers.ipc import is_running, scratch_dir, start_time_of, sweep_orphans
+    from platoon.rollouts.workers.ipc import is_running, scratch_dir, start_time_of, sweep_orphans
 
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path)])
     try:

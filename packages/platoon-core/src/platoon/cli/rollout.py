@@ -1,7 +1,7 @@
 """`platoon rollout CONFIG [k=v ...] --task ID [...]` (core.md 3.5): roll out one task of a training or evaluation
 config and print its agent tree (or, with `--json-output`, its summary) on stdout.
 
-The rollout itself is `platoon.eval.adhoc`; this module parses the command line and prints.
+The rollout itself is `platoon.eval.one_task`; this module parses the command line and prints.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def rollout(
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.errors import ConfigError
-    from platoon.eval.adhoc import WRONG_KIND, RolloutOptions, policy_of, run_adhoc_rollout
+    from platoon.eval.one_task import WRONG_KIND, RolloutOptions, policy_of, run_adhoc_rollout
     from platoon.eval.tree import rollout_tree
 
     if not task:

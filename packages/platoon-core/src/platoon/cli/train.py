@@ -14,7 +14,7 @@ from platoon.errors import EX_CONFIG, ConfigError
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
 ConfigArg = Annotated[
     str, typer.Argument(metavar="CONFIG", help="The run's config file.", show_default=False)
@@ -38,8 +38,8 @@ def train(
     from platoon.cli.config import deprecation_lines
     from platoon.config import load_config
     from platoon.config.site import describe_site
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
-    from platoon.train.tinker.credentials import check_tinker_key
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
+    from platoon.gateway.tinker_service import check_tinker_key
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals
     from platoon.train.tinker.trainer import train as run_training
 
@@ -77,7 +77,7 @@ def _supervised(resolved: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig) ->
     import os
     from pathlib import Path
 
-    from platoon.train.tinker import records
+    from platoon.rollouts import records
     from platoon.train.tinker.supervisor import supervise
 
     stats = resolved.stats

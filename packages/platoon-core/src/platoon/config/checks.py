@@ -32,7 +32,7 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
     entries = _entries(config)
     problems = check_environments_defined(entries) or check_mixture(entries)
     if kind == "train":
-        from platoon.train.tinker.config_defs import training_problems
+        from platoon.config.training import training_problems
 
         problems += training_problems(config)
     return problems
@@ -42,7 +42,7 @@ def output_problems(config: Any, *, kind: str, site_runs: str | os.PathLike[str]
     """Whether the run could write its records: a training run's `log_path/<experiment>/<trial>`, an evaluation's
     `inference.output_dir` (unset: `<runs>/eval`, the site profile's runs or `./runs`). A file where a directory
     goes, a read-only mount or a full disk is one line, which the run refuses (78) before writing anything."""
-    from platoon.train.tinker.records import writable_dir_problem
+    from platoon.rollouts.records import writable_dir_problem
 
     if kind == "train" and getattr(config, "log_path", None) is not None:
         stats = config.stats

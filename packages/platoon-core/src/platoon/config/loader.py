@@ -45,7 +45,7 @@ from platoon.errors import ConfigError, ExtensionError
 KINDS = ("auto", "train", "eval", "environments", "none")
 
 _SCHEMAS = {
-    "train": ("platoon.train.tinker.config_defs", "PlatoonTinkerRLTrainerConfig"),
+    "train": ("platoon.config.training", "PlatoonTinkerRLTrainerConfig"),
     "eval": ("platoon.eval.config_defs", "PlatoonEvalConfig"),
     "environments": ("platoon.config.environments", "EnvironmentsOnlyConfig"),
 }

@@ -22,7 +22,7 @@ __all__ = ["ROOTS", "render_reference"]
 
 #: (title, dotted path in a config, model) of each config kind the reference starts from.
 ROOTS: tuple[tuple[str, str, str], ...] = (
-    ("Training config", "", "platoon.train.tinker.config_defs:PlatoonTinkerRLTrainerConfig"),
+    ("Training config", "", "platoon.config.training:PlatoonTinkerRLTrainerConfig"),
     ("Evaluation config", "", "platoon.eval.config_defs:PlatoonEvalConfig"),
     ("Environments-only file", "", "platoon.config.environments:EnvironmentsOnlyConfig"),
 )

@@ -193,7 +193,7 @@ def check_output_dir_free(
     way_out: str = "stop that evaluation, or set another inference.output_dir (or none, for a fresh directory)",
 ) -> None:
     """Refuse (78) a directory a live process holds, saying how this command gets another one."""
-    from platoon.train.tinker.records import RunDirInUse, check_run_dir_free
+    from platoon.rollouts.records import RunDirInUse, check_run_dir_free
 
     try:
         check_run_dir_free(output_dir)
@@ -230,7 +230,7 @@ def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, An
     """The earlier record of this rollout when the evaluation keeps it (`resume`; errored ones only without
     `retry_errored`)."""
     from platoon.eval.rollouts import ERRORED, METADATA_FILE
-    from platoon.train.tinker.records import read_json
+    from platoon.rollouts.records import read_json
 
     if not resume:
         return None
@@ -275,7 +275,7 @@ def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
             workers=workflow.slot_count,
             api_key=policy.hosted_key,  # over the slots' socket: never in their environment
         )
-    from platoon.train.tinker.workers.binding import binding_blob
+    from platoon.rollouts.workers.binding import binding_blob
 
     try:
         blob = binding_blob(policy.sampler, 0)
@@ -333,7 +333,7 @@ async def _rollout_stage(
 ) -> tuple[dict[str, list[dict[str, Any]]], _Stage]:
     from platoon.eval.rollouts import rollout_dir, run_and_record
     from platoon.eval.tasks import entries_by_label, service_kwargs
-    from platoon.train.tinker.member import MemberRequest
+    from platoon.rollouts.one_rollout import MemberRequest
 
     inference = config.inference
     workflow = inference.workflow
@@ -530,7 +530,7 @@ async def evaluate(
     from platoon.eval.policy import PolicySpec, check_policy_key, open_policy, sample_timeout_line
     from platoon.eval.rollouts import provenance_mismatch
     from platoon.eval.tasks import list_tasks
-    from platoon.train.tinker import records
+    from platoon.rollouts import records
 
     started = time.monotonic()
     spec = PolicySpec.of_eval(config)

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError, PlatoonError
-from platoon.train.tinker.credentials import withheld_from_environment
+from platoon.gateway.tinker_service import withheld_from_environment
 
 if TYPE_CHECKING:
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.eval.config_defs import HostedConfig, PlatoonEvalConfig
     from platoon.gateway.core import ModelGateway
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
 
 __all__ = [
     "CallWatch",
@@ -207,7 +207,7 @@ def check_policy_key(
         return
     if spec.backend == TINKER:
         from platoon.gateway.default import default_policy
-        from platoon.train.tinker.credentials import check_tinker_key
+        from platoon.gateway.tinker_service import check_tinker_key
 
         if default_policy() is None or not in_process:
             check_tinker_key(spec.base_url, env)
@@ -248,7 +248,7 @@ class CallWatch:
         return self.key_refusal is not None or self.hosted_refusal is not None
 
 
-class _WatchedSampler:
+class WatchedSampler:
     """A Tinker sampler that notes a refused key (401/403) in the watch before the gateway wraps the error."""
 
     def __init__(self, sampler: Any, watch: CallWatch, base_url: str | None) -> None:
@@ -257,7 +257,7 @@ class _WatchedSampler:
         self._base_url = base_url
 
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
-        from platoon.train.tinker.credentials import refused_key_error
+        from platoon.gateway.tinker_service import refused_key_error
 
         try:
             return await self._sampler.sample_async(*args, **kwargs)
@@ -271,7 +271,7 @@ class _WatchedSampler:
         return getattr(self._sampler, name)
 
 
-class _WatchedHosted:
+class WatchedHosted:
     """A hosted gateway backend that notes refusals (401/402/403/404, redirects): they stop the evaluation."""
 
     def __init__(self, backend: Any, watch: CallWatch) -> None:
@@ -315,14 +315,14 @@ class OpenPolicy:
         named renderer parsing its own format."""
         if self.spec.backend != TINKER or self.renderer is None:
             return None
-        from platoon.train.tinker.records import tool_call_parsing_record
+        from platoon.rollouts.records import tool_call_parsing_record
 
         return tool_call_parsing_record(self.spec.model, str(self.spec.renderer), self.renderer)
 
 
 def key_variables(spec: PolicySpec) -> tuple[str, ...]:
     """The variables holding the policy's keys: withheld from harness code while the policy is open."""
-    from platoon.train.tinker.credentials import KEY_VARIABLE
+    from platoon.gateway.tinker_service import KEY_VARIABLE
 
     if spec.backend == HOSTED:
         assert spec.hosted is not None
@@ -377,7 +377,7 @@ async def open_policy(
         dialects = _dialects(entries)
         # The probe comes before any rollout: a server that refuses the key or the model stops here, in one line.
         await backend.probe(dialects)
-        gateway.backend = _WatchedHosted(gateway.backend, watch)
+        gateway.backend = WatchedHosted(gateway.backend, watch)
         probe = {"ok": True, "dialects": dialects}
         with withheld_from_environment(key_variables(spec)):
             yield OpenPolicy(spec, gateway, watch, probe=probe, hosted_key=backend.api_key)
@@ -398,7 +398,7 @@ async def open_policy(
             yield OpenPolicy(spec, gateway, watch, renderer=gateway.renderer)
         return
 
-    from platoon.train.tinker.credentials import check_tinker_key, refused_key_error, uses_local_server
+    from platoon.gateway.tinker_service import check_tinker_key, refused_key_error, uses_local_server
 
     base_url = spec.tinker_base_url()
     api_key = check_tinker_key(spec.base_url)
@@ -419,7 +419,7 @@ async def open_policy(
         assert spec.renderer is not None
         renderer = get_renderer(spec.renderer, tokenizer, renderer_kwargs=dict(spec.renderer_kwargs))
         gateway = ModelGateway(
-            _WatchedSampler(sampler, watch, base_url),
+            WatchedSampler(sampler, watch, base_url),
             renderer,
             model_name=spec.model,
             context_window_length=spec.context_window_length,
@@ -428,7 +428,7 @@ async def open_policy(
         with withheld_from_environment(key_variables(spec)):
             yield OpenPolicy(spec, gateway, watch, renderer=renderer, sampler=sampler, base_url=base_url)
     finally:
-        from platoon.train.tinker.trainer import close_session
+        from platoon.gateway.tinker_service import close_session
 
         close_session(sampler)
         if stop_server is not None:
@@ -454,7 +454,7 @@ async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str,
             return await service.create_sampling_client_async(model_path=spec.model_path)
         return await service.create_sampling_client_async(base_model=spec.model)
     except Exception as exc:
-        from platoon.train.tinker.trainer import close_session
+        from platoon.gateway.tinker_service import close_session
 
         close_session(service)  # a session that opened but gave no sampler must not heartbeat on
         error = refused(exc, base_url=base_url, what="a sampling client")

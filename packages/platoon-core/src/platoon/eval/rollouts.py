@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from platoon.eval.policy import CallWatch
     from platoon.gateway.core import RolloutRecorder
     from platoon.gateway.records import AgentRecord
-    from platoon.train.tinker.member import MemberOutcome, MemberRequest
+    from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
     from platoon.trajectory import Trajectory, TrajectoryCollection
 
 __all__ = [
@@ -66,7 +66,7 @@ def rollout_dir(output_dir: Path, task_id: str, index: int) -> Path:
 
 def write_json(path: Path, data: Any) -> None:
     """Indented JSON, replaced atomically (a reader never sees half a record)."""
-    from platoon.train.tinker.records import write_json_atomic
+    from platoon.rollouts.records import write_json_atomic
 
     write_json_atomic(path, data)
 
@@ -392,7 +392,7 @@ async def run_and_record(
     """Run one rollout through the trainer's member body on `gateway` and classify it; `record_settings` are
     `rollout_record`'s keyword arguments other than the outcome, the recorder and the refusals. The same in process
     and in a slot process, so both write the same records."""
-    from platoon.train.tinker.member import run_member
+    from platoon.rollouts.one_rollout import run_member
 
     scoped = OneRollout(gateway)
     outcome = await run_member(request, service=service, gateway=scoped, version=lambda: 0)

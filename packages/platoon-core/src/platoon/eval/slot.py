@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from platoon.eval.config_defs import HostedConfig
-    from platoon.train.tinker.workers.worker import Diag
+    from platoon.rollouts.workers.worker import Diag
 
 __all__ = [
     "SLOT_ENV",
@@ -141,7 +141,7 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
     """The slot's gateway: over the unpickled Tinker sampling client (never a ServiceClient of its own), or to the
     hosted server with the key the policy carries."""
-    from platoon.eval.policy import HOSTED, _WatchedHosted, _WatchedSampler
+    from platoon.eval.policy import HOSTED, WatchedHosted, WatchedSampler
 
     if policy.backend == HOSTED:
         from platoon.gateway.hosted import hosted_gateway
@@ -155,19 +155,19 @@ def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
             workers=policy.workers,
             api_key=policy.api_key,
         )
-        gateway.backend = _WatchedHosted(gateway.backend, watch)
+        gateway.backend = WatchedHosted(gateway.backend, watch)
         return gateway
     import tinker  # noqa: F401  (the SDK the pickled client needs)
 
     from platoon.gateway.core import ModelGateway
-    from platoon.train.tinker.workers.binding import load_binding
-    from platoon.train.tinker.workers.worker import prepared_renderer
+    from platoon.rollouts.workers.binding import load_binding
+    from platoon.rollouts.workers.worker import prepared_renderer
 
     assert policy.binding is not None and policy.renderer_name is not None
     client, _version = load_binding(policy.binding)
     renderer = prepared_renderer(policy.model, policy.renderer_name, policy.renderer_kwargs)
     return ModelGateway(
-        _WatchedSampler(client, watch, policy.base_url),
+        WatchedSampler(client, watch, policy.base_url),
         renderer,
         model_name=policy.model,
         context_window_length=policy.context_window_length,
@@ -218,7 +218,7 @@ class Slot:
         """SIGKILL every process group the rollout started, then this slot's own group (this process too)."""
         if self.diag is not None and not self.diag.final:
             self.diag.finish(phase)
-        from platoon.train.tinker.workers.worker import end_started_processes
+        from platoon.rollouts.workers.worker import end_started_processes
 
         with contextlib.suppress(Exception):
             end_started_processes(grace=0)
@@ -227,7 +227,7 @@ class Slot:
         os._exit(EXIT_HARD_TIMEOUT)
 
     def _monitor(self) -> None:
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         next_parent_check = time.monotonic() + PARENT_CHECK_SECONDS
         while True:
@@ -288,12 +288,12 @@ class Slot:
     # ---- set up and rollouts ------------------------------------------------------------------------------
 
     def setup(self, message: Mapping[str, Any]) -> None:
-        from platoon.train.tinker.workers.worker import Diag
+        from platoon.rollouts.workers.worker import Diag
 
         self.diag = Diag(str(message["diag"]))
         self.diag.update(slot=self.number)
         if message.get("prepare"):  # started by exec: nothing is imported yet
-            from platoon.train.tinker.workers.forkserver import prepare_stack
+            from platoon.rollouts.workers.forkserver import prepare_stack
 
             fatal, problems = prepare_stack(message["prepare"])
             if fatal is not None:
@@ -323,7 +323,7 @@ class Slot:
     async def run_job(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
         """One rollout and its record; None when it was stopped (by its hard timeout or a SIGTERM)."""
         from platoon.eval.rollouts import rollout_record, run_and_record
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         assert self.loop is not None and self.diag is not None
         request = job["request"]
@@ -378,7 +378,7 @@ class Slot:
         }
 
     async def _answer(self, writer: asyncio.StreamWriter, result: dict[str, Any]) -> None:
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         try:
             await send_message(writer, result)
@@ -396,7 +396,7 @@ class Slot:
             await send_message(writer, result)
 
     async def run(self) -> int:
-        from platoon.train.tinker.workers.worker import end_started_processes
+        from platoon.rollouts.workers.worker import end_started_processes
 
         self.loop = asyncio.get_running_loop()
         dir_fd = os.open(self.session_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -453,7 +453,7 @@ def _identity(raw: str) -> tuple[int, str, int, int | None] | None:
 
 def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
     """Run the slot of the session dir `argv[0]`; returns the exit status (the caller `os._exit`s with it)."""
-    from platoon.train.tinker.workers.startup import set_child_subreaper, set_parent_death_signal
+    from platoon.rollouts.workers.startup import set_child_subreaper, set_parent_death_signal
 
     args = sys.argv[1:] if argv is None else argv
     identity = _identity(os.environ.pop(SLOT_ENV, ""))  # the token is this slot's alone, not its rollouts'
@@ -487,6 +487,6 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    from platoon.train.tinker.workers.worker import exit_now
+    from platoon.rollouts.workers.worker import exit_now
 
     exit_now(main())

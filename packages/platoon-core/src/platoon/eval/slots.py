@@ -37,8 +37,8 @@ from platoon.eval.slot import (
 )
 
 if TYPE_CHECKING:
-    from platoon.train.tinker.member import MemberOutcome, MemberRequest
-    from platoon.train.tinker.workers.forkserver import ForkServer
+    from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
+    from platoon.rollouts.workers.forkserver import ForkServer
 
 __all__ = [
     "SlotJob",
@@ -190,12 +190,12 @@ class _Slot:
         return self.connected.result()
 
     def running(self) -> bool:
-        from platoon.train.tinker.workers.pool import _pidfd_exited
+        from platoon.rollouts.workers.pool import pidfd_exited
 
-        return not self.exited.done() and not _pidfd_exited(self.pidfd)
+        return not self.exited.done() and not pidfd_exited(self.pidfd)
 
     def signal(self, sig: int) -> None:
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         if not self.running():
             return
@@ -206,7 +206,7 @@ class _Slot:
     def kill_tree(self) -> None:
         """SIGKILL what runs below the slot (as their subreaper it keeps them all below it) and then the slot's
         group, while the slot is still alive to find them by."""
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         if not self.running():
             return
@@ -272,7 +272,7 @@ class SubprocessSlots:
     async def start(self) -> None:
         """The scratch dir (refused, exit 78, when unsafe), the sweeps of orphans and stale files, this
         evaluation's session dir and its socket."""
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         self.scratch = ipc.scratch_dir()
         swept = await asyncio.to_thread(ipc.sweep_orphans, self.scratch)
@@ -287,7 +287,7 @@ class SubprocessSlots:
     async def close(self) -> None:
         """Idle slots are told to stop, busy ones SIGTERMed; SIGKILL for what is left; then the fork server, the
         socket and this evaluation's files in the scratch dir."""
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         self._closed = True
         async with self._changed:
@@ -332,7 +332,7 @@ class SubprocessSlots:
 
     async def run(self, job: SlotJob) -> SlotResult:
         """Run `job` in a slot; never raises but for cancellation (which stops that slot)."""
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         started = time.monotonic()
         slot: _Slot | None = None
@@ -363,7 +363,7 @@ class SubprocessSlots:
             raise
 
     async def _run_in(self, slot: _Slot, job: SlotJob, started: float) -> SlotResult:
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         self._jobs += 1
         slot.jobs += 1
@@ -408,7 +408,7 @@ class SubprocessSlots:
             await asyncio.wait_for(asyncio.shield(slot.exited), KILL_WAIT_SECONDS)
         if not slot.exited.done():
             slot.kill_tree()
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         phase = ipc.read_diag(slot.diag_path).get("phase")
         code = slot.exited.result() if slot.exited.done() else None
@@ -476,7 +476,7 @@ class SubprocessSlots:
         task.add_done_callback(self._tasks.discard)
 
     def _forget(self, slot: _Slot) -> None:
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         self._retire(slot)
         if self._live.pop(slot.number, None) is not None:
@@ -512,7 +512,7 @@ class SubprocessSlots:
     def _environment(self) -> dict[str, str]:
         """A slot's (and the fork server's) environment: the worker environment without the hosted key's
         variable, which the slots receive as a value over their socket (harness code reads the environment)."""
-        from platoon.train.tinker.workers.startup import worker_environment
+        from platoon.rollouts.workers.startup import worker_environment
 
         env = worker_environment(os.environ)
         hosted = self.policy.hosted
@@ -522,7 +522,7 @@ class SubprocessSlots:
 
     async def _fork_server(self) -> ForkServer | None:
         """The fork server slots are forked from, started with the first slot; None: slots start by exec."""
-        from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
+        from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
 
         async with self._server_lock:
             if self._server is not None and self._server.alive:
@@ -548,7 +548,7 @@ class SubprocessSlots:
             return server
 
     def _register(self, kind: str, pid: int, name: str) -> Path | None:
-        from platoon.train.tinker.workers import ipc
+        from platoon.rollouts.workers import ipc
 
         assert self.scratch is not None
         record = ipc.RegistryRecord(
@@ -567,7 +567,7 @@ class SubprocessSlots:
             return None
 
     async def _start_slot(self) -> _Slot:
-        from platoon.train.tinker.workers.forkserver import ForkFailed
+        from platoon.rollouts.workers.forkserver import ForkFailed
 
         assert self.session is not None
         self._numbers += 1
@@ -621,8 +621,8 @@ class SubprocessSlots:
     def _exec(
         self, number: int, token: str, env: Mapping[str, str], log_path: Path, diag_path: Path
     ) -> _Slot:
-        from platoon.train.tinker.workers.pool import exec_child_exited
-        from platoon.train.tinker.workers.startup import ExecFailed, exec_child
+        from platoon.rollouts.workers.pool import exec_child_exited
+        from platoon.rollouts.workers.startup import ExecFailed, exec_child
 
         loop = asyncio.get_running_loop()
         try:
@@ -684,13 +684,13 @@ class SubprocessSlots:
         slot.connected.set_result((reader, writer))
 
     def _on_forked_exit(self, slot: _Slot) -> None:
-        from platoon.train.tinker.workers.pool import forked_child_exited
+        from platoon.rollouts.workers.pool import forked_child_exited
 
         self._background(forked_child_exited(slot, slot.fork_id))
 
 
 def _start_time(pid: int) -> int | None:
-    from platoon.train.tinker.workers import ipc
+    from platoon.rollouts.workers import ipc
 
     return ipc.start_time_of(pid)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from platoon.train.tinker.member import MemberOutcome
+    from platoon.rollouts.one_rollout import MemberOutcome
     from platoon.train.tinker.workflows import GroupOutput
     from platoon.trajectory import Trajectory, TrajectoryCollection
 

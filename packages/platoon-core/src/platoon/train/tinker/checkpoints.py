@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from platoon.train.tinker.records import append_jsonl, read_jsonl
+from platoon.rollouts.records import append_jsonl, read_jsonl
 
 __all__ = [
     "CHECKPOINTS_FILE",

@@ -66,7 +66,7 @@ def eval_due(step: int, *, every: int, at_start: bool, done: set[int] | frozense
 
 def evaluated_steps(run_dir: str | os.PathLike[str]) -> set[int]:
     """The steps `evaluations.jsonl` lists as evaluated; unparsable lines (a cut-off last line) are ignored."""
-    from platoon.train.tinker.records import read_jsonl
+    from platoon.rollouts.records import read_jsonl
 
     steps: set[int] = set()
     for row in read_jsonl(Path(run_dir) / EVALUATIONS_FILE):
@@ -80,7 +80,7 @@ def record_evaluation(
     run_dir: str | os.PathLike[str], *, step: int, logged_at: int, tasks: int, seconds: float
 ) -> dict[str, Any]:
     """Append one completed evaluation to `evaluations.jsonl` (`{step, logged_at, tasks, seconds, time}`)."""
-    from platoon.train.tinker.records import append_jsonl
+    from platoon.rollouts.records import append_jsonl
 
     row = {
         "step": step,
@@ -341,7 +341,7 @@ async def evaluate(
     `eval/rollout_completion/task_reward/...`, `eval/time`, `eval/num_tasks`, `eval/step`.
     """
     from platoon.gateway.core import ModelGateway
-    from platoon.train.tinker.member import MemberRequest, run_member
+    from platoon.rollouts.one_rollout import MemberRequest, run_member
 
     started = time.monotonic()
     entries = _entries(config)

@@ -22,15 +22,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.gateway.tinker_service import close_session
+from platoon.rollouts.one_rollout import FileWriter, MemberOutcome, MemberRequest, run_member
 from platoon.train.tinker.admission import AdmissionQueue, Row
-from platoon.train.tinker.member import FileWriter, MemberOutcome, MemberRequest, run_member
-from platoon.train.tinker.trainer import close_session, say
+from platoon.train.tinker.trainer import say
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
 
 if TYPE_CHECKING:
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.task import Task
     from platoon.train.tinker.checkpoints import ResumePoint
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.task_order import TaskOrder
     from platoon.train.tinker.watchdog import ServiceMonitor
 
@@ -93,9 +94,9 @@ class Trainer:
         renderer: Any,
         service_monitor: ServiceMonitor | None = None,
     ) -> None:
+        from platoon.config.training import DEFAULT_LABEL_COLUMN
         from platoon.train.tinker.batch_stats import BatchStats
         from platoon.train.tinker.checkpoints import CheckpointLog
-        from platoon.train.tinker.config_defs import DEFAULT_LABEL_COLUMN
         from platoon.train.tinker.watchdog import ServiceMonitor, Watchdog
 
         self.config = config
@@ -317,7 +318,7 @@ class Trainer:
                 )
 
     async def _start_workers(self) -> Any:
-        from platoon.train.tinker.workers import RolloutWorkers
+        from platoon.rollouts.workers import RolloutWorkers
 
         train = self.config.train
         packages = [entry.package for entry in self.entries.values() if entry.package]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
 __all__ = ["METRICS_FILE", "SUPERSEDED_FILE", "MetricsLog", "supersede_redone_steps", "wandb_key_problem"]
 
@@ -57,7 +57,7 @@ def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> 
     it measured is the one this start resumes). Rows are in step order, so only the tail after the last training row
     at or before `start_step` is read row by row; `metrics.jsonl` is replaced atomically.
     """
-    from platoon.train.tinker.records import (
+    from platoon.rollouts.records import (
         append_jsonl_rows,
         repair_jsonl,
         replace_jsonl_rows,
@@ -205,7 +205,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: Mapping[str, Any], *, timing: bool = True) -> dict[str, Any]:
         """Append `{"step": step, **metrics}` (plus the timing keys when `timing`); returns the row written."""
-        from platoon.train.tinker.records import append_jsonl
+        from platoon.rollouts.records import append_jsonl
 
         now = time.monotonic()
         row: dict[str, Any] = {"step": step, **metrics}

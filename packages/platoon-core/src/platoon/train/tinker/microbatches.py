@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import tinker
 
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
 __all__ = ["Microbatch", "action_tokens", "optim_metrics", "prepare_microbatch", "split_batch"]
 

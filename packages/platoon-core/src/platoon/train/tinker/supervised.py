@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_signal_contract()
     try:
         from platoon.config import load_config
-        from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+        from platoon.config.training import PlatoonTinkerRLTrainerConfig
         from platoon.train.tinker.trainer import train
 
         loaded = load_config(args[0], kind="train")

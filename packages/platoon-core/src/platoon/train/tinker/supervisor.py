@@ -14,14 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from platoon.train.tinker.checkpoints import CheckpointLog
-from platoon.train.tinker.records import (
+from platoon.rollouts.records import (
     RESOLVED_CONFIG_FILE,
     ProcessRecord,
     process_start_time,
     read_process,
     update_process,
 )
+from platoon.train.tinker.checkpoints import CheckpointLog
 
 __all__ = [
     "MAX_STALLED_STARTS",

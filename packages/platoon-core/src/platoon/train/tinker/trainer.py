@@ -9,7 +9,6 @@ renderers) happen inside functions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
@@ -22,11 +21,11 @@ from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.checkpoints import ResumePoint
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
     from platoon.train.tinker.task_order import Pool, TaskOrder
 
-__all__ = ["call_service", "close_session", "run_dir_of", "total_steps", "train", "training_client"]
+__all__ = ["call_service", "run_dir_of", "total_steps", "train", "training_client"]
 
 log = logging.getLogger("platoon.train")
 
@@ -41,7 +40,7 @@ def say(message: str) -> None:
 
 async def call_service[T](what: str, base_url: str | None, make: Callable[[], Awaitable[T]]) -> T:
     """Await `make()`; a 401/403 from the service becomes the one-line key refusal (train.md 2.1)."""
-    from platoon.train.tinker.credentials import refused_key_error
+    from platoon.gateway.tinker_service import refused_key_error
 
     try:
         return await make()
@@ -50,18 +49,6 @@ async def call_service[T](what: str, base_url: str | None, make: Callable[[], Aw
         if refused is not None:
             raise refused from None
         raise
-
-
-def close_session(client: Any) -> None:
-    """Stop the heartbeats of a Tinker client's session (a `ServiceClient` or a client it made).
-
-    The SDK heartbeats a session until the process exits unless told otherwise; a command or a start that is done
-    with the service (the local server may already be gone) has nothing to keep alive.
-    """
-    close = getattr(getattr(client, "holder", None), "close", None)
-    if callable(close):
-        with contextlib.suppress(Exception):
-            close()
 
 
 def total_steps(config: PlatoonTinkerRLTrainerConfig, n_tasks: int) -> tuple[int, int]:
@@ -83,7 +70,7 @@ def run_dir_of(config: PlatoonTinkerRLTrainerConfig) -> Path:
 
 def _write_records(run_dir: Path, config: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig | None) -> None:
     """`config.resolved.yaml` and `lock.json` (core.md 9.2, 9.3); a config built in Python gets its dump."""
-    from platoon.train.tinker import records
+    from platoon.rollouts import records
 
     if loaded is not None:
         records.write_resolved_config(run_dir, loaded)
@@ -172,7 +159,7 @@ def _settle_identity(
 ) -> None:
     """Write identity.json on a fresh start; on a resume refuse (78) a changed model, renderer or hold-out, one
     line each."""
-    from platoon.train.tinker.records import settle_identity
+    from platoon.rollouts.records import settle_identity
 
     training = {pool.label: list(pool.task_ids) for pool in pools}
     try:
@@ -196,17 +183,17 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
     """
     from platoon.config.checks import component_problems, output_problems
+    from platoon.config.training import training_problems
     from platoon.envs.resolve import entry_service_kwargs, resolve_service
     from platoon.gateway.core import sample_timeout_with_source
-    from platoon.train.tinker import records
-    from platoon.train.tinker.checkpoints import CheckpointLog
-    from platoon.train.tinker.config_defs import training_problems
-    from platoon.train.tinker.credentials import (
+    from platoon.gateway.tinker_service import (
         KEY_VARIABLE,
         check_tinker_key,
         uses_local_server,
         withheld_from_environment,
     )
+    from platoon.rollouts import records
+    from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.loop import Trainer, stopped_before_training
     from platoon.train.tinker.metrics_log import wandb_key_problem
     from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
@@ -342,7 +329,7 @@ def reap_orphans(run_dir: Path) -> int:
 
     Only where a rollout-worker scratch dir exists: a run that never used process isolation has none to look at.
     """
-    from platoon.train.tinker.workers import ipc
+    from platoon.rollouts.workers import ipc
 
     where = ipc.scratch_base() / f"platoon-rollout-ipc-{os.getuid()}"
     if not where.is_dir():

@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from platoon.train.tinker.member import MemberOutcome
+from platoon.rollouts.one_rollout import MemberOutcome
 
 if TYPE_CHECKING:
     import tinker
 
+    from platoon.config.training import WorkflowConfig
     from platoon.train.tinker.admission import Row
     from platoon.train.tinker.advantages import GroupResult
-    from platoon.train.tinker.config_defs import WorkflowConfig
     from platoon.train.tinker.datums import DatumBatch
 
 __all__ = ["DEFAULT_WORKFLOW", "GroupOutput", "GroupRolloutWorkflow", "StragglerCutoff", "get_workflow"]

@@ -70,7 +70,7 @@ def run_dir_for(loaded: LoadedConfig, options: RolloutOptions, *, now: _dt.datet
 
 
 def _is_training(config: Any) -> bool:
-    from platoon.train.tinker.config_defs import PlatoonTinkerRLTrainerConfig
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
     return isinstance(config, PlatoonTinkerRLTrainerConfig)
 
@@ -169,8 +169,8 @@ async def run_adhoc_rollout(
     from platoon.eval.policy import check_policy_key, open_policy, sample_timeout_line
     from platoon.eval.tasks import resolve_task
     from platoon.eval.tree import rollout_summary
-    from platoon.train.tinker import records
-    from platoon.train.tinker.member import MemberRequest, run_member
+    from platoon.rollouts import records
+    from platoon.rollouts.one_rollout import MemberRequest, run_member
 
     config: Any = loaded.config
     if config is None or loaded.kind not in ("train", "eval"):

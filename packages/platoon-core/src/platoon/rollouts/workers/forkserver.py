@@ -9,7 +9,7 @@ error), `exited` (id, pid, status). Supervisor to server: `fork` (id, request, l
 worker exited), `stop`. The server dies with its supervisor (parent-death signal) and
 when the socket closes; its workers die with it in turn.
 
-`ForkServer` is the supervisor's side; `python -m platoon.train.tinker.workers.forkserver FD PARENT CONFIG`
+`ForkServer` is the supervisor's side; `python -m platoon.rollouts.workers.forkserver FD PARENT CONFIG`
 runs the server.
 """
 
@@ -35,14 +35,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from platoon.train.tinker.workers.ipc import PROTOCOL_VERSION
-from platoon.train.tinker.workers.startup import ExecFailed, exec_child, set_parent_death_signal
+from platoon.rollouts.workers.ipc import PROTOCOL_VERSION
+from platoon.rollouts.workers.startup import ExecFailed, exec_child, set_parent_death_signal
 
 __all__ = ["STACK_MODULES", "ForkFailed", "ForkServer", "ForkServerUnavailable", "serve"]
 
 log = logging.getLogger("platoon.train.workers")
 
-SERVER_MODULE = "platoon.train.tinker.workers.forkserver"
+SERVER_MODULE = "platoon.rollouts.workers.forkserver"
 #: what every worker imports: imported once here, shared copy-on-write by the forked workers
 STACK_MODULES = (
     "tinker",
@@ -53,16 +53,16 @@ STACK_MODULES = (
     "platoon.programs.registry",
     "platoon.envs.table",
     "platoon.envs.resolve",
-    "platoon.train.tinker.member",
+    "platoon.rollouts.one_rollout",
     "platoon.renderers",
-    "platoon.train.tinker.records",
-    "platoon.train.tinker.workers.binding",
-    "platoon.train.tinker.workers.response_patch",
-    "platoon.train.tinker.workers.worker",
+    "platoon.rollouts.records",
+    "platoon.rollouts.workers.binding",
+    "platoon.rollouts.workers.response_patch",
+    "platoon.rollouts.workers.worker",
 )
 PACKET_BYTES = 1 << 20
 #: what a forked child runs unless the fork message names another module (`platoon eval`'s slots do)
-DEFAULT_CHILD_MODULE = "platoon.train.tinker.workers.worker"
+DEFAULT_CHILD_MODULE = "platoon.rollouts.workers.worker"
 
 
 class ForkServerUnavailable(RuntimeError):
@@ -96,8 +96,8 @@ def prepare_stack(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
         except Exception as exc:
             return f"importing {name} failed: {type(exc).__name__}: {exc}", []
     from platoon import plugins
-    from platoon.train.tinker.workers.response_patch import patch_response_models
-    from platoon.train.tinker.workers.worker import prepared_renderer
+    from platoon.rollouts.workers.response_patch import patch_response_models
+    from platoon.rollouts.workers.worker import prepared_renderer
 
     problems: list[str] = []
     if not patch_response_models():
@@ -220,7 +220,7 @@ def _become_worker(
     except BaseException:
         traceback.print_exc()
     finally:
-        from platoon.train.tinker.workers.worker import exit_now
+        from platoon.rollouts.workers.worker import exit_now
 
         exit_now(code)
 
@@ -338,7 +338,7 @@ def _fork(
 def _main(argv: Sequence[str]) -> int:
     if len(argv) != 3:
         print(
-            "usage: python -m platoon.train.tinker.workers.forkserver FD PARENT_PID CONFIG_JSON",
+            "usage: python -m platoon.rollouts.workers.forkserver FD PARENT_PID CONFIG_JSON",
             file=sys.stderr,
         )
         return 64

@@ -25,20 +25,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import PlatoonError
-from platoon.train.tinker.workers import ipc
-from platoon.train.tinker.workers.startup import ExecFailed, exec_child, worker_environment
+from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.startup import ExecFailed, exec_child, worker_environment
 
 if TYPE_CHECKING:
+    from platoon.config.training import WorkflowConfig
     from platoon.config_defs import RolloutConfig
-    from platoon.train.tinker.config_defs import WorkflowConfig
-    from platoon.train.tinker.member import MemberOutcome, MemberRequest
-    from platoon.train.tinker.workers.forkserver import ForkServer
+    from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
+    from platoon.rollouts.workers.forkserver import ForkServer
 
 __all__ = ["MAX_FORK_SERVERS", "WORKER_MODULE", "RolloutWorkers", "classify_exit", "rollout_budget_seconds"]
 
 log = logging.getLogger("platoon.train.workers")
 
-WORKER_MODULE = "platoon.train.tinker.workers.worker"
+WORKER_MODULE = "platoon.rollouts.workers.worker"
 #: fork servers one supervisor starts over its life; after that, workers start by exec
 MAX_FORK_SERVERS = 4
 #: how long a killed worker may take to go after SIGKILL
@@ -84,7 +84,7 @@ def rollout_budget_seconds(
 
 def classify_exit(*, returncode: int | None, phase: str | None, deadline_fired: bool) -> str:
     """The disposition of a worker that left no readable response (train.md 4.5)."""
-    from platoon.train.tinker.workers.worker import EXIT_RSS
+    from platoon.rollouts.workers.worker import EXIT_RSS
 
     if returncode == EXIT_RSS or phase == "rss":
         return "rollout_worker_oom"
@@ -129,7 +129,7 @@ class _Live:
     def signal(self, sig: int) -> None:
         """`sig` to the worker and its group while it runs; once it exited, the exit handling (ours for exec,
         the fork server's for forked workers) kills what is left of its group before the reap."""
-        if self.exited.done() or _pidfd_exited(self.pidfd):
+        if self.exited.done() or pidfd_exited(self.pidfd):
             return
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, sig)
@@ -236,7 +236,7 @@ class RolloutWorkers:
 
     def publish(self, sampler: Any, version: int) -> None:
         """Publish the sampling client workers sample from; the first publication failing is fatal."""
-        from platoon.train.tinker.workers.binding import publish_binding
+        from platoon.rollouts.workers.binding import publish_binding
 
         try:
             self._blob = publish_binding(self.binding_path, sampler, version)
@@ -300,7 +300,7 @@ class RolloutWorkers:
         return env, key
 
     async def _start_server(self) -> ForkServer | None:
-        from platoon.train.tinker.workers.forkserver import ForkServer, ForkServerUnavailable
+        from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
 
         if self.fork_servers_started >= MAX_FORK_SERVERS or self.session is None or self.scratch is None:
             return None
@@ -385,7 +385,7 @@ class RolloutWorkers:
         `on_ready` is called once, when the worker is ready or gone. `budget_seconds` overrides the rollout
         budget (`rollout_budget_seconds`) of this member.
         """
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         started = time.monotonic()
         version = self._version
@@ -429,7 +429,7 @@ class RolloutWorkers:
         ready: Callable[[], None],
         started: float,
     ) -> MemberOutcome:
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         if self._blob is None or self.session is None:
             raise RuntimeError("RolloutWorkers.start() and publish() come before run()")
@@ -506,7 +506,7 @@ class RolloutWorkers:
     async def _launch(
         self, request: MemberRequest, request_id: str, budget: float, worker_dir: Path
     ) -> _Live:
-        from platoon.train.tinker.workers.forkserver import ForkFailed
+        from platoon.rollouts.workers.forkserver import ForkFailed
 
         assert self.session is not None and self.scratch is not None and self._blob is not None
         if self._closed:
@@ -632,7 +632,7 @@ class RolloutWorkers:
         ready: Callable[[], None],
     ) -> MemberOutcome:
         """Wait for the worker's ready file and its exit under the parent deadline, then classify."""
-        from platoon.train.tinker.member import MemberOutcome
+        from platoon.rollouts.one_rollout import MemberOutcome
 
         workflow = self.workflow
         launched = time.monotonic()
@@ -808,7 +808,7 @@ def _snapshot(live: dict[str, _Live]) -> list[_Live]:
     return []
 
 
-def _pidfd_exited(fd: int) -> bool:
+def pidfd_exited(fd: int) -> bool:
     try:
         poller = select.poll()
         poller.register(fd, select.POLLIN)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from platoon.train.tinker.workers.ipc import PROTOCOL_VERSION, write_private
+from platoon.rollouts.workers.ipc import PROTOCOL_VERSION, write_private
 
 __all__ = ["FollowingSampler", "binding_blob", "load_binding", "publish_binding"]
 

@@ -1,5 +1,7 @@
-"""The `TINKER_API_KEY` check (train.md 2.1, core.md 8.7): missing, malformed and refused keys are one-line
-configuration errors (exit 78) that never echo the key; the local Tinker-compatible server needs no real key.
+"""The Tinker service as the policy's backend, for training and evaluation alike: the `TINKER_API_KEY` check
+(train.md 2.1, core.md 8.7: missing, malformed and refused keys are one-line configuration errors, exit 78, that
+never echo the key; the local Tinker-compatible server needs no real key), keeping the key out of the environment
+harness code sees, and closing an SDK session.
 
 The Tinker SDK is never imported here: a refused key is recognised by the shape of the SDK's status error.
 """
@@ -23,6 +25,7 @@ __all__ = [
     "LOCAL_BASE_URL",
     "TinkerKeyError",
     "check_tinker_key",
+    "close_session",
     "refused_key_error",
     "uses_local_server",
     "withheld_from_environment",
@@ -180,3 +183,15 @@ def withheld_from_environment(names: tuple[str, ...]) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             os.environ.setdefault(name, value)
+
+
+def close_session(client: Any) -> None:
+    """Stop the heartbeats of a Tinker client's session (a `ServiceClient` or a client it made).
+
+    The SDK heartbeats a session until the process exits unless told otherwise; a command or a start that is done
+    with the service (the local server may already be gone) has nothing to keep alive.
+    """
+    close = getattr(getattr(client, "holder", None), "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()

@@ -1,4 +1,4 @@
-"""A rollout worker process (train.md 4.5, child side): `python -m platoon.train.tinker.workers.worker <request>`,
+"""A rollout worker process (train.md 4.5, child side): `python -m platoon.rollouts.workers.worker <request>`,
 or the same `main` in a child forked by the fork server.
 
 It loads and unlinks its request, builds a gateway over the followed sampling client, writes the ready file, runs
@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.train.tinker.workers import ipc
-from platoon.train.tinker.workers.startup import (
+from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.startup import (
     DIAG_ENV,
     STARTUP_BUDGET_ENV,
     process_start_wall_time,
@@ -36,8 +36,8 @@ from platoon.train.tinker.workers.startup import (
 )
 
 if TYPE_CHECKING:
-    from platoon.train.tinker.workers.binding import FollowingSampler
-    from platoon.train.tinker.workers.ipc import WorkerRequest
+    from platoon.rollouts.workers.binding import FollowingSampler
+    from platoon.rollouts.workers.ipc import WorkerRequest
 
 __all__ = [
     "EXIT_ALARM_FALLBACK",
@@ -345,8 +345,8 @@ class Worker:
     # ---- the response ------------------------------------------------------------------------------------
 
     def write_response(self, outcome: Any) -> None:
-        from platoon.train.tinker.member import MemberOutcome
-        from platoon.train.tinker.workers.response_patch import response_patch_verified
+        from platoon.rollouts.one_rollout import MemberOutcome
+        from platoon.rollouts.workers.response_patch import response_patch_verified
 
         sampler = self.sampler
         response = ipc.WorkerResponse(
@@ -387,8 +387,8 @@ class Worker:
 
         from platoon.envs.resolve import resolve_service
         from platoon.gateway.core import ModelGateway
-        from platoon.train.tinker.workers.binding import FollowingSampler, load_binding
-        from platoon.train.tinker.workers.response_patch import patch_response_models
+        from platoon.rollouts.workers.binding import FollowingSampler, load_binding
+        from platoon.rollouts.workers.response_patch import patch_response_models
 
         if not patch_response_models():
             log.warning("the response-model patch could not be verified: routing ids may be lost")
@@ -433,7 +433,7 @@ class Worker:
         return self.gateway, service
 
     async def run(self) -> int:
-        from platoon.train.tinker.member import MemberOutcome, run_member
+        from platoon.rollouts.one_rollout import MemberOutcome, run_member
 
         loop = asyncio.get_running_loop()
         request = self.request
@@ -482,7 +482,7 @@ class Worker:
 
 
 def _load_request(path: str) -> WorkerRequest:
-    from platoon.train.tinker.workers.ipc import WorkerRequest
+    from platoon.rollouts.workers.ipc import WorkerRequest
 
     try:
         with open(path, "rb") as handle:
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
     """Run the worker of the request file `argv[0]`; returns the exit status (the caller `os._exit`s with it)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m platoon.train.tinker.workers.worker REQUEST_FILE", file=sys.stderr)
+        print("usage: python -m platoon.rollouts.workers.worker REQUEST_FILE", file=sys.stderr)
         return EXIT_BAD_REQUEST
     # force: a forked worker replaces the fork server's handlers with its own (on its own log file)
     logging.basicConfig(

@@ -125,7 +125,7 @@ def _reward_key(collection: TrajectoryCollection) -> str | None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from platoon.train.tinker.records import write_bytes_atomic
+    from platoon.rollouts.records import write_bytes_atomic
 
     # Atomic: a full disk leaves no half record that a resumed evaluation would stumble on.
     write_bytes_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8"))
@@ -195,7 +195,7 @@ class FileWriter:
 
     def raise_if_out_of_space(self) -> None:
         """Raise the one-line RunDirWriteError of the first write a full disk refused, if one did."""
-        from platoon.train.tinker.records import RunDirWriteError
+        from platoon.rollouts.records import RunDirWriteError
 
         exc = self.out_of_space
         if exc is not None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
-    from platoon.train.tinker.member import MemberOutcome, MemberRequest
+    from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -115,7 +115,7 @@ def new_session_dir(scratch: Path) -> Path:
 
     Named `<pid>-<start time>-<hex>` so the stale sweep can tell a live supervisor's dir from a dead one's.
     """
-    from platoon.train.tinker.records import process_start_time
+    from platoon.rollouts.records import process_start_time
 
     pid = os.getpid()
     path = scratch / SESSIONS_DIR / f"{pid}-{process_start_time(pid) or 0}-{secrets.token_hex(4)}"
@@ -284,7 +284,7 @@ def read_diag(path: Path) -> dict[str, str]:
 
 
 def start_time_of(pid: int) -> int | None:
-    from platoon.train.tinker.records import process_start_time
+    from platoon.rollouts.records import process_start_time
 
     return process_start_time(pid)
 

@@ -25,11 +25,24 @@ def _module_name(path: Path, src: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, src: Path) -> Iterator[tuple[str, list[str], int]]:
+def _type_only(tree: ast.Module) -> set[ast.AST]:
+    """The import statements under `if TYPE_CHECKING:` (they exist for type hints, not at run time)."""
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            found.update(child for statement in node.body for child in ast.walk(statement))
+    return found
+
+
+def _imports(path: Path, src: Path, *, run_time_only: bool = False) -> Iterator[tuple[str, list[str], int]]:
     """(imported module, names taken from it, line) for every import statement of one file."""
     module = _module_name(path, src)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = _type_only(tree) if run_time_only else set()
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, [], node.lineno
@@ -54,11 +67,11 @@ def _room(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[0] == "platoon" else ""
 
 
-def _violations(rooms: list[str], forbidden: list[str]) -> list[str]:
+def _violations(rooms: list[str], forbidden: list[str], *, run_time_only: bool = False) -> list[str]:
     found = []
     for room in rooms:
         for path in _sources(CORE_SRC.parent, f"platoon.{room}"):
-            for target, _names, line in _imports(path, CORE_SRC.parent):
+            for target, _names, line in _imports(path, CORE_SRC.parent, run_time_only=run_time_only):
                 if target.startswith("platoon.") and _room(target) in forbidden:
                     found.append(f"{path.relative_to(CORE_SRC.parent)}:{line} imports {target}")
     return found
@@ -104,6 +117,12 @@ def test_the_biggest_room_holds_under_a_fifth_of_the_lines():
 
 def test_renderers_import_only_the_leaves():
     assert _violations(["renderers"], ["gateway", "episode", "rollouts", "train", "eval", "testing"]) == []
+
+
+def test_the_gateway_imports_nothing_above_it_at_run_time():
+    # Type hints aside: the hosted backend's settings are declared with the evaluation config.
+    forbidden = ["episode", "rollouts", "train", "eval", "testing", "cli"]
+    assert _violations(["gateway"], forbidden, run_time_only=True) == []
 
 
 def test_the_local_server_imports_neither_training_nor_evaluation():

@@ -7,7 +7,6 @@ filtered by its access; budgets come from the episode's `BudgetTracker`.
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.episode.budget import AgentBudget, BudgetTracker
 from platoon.gateway.mcp import bind_tools
+from platoon.gateway.tools import run_tool, visible_tools
 from platoon.harness.agent import (
     AgentAPI,
     CallKind,
@@ -54,51 +54,6 @@ def clamp_access(wanted: ToolAccess | str, ceiling: ToolAccess | str) -> ToolAcc
     """The more restrictive of `wanted` and `ceiling` (read_only < no_terminal < full)."""
     a, b = ToolAccess(wanted), ToolAccess(ceiling)
     return a if ACCESS_RANK[a] <= ACCESS_RANK[b] else b
-
-
-def _visible(tool: ToolSpec, access: ToolAccess) -> bool:
-    if access is ToolAccess.FULL:
-        return True
-    if access is ToolAccess.NO_TERMINAL:
-        return not tool.terminal
-    return bool(tool.read_only)
-
-
-async def visible_tools(
-    session: EnvSession, access: ToolAccess | str, transform: Any = None
-) -> list[ToolSpec]:
-    """The session's tools after the listing transform, filtered by `access` (shared with the MCP plane)."""
-    tools = await session.tools()
-    if transform is not None:
-        transformed = transform(tools)
-        tools = await transformed if inspect.isawaitable(transformed) else transformed
-    level = ToolAccess(access)
-    return [tool for tool in tools if _visible(tool, level)]
-
-
-async def run_tool(
-    record: AgentRecord, session: EnvSession, name: str, arguments: Mapping[str, Any]
-) -> ToolResult:
-    """Run a tool on `session` for the agent of `record` and record the call in its misc `tool_calls`.
-
-    The one path for tool calls, in process (`ctx.call_tool`) and over the MCP plane, so both record alike.
-    """
-    if getattr(session, "manages_concurrency", False):
-        # Sessions with their own gate queue each agent's calls fairly: name the calling agent (core.md 7.6).
-        result = await session.call_tool(name, arguments, on_behalf_of=record.agent_id)  # type: ignore[call-arg]
-    else:
-        result = await session.call_tool(name, arguments)
-    entry: dict[str, Any] = {
-        "name": name,
-        "arguments": dict(arguments),
-        "is_error": result.is_error,
-        "finished": result.finished,
-        "step": len(record.calls),  # the number of model calls made before this tool call
-    }
-    if result.reward is not None:
-        entry["reward"] = result.reward
-    record.misc.setdefault("tool_calls", []).append(entry)
-    return result
 
 
 @dataclass(eq=False)

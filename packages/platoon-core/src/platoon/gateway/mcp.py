@@ -373,7 +373,7 @@ class McpPlane:
         raise _RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     async def _tools(self, agent: AgentRecord) -> list[ToolSpec]:
-        from platoon.episode.context import visible_tools
+        from platoon.gateway.tools import visible_tools
 
         binding = tool_binding(agent)
         if binding is None:
@@ -382,7 +382,7 @@ class McpPlane:
 
     async def _call(self, agent: AgentRecord, params: dict[str, Any]) -> dict[str, Any]:
         from platoon.envs.service import ToolResult
-        from platoon.episode.context import run_tool
+        from platoon.gateway.tools import run_tool
 
         name = params.get("name")
         arguments = params.get("arguments")

@@ -119,6 +119,11 @@ def test_renderers_import_only_the_leaves():
     assert _violations(["renderers"], ["gateway", "episode", "rollouts", "train", "eval", "testing"]) == []
 
 
+def test_the_rollout_runtime_imports_neither_training_nor_evaluation_at_run_time():
+    # Type hints aside: a slot's hosted settings are declared with the evaluation config.
+    assert _violations(["rollouts"], ["train", "eval", "testing", "cli"], run_time_only=True) == []
+
+
 def test_the_gateway_imports_nothing_above_it_at_run_time():
     # Type hints aside: the hosted backend's settings are declared with the evaluation config.
     forbidden = ["episode", "rollouts", "train", "eval", "testing", "cli"]

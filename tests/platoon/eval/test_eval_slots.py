@@ -229,7 +229,7 @@ async def misbehave(ctx):
 def test_a_hanging_rollout_and_a_dying_slot_are_errors_and_their_slots_are_replaced(
     start, workdir, write_config, capsys, caplog, scratch, local_tinker, monkeypatch, tmp_path
 ):
-    from platoon.eval import slots
+    from platoon.rollouts import slots
     from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
 
     if start == "exec":

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.policy import CallWatch, OpenPolicy, PolicySpec
-    from platoon.eval.slot import SlotPolicy
-    from platoon.eval.slots import SubprocessSlots
     from platoon.eval.tasks import EvalTask
+    from platoon.rollouts.slot import SlotPolicy
+    from platoon.rollouts.slots import SubprocessSlots
 
 __all__ = [
     "CORE_PROGRAMS",
@@ -229,7 +229,7 @@ class _Stage:
 def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, Any] | None:
     """The earlier record of this rollout when the evaluation keeps it (`resume`; errored ones only without
     `retry_errored`)."""
-    from platoon.eval.rollouts import ERRORED, METADATA_FILE
+    from platoon.rollouts.eval_records import ERRORED, METADATA_FILE
     from platoon.rollouts.records import read_json
 
     if not resume:
@@ -243,7 +243,7 @@ def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, An
 
 
 def _write_rollout(where: Path, collection: Any, record: Mapping[str, Any], task_id: str) -> None:
-    from platoon.eval.rollouts import COLLECTION_FILE, METADATA_FILE, write_json
+    from platoon.rollouts.eval_records import COLLECTION_FILE, METADATA_FILE, write_json
     from platoon.trajectory_events import write_events
 
     if collection is not None:
@@ -260,7 +260,7 @@ def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
     """What each slot process needs to sample the opened policy itself (core.md 8.4: never a policy served in
     this process)."""
     from platoon.eval.policy import HOSTED
-    from platoon.eval.slot import SlotPolicy
+    from platoon.rollouts.slot import SlotPolicy
 
     spec = policy.spec
     workflow = config.inference.workflow
@@ -303,7 +303,7 @@ async def _slots(config: PlatoonEvalConfig, policy: OpenPolicy, output_dir: Path
     if not workflow.use_subprocesses:
         yield None
         return
-    from platoon.eval.slots import SubprocessSlots
+    from platoon.rollouts.slots import SubprocessSlots
 
     entries = list(config.environments or [])
     slots = SubprocessSlots(
@@ -331,8 +331,8 @@ async def _rollout_stage(
     base_dir: Path,
     slots: SubprocessSlots | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], _Stage]:
-    from platoon.eval.rollouts import rollout_dir, run_and_record
     from platoon.eval.tasks import entries_by_label, service_kwargs
+    from platoon.rollouts.eval_records import rollout_dir, run_and_record
     from platoon.rollouts.one_rollout import MemberRequest
 
     inference = config.inference
@@ -431,8 +431,8 @@ async def _in_slot(
 ) -> tuple[Any, dict[str, Any]]:
     """One rollout in a subprocess slot; the run-wide refusals it saw join this evaluation's watch. A slot that
     hung or died gives no record: the rollout is recorded as errored here."""
-    from platoon.eval.rollouts import rollout_record
-    from platoon.eval.slots import SlotJob, rollout_deadlines
+    from platoon.rollouts.eval_records import rollout_record
+    from platoon.rollouts.slots import SlotJob, rollout_deadlines
 
     result = await slots.run(SlotJob(request, settings, await rollout_deadlines(request, service)))
     if result.key_refusal and watch.key_refusal is None:
@@ -456,7 +456,7 @@ def _stage_refusals(policy: OpenPolicy, stage: _Stage) -> None:
 
 
 def _records_from_disk(output_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    from platoon.eval.rollouts import iter_records
+    from platoon.rollouts.eval_records import iter_records
 
     by_task: dict[str, list[dict[str, Any]]] = {}
     for _, record in iter_records(output_dir):
@@ -494,7 +494,7 @@ def report_only(config: PlatoonEvalConfig, say: Say) -> dict[str, Any]:
     """`stage: report`: rebuild the report of `inference.output_dir` from its rollout records (no policy, no
     components, no sandboxes)."""
     from platoon.eval.policy import PolicySpec
-    from platoon.eval.rollouts import provenance_mismatch
+    from platoon.rollouts.eval_records import provenance_mismatch
 
     explicit = config.inference.output_dir
     if not explicit:
@@ -528,9 +528,9 @@ async def evaluate(
     PlatoonError (1) for a `fail_fast` stop."""
     from platoon.eval.components import component_records
     from platoon.eval.policy import PolicySpec, check_policy_key, open_policy, sample_timeout_line
-    from platoon.eval.rollouts import provenance_mismatch
     from platoon.eval.tasks import list_tasks
     from platoon.rollouts import records
+    from platoon.rollouts.eval_records import provenance_mismatch
 
     started = time.monotonic()
     spec = PolicySpec.of_eval(config)

@@ -150,7 +150,7 @@ def _start_problems(config: Any) -> list[str]:
 
 
 def _write_outputs(run_dir: Path, collection: TrajectoryCollection, task_id: str) -> None:
-    from platoon.eval.rollouts import COLLECTION_FILE, write_json
+    from platoon.rollouts.eval_records import COLLECTION_FILE, write_json
     from platoon.trajectory_events import write_events
 
     write_json(run_dir / COLLECTION_FILE, collection.to_dict())

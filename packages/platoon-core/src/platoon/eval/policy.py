@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError, PlatoonError
 from platoon.gateway.tinker_service import withheld_from_environment
+from platoon.gateway.watch import CallWatch, WatchedHosted, WatchedSampler
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
@@ -230,68 +231,6 @@ def sample_timeout_line(spec: PolicySpec, section: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Watching calls for run-wide problems
-
-
-@dataclass
-class CallWatch:
-    """Run-wide problems seen on model calls: a refused Tinker key, a hosted server refusing the key or model.
-
-    Either stops new rollouts (train.md 5.1); `refusals` counts the refused calls per rollout id.
-    """
-
-    key_refusal: ConfigError | None = None
-    hosted_refusal: str | None = None
-    refusals: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def stopped(self) -> bool:
-        return self.key_refusal is not None or self.hosted_refusal is not None
-
-
-class WatchedSampler:
-    """A Tinker sampler that notes a refused key (401/403) in the watch before the gateway wraps the error."""
-
-    def __init__(self, sampler: Any, watch: CallWatch, base_url: str | None) -> None:
-        self._sampler = sampler
-        self._watch = watch
-        self._base_url = base_url
-
-    async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
-        from platoon.gateway.tinker_service import refused_key_error
-
-        try:
-            return await self._sampler.sample_async(*args, **kwargs)
-        except Exception as exc:
-            refused = refused_key_error(exc, base_url=self._base_url, what="a sample")
-            if refused is not None and self._watch.key_refusal is None:
-                self._watch.key_refusal = refused
-            raise
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sampler, name)
-
-
-class WatchedHosted:
-    """A hosted gateway backend that notes refusals (401/402/403/404, redirects): they stop the evaluation."""
-
-    def __init__(self, backend: Any, watch: CallWatch) -> None:
-        self._backend = backend
-        self._watch = watch
-
-    async def chat(self, agent: Any, rollout: Any, *args: Any, **kwargs: Any) -> Any:
-        from platoon.gateway.hosted import HostedRefusal
-
-        try:
-            return await self._backend.chat(agent, rollout, *args, **kwargs)
-        except HostedRefusal as exc:
-            if self._watch.hosted_refusal is None:
-                self._watch.hosted_refusal = exc.message
-            refusals = self._watch.refusals
-            refusals[rollout.rollout_id] = refusals.get(rollout.rollout_id, 0) + 1
-            raise
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
 
 
 @dataclass

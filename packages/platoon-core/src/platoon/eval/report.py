@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from platoon.eval.rollouts import COMPLETED, USAGE_BUCKETS, USAGE_COUNTS, is_success
+from platoon.rollouts.eval_records import COMPLETED, USAGE_BUCKETS, USAGE_COUNTS, is_success
 
 __all__ = ["REPORTS_DIR", "REPORT_FILE", "TASK_RESULTS_FILE", "build_report", "write_report"]
 
@@ -248,7 +248,7 @@ def write_report(output_dir: Path, report: Mapping[str, Any]) -> Path:
     import json
     import os
 
-    from platoon.eval.rollouts import write_json
+    from platoon.rollouts.eval_records import write_json
 
     where = output_dir / REPORTS_DIR
     where.mkdir(parents=True, exist_ok=True)

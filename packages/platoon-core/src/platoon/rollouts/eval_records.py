@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from platoon.eval.policy import CallWatch
     from platoon.gateway.core import RolloutRecorder
     from platoon.gateway.records import AgentRecord
+    from platoon.gateway.watch import CallWatch
     from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
     from platoon.trajectory import Trajectory, TrajectoryCollection
 

@@ -1,7 +1,7 @@
 """A subprocess slot of `platoon eval` (train.md 5.1 "Subprocess slots"), the child side: a long-lived process that
 runs one rollout at a time, as many as the evaluation hands it, each under its hard timeout.
 
-`python -m platoon.eval.slot SESSION_DIR` (or the same `main` in a child of the rollout workers' fork server)
+`python -m platoon.rollouts.slot SESSION_DIR` (or the same `main` in a child of the rollout workers' fork server)
 connects to the evaluation's socket in SESSION_DIR, says who it is, receives the policy (a pickled Tinker
 sampling client, or a hosted model and its key: neither key is in a slot's environment), imports the environment
 packages, then runs the rollouts it is sent and answers each with its outcome and record. Messages are
@@ -46,9 +46,9 @@ __all__ = [
     "socket_address",
 ]
 
-log = logging.getLogger("platoon.eval.slot")
+log = logging.getLogger("platoon.rollouts.slot")
 
-SLOT_MODULE = "platoon.eval.slot"
+SLOT_MODULE = "platoon.rollouts.slot"
 #: `<slot number>:<token>:<evaluator pid>:<evaluator start time>`, consumed by the slot at start
 SLOT_ENV = "PLATOON_EVAL_SLOT"
 SOCKET_NAME = "slots.sock"
@@ -141,9 +141,9 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
     """The slot's gateway: over the unpickled Tinker sampling client (never a ServiceClient of its own), or to the
     hosted server with the key the policy carries."""
-    from platoon.eval.policy import HOSTED, WatchedHosted, WatchedSampler
+    from platoon.gateway.watch import WatchedHosted, WatchedSampler
 
-    if policy.backend == HOSTED:
+    if policy.backend == "hosted":  # eval.policy.HOSTED
         from platoon.gateway.hosted import hosted_gateway
 
         assert policy.hosted is not None
@@ -179,7 +179,7 @@ class Slot:
     """One slot process's life: connect, set up, then rollouts one at a time under their deadlines."""
 
     def __init__(self, number: int, token: str, session_dir: str, parent: tuple[int, int | None]) -> None:
-        from platoon.eval.policy import CallWatch
+        from platoon.gateway.watch import CallWatch
 
         self.number = number
         self.token = token
@@ -322,7 +322,7 @@ class Slot:
 
     async def run_job(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
         """One rollout and its record; None when it was stopped (by its hard timeout or a SIGTERM)."""
-        from platoon.eval.rollouts import rollout_record, run_and_record
+        from platoon.rollouts.eval_records import rollout_record, run_and_record
         from platoon.rollouts.one_rollout import MemberOutcome
 
         assert self.loop is not None and self.diag is not None
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
     identity = _identity(os.environ.pop(SLOT_ENV, ""))  # the token is this slot's alone, not its rollouts'
     if len(args) != 1 or identity is None:
         print(
-            "platoon: python -m platoon.eval.slot SESSION_DIR is started by platoon eval only",
+            "platoon: python -m platoon.rollouts.slot SESSION_DIR is started by platoon eval only",
             file=sys.stderr,
         )
         return EXIT_BAD_START

@@ -6,7 +6,7 @@ Slots are forked from the rollout workers' fork server (train.md 4.2), which imp
 packages and the renderer once, or started by exec when it cannot fork. They live in the rollout workers'
 private scratch dir (`ipc.scratch_dir`), are recorded in its registry, so the orphan sweep stops the slots of an
 evaluation that died, and talk to the evaluation over a Unix socket in their session dir. The hard timeout of a
-rollout: `hard_timeout_seconds`; what happens at it: `platoon.eval.slot`.
+rollout: `hard_timeout_seconds`; what happens at it: `platoon.rollouts.slot`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.eval.slot import (
+from platoon.rollouts.slot import (
     SLOT_ENV,
     SLOT_MODULE,
     SlotDeadlines,
@@ -48,7 +48,7 @@ __all__ = [
     "rollout_deadlines",
 ]
 
-log = logging.getLogger("platoon.eval.slots")
+log = logging.getLogger("platoon.rollouts.slots")
 
 #: a rollout without any time limit (train.md 5.1)
 UNBOUNDED_ROLLOUT_SECONDS = 900.0
@@ -506,7 +506,7 @@ class SubprocessSlots:
             "renderer_kwargs": dict(policy.renderer_kwargs),
             "environment_packages": list(self.environment_packages),
             "services": list(self.services),
-            "modules": [SLOT_MODULE, "platoon.eval.rollouts", "platoon.gateway.hosted"],
+            "modules": [SLOT_MODULE, "platoon.rollouts.eval_records", "platoon.gateway.hosted"],
         }
 
     def _environment(self) -> dict[str, str]:

@@ -220,9 +220,7 @@ def _chunks(model_input: Any) -> list[dict[str, Any]]:
         if kind != "encoded_text":
             raise HTTPError(400, f"the local server takes only encoded_text chunks, got {kind!r}")
         tokens = chunk.get("tokens")
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in tokens
-        ):
+        if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
             raise HTTPError(400, "an encoded_text chunk needs 'tokens', a list of integers")
         out.append({**chunk, "type": "encoded_text"})
     return out

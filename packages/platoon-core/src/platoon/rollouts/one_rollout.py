@@ -9,7 +9,6 @@ output directory, and classifies the result. Conversion to datums and credit hap
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
 import time
@@ -17,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from platoon.rollouts.records import NO_SPACE_ERRNOS
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
     from platoon.trajectory import TrajectoryCollection
 
 __all__ = ["FileWriter", "MemberOutcome", "MemberRequest", "outcome_status", "run_member"]
-
-#: a full disk or an exhausted quota (records.NO_SPACE_ERRNOS, without importing the records module here)
-NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 log = logging.getLogger("platoon.train")
 

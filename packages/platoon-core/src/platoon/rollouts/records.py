@@ -49,6 +49,7 @@ __all__ = [
     "check_name_collision",
     "check_run_dir_free",
     "hold_run_dir",
+    "parse_row",
     "process_start_time",
     "read_identity",
     "read_json",
@@ -216,24 +217,17 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raw = Path(path).read_bytes()
     except OSError:
         return []
-    rows: list[dict[str, Any]] = []
-    for line in raw.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(value, dict):
-            rows.append(value)
-    return rows
+    rows = (parse_row(line) for line in raw.split(b"\n") if line.strip())
+    return [row for row in rows if row is not None]
 
 
-def _is_row(line: bytes) -> bool:
+def parse_row(line: bytes) -> dict[str, Any] | None:
+    """One JSONL line as an object, or None when it is not one (cut off, not JSON, not an object)."""
     try:
-        return isinstance(json.loads(line.decode("utf-8")), dict)
+        value = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        return False
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def torn_path(path: str | os.PathLike[str]) -> Path:
@@ -264,7 +258,7 @@ def _settle_tail(fd: int, path: Path) -> int:
         return size
     start = _line_start(fd, size)
     tail = os.pread(fd, size - start, start)
-    if _is_row(tail):
+    if parse_row(tail) is not None:
         _write_all(fd, b"\n")
         return size + 1
     kept = "kept"

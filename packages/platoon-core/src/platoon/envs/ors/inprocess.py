@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import contextlib
 import contextvars
 import copy
@@ -970,9 +971,7 @@ class _Lease:
 
 def _counted(failures: list[str]) -> str:
     """The distinct failures in order, a repeated one once with its count (an agent may retry a crashing tool)."""
-    counts: dict[str, int] = {}
-    for failure in failures:
-        counts[failure] = counts.get(failure, 0) + 1
+    counts = collections.Counter(failures)  # first-seen order
     return "; ".join(f"{text} ({n} times)" if n > 1 else text for text, n in counts.items())
 
 

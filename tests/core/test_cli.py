@@ -40,6 +40,45 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "No such command 'bogus'" in capsys.readouterr().err
 
 
+def _command_groups() -> list[tuple[str, ...]]:
+    """The path of every command group the installed `platoon` has (core's and installed plugins'), nested ones too."""
+    from typer import _click
+    from typer.core import TyperGroup
+
+    from platoon.cli.app import build_command
+
+    root = build_command()
+    paths: list[tuple[str, ...]] = []
+
+    def walk(group: TyperGroup, path: tuple[str, ...]) -> None:
+        ctx = _click.Context(group, info_name=path[-1] if path else "platoon")
+        for name in group.list_commands(ctx):
+            # resolve_command loads a plugin group for real (get_command gives only a stand-in for listings)
+            _, command, _ = group.resolve_command(ctx, [name])
+            if isinstance(command, TyperGroup):
+                paths.append((*path, name))
+                walk(command, (*path, name))
+
+    walk(root, ())
+    return paths
+
+
+def test_every_command_group_lists_its_subcommands_and_refuses_unknown_ones(capsys):
+    from platoon import plugins
+
+    groups = _command_groups()
+    core_groups = {("config",), ("env",), ("extensions",), ("harness",), ("program",), ("tinker",)}
+    # every plugin command group stays a group, however many subcommands it has
+    plugin_groups = {(info.name,) for info in plugins.entry_points("command")}
+    assert core_groups | plugin_groups <= set(groups)
+    for path in groups:
+        assert main([*path, "--help"]) == 0, path
+        help_text = capsys.readouterr().out
+        assert "Commands:\n" in help_text, path
+        assert main([*path, "bogus"]) == 64, path
+        assert "No such command 'bogus'" in capsys.readouterr().err, path
+
+
 def test_bad_option_is_a_usage_error(capsys):
     assert main(["extensions", "list", "--kind", "gizmo"]) == 64
     assert "'gizmo' is not one of harness, program" in capsys.readouterr().err

@@ -40,3 +40,18 @@ def test_harbor_commands_say_they_are_not_available_yet(argv, command, capsys):
         f"platoon: `platoon {command}` is not available yet in this build; it arrives with "
         + ("Harbor task images\n" if "images" in argv else "the Harbor service\n")
     )
+
+
+@pytest.mark.parametrize(
+    ("group", "subcommands"),
+    [
+        (["harbor"], ["fetch", "verify", "images"]),
+        (["harbor", "images"], ["plan", "build", "verify", "alias"]),
+    ],
+)
+def test_harbor_groups_list_their_subcommands_and_refuse_unknown_ones(group, subcommands, capsys):
+    assert main([*group, "--help"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.split("Commands:\n", 1)[1].splitlines()]
+    assert listed == subcommands
+    assert main([*group, "bogus"]) == 64
+    assert "No such command 'bogus'" in capsys.readouterr().err

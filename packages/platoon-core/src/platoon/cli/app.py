@@ -60,7 +60,9 @@ def _load_plugin_group(name: str) -> _click.Command:
         raise ExtensionError(f"command group {name!r} failed to load: {type(exc).__name__}: {exc}") from exc
     if not isinstance(app, typer.Typer):
         raise ExtensionError(f"command group {name!r} is {type(app).__name__}, not a typer.Typer")
-    command = typer.main.get_command(app)
+    # Always a group: typer folds a one-command app into that command, which would hide the subcommand from
+    # `--help` and run it for any unknown name (`platoon sandbox bogus` running `reap`).
+    command = typer.main.get_group(app)
     command.name = name
     return command
 

@@ -118,6 +118,19 @@ def test_program_list_and_show(capsys):
     assert out.startswith("gym@1\nsource: platoon.programs.builtin:gym\ndistribution: platoon-core 0.2.0\n\n")
 
 
+def test_env_list_lists_only_the_services_this_installation_has(capsys):
+    from platoon import plugins
+
+    assert main(["env", "list"]) == 0
+    out = capsys.readouterr().out
+    services = out.split("Environment services (an environments entry's `service`):\n", 1)[1].split("\n\n")[0]
+    listed = [line.split()[0] for line in services.splitlines()[1:]]
+    assert "table" in listed and "python://pkg.module:EnvClass" in listed and "pkg.module:Class" in listed
+    # services whose machinery has not arrived are not offered (naming one says so: test_config_cli)
+    assert not [name for name in listed if name.startswith(("harbor", "ors+"))]
+    assert len(listed) == len(plugins.entry_points("service")) + 1
+
+
 def test_env_list_with_a_config(tmp_path, capsys):
     config = tmp_path / "mix.yaml"
     config.write_text(

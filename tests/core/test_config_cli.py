@@ -197,6 +197,30 @@ def test_components_are_resolved_and_extensions_loaded_when_named(configs, capsy
     assert lines[2].startswith("  environments.0.service: unknown service 'tabel' (did you mean table?).")
 
 
+@pytest.mark.parametrize(
+    ("service", "arrives_with"),
+    [
+        ("harbor", "the Harbor service (platoon-harbor)"),
+        ("ors+http://127.0.0.1:8080/Env", "remote ORS servers"),
+    ],
+)
+def test_a_service_of_a_later_release_says_it_is_not_available_yet(configs, capsys, service, arrives_with):
+    configs(
+        c=f"extends: base.yaml\ntinker_base_url: local\n"
+        f"environments:\n  - service: '{service}'\n    harness: platoon-react\n"
+    )
+    scheme = service.partition("://")[0]
+    code, lines = validate(capsys, "c.yaml")
+    assert code == 78 and lines[0] == "FAIL c.yaml"
+    assert lines[1].startswith(
+        f"  environments.0.service: service '{scheme}' is not available yet in this build; "
+        f"it arrives with {arrives_with}"
+    )
+    assert len(lines) == 2
+    assert main(["train", "c.yaml"]) == 78
+    assert capsys.readouterr().err.endswith(lines[1].strip() + "\n")
+
+
 def test_named_environment_expands_as_the_lowest_layer(configs, capsys, with_extensions):
     configs(c="extends: base.yaml\nenvironments:\n  - env: acme-arith\n    harness_options: {top_k: 5}\n")
     assert main(["config", "show", "c.yaml"]) == 0

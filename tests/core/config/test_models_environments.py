@@ -136,8 +136,8 @@ def test_harness_forms_and_needs_service() -> None:
     assert problems({"harness": "platoon-codeact"}) == [
         (
             "",
-            "harness needs service: a harness works on tasks a service gives (service: harbor, table, "
-            "python://..., ors+http(s)://... or module:Class)",
+            "harness needs service: a harness works on tasks a service gives (service: table, "
+            "python://... or module:Class)",
         )
     ]
     assert problems({"service": "harbor", "harness": {}})[0][1].startswith(

@@ -109,17 +109,23 @@ def program_show(name: NameArg) -> int:
 
 # ---------------------------------------------------------------------------------------------- env
 
-SERVICE_SCHEMES = (
-    ("harbor", "Harbor task datasets graded by their own tests (platoon-harbor)"),
-    ("table", "a task table: rows of tasks from a file or inline"),
-    ("python://pkg.module:EnvClass", "an ORS environment class, in process"),
-    (
-        "ors+http://HOST:PORT[,...]/EnvName",
-        "ORS servers (also ors+https; a pool sharded by rollout; ?variant=Env)",
-    ),
-    ("ors+http:///EnvName", "ORS servers listed in OPENREWARD_SESSION_URLS_<LABEL>"),
-    ("pkg.module:Class", "any environment-service class"),
-)
+#: how a config names each first-party service, and what it is (third-party services show their distribution)
+SERVICE_FORMS: dict[str, tuple[str, str]] = {
+    "table": ("table", "a task table: rows of tasks from a file or inline"),
+    "python": ("python://pkg.module:EnvClass", "an ORS environment class, in process"),
+}
+IMPORT_STRING_SERVICE = ("pkg.module:Class", "any environment-service class")
+
+
+def _service_rows() -> list[tuple[str, str]]:
+    """The services a config can name in this installation (metadata only): planned ones are not listed."""
+    from platoon import plugins
+
+    rows = []
+    for info in plugins.entry_points("service"):
+        form, what = SERVICE_FORMS.get(info.name, (info.name, f"from {info.label}"))
+        rows.append((form, what))
+    return [*rows, IMPORT_STRING_SERVICE]
 
 
 def _environments_table(path: str) -> int:
@@ -171,7 +177,7 @@ def env_list(
     from platoon import plugins
 
     out("Environment services (an environments entry's `service`):")
-    out(table(("service", "what"), SERVICE_SCHEMES, indent="  "))
+    out(table(("service", "what"), _service_rows(), indent="  "))
     out()
     out("Named environments (an environments entry's `env`):")
     named = plugins.entry_points("environment")

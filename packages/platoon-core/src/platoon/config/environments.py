@@ -147,7 +147,8 @@ class EnvironmentConfig(ConfigModel):
         "tasks", description="mixture weight: a positive number, or `tasks` (its task count); all-or-none"
     )
     service: str | None = Field(
-        None, description="`harbor`, `table`, `python://...`, `ors+http(s)://...` or `module:Class`"
+        None,
+        description="`table`, `python://...`, `module:Class` or an installed service (`platoon env list`)",
     )
     service_kwargs: dict[str, Any] = Field(default_factory=dict, description="service factory kwargs")
     harness: str | dict[str, PositiveWeight] | None = Field(
@@ -220,7 +221,7 @@ class EnvironmentConfig(ConfigModel):
         if self.harness is not None and self.service is None:
             raise ValueError(
                 "harness needs service: a harness works on tasks a service gives "
-                "(service: harbor, table, python://..., ors+http(s)://... or module:Class)"
+                "(service: table, python://... or module:Class)"
             )
         return self
 

@@ -459,7 +459,7 @@ async def _list_entry(
     if entry.service is None:
         problems.append(
             f"{where}: no service to list training tasks from: set service "
-            "(harbor, table, python://..., ors+http(s)://... or module:Class)"
+            "(table, python://... or module:Class)"
         )
         return None
     listing = entry.dataset_kwargs

@@ -73,6 +73,18 @@ def test_platoon_site_must_name_a_file(tmp_path: Path, monkeypatch: pytest.Monke
         load_site()
 
 
+def test_platoon_site_dev_null_is_an_empty_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The usual way to say "no profile", even where the default location holds one.
+    site_file(tmp_path, {"runs": "/default/runs"})
+    monkeypatch.setenv("PLATOON_SITE", os.devnull)
+    profile = load_site()
+    assert profile is not None and profile.values == {}
+    assert describe_site(profile) == [f"site profile {os.devnull}: sets nothing"]
+    loaded = load_config(write(tmp_path / "exp.yaml", {**TRAIN, "log_path": "logs"}))
+    assert loaded.site is not None and loaded.site.path == Path(os.devnull)
+    assert loaded.site_gave == {}  # nothing of the default location's profile applied
+
+
 def test_platoon_site_wins_and_empty_counts_as_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     site_file(tmp_path, {"runs": "/default/runs"})
     other = write(tmp_path / "other.yaml", {"runs": "/other/runs"})

@@ -102,12 +102,13 @@ def default_site_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def site_location(env: Mapping[str, str] | None = None) -> tuple[Path | None, Path]:
-    """(the profile to read or None, the path looked at). `$PLATOON_SITE` must name an existing file."""
+    """(the profile to read or None, the path looked at). `$PLATOON_SITE` must name an existing non-directory file;
+    `/dev/null` is the usual way to say "no profile" and reads as an empty one."""
     environ = _environ(env)
     named = environ.get("PLATOON_SITE", "")
     if named:
         path = Path(os.path.expanduser(named))
-        if not path.is_file():
+        if not path.exists() or path.is_dir():
             raise ConfigError(f"$PLATOON_SITE names {named}, which is not a file")
         return path.absolute(), path.absolute()
     path = default_site_path(env)

@@ -39,6 +39,13 @@ def test_import_platoon_imports_no_heavy_dependency(run_python):
     assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
 
 
+def test_import_platoon_leaves_the_version_lookup_until_it_is_asked_for(run_python):
+    # importlib.metadata (and the checkout's pyproject reader) cost more than the rest of `import platoon`.
+    loaded = _loaded_after(run_python, "import platoon")
+    assert {"importlib.metadata", "tomllib", "platoon._version"}.isdisjoint(loaded)
+    assert "__version__" in dir(__import__("platoon"))
+
+
 def test_every_public_name_resolves_lazily_and_stays_light(run_python):
     code = "import platoon as pt\nfor name in pt.__all__: getattr(pt, name)\nassert len(pt.__all__) == 32"
     loaded = _top_level(_loaded_after(run_python, code))

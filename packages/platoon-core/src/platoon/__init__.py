@@ -9,10 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from platoon._version import running_version
-
-__version__ = running_version()
-
 _AGENT = "platoon.harness.agent"
 _SERVICE = "platoon.envs.service"
 
@@ -58,7 +54,13 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
+    if name == "__version__":
+        # Resolved on first use: finding an installed distribution's version loads importlib.metadata, which
+        # costs more than the rest of `import platoon` together.
+        from platoon._version import running_version
+
+        value: Any = running_version()
+    elif name in _SUBMODULES:
         value = importlib.import_module(_SUBMODULES[name])
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
@@ -69,10 +71,12 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | {"__version__"})
 
 
 if TYPE_CHECKING:
+    __version__: str
+
     from platoon import gym as gym
     from platoon import harness as harness
     from platoon.deprecations import PlatoonDeprecationWarning as PlatoonDeprecationWarning

@@ -170,6 +170,30 @@ def test_two_distributions_claiming_one_name(extension_dirs, monkeypatch, fresh_
     assert "acme_clash" not in sys.modules
 
 
+def test_check_and_list_report_two_distributions_claiming_one_name(
+    extension_dirs, monkeypatch, fresh_plugins, capsys
+):
+    # acme-agents and acme-clash both declare the harness acme-solver: a run naming it fails, so check fails first
+    monkeypatch.syspath_prepend(str(extension_dirs["clash"]))
+    monkeypatch.syspath_prepend(str(extension_dirs["main"]))
+    plugins.reset()
+    conflict = (
+        "error: acme-agents, acme-clash: harness 'acme-solver' is claimed by two distributions: "
+        "acme-agents (platoon.harnesses: acme_agents.plugin) and acme-clash (platoon.harnesses: "
+        "acme_clash.plugin); uninstall one of them"
+    )
+    for argv in (["extensions", "check"], ["extensions", "check", "acme-agents", "--load"]):
+        assert main(argv) == 78
+        lines = capsys.readouterr().out.splitlines()
+        assert lines.count(conflict) == 1, lines
+    assert main(["extensions", "check", "acme-agents", "--load"]) == 78
+    assert capsys.readouterr().out.splitlines()[-1] == "1 error(s), 0 warning(s)"
+    assert main(["extensions", "list", "--kind", "harness", "--json-output"]) == 0
+    statuses = {(r["name"], r["distribution"]): r["status"] for r in json.loads(capsys.readouterr().out)}
+    assert statuses[("acme-solver", "acme-agents")] == statuses[("acme-solver", "acme-clash")] == "conflict"
+    assert "acme_clash" not in sys.modules  # checking never imports a conflicting claim
+
+
 def test_check_reports_reserved_names_and_missing_upper_bounds(
     extension_dirs, monkeypatch, fresh_plugins, capsys
 ):

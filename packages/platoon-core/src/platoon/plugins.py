@@ -215,6 +215,8 @@ def status(info: EntryPointInfo) -> str:
         return "shadowed"
     if requirement_problem(info) is not None:
         return "incompatible"
+    if conflicting_claims(info):
+        return "conflict"
     return "ok"
 
 
@@ -321,6 +323,22 @@ def candidates(kind: str, name: str) -> list[EntryPointInfo]:
     return first_party or named
 
 
+def conflicting_claims(info: EntryPointInfo) -> list[EntryPointInfo]:
+    """Every entry point claiming `info`'s name when more than one distribution does, else an empty list.
+
+    A first-party name has no conflict: a third party's claim on it is shadowed, never loaded.
+    """
+    found = candidates(info.kind, info.name)
+    return found if len({i.distribution for i in found}) > 1 else []
+
+
+def claim_conflict_message(claims: list[EntryPointInfo]) -> str:
+    """The one line naming the distributions that claim one name (as using the name and `extensions check` say)."""
+    owners = " and ".join(f"{i.label} ({i.group}: {i.value})" for i in claims)
+    kind, name = claims[0].kind, claims[0].name
+    return f"{kind} {name!r} is claimed by two distributions: {owners}; uninstall one of them"
+
+
 def load_named(kind: str, name: str) -> list[Any]:
     """Load the entry point called `name` of `kind` and return what the plugins give for that name.
 
@@ -328,11 +346,8 @@ def load_named(kind: str, name: str) -> list[Any]:
     shadowed (the third party's entry point is not even imported).
     """
     found = candidates(kind, name)
-    if len(found) > 1 and len({i.distribution for i in found}) > 1:
-        owners = " and ".join(f"{i.label} ({i.group}: {i.value})" for i in found)
-        raise ExtensionError(
-            f"{kind} {name!r} is claimed by two distributions: {owners}; uninstall one of them"
-        )
+    if len({i.distribution for i in found}) > 1:
+        raise ExtensionError(claim_conflict_message(found))
     answers: list[Any] = []
     for info in found:
         answers.extend(ask(kind, name, load(info)))

@@ -231,6 +231,15 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
                 )
             )
         owners.setdefault(info.label, set()).add(owner(info.name))
+    # Two distributions claiming one name: using the name fails, so the check says so before any run does.
+    conflicts: dict[tuple[str, str], list[Any]] = {}
+    for info in plugins.entry_points():
+        claims = plugins.conflicting_claims(info)
+        if claims and any(selected(claim) for claim in claims):
+            conflicts.setdefault((info.kind, info.name), claims)
+    for claims in conflicts.values():
+        labels = ", ".join(sorted({claim.label for claim in claims}))
+        problems.append(("error", labels, plugins.claim_conflict_message(claims)))
     for label, names in owners.items():
         if len(names) > 1:
             problems.append(
@@ -277,8 +286,8 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
             )
     if load:
         for info in infos:
-            if plugins.first_party_shadow(info) is not None:
-                continue
+            if plugins.first_party_shadow(info) is not None or plugins.conflicting_claims(info):
+                continue  # never loaded by a run either (the conflict is reported above)
             try:
                 plugins.load(info)
             except ExtensionError as exc:

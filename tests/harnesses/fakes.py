@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from platoon.envs.service import ToolResult, ToolSpec
-from platoon.harness.agent import AgentResult, ChatReply, SubagentResult, ToolAccess
+from platoon.harness.agent import FINAL_ANSWER_META_KEY, AgentResult, ChatReply, SubagentResult, ToolAccess
 from platoon.task import Task
 
 Reply = str | Mapping[str, Any] | Callable[[Sequence[Mapping[str, Any]]], Any]
@@ -143,8 +143,10 @@ class FakeContext:
         self.step_misc[-1].update(misc)
 
 
-def number_tools(target: int = 7) -> list[FakeTool]:
-    """A `guess(number)` tool that finishes on the target, and a terminal `submit(answer)`."""
+def number_tools(target: int = 7, *, submit_hidden: bool = True) -> list[FakeTool]:
+    """A `guess(number)` tool that finishes on the target, and a terminal `submit(answer)`: kept from the model as
+    the ORS SDK's `@terminal` tool is (its final-answer meta), or, with `submit_hidden=False`, offered to it as an
+    ORS `exclusive` submit is."""
 
     def guess(arguments: Mapping[str, Any]) -> ToolResult:
         number = arguments["number"]
@@ -172,6 +174,7 @@ def number_tools(target: int = 7) -> list[FakeTool]:
                 "Submit the final answer.",
                 {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
                 terminal=True,
+                meta={FINAL_ANSWER_META_KEY: {"arg": "answer"}} if submit_hidden else None,
             ),
             submit,
         ),

@@ -113,6 +113,13 @@ def test_finish_ends_with_its_message_after_the_terminal_tool() -> None:
     assert ctx.tool_calls == [("submit", {"answer": "it is 7"})]
 
 
+def test_finish_leaves_a_terminal_tool_the_environment_offers_to_the_model() -> None:
+    # an ORS `exclusive` submit is a cell function the model calls itself; finish does not call it for the model
+    ctx = make([cell("submit('7'); finish('done')")], tools=fakes.number_tools(7, submit_hidden=False))
+    assert run(ctx) == AgentResult("completed", final_message="done")
+    assert ctx.tool_calls == [("submit", {"answer": "7"})]
+
+
 def test_signature_binding_errors_come_from_python() -> None:
     ctx = make([cell("guess()"), cell("guess(7)")])
     run(ctx)

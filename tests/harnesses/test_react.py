@@ -63,6 +63,18 @@ def test_tool_loop_then_final_answer_goes_to_the_hidden_terminal_tool() -> None:
     assert second[3] == {"role": "tool", "tool_call_id": "c1", "content": "Too low, try again."}
 
 
+def test_a_terminal_tool_the_environment_offers_stays_offered_and_gets_no_final_answer() -> None:
+    # An ORS `@tool(exclusive=True)` submit is terminal (it may end the episode) but the environment offers it:
+    # the model sees it and calls it; a plain reply just completes.
+    ctx = fakes.FakeContext(
+        replies=[calls(fakes.tool_call("guess", {"number": 3}, "c1")), "It is above 3."],
+        tools=fakes.number_tools(7, submit_hidden=False),
+    )
+    assert run(ctx) == AgentResult("completed", final_message="It is above 3.")
+    assert [tool["function"]["name"] for tool in ctx.chats[0]["tools"]] == ["guess", "submit"]
+    assert ctx.tool_calls == [("guess", {"number": 3})]
+
+
 def test_without_terminal_tool_the_answer_just_completes() -> None:
     tools = [tool for tool in fakes.number_tools() if not tool.spec.terminal]
     ctx = fakes.FakeContext(replies=["done"], tools=tools)

@@ -1,7 +1,7 @@
 """`platoon-react`: the model answers with Chat Completions tool calls until it replies without one.
 
-Options `system_prompt` and `sampling` (harness.md 4.1, core.md 6.4); the terminal tool is hidden from the model
-and receives the final no-tool answer.
+Options `system_prompt` and `sampling`. Every tool the environment offers is offered to the model; the one tool the
+environment keeps from the model (the ORS SDK's `@terminal`, `final_answer_tool`) receives the final no-tool answer.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from platoon.harness.agent import (
     LIMIT_MESSAGE,
     AgentContext,
     AgentResult,
+    final_answer_tool,
     out_of_steps,
     terminal_arguments,
-    terminal_tool,
 )
 from platoon.harness.function import harness
 
@@ -55,8 +55,9 @@ async def react(ctx: AgentContext) -> AgentResult:
     """A tool-calling loop: Chat Completions tools until the model answers without one (harness.md 4.1)."""
     system_prompt, sampling = _options(ctx.options)
     tools = await ctx.list_tools()
-    terminal = terminal_tool(tools)
-    # The model ends by answering without a tool call; that answer is what the terminal tool receives.
+    # The model ends by answering without a tool call; that answer goes to the tool the environment keeps from the
+    # model, if it has one. Other terminal tools (an ORS `exclusive` submit) are the model's to call.
+    terminal = final_answer_tool(tools)
     offered = [tool.as_openai_tool() for tool in tools if tool is not terminal]
     messages: list[dict[str, Any]] = []
     if system_prompt is not None:

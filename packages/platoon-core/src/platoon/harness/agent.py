@@ -32,6 +32,7 @@ __all__ = [
     "ModelEndpoint",
     "SubagentResult",
     "ToolAccess",
+    "final_answer_tool",
     "out_of_steps",
     "terminal_arguments",
     "terminal_tool",
@@ -394,13 +395,44 @@ def out_of_steps(ctx: AgentContext, steps_taken: int) -> bool:
     return bool(ctx.max_steps) and steps_taken >= ctx.max_steps  # type: ignore[operator]
 
 
+#: The tool meta key by which an environment marks the one tool it keeps from the model to receive the model's
+#: final plain reply: the ORS SDK's `@terminal` tool (`{"arg": <the argument that receives the reply>}`).
+FINAL_ANSWER_META_KEY = "openreward.dev/terminal-tool"
+
+
 def terminal_tool(tools: Iterable[ToolSpec]) -> ToolSpec | None:
-    """The first tool flagged terminal, or None."""
+    """The first tool flagged terminal (one that may end the episode), or None.
+
+    Terminal is not hidden: an environment may offer its terminal tools to the model (an ORS `exclusive` tool, a
+    `submit` named in `platoon_terminal_tools`). The tool a harness hides is `final_answer_tool(tools)`.
+    """
     return next((tool for tool in tools if getattr(tool, "terminal", False)), None)
 
 
+def final_answer_tool(tools: Iterable[ToolSpec]) -> ToolSpec | None:
+    """The tool the environment keeps from the model and hands the model's final plain reply to, or None.
+
+    It is the ORS SDK's `@terminal` tool (its meta carries `FINAL_ANSWER_META_KEY`). A harness leaves it out of
+    the tools it offers and, when the model answers without a tool call, calls it with
+    `terminal_arguments(tool, reply)`; every other tool, terminal or not, stays offered to the model.
+    """
+    for tool in tools:
+        meta = getattr(tool, "meta", None)
+        if isinstance(meta, Mapping) and FINAL_ANSWER_META_KEY in meta:
+            return tool
+    return None
+
+
 def terminal_arguments(tool: ToolSpec, message: str) -> dict[str, Any]:
-    """`{<first property of the tool's input schema>: message}`, or `{}` when the schema has no properties."""
+    """`{<argument>: message}` for a tool that receives a plain reply, or `{}` when its schema has no properties.
+
+    The argument is the one the tool's final-answer meta names (`FINAL_ANSWER_META_KEY`), else the first property
+    of its input schema.
+    """
+    meta = getattr(tool, "meta", None)
+    descriptor = meta.get(FINAL_ANSWER_META_KEY) if isinstance(meta, Mapping) else None
+    if isinstance(descriptor, Mapping) and isinstance(descriptor.get("arg"), str):
+        return {descriptor["arg"]: message}
     schema = getattr(tool, "input_schema", None)
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
     if not properties:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from platoon.harness.agent import LIMIT_MESSAGE, AgentContext, AgentResult, out_of_steps, terminal_tool
+from platoon.harness.agent import LIMIT_MESSAGE, AgentContext, AgentResult, final_answer_tool, out_of_steps
 from platoon.harness.codeact import PROMPT_MODES, CellFunction, CodeActCell, CodeActPromptBuilder
 from platoon.harness.function import harness
 from platoon_harnesses.codeact.checks import CellChecks, stuck_in_loop
@@ -199,7 +199,7 @@ async def codeact(ctx: AgentContext) -> AgentResult:
     executor = CodeActExecutor(
         tools,
         ctx.call_tool,
-        terminal=terminal_tool(tools),
+        terminal=final_answer_tool(tools),
         launch=launch if options.subagents else None,
         subagent_budget=options.subagent_budget,
         checks=options.checks,

@@ -73,8 +73,8 @@ def _build() -> type:
             goal = self.task_spec.get("goal")
             return [TextBlock(text=goal if isinstance(goal, str) and goal else "Answer with one letter.")]
 
-        # Declared terminal (the SDK's way): an answer that raised is then an infrastructure error, never a 0, and
-        # harnesses that hide terminal tools submit the model's plain reply to it.
+        # The SDK's `@terminal`: the tool is kept from the model, harnesses submit the model's plain reply to it,
+        # and an answer that raised is an infrastructure error, never a 0.
         @terminal
         @tool
         async def answer(self, params: AnswerInput) -> ToolOutput:

@@ -104,10 +104,10 @@ def _build() -> type:
     class NumberSearchEnvironment(Environment):
         """Guess a hidden integer in a range; each wrong guess is answered "too low" or "too high"."""
 
-        #: No terminal tool: `guess` ends the episode itself but is called many times, so it must stay in the
-        #: model's tool list (harnesses hide terminal tools); declaring none also keeps platoon from learning it
-        #: as terminal. Any tool of an environment without a terminal tool may end the episode, so a `guess`
-        #: that raised is an infrastructure error, never a 0.
+        #: No terminal tool: `guess` ends the episode itself but is called many times; declaring none keeps
+        #: platoon from learning it as terminal after a first win (which would hide it from subagents with
+        #: `no_terminal` access). Any tool of an environment without a terminal tool may end the episode, so a
+        #: `guess` that raised is an infrastructure error, never a 0.
         platoon_terminal_tools = ()
 
         def __init__(self, task_spec: dict[str, Any] = {}, secrets: dict[str, str] = {}) -> None:  # noqa: B006

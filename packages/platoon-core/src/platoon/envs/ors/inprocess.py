@@ -30,6 +30,7 @@ from typing import Any
 
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed, OpClass
 from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
+from platoon.harness.agent import FINAL_ANSWER_META_KEY
 from platoon.task import Task
 
 __all__ = ["InProcessOrsService", "InProcessOrsSession", "InvalidCall", "load_env_class"]
@@ -57,7 +58,8 @@ _REMOTE_ONLY = (
 )
 _TASK_NAME_KEYS = ("task_name", "id", "task_id", "name")
 _TOOL_ERROR_KEY = "openhands.dev/tool-error"
-_TERMINAL_META_KEY = "openreward.dev/terminal-tool"
+#: the SDK `@terminal` tool's descriptor: the tool harnesses keep from the model and hand the final reply to
+_TERMINAL_META_KEY = FINAL_ANSWER_META_KEY
 _ROUTING_KEY = "x-openhands-tool-routing"
 
 # The set of still-running sync environment calls of the lease whose code is running, so teardown can wait for them.
@@ -710,7 +712,8 @@ class _ToolTable:
         class_meta = _class_hook(cls, "platoon_tool_meta") or {}
         self.declared_terminal = declared_terminal
         #: the class or the options say which tools are terminal; an explicitly empty list says "none": a tool
-        #: seen ending an episode is then not learned as terminal (which would hide it from models)
+        #: seen ending an episode is then not learned as terminal (its calls stay serial, and a raise in another
+        #: tool stays the policy's error)
         self.declares_terminal = bool(declared_terminal) or class_terminal is not None or terminal_given
         self.specs: dict[str, tuple[str, Any, dict[str, Any]]] = {}
         self.read_only: set[str] = set()
@@ -1056,7 +1059,7 @@ class InProcessOrsSession:
         return self._lease.finished
 
     async def tools(self) -> list[ToolSpec]:
-        """Every tool, the terminal one included (hidden from models by harnesses, not here)."""
+        """Every tool, the SDK's `@terminal` one included (harnesses keep that one from the model, not here)."""
         lease = self._lease
         if lease.tools is None:
             service = lease.service

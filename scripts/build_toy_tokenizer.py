@@ -1,12 +1,14 @@
-"""Writes the toy tokenizer's `tokenizer.json` and `tokenizer_config.json` next to this script (core.md 8.2).
+"""Writes the toy tokenizer's `tokenizer.json` and `tokenizer_config.json` into platoon-core (core.md 8.2).
 
-Run `python build.py` after changing it; the generated files are committed and shipped in the package. The output is
+Run `uv run python scripts/build_toy_tokenizer.py` after changing it; the generated files are committed and shipped
+in the package (this script is not: it lives outside the package so the wheel carries no build code). The output is
 byte-identical to platoon 0.2.0's files (sha256 in testdata/renders/toy-tokenizer.json).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 #: (content, special) for ids 256..264
@@ -70,5 +72,10 @@ def build(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(CONFIG, indent=2) + "\n", encoding="utf-8")
 
 
+#: where platoon-core ships the files (`platoon.renderers.toy.TOY_TOKENIZER_DIR`)
+PACKAGE_DIR = (
+    Path(__file__).resolve().parents[1] / "packages/platoon-core/src/platoon/renderers/toy_tokenizer"
+)
+
 if __name__ == "__main__":
-    build(Path(__file__).resolve().parent)
+    build(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE_DIR)

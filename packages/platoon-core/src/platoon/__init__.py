@@ -9,6 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from platoon._installation import report_earlier_line
+
+# The earlier, unrelated `platoon` line writes this same folder: say once how to separate the two (one directory
+# listing; the full diagnosis runs only when one of platoon's own imports fails).
+report_earlier_line()
+
 _AGENT = "platoon.harness.agent"
 _SERVICE = "platoon.envs.service"
 
@@ -60,14 +66,27 @@ def __getattr__(name: str) -> Any:
         from platoon._version import running_version
 
         value: Any = running_version()
-    elif name in _SUBMODULES:
-        value = importlib.import_module(_SUBMODULES[name])
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES or name in _EXPORTS:
+        value = _import_public(name)
     else:
         raise AttributeError(f"module 'platoon' has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def _import_public(name: str) -> Any:
+    try:
+        if name in _SUBMODULES:
+            return importlib.import_module(_SUBMODULES[name])
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    except ImportError as exc:
+        # One of platoon's own modules missing or foreign is a damaged installation: say how to repair it.
+        from platoon._installation import diagnose, is_own_module
+
+        problem = diagnose() if is_own_module(exc.name) else None
+        if problem is None:
+            raise
+        raise ImportError(f"platoon: {problem}", name=exc.name) from None
 
 
 def __dir__() -> list[str]:

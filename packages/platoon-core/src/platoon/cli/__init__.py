@@ -10,12 +10,31 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on `argv` (default: `sys.argv[1:]`) and return the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    from platoon._installation import report_earlier_line
+
+    if report_earlier_line():
+        return 1
+    try:
+        return _run(args)
+    except ImportError as exc:
+        # A module of platoon's own that cannot be imported is, in an installed platoon, a damaged installation
+        # (another distribution wrote or deleted files of the platoon/ folder): one line saying how to repair it.
+        from platoon._installation import diagnose, is_own_module
+
+        problem = diagnose() if is_own_module(exc.name) else None
+        if problem is None:
+            raise
+        print(f"platoon: {problem}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(args: list[str]) -> int:
+    from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
+
     if args and args[0] == "viz":
         # The trajectory viewer parses its own arguments (core.md 3.1).
         from platoon.cli.pending import viz

@@ -1,0 +1,234 @@
+"""The built wheels installed into fresh virtual environments, as a user installs them: bare platoon-core, and
+platoon-core damaged by the earlier, unrelated `platoon` line that writes the same `platoon/` folder.
+
+The third-party dependencies come from uv's cache through the lock (`uv export --format pylock.toml`), so these
+tests run offline; the wheels under test are this checkout's, built once per session.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+EARLIER_LINE_FILES = {
+    # paths the earlier line's wheel shares with platoon-core (its real 0.2.1 shares 38 of them), and its own cli.py
+    "platoon/__init__.py": '"""The earlier, unrelated platoon line."""\n',
+    "platoon/deprecations.py": "",
+    "platoon/cli.py": "def main():\n    print('the earlier line')\n    return 0\n",
+}
+
+
+def _uv() -> str:
+    uv = shutil.which("uv")
+    assert uv, "the packaging tests install with uv: put uv on PATH (pip install uv)"
+    return uv
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [_uv(), "build", "--all-packages", "--wheel", "--quiet", "--out-dir", str(out)], cwd=ROOT, check=True
+    )
+    return {path.name.split("-")[0].replace("_", "-"): path for path in out.glob("*.whl")}
+
+
+@pytest.fixture(scope="session")
+def locked_dependencies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """pylock files of the third-party dependencies of the bare core and of the meta package (no extras)."""
+    out = tmp_path_factory.mktemp("locks")
+    locks = {}
+    for package in ("platoon-core", "platoon"):
+        lock = out / f"pylock.{package.replace('-', '_')}.toml"
+        export = [
+            "export",
+            "--frozen",
+            "--quiet",
+            "--format",
+            "pylock.toml",
+            "--package",
+            package,
+            "--no-dev",
+        ]
+        subprocess.run(
+            [_uv(), *export, "--no-emit-workspace", "--output-file", str(lock)],
+            cwd=ROOT,
+            check=True,
+        )
+        locks[package] = lock
+    return locks
+
+
+def _venv(path: Path, dependencies: Path, *, with_pip: bool = False) -> Path:
+    """A fresh venv holding the locked third-party dependencies; with pip where the test installs as pip does."""
+    if with_pip:
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    else:
+        subprocess.run([_uv(), "venv", "--quiet", "--python", sys.executable, str(path)], check=True)
+    python = path / "bin" / "python"
+    subprocess.run(
+        [_uv(), "pip", "install", "--quiet", "--offline", "--python", str(python), "-r", str(dependencies)],
+        check=True,
+    )
+    return python
+
+
+def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=False, env=env)
+
+
+def _pip(python: Path, *args: str | Path) -> None:
+    result = _run(python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", *args)
+    assert result.returncode == 0, result.stderr
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def _earlier_line_wheel(directory: Path) -> Path:
+    """A wheel shaped like the registry's earlier `platoon` 0.2.1: files in platoon/ and a `platoon` script."""
+    dist_info = "platoon-0.2.1.dist-info"
+    files = {
+        **EARLIER_LINE_FILES,
+        f"{dist_info}/METADATA": "Metadata-Version: 2.1\nName: platoon\nVersion: 0.2.1\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: the tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/entry_points.txt": "[console_scripts]\nplatoon = platoon.cli:main\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
+    path = directory / "platoon-0.2.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    return path
+
+
+def test_bare_core_from_its_wheel_starts_lightly_and_names_the_extras_it_lacks(
+    tmp_path, wheels, locked_dependencies
+):
+    python = _venv(tmp_path / "venv", locked_dependencies["platoon-core"])
+    installed = _run(
+        _uv(),
+        "pip",
+        "install",
+        "--quiet",
+        "--offline",
+        "--no-deps",
+        "--python",
+        python,
+        wheels["platoon-core"],
+    )
+    assert installed.returncode == 0, installed.stderr
+    platoon = python.parent / "platoon"
+    for argv in (["--help"], ["extensions", "list"]):
+        result = _run(platoon, *argv)
+        assert result.returncode == 0, result.stderr
+    assert "platoon-core" in _run(platoon, "extensions", "list").stdout
+    # `import platoon` reads no distribution metadata until the version is asked for
+    imported = _run(python, "-X", "importtime", "-c", "import platoon")
+    assert imported.returncode == 0 and "platoon" in imported.stderr
+    assert "importlib.metadata" not in imported.stderr
+    assert _run(python, "-c", "import platoon; print(platoon.__version__)").stdout.strip() == "0.2.0"
+    # the toy tokenizer needs `tokenizers`, which only an extra brings
+    result = _run(
+        python,
+        "-c",
+        "from platoon.renderers.toy import toy_tokenizer\ntry:\n    toy_tokenizer()\n"
+        "except ImportError as exc:\n    print(exc)",
+    )
+    assert result.stdout.strip() == (
+        "the toy tokenizer needs the tokenizers package, which is not installed: pip install 'platoon-core[tinker]'"
+    )
+
+
+def test_installing_over_the_earlier_line_with_pip_leaves_a_command_that_says_how_to_repair_it(
+    tmp_path, wheels, locked_dependencies
+):
+    python = _venv(tmp_path / "venv", locked_dependencies["platoon"], with_pip=True)
+    platoon = python.parent / "platoon"
+    _pip(python, _earlier_line_wheel(tmp_path))
+    # pip installs platoon-core, then replaces the earlier `platoon` with the meta package: uninstalling the earlier
+    # line deletes the files the two share, platoon-core's among them
+    _pip(python, *wheels.values())
+    site = Path(
+        _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    )
+    assert not (site / "platoon/deprecations.py").exists()
+
+    line = _one_line_error(_run(platoon, "--help"))
+    assert line.startswith("platoon: platoon-core 0.2.0 is missing ")
+    assert "platoon/deprecations.py" in line and "pip install --force-reinstall --no-deps" in line
+    assert _one_line_error(_run(python, "-m", "platoon", "extensions", "list")) == line
+
+    # the repair the line names works
+    _pip(python, "--force-reinstall", wheels["platoon-core"])
+    assert _run(platoon, "--help").returncode == 0
+
+
+def test_the_earlier_line_beside_core_is_named_by_the_command_and_by_import(
+    tmp_path, wheels, locked_dependencies
+):
+    python = _venv(tmp_path / "venv", locked_dependencies["platoon"], with_pip=True)
+    _pip(python, _earlier_line_wheel(tmp_path))
+    # platoon-core alone over the earlier line: both now own platoon/, platoon-core's files on top
+    _pip(python, wheels["platoon-core"])
+    line = _one_line_error(_run(python.parent / "platoon", "--version"))
+    assert line.startswith("platoon: the platoon/ package folder also holds files of platoon 0.2.1, ")
+    assert "run `pip uninstall platoon`, then reinstall platoon-core 0.2.0" in line
+    imported = _run(python, "-c", "import platoon")
+    assert imported.returncode == 0 and imported.stderr.strip() == line
+
+
+def test_a_file_of_core_deleted_after_install_is_named_by_the_command_and_by_the_api(
+    tmp_path, wheels, locked_dependencies
+):
+    python = _venv(tmp_path / "venv", locked_dependencies["platoon-core"])
+    installed = _run(
+        _uv(),
+        "pip",
+        "install",
+        "--quiet",
+        "--offline",
+        "--no-deps",
+        "--python",
+        python,
+        wheels["platoon-core"],
+    )
+    assert installed.returncode == 0, installed.stderr
+    site = Path(
+        _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    )
+    (site / "platoon/deprecations.py").unlink()
+    shutil.rmtree(site / "platoon/__pycache__", ignore_errors=True)
+
+    line = _one_line_error(_run(python.parent / "platoon", "--help"))
+    assert line.startswith(
+        "platoon: platoon-core 0.2.0 is missing 1 of its files (platoon/deprecations.py), "
+    )
+    api = _run(
+        python,
+        "-c",
+        "import platoon\ntry:\n    platoon.PlatoonDeprecationWarning\n"
+        "except ImportError as exc:\n    print(exc)",
+    )
+    assert api.stdout.strip() == line

@@ -418,16 +418,21 @@ def get_command_group(name: str) -> hookspecs.CommandGroup:
 
 
 def get_reward_processor(ref: str) -> Any:
-    """The reward-processor callable for a name, a registered name or an import string (core.md 6.2)."""
+    """The reward-processor callable for a name, a registered name or an import string (core.md 6.2).
+
+    A `RewardProcessor` record's `fn` may itself be an import string: it is imported here, so a processor that
+    cannot be imported, or is not callable, is one ExtensionError (78) naming it, at start rather than in every
+    group of a run.
+    """
     from platoon import registry
 
     if ":" not in ref:
-        if candidates("reward_processor", ref):
+        if found := candidates("reward_processor", ref):
             answer = get_component("reward_processor", ref)
-            return answer.fn if isinstance(answer, hookspecs.RewardProcessor) else answer
+            return _processor_callable(f"{ref!r} ({found[0].label})", answer)
         registered = registry.lookup("reward_processor", ref)
         if registered is not None:
-            return registered
+            return _processor_callable(repr(ref), registered)
         if "." not in ref:
             raise unknown_name_error(
                 "reward_processor",
@@ -437,9 +442,29 @@ def get_reward_processor(ref: str) -> Any:
                 "register_reward_processor(), or name it as module:function",
             )
     try:
-        return registry.resolve_import_string(ref)
+        answer = registry.resolve_import_string(ref)
     except ValueError as exc:
         raise ExtensionError(f"reward processor {ref!r}: {exc}") from exc
+    return _processor_callable(repr(ref), answer)
+
+
+def _processor_callable(named: str, answer: Any) -> Any:
+    """The callable a reward processor's record (or the object itself) gives, its import-string `fn` imported;
+    `named` says which processor, for the error."""
+    from platoon.registry import resolve_import_string
+
+    fn = answer.fn if isinstance(answer, hookspecs.RewardProcessor) else answer
+    if isinstance(fn, str):
+        try:
+            fn = resolve_import_string(fn)
+        except ValueError as exc:
+            raise ExtensionError(f"reward processor {named}: {exc}") from exc
+    if not callable(fn):
+        raise ExtensionError(
+            f"reward processor {named} is a {type(fn).__name__}, not a callable "
+            "fn(trajectory_dict) -> (score, components)"
+        )
+    return fn
 
 
 def get_environment(ref: str) -> Any:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.envs.service import EnvSetupError, Outcome
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
+from platoon.errors import PlatoonError
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -27,7 +28,15 @@ if TYPE_CHECKING:
     from platoon.task import Task
     from platoon.trajectory import TrajectoryCollection
 
-__all__ = ["Route", "draw_harness", "harness_rollout", "recorded_rollout"]
+__all__ = [
+    "RewardProcessorError",
+    "Route",
+    "draw_harness",
+    "harness_rollout",
+    "process_rewards",
+    "recorded_rollout",
+    "score_trajectory",
+]
 
 log = logging.getLogger("platoon.episode")
 
@@ -117,22 +126,53 @@ def _harness_misc(harness: Any, route: Route, program: Any) -> dict[str, Any]:
     }
 
 
-def process_rewards(ref: str, collection: TrajectoryCollection) -> dict[str, tuple[float, dict[str, float]]]:
-    """Score each trainable trajectory with the reward processor `ref`: trajectory id -> (score, components).
+class RewardProcessorError(PlatoonError):
+    """A reward processor raised, or answered something other than `(score, components)` (exit 1)."""
 
-    Rollouts keep the rewards their outcomes gave; training conversion and evaluation reports run the processor
-    (train.md 2.7, 5.1), so it is applied once, where its result is used. Untrainable trajectories are skipped:
-    failures are not zeros to re-score.
+
+def score_trajectory(
+    processor: Callable[[dict[str, Any]], Any], trajectory: dict[str, Any], *, name: str
+) -> tuple[float, dict[str, float]]:
+    """`processor(trajectory)` as `(score, components)` with numbers; a failure is one line naming the processor."""
+    try:
+        answer = processor(trajectory)
+    except Exception as exc:
+        raise RewardProcessorError(f"reward processor {name} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        score, components = answer
+        return float(score), {str(key): float(value) for key, value in dict(components or {}).items()}
+    except (TypeError, ValueError):
+        raise RewardProcessorError(
+            f"reward processor {name} returned {_short_repr(answer)}, not (score, components) with numbers"
+        ) from None
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def process_rewards(
+    processor: str | Callable[[dict[str, Any]], Any], collection: TrajectoryCollection
+) -> dict[str, tuple[float, dict[str, float]]]:
+    """Score each trainable trajectory with a reward processor (a reference, or the callable itself): trajectory
+    id -> (score, components).
+
+    Rollouts keep the rewards their outcomes gave; training conversion, evaluation reports and `platoon rollout`'s
+    summary run the processor (train.md 2.7, 5.1), so it is applied once, where its result is used. Untrainable
+    trajectories are skipped: failures are not zeros to re-score.
     """
     from platoon import plugins
 
-    processor = plugins.get_reward_processor(ref)
+    if isinstance(processor, str):
+        name, fn = repr(processor), plugins.get_reward_processor(processor)
+    else:
+        name, fn = repr(getattr(processor, "__qualname__", None) or type(processor).__name__), processor
     scores: dict[str, tuple[float, dict[str, float]]] = {}
     for trajectory_id, trajectory in collection.trajectories.items():
         if any(trajectory.misc.get(marker) for marker in _UNTRAINABLE):
             continue
-        score, components = processor(trajectory.to_dict())
-        scores[trajectory_id] = (float(score), dict(components or {}))
+        scores[trajectory_id] = score_trajectory(fn, trajectory.to_dict(), name=name)
     return scores
 
 

@@ -148,6 +148,7 @@ def _member_credit(
 
             processors[ref] = plugins.get_reward_processor(str(ref))
         processor = processors[ref]
+        from platoon.episode.rollout import score_trajectory
     depths = trajectory_depths(collection)
     credit = MemberCredit(collection=collection, reward_key=_reward_key(collection))
     eligible: set[str] = set()
@@ -156,9 +157,9 @@ def _member_credit(
             continue
         interrupted = is_interrupted(trajectory)
         if processor is not None and not interrupted:
-            score, components = processor(trajectory.to_dict())
-            credit.rewards[tid] = float(score)
-            credit.components[tid] = {str(k): float(v) for k, v in dict(components or {}).items()}
+            score, components = score_trajectory(processor, trajectory.to_dict(), name=repr(ref))
+            credit.rewards[tid] = score
+            credit.components[tid] = components
         else:
             # Failures are not zeros to re-score: an interrupted trajectory keeps its recorded reward for stats.
             credit.rewards[tid] = float(trajectory.reward)

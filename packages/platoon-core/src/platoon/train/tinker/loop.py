@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from platoon.train.tinker.task_order import TaskOrder
     from platoon.train.tinker.watchdog import ServiceMonitor
 
-__all__ = ["EXIT_SERVICE_LOST", "EXIT_STOPPED", "Trainer", "stopped_before_training"]
+__all__ = ["EXIT_GROUPS_FAILED", "EXIT_SERVICE_LOST", "EXIT_STOPPED", "Trainer", "stopped_before_training"]
 
 log = logging.getLogger("platoon.train")
 
@@ -43,6 +43,11 @@ log = logging.getLogger("platoon.train")
 EXIT_STOPPED = 130
 #: the exit status of a start whose training service died or stopped answering (a runtime failure; resumable)
 EXIT_SERVICE_LOST = 1
+#: the exit status of a start stopped because its groups keep failing for one cause (a runtime failure)
+EXIT_GROUPS_FAILED = 1
+#: consecutive steps in which every group failed for the same cause before a start stops: the policy does not
+#: move while nothing trains, so a cause that held for this many steps would hold for the rest of the run
+FAILED_STEPS_LIMIT = 3
 #: how often a step waiting for groups looks whether a stop was requested
 _STOP_POLL_SECONDS = 0.5
 #: how long the end of a run waits for an in-flight pruning pass
@@ -66,6 +71,27 @@ def _unreachable(exc: BaseException, name: str) -> str | None:
 
 class _Stopped(Exception):
     """A stop was requested before the current batch applied an update: the batch is abandoned."""
+
+
+class _FailingSteps:
+    """The run of consecutive steps (ending at the last one) in which every group failed for one same cause."""
+
+    def __init__(self) -> None:
+        self.cause: str | None = None
+        self.first = self.last = 0
+
+    @property
+    def steps(self) -> int:
+        return 0 if self.cause is None else self.last - self.first + 1
+
+    def record(self, step: int, cause: str | None) -> None:
+        """Step `step` (1-based) ended; `cause` is the one cause its every group failed for, else None."""
+        if cause is None:
+            self.cause = None
+        elif cause == self.cause and step == self.last + 1:
+            self.last = step
+        else:
+            self.cause, self.first, self.last = cause, step, step
 
 
 def stopped_before_training(step: int) -> int:
@@ -155,7 +181,11 @@ class Trainer:
         self._prune_task: asyncio.Task[None] | None = None
         self._workers: Any = None
         self._launch_permits = asyncio.Semaphore(self.workflow_config.worker_launch_concurrent_groups)
-        self._results: asyncio.Queue[tuple[Row, GroupOutput | None]] = asyncio.Queue()
+        #: finished groups: (row, its output or None, why it raised or None)
+        self._results: asyncio.Queue[tuple[Row, GroupOutput | None, str | None]] = asyncio.Queue()
+        self._failing = _FailingSteps()
+        #: the optimizer steps the run had when this start began (whether this start trained anything)
+        self._started_with_updates = self.optimizer_steps
         self._background: list[asyncio.Future[None]] = []
         self._queue = AdmissionQueue(train.batch_size, train.rollout_group_limits)
         # Training rollouts' event files are written off the groups' path (workers write their own)
@@ -417,18 +447,23 @@ class Trainer:
 
     async def _group_worker(self) -> None:
         """Take a row, run its whole group, push the result; a group that raises is a None result."""
+        from platoon.errors import PlatoonError
+
         while (row := await self._queue.take()) is not None:
             output: GroupOutput | None = None
+            raised: str | None = None
             try:
                 output = await self._run_group(row)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # counted (rollout_completion/failed_rollouts), never a trainer failure
-                log.warning("the group of %s failed: %s: %s", row.task_id, type(exc).__name__, exc)
+                # platoon's own errors say what failed in their message; anything else is named by its type
+                raised = str(exc) if isinstance(exc, PlatoonError) else f"{type(exc).__name__}: {exc}"
+                log.warning("the group of %s failed: %s", row.task_id, raised)
             finally:
                 await self._queue.release(row)
             self.watchdog.beat()
-            await self._results.put((row, output))
+            await self._results.put((row, output, raised))
 
     async def _task(self, row: Row) -> Task:
         from platoon.train.tinker.task_order import split_task_id
@@ -562,6 +597,12 @@ class Trainer:
                     await self._step(step)
                 except _Stopped:
                     return await self._stop(step)
+                if self._failing.steps >= FAILED_STEPS_LIMIT:
+                    return await self._groups_failed(step + 1)
+            if self._failing.cause is not None and self.optimizer_steps == self._started_with_updates:
+                # A start that trained nothing and ended on failing groups did not succeed: no final checkpoint
+                # marks the run done, so the same command trains these steps again once the cause is fixed.
+                return await self._groups_failed(self.end_batch)
             await self._save("final", self.end_batch)
             if evaluating:
                 await self._wait_for_evaluation(self.end_batch)
@@ -581,7 +622,23 @@ class Trainer:
         say(f"stopped at step {reached} as asked; resume with the same command")
         return EXIT_STOPPED
 
-    async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None]:
+    async def _groups_failed(self, reached: int) -> int:
+        """Stop because every group of the last steps failed for one cause (said in one line), keeping what was
+        trained before them in an `_interrupted` checkpoint when no checkpoint holds it yet."""
+        failing = self._failing
+        latest = self.checkpoints.latest_resumable()
+        if latest is None or latest.batch < failing.first - 1:
+            # The failing steps trained nothing, so the weights are those after the step before them: saved as of
+            # that step, nothing trained is lost and a resume redoes the failing steps.
+            await self._save("interrupted", failing.first - 1)
+        steps = f"step {failing.first}" if failing.steps == 1 else f"steps {failing.first}..{failing.last}"
+        say(
+            f"training stopped at step {reached}: every group of {steps} failed, so nothing trained: "
+            f"{failing.cause}; fix that, then the same command resumes"
+        )
+        return EXIT_GROUPS_FAILED
+
+    async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
         """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
         from platoon.train.tinker.supervisor import stop_requested
 
@@ -615,6 +672,8 @@ class Trainer:
         staleness = train.max_staleness
         consumed: list[GroupOutput] = []
         counts = {"groups_dequeued": 0, "stale_groups": 0, "stale_rollouts": 0, "failed": 0}
+        # why each group of the step trained nothing (None: it trained, or failed for no one cause)
+        failures: list[str | None] = []
         transform_metrics: dict[str, float] = {}
         optim_values: dict[str, list[float]] = {}
         applied = submitted = attention = 0
@@ -627,10 +686,11 @@ class Trainer:
                 groups: list[GroupOutput] = []
                 for _ in range(per_microbatch):
                     t_wait = time.monotonic()
-                    _row, output = await self._next_group(can_abandon=applied == 0)
+                    _row, output, raised = await self._next_group(can_abandon=applied == 0)
                     first_group_at = first_group_at or time.monotonic()
                     waited["groups"] += time.monotonic() - t_wait
                     counts["groups_dequeued"] += 1
+                    failures.append(raised if output is None else output.failure)
                     if output is None:
                         counts["failed"] += 1
                         continue
@@ -773,7 +833,16 @@ class Trainer:
             if rewards_avg is None
             else f"reward {rewards_avg:.3f} over {rewards} rollouts"
         )
+        causes = set(failures)
+        cause = causes.pop() if not applied and len(causes) == 1 else None
+        self._failing.record(done, cause)
+        update_text = (
+            ""
+            if applied
+            else " (no update)"
+            if cause is None
+            else f" (no update: every group failed: {cause})"
+        )
         say(
-            f"step {done}/{self.end_batch}: {reward_text}{'' if applied else ' (no update)'}; "
-            f"{metrics['timing/batch_total']:.1f} s"
+            f"step {done}/{self.end_batch}: {reward_text}{update_text}; {metrics['timing/batch_total']:.1f} s"
         )

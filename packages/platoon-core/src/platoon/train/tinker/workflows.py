@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,14 @@ if TYPE_CHECKING:
     from platoon.train.tinker.advantages import GroupResult
     from platoon.train.tinker.datums import DatumBatch
 
-__all__ = ["DEFAULT_WORKFLOW", "GroupOutput", "GroupRolloutWorkflow", "StragglerCutoff", "get_workflow"]
+__all__ = [
+    "DEFAULT_WORKFLOW",
+    "GroupOutput",
+    "GroupRolloutWorkflow",
+    "StragglerCutoff",
+    "get_workflow",
+    "member_failure",
+]
 
 log = logging.getLogger("platoon.train")
 
@@ -57,10 +64,35 @@ class GroupOutput:
     seconds: float = 0.0
 
     @property
+    def failure(self) -> str | None:
+        """Why the group trained nothing, when no member gave a trainable result and every member failed for one
+        cause (that cause, in one line); None when the group trained or its members failed for different causes."""
+        if self.datums or self.result.trainable:
+            return None
+        causes = {member_failure(member) for member in self.members}
+        return causes.pop() if len(causes) == 1 else None
+
+    @property
     def oldest_version(self) -> int | None:
         """The oldest policy version any of its datum-producing members sampled (staleness, train.md 2.5)."""
         versions = [m.version for m in self.members if m.observed]
         return min(versions) if versions else None
+
+
+def member_failure(member: MemberOutcome) -> str:
+    """One line saying why a member gave nothing to train: its error or disposition, else its root's outcome."""
+    if not member.observed or member.collection is None:
+        return member.error or member.disposition
+    root = member.collection.root
+    outcome = root.misc.get("outcome") if root is not None else None
+    if not isinstance(outcome, Mapping):
+        return (root.error_message if root is not None else None) or f"outcome {member.status}"
+    text = f"outcome {outcome.get('status')}"
+    kind = outcome.get("failure_kind")
+    if kind and kind != outcome.get("status"):
+        text += f" ({kind})"
+    reason = outcome.get("reason")
+    return f"{text}: {reason}" if reason else text
 
 
 class GroupRolloutWorkflow:

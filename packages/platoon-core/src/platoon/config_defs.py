@@ -256,8 +256,9 @@ _REMOVED_IN = "0.3.0"
 
 
 class InferenceParams(ConfigModel):
-    """Sampling settings of policy calls; all None = the gateway's defaults (temperature 1.0, top_p 1.0, top_k -1,
-    4096 completion tokens)."""
+    """Sampling settings of a rollout's model calls: each fills what a call leaves unset (with `sampling_precedence:
+    config` it also replaces a policy call's own); all None = the gateway's defaults (temperature 1.0, top_p 1.0,
+    top_k -1, 4096 completion tokens)."""
 
     temperature: Float | None = Field(None, ge=0, description="sampling temperature; None = 1.0")
     top_p: Float | None = Field(None, ge=0, le=1, description="nucleus sampling mass; None = 1.0")

@@ -678,9 +678,9 @@ class ModelGateway:
     def _prepare(
         self, rollout: RolloutRecorder, settings: _AgentSettings, kind: str, request: dict[str, Any]
     ) -> tuple[dict[str, Any], list[Any] | None, dict[str, Any]]:
-        """Sampling = the request's own over the agent's defaults over the gateway's; the config's for policy
-        calls under `sampling_precedence: config`. Returns the params, the caller's stop list (None: the
-        renderer's stop tokens) and the render kwargs."""
+        """Sampling = the request's own over the agent's defaults over the rollout's inference params over the
+        gateway's; the config's for policy calls under `sampling_precedence: config`. Returns the params, the
+        caller's stop list (None: the renderer's stop tokens) and the render kwargs."""
         own: dict[str, Any] = {}
         render_kwargs: dict[str, Any] = {}
         stop: list[Any] | None = None
@@ -719,11 +719,13 @@ class ModelGateway:
                         raise GatewayError(f"n must be 1; got {value!r}")
                 elif key not in _IGNORED_PARAMS and key != "extra_body":
                     raise GatewayError(f"unsupported sampling parameter {key!r}")
-        params = (
-            {**self.defaults, **settings.sampling, **own} if settings.sampling else {**self.defaults, **own}
-        )
+        config = rollout.config_sampling
+        # The rollout's inference params fill what neither the call nor the agent's defaults set.
+        filled = {key: config[key] for key in ("temperature", "top_p", "top_k") if key in config}
+        if "max_completion_tokens" in config:
+            filled["max_tokens"] = config["max_completion_tokens"]
+        params = {**self.defaults, **filled, **settings.sampling, **own}
         if kind == "policy" and rollout.sampling_precedence == "config":
-            config = rollout.config_sampling
             for key in ("temperature", "top_p", "top_k"):
                 params[key] = config.get(key, self.defaults[key])
             if "max_completion_tokens" in config:

@@ -191,3 +191,25 @@ def test_plain_uv_build_at_the_root_refuses_with_the_command_that_builds_the_pac
     assert "Traceback" not in result.stderr
     assert [p.name for p in tmp_path.iterdir()] in ([], [".gitignore"])  # uv marks its output folder ignored
     assert not list(ROOT.glob("*.egg-info"))
+
+
+def test_the_readme_install_commands_are_the_ones_ci_runs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    install = readme[readme.index("## Install") : readme.index("## The main job")]
+    ci = (
+        (ROOT / ".ci/packaging")
+        .read_text(encoding="utf-8")
+        .replace('"$version"', "0.2.0")
+        .replace("$version", "0.2.0")
+    )
+    assert "bash .ci/packaging" in (ROOT / ".ci/run").read_text(encoding="utf-8")
+    for fragment in (
+        "uv build --all-packages",
+        'install "./dist/platoon-0.2.0-py3-none-any.whl[tinker,ors]" ./dist/platoon_*-0.2.0-py3-none-any.whl',
+        "pip install ./dist/platoon_core-0.2.0-py3-none-any.whl",
+        '"platoon[tinker,ors] @ $git_url#subdirectory=packages/platoon"',
+        '"platoon-harbor @ $git_url#subdirectory=packages/platoon-harbor"',
+    ):
+        assert fragment in install, fragment
+        assert fragment.replace("install ", "").replace("pip ", "") in ci, fragment
+    assert "uv add" in install and "uv add" in ci

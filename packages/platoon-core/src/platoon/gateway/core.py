@@ -721,7 +721,7 @@ class ModelGateway:
                     raise GatewayError(f"unsupported sampling parameter {key!r}")
         config = rollout.config_sampling
         # The rollout's inference params fill what neither the call nor the agent's defaults set.
-        filled = {key: config[key] for key in ("temperature", "top_p", "top_k") if key in config}
+        filled: dict[str, Any] = {k: config[k] for k in ("temperature", "top_p", "top_k") if k in config}
         if "max_completion_tokens" in config:
             filled["max_tokens"] = config["max_completion_tokens"]
         params = {**self.defaults, **filled, **settings.sampling, **own}

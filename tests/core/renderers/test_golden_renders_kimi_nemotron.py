@@ -230,7 +230,8 @@ def test_kimi_tool_message_without_name_or_id_warns() -> None:
     messages = [{"role": "user", "content": "x"}, {"role": "tool", "content": "42"}]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warnings.simplefilter("ignore", ResourceWarning)  # an earlier test's socket finalised here is not ours
+        # an earlier test's socket finalised by the garbage collector here is not the renderer's warning
+        warnings.simplefilter("ignore", ResourceWarning)
         text = renderer.tokenizer.decode(renderer.build_generation_prompt(messages).to_ints())
     assert [str(w.message).split(".")[0] for w in caught] == [
         "Tool message missing 'name' field",

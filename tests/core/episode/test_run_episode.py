@@ -39,7 +39,8 @@ def test_a_table_task_with_a_tiny_function_harness(tmp_path):
     assert len(root.steps) == 1 and run.children == []
     # a table cannot grade: the outcome is untrainable, never a 0 to train on
     assert run.outcome["status"] == "invalid" and run.outcome["failure_kind"] == "no_grader"
-    assert root.misc["trajectory_invalid"] and run.reward == 0.0
+    # the trajectory stores 0, but the run has no reward: an ungraded episode never passes for a 0
+    assert root.misc["trajectory_invalid"] and root.reward == 0.0 and run.reward is None and not run.scored
     call_id = root.steps[0].misc["action_misc"]["completion_id"]
     interaction = run.interactions[call_id]
     assert run.policy.calls[0].text == "hi there"
@@ -153,7 +154,7 @@ def test_a_session_that_dies_mid_episode_is_untrainable():
         "error": "ConnectionError: the sandbox is gone",
     }
     assert run.outcome["status"] == "error" and run.outcome["failure_kind"] == "harness_crash"
-    assert run.reward == 0.0 and run.root.misc["trajectory_invalid"]
+    assert run.reward is None and run.root.misc["trajectory_invalid"]
 
 
 def test_a_session_that_fails_to_open_yields_an_untrainable_root():

@@ -164,6 +164,7 @@ async def run_adhoc_rollout(
     loaded: LoadedConfig, options: RolloutOptions, *, say: Say, now: _dt.datetime | None = None
 ) -> tuple[dict[str, Any], Path]:
     """Roll out `options.task` and return its summary (core.md 3.5) and the run directory."""
+    from platoon.episode.rollout import process_rewards
     from platoon.eval.components import component_records
     from platoon.eval.evaluator import check_output_dir_free, judges_lock
     from platoon.eval.policy import check_policy_key, open_policy, sample_timeout_line
@@ -244,7 +245,11 @@ async def run_adhoc_rollout(
                 f"the rollout of {item.task_id} produced no trajectories: {outcome.error or outcome.disposition}"
             )
         _write_outputs(run_dir, collection, item.task_id)
-        return rollout_summary(collection, item.task_id), run_dir
+        # The entry's reward processor scores the rollout as training would (after its files are written, so a
+        # processor that raises leaves the trajectories to look at).
+        processor = entry.reward_processor or collection.root.misc.get("reward_processor")
+        scores = process_rewards(str(processor), collection) if processor else None
+        return rollout_summary(collection, item.task_id, scores), run_dir
     finally:
         held = records.read_process(run_dir)
         if held is not None and held.pid == os.getpid():

@@ -5,7 +5,8 @@
     policy 3f2a9c01  steps 4  reward 1  outcome scored [reward=1]
     └─ subagent 77c0e1d2  steps 1  reward 1  goal 'Suggest a first guess.'
 
-A reward is `-` where an agent's outcome is untrainable (its trajectory's 0 is no score).
+A reward is `-` where an agent's outcome is untrainable (its trajectory's 0 is no score). With the entry's reward
+processor, each reward is the processor's score, as training would use it.
 """
 
 from __future__ import annotations
@@ -31,15 +32,20 @@ def _short(text: str | None) -> str | None:
     return line if len(line) <= TEXT_LIMIT else line[: TEXT_LIMIT - 3] + "..."
 
 
-def _reward(trajectory: Trajectory) -> float | None:
+def _reward(trajectory: Trajectory, scored: tuple[float, Any] | None) -> float | None:
     if any(trajectory.misc.get(marker) for marker in _UNTRAINABLE):
         return None
-    return float(trajectory.reward)
+    return float(scored[0]) if scored is not None else float(trajectory.reward)
 
 
-def rollout_summary(collection: TrajectoryCollection, task_id: str) -> dict[str, Any]:
+def rollout_summary(
+    collection: TrajectoryCollection,
+    task_id: str,
+    scores: Mapping[str, tuple[float, Any]] | None = None,
+) -> dict[str, Any]:
     """`{id, task, agents, total_steps, max_depth, reward, outcome}`; each agent `{id, parent, depth, role, goal,
-    steps, reward, outcome, error}`, root first, in the order the agents opened."""
+    steps, reward, outcome, error}`, root first, in the order the agents opened. `scores` are the reward
+    processor's (trajectory id -> (score, components)), which replace the trajectories' own rewards."""
     trajectories = collection.trajectories
     depths: dict[str, int] = {}
     agents: list[dict[str, Any]] = []
@@ -58,7 +64,7 @@ def rollout_summary(collection: TrajectoryCollection, task_id: str) -> dict[str,
                 "role": str(role) if role else ("root" if parent is None else "child"),
                 "goal": trajectory.task.goal if trajectory.task is not None else None,
                 "steps": len(trajectory.steps),
-                "reward": _reward(trajectory),
+                "reward": _reward(trajectory, (scores or {}).get(trajectory_id)),
                 "outcome": dict(outcome) if isinstance(outcome, Mapping) else None,
                 "error": trajectory.error_message,
             }

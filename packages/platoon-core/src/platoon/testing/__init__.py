@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "serve_policy": "platoon.testing.gateway",
     "EpisodeRun": "platoon.testing.episode",
     "run_episode": "platoon.testing.episode",
+    "arun_episode": "platoon.testing.episode",
     "LocalTinkerServer": "platoon.local_server",
     "local_tinker_server": "platoon.local_server",
 }
@@ -63,6 +64,9 @@ if TYPE_CHECKING:
     from platoon.renderers.toy import TOY_TOKENIZER_DIR as TOY_TOKENIZER_DIR
     from platoon.renderers.toy import toy_renderer as toy_renderer
     from platoon.renderers.toy import toy_tokenizer as toy_tokenizer
+    from platoon.testing.episode import EpisodeRun as EpisodeRun
+    from platoon.testing.episode import arun_episode as arun_episode
+    from platoon.testing.episode import run_episode as run_episode
     from platoon.testing.policy import Completion as Completion
     from platoon.testing.policy import PolicyCall as PolicyCall
     from platoon.testing.policy import ScriptedPolicy as ScriptedPolicy

@@ -1,18 +1,25 @@
 """`run_episode` (core.md 8.5): one task through the real harness rollout — environment session, episode program,
-gateway over a scripted policy served over HTTP, grading, trajectory build, finalizers — on the CPU.
+gateway over a scripted policy served over HTTP, grading, trajectory build, finalizers, and the reward processor
+when one is given — on the CPU.
 
 `ctx.chat` calls the gateway in process; `ctx.endpoint` (and command-line harnesses) reach it over loopback HTTP.
+
+Code written for platoon 0.2.0, where `run_episode` was a coroutine function, runs unchanged: called with no event
+loop running, `run_episode` runs the episode and returns its `EpisodeRun`, which `await` (or `asyncio.run`) gives
+back as it is; called inside a running loop (an async test), it returns the episode as a coroutine to await there,
+as 0.2.0 did. `arun_episode` is the coroutine function itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import json
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from platoon.envs.resolve import resolve_service
 
@@ -24,16 +31,27 @@ if TYPE_CHECKING:
 __all__ = ["EpisodeRun", "arun_episode", "resolve_service", "run_episode"]
 
 COLLECTION_FILE = "trajectory_collection.json"
+_UNTRAINABLE = ("trajectory_invalid", "trajectory_timed_out", "trajectory_cancelled")
+
+#: a reward processor: a reference as `environments[].reward_processor` names one, or the callable itself
+RewardProcessorArg = str | Callable[[dict[str, Any]], Any] | None
 
 
-@dataclass
+@dataclass(eq=False)
 class EpisodeRun:
-    """What one episode left: the trajectories, the exact tokens of every call, the gateway and the output dir."""
+    """What one episode left: the trajectories, the exact tokens of every call, the gateway and the output dir,
+    and with a reward processor its scores.
+
+    Awaiting an `EpisodeRun` (or handing it to `asyncio.run`) gives it back: 0.2.0's `run_episode` was a
+    coroutine function, and code that awaits its result keeps working.
+    """
 
     collection: TrajectoryCollection
     interactions: dict[str, Interaction]
     gateway: ModelGateway
     output_dir: Path
+    #: trajectory id -> (score, components) from the reward processor, for every trajectory it scored
+    scores: dict[str, tuple[float, dict[str, float]]] = field(default_factory=dict)
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -59,13 +77,88 @@ class EpisodeRun:
         return outcome if isinstance(outcome, dict) else None
 
     @property
-    def reward(self) -> float:
-        return self.root.reward
+    def scored(self) -> bool:
+        """Whether the episode was graded (its outcome status is `scored`): only then has it a reward."""
+        outcome = self.outcome
+        if outcome is None or outcome.get("status") != "scored":
+            return False
+        return not any(self.root.misc.get(marker) for marker in _UNTRAINABLE)
+
+    @property
+    def reward(self) -> float | None:
+        """The root's reward, the reward processor's score when one was given; None when the episode was not
+        scored (an error, a timeout, an invalid episode), so a failed episode never passes for a reward of 0."""
+        if not self.scored:
+            return None
+        score = self.scores.get(self.root.id)
+        return score[0] if score is not None else self.root.reward
+
+    @property
+    def reward_components(self) -> dict[str, float]:
+        """The reward processor's components for the root (empty without a processor or a score)."""
+        score = self.scores.get(self.root.id)
+        return dict(score[1]) if score is not None and self.scored else {}
 
     @property
     def policy(self) -> Any:
         """The gateway's sampler (the `ScriptedPolicy`)."""
         return self.gateway.sampler
+
+    # -- 0.2.0 compatibility: an already finished coroutine whose result is this run
+
+    def __await__(self) -> Generator[Any, None, EpisodeRun]:
+        return self
+        yield  # unreachable: makes this a generator that finishes at once
+
+    def send(self, value: Any) -> NoReturn:
+        raise StopIteration(self)
+
+    def throw(self, exc: Any, /, *rest: Any) -> NoReturn:
+        if isinstance(exc, BaseException):
+            raise exc
+        raise rest[0] if rest and isinstance(rest[0], BaseException) else exc()
+
+    def close(self) -> None:
+        """Nothing to close: the episode has finished (part of the coroutine protocol)."""
+
+
+# `asyncio.run(run_episode(...))`, as 0.2.0 code writes it, wants a coroutine.
+collections.abc.Coroutine.register(EpisodeRun)
+
+#: what an `EpisodeRun` offers, so that reading it off an episode still to await says what to write instead
+_RUN_ATTRIBUTES = frozenset(
+    name for name in [*EpisodeRun.__dataclass_fields__, *vars(EpisodeRun)] if not name.startswith("_")
+) - {"send", "throw", "close"}
+
+
+class _EpisodeToAwait(Coroutine[Any, Any, EpisodeRun]):
+    """What `run_episode` gives inside a running event loop: the episode as a coroutine, to be awaited."""
+
+    __slots__ = ("_coroutine",)
+
+    def __init__(self, coroutine: Coroutine[Any, Any, EpisodeRun]) -> None:
+        self._coroutine = coroutine
+
+    def __await__(self) -> Generator[Any, None, EpisodeRun]:
+        return self._coroutine.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine.send(value)
+
+    def throw(self, exc: Any, /, *rest: Any) -> Any:
+        return self._coroutine.throw(exc, *rest)
+
+    def close(self) -> None:
+        self._coroutine.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _RUN_ATTRIBUTES:
+            raise AttributeError(
+                f"run_episode(...) was called inside a running event loop, where it returns the episode to await, "
+                f"not its EpisodeRun: write `run = await run_episode(...)` (or `await arun_episode(...)`), "
+                f"then read run.{name}"
+            )
+        raise AttributeError(name)
 
 
 def _route(
@@ -74,6 +167,7 @@ def _route(
     harness_options: Mapping[str, Any] | None,
     program: Any,
     agents: Any,
+    reward_processor: RewardProcessorArg,
 ) -> Any:
     from platoon.config.environments import AgentsConfig
     from platoon.episode.rollout import Route
@@ -87,6 +181,8 @@ def _route(
         program=program,
         harness_options=dict(harness_options or {}),
         agents=agents,
+        # a reference is recorded on the root as a run's is; a callable has no name to record
+        reward_processor=reward_processor if isinstance(reward_processor, str) else None,
     )
 
 
@@ -117,19 +213,33 @@ async def arun_episode(
     max_steps: int | None = None,
     rollout: Any = None,
     output_dir: str | Path | None = None,
+    reward_processor: RewardProcessorArg = None,
 ) -> EpisodeRun:
-    """`run_episode` inside a running event loop."""
-    from platoon.episode.rollout import recorded_rollout
+    """`run_episode` as a coroutine function, to await inside a running event loop (0.2.0's `run_episode`)."""
+    from platoon.episode.rollout import process_rewards, recorded_rollout
+    from platoon.gateway.core import ModelGateway
     from platoon.gateway.http.server import GatewayServer
     from platoon.task import Task
     from platoon.testing.gateway import make_gateway
 
+    if isinstance(reward_processor, str):
+        from platoon import plugins
+
+        plugins.get_reward_processor(
+            reward_processor
+        )  # resolves before the episode runs, as a run's start does
     env = resolve_service(service, service_kwargs)
     if not isinstance(task, Task):
         task = await env.get_task(str(task))
-    gateway = make_gateway(policy)
+    gateway = policy if isinstance(policy, ModelGateway) else make_gateway(policy)
     config = _rollout_config(rollout, max_steps)
-    route = _route(harness, harness_options=harness_options, program=program, agents=agents)
+    route = _route(
+        harness,
+        harness_options=harness_options,
+        program=program,
+        agents=agents,
+        reward_processor=reward_processor,
+    )
     # The gateway is served over HTTP for the episode (`ctx.endpoint`, command-line harnesses); `ctx.chat` stays in
     # process. On this loop, so HTTP and in-process calls share the gateway's single-threaded state.
     server = GatewayServer(gateway)
@@ -143,11 +253,14 @@ async def arun_episode(
     out = Path(tempfile.mkdtemp(prefix="platoon-episode-")) if output_dir is None else Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / COLLECTION_FILE).write_text(json.dumps(collection.to_dict(), indent=2) + "\n", encoding="utf-8")
+    # Applied as training applies it: to every trajectory but the untrainable ones, after the files are written.
+    scores = process_rewards(reward_processor, collection) if reward_processor is not None else {}
     return EpisodeRun(
         collection=collection,
         interactions=dict(recorder.interactions),
         gateway=gateway,
         output_dir=out,
+        scores=scores,
     )
 
 
@@ -164,34 +277,37 @@ def run_episode(
     max_steps: int | None = None,
     rollout: Any = None,
     output_dir: str | Path | None = None,
+    reward_processor: RewardProcessorArg = None,
 ) -> EpisodeRun:
     """Run one task through the harness rollout with a scripted policy; see the module docstring.
 
     `task` is a `Task` or an id the service resolves; `service` a service reference (with `service_kwargs`) or
-    an `EnvironmentService`; `policy` a `ScriptedPolicy` or its script; `agents` the entry's `agents` settings;
-    `rollout` a `RolloutConfig` or its keys (default `verbose: false`); `output_dir` defaults to a kept temporary
-    directory `platoon-episode-*`, where `trajectory_collection.json` is written.
+    an `EnvironmentService`; `policy` a `ScriptedPolicy`, its script or a gateway from `make_gateway`; `agents`
+    the entry's `agents` settings; `rollout` a `RolloutConfig` or its keys (default `verbose: false`);
+    `output_dir` defaults to a kept temporary directory `platoon-episode-*`, where `trajectory_collection.json` is
+    written; `reward_processor` (a name or import string as `environments[].reward_processor` takes, or the
+    callable) scores the trajectories as training does: `EpisodeRun.reward` is then its score.
+
+    With no event loop running it returns the finished `EpisodeRun`; inside a running loop it returns the episode
+    to await (`run = await run_episode(...)`), as 0.2.0's coroutine function did.
     """
+    episode = arun_episode(
+        task,
+        service=service,
+        harness=harness,
+        policy=policy,
+        service_kwargs=service_kwargs,
+        harness_options=harness_options,
+        program=program,
+        agents=agents,
+        max_steps=max_steps,
+        rollout=rollout,
+        output_dir=output_dir,
+        reward_processor=reward_processor,
+    )
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "run_episode runs its own event loop: inside a running loop, await arun_episode(...)"
-        )
-    return asyncio.run(
-        arun_episode(
-            task,
-            service=service,
-            harness=harness,
-            policy=policy,
-            service_kwargs=service_kwargs,
-            harness_options=harness_options,
-            program=program,
-            agents=agents,
-            max_steps=max_steps,
-            rollout=rollout,
-            output_dir=output_dir,
-        )
-    )
+        return asyncio.run(episode)
+    # Typed as the run it resolves to: awaiting an EpisodeRun gives the run, so `await run_episode(...)` checks.
+    return cast(EpisodeRun, _EpisodeToAwait(episode))

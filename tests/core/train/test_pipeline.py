@@ -283,6 +283,7 @@ def test_wandb_online_without_a_key_is_one_line_and_78_before_anything_is_writte
 HOLDOUT_SERVICE = textwrap.dedent(
     '''
     """A task table that holds tasks out of training (`holdout`: ids) and keeps a split record, as Harbor does."""
+    from platoon.envs.service import Outcome
     from platoon.envs.table import TaskTableService
     from platoon.harness.agent import AgentResult
     from platoon.harness.function import harness
@@ -292,6 +293,13 @@ HOLDOUT_SERVICE = textwrap.dedent(
     async def answer(ctx):
         reply = await ctx.chat([{"role": "user", "content": ctx.instruction}], max_tokens=1)
         return AgentResult(final_message=reply.text)
+
+
+    async def graded(ep):
+        """The episode program: a table cannot grade, so the answer C scores 1 here (a run trains nothing, and
+        fails, when no rollout is ever graded)."""
+        result = await ep.run()
+        return Outcome("scored", rewards={"reward": 1.0 if (result.final_message or "").strip() == "C" else 0.0})
 
 
     class HoldoutTable(TaskTableService):
@@ -324,7 +332,7 @@ def test_identity_records_the_hold_out_and_a_resume_that_changes_it_is_refused(
     def argv(holdout: str) -> list[str]:
         entry = (
             f"[{{service: 'holdout_table:HoldoutTable', service_kwargs: {{rows: {rows}, holdout: {holdout}}}, "
-            "harness: 'holdout_table:answer', exclude_tasks: [c]}]"
+            "harness: 'holdout_table:answer', program: 'holdout_table:graded', exclude_tasks: [c]}]"
         )
         return _bandit(site, "train.batch_size=1", "train.max_training_steps=1", f"environments={entry}")
 

@@ -12,13 +12,18 @@ from platoon.cli import main
 
 BASE = """
     log_path: runs
+    tinker_base_url: local
     train:
       model_name: platoon/toy
       renderer_name: qwen3_instruct
+      batch_size: 2
       max_training_steps: 5
     environments:
       - service: table
+        service_kwargs: {rows: [one, two]}
         harness: acme-solver@1
+    stats:
+      wandb: {mode: disabled}
 """
 
 
@@ -240,20 +245,113 @@ def test_missing_file_and_no_file(configs, capsys):
 
 def test_tasks_lists_a_training_configs_tasks_and_prints_the_plan(configs, capsys, tmp_path):
     (tmp_path / "tasks.jsonl").write_text("".join(f'{{"id": "t{i}", "goal": "g"}}\n' for i in range(40)))
-    code, lines = validate(
-        capsys, "--no-resolve", "--tasks", "base.yaml", "environments.0.service_kwargs.path=tasks.jsonl"
+    configs(
+        t="extends: base.yaml\ntrain: {batch_size: 32}\nenvironments:\n  - service: table\n"
+        "    service_kwargs: {path: tasks.jsonl}\n    harness: platoon-bandit-answer\n"
     )
+    code, lines = validate(capsys, "--tasks", "t.yaml")
     assert code == 0
     assert lines == [
-        "ok   base.yaml (PlatoonTinkerRLTrainerConfig)",
+        "ok   t.yaml (PlatoonTinkerRLTrainerConfig)",
         "  training tasks: 40, drawn in epochs of 32 (1 batches of 32), 5 steps planned",
         "  environments[default]: share 100.0% (weight tasks, 40 tasks), each task drawn about 4 times over the "
         "run's 5 steps",
     ]
     # A service that cannot list fails the file, as the run would.
-    code, lines = validate(capsys, "--no-resolve", "--tasks", "base.yaml")
+    code, lines = validate(capsys, "--tasks", "t.yaml", "environments.0.service_kwargs.path=missing.jsonl")
     assert code == 78
-    assert lines == [
-        "FAIL base.yaml",
-        "  environments.0.service: table 'table' needs exactly one of rows or path (a JSONL file)",
-    ]
+    assert lines[0] == "FAIL t.yaml"
+    assert lines[1].startswith("  environments.0: listing split 'train' failed: table 'table': cannot read ")
+    # Without resolving the components (the harness is not imported), the tasks are still listed.
+    configs(u="extends: t.yaml\nenvironments:\n  - service: table\n    service_kwargs: {path: tasks.jsonl}\n")
+    assert validate(capsys, "--no-resolve", "--tasks", "u.yaml")[1][1] == (
+        "  training tasks: 40, drawn in epochs of 32 (1 batches of 32), 5 steps planned"
+    )
+
+
+def test_validate_refuses_everything_platoon_train_refuses_at_start_all_at_once(
+    configs, capsys, monkeypatch, tmp_path
+):
+    # The getting-started story: validate said ok; the batch, then the W&B key, then the Tinker key were refused
+    # by `platoon train` one start at a time. validate now runs the start's checks, the task listing included.
+    for variable in ("TINKER_API_KEY", "TINKER_BASE_URL", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a W&B login
+    configs(
+        c="extends: base.yaml\ntinker_base_url: null\ntrain: {batch_size: 32}\nstats: {wandb: {mode: online}}\n"
+        "environments:\n  - service: table\n    service_kwargs: {rows: [a, b, c]}\n"
+        "    harness: platoon-bandit-answer\n"
+    )
+    code, lines = validate(capsys, "--strict", "c.yaml")
+    assert code == 78 and lines[0] == "FAIL c.yaml"
+    problems = [line.strip() for line in lines[1:]]
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("TINKER_API_KEY is not set")
+    assert problems[1].startswith("stats.wandb.mode is online but no W&B key is set")
+    assert problems[2].startswith("train.batch_size: 32 is larger than the 3 training tasks")
+    # ... and they are what the start refuses, with the same lines (nothing written)
+    monkeypatch.setenv("TINKER_API_KEY", "tml-not-a-real-key")
+    assert validate(capsys, "c.yaml")[1][1:] == [f"  {problem}" for problem in problems[1:]]
+    assert main(["train", "c.yaml"]) == 78
+    assert capsys.readouterr().err.splitlines()[-2:] == [f"  {problem}" for problem in problems[1:]]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_validate_refuses_a_run_directory_a_live_run_holds(configs, capsys, tmp_path):
+    import subprocess
+
+    run_dir = tmp_path / "runs" / "platoon_tinker" / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom platoon.rollouts import records\nrecords.hold_run_dir(sys.argv[1])\n"
+            "print('held', flush=True)\ntime.sleep(120)",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        code, lines = validate(capsys, "base.yaml", "environments.0.harness=platoon-bandit-answer")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 78 and lines[0] == "FAIL base.yaml"
+    assert lines[1] == (
+        f"  {run_dir} is in use: process.json names pid {holder.pid} (train) running on this host; stop that run, "
+        "or set stats.trial_name to start another"
+    )
+    # the holder is gone: the directory is free again
+    assert validate(capsys, "base.yaml", "environments.0.harness=platoon-bandit-answer")[0] == 0
+
+
+def test_an_eval_config_takes_tinker_base_url_and_validate_makes_the_eval_start_checks(
+    configs, capsys, monkeypatch
+):
+    from pathlib import Path
+
+    bandit_eval = str(Path(__file__).resolve().parents[2] / "examples" / "bandit" / "eval.yaml")
+    for variable in ("TINKER_API_KEY", "TINKER_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    # the key `platoon train` configs have: `local` needs no key
+    assert validate(capsys, bandit_eval, "tinker_base_url=local") == (
+        0,
+        [f"ok   {bandit_eval} (PlatoonEvalConfig)"],
+    )
+    # without it, what `platoon eval` would refuse first, naming the way to the local server
+    code, lines = validate(capsys, bandit_eval)
+    assert code == 78
+    assert lines[1] == (
+        "  TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it; for the embedded local "
+        "server, which needs none, set TINKER_BASE_URL=local (or tinker_base_url: local in the config)"
+    )
+    code, lines = validate(capsys, bandit_eval, "tinker_base_url=local", "inference.model_path=tinker://...")
+    assert code == 78 and lines[1].startswith(
+        "  inference.model_path: ValueError: 'tinker://...' is not a checkpoint"
+    )
+    hosted = "inference={model_name: m, renderer_name: null, hosted: {base_url: 'http://127.0.0.1:9/v1', api_key_env: null}}"
+    code, lines = validate(capsys, bandit_eval, "tinker_base_url=local", hosted)
+    assert code == 78
+    assert "tinker_base_url does not apply to a hosted model (inference.hosted is set)" in lines[1]

@@ -1,4 +1,4 @@
-"""Task tables: rows and JSONL files, splits, ids, refusals, and sessions without tools or a grader."""
+"""Task tables: rows and JSONL files, splits, ids, refusals, sessions without a grader, and graded tables."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from platoon import plugins
 from platoon.envs import table as table_module
 from platoon.envs.service import EnvironmentService, EnvSession
 from platoon.envs.table import TaskTableService, task_table
+from platoon.task import Task
 
 
 def run(coro: Any) -> Any:
@@ -126,6 +127,91 @@ def test_sessions_have_no_tools_and_no_grader():
             assert child.task is task
         await session.close()
         await session.close()
+
+    run(main())
+
+
+def _answer(session: Any, text: str) -> Any:
+    """What a harness does with the model's final reply: submit it through the tool kept from the model."""
+    from platoon.harness.agent import final_answer_tool, terminal_arguments
+
+    async def main() -> Any:
+        tool = final_answer_tool(await session.tools())
+        assert tool is not None and tool.terminal
+        return await session.call_tool(tool.name, terminal_arguments(tool, text))
+
+    return main()
+
+
+def test_exact_match_scores_the_submitted_final_answer():
+    async def main() -> None:
+        table = task_table(
+            [
+                {"id": "a", "goal": "What is 2 + 2?", "answer": 4},
+                {"id": "b", "goal": "2 + 3?", "answer": "5"},
+            ],
+            grader="exact_match",
+        )
+        right = await table.open(await table.get_task("a"), rollout_id="r1")
+        result = await _answer(right, " 4\n")
+        assert (result.finished, result.reward, result.as_text()) == (True, 1.0, "Submitted.")
+        again = await right.call_tool("submit", {"answer": "5"})
+        assert again.is_error and "already submitted" in again.as_text()
+        assert (await right.grade()).rewards == {"reward": 1.0}  # the first answer counts
+        wrong = await table.open(await table.get_task("b"), rollout_id="r2")
+        await _answer(wrong, "five")
+        assert (await wrong.grade()).rewards == {"reward": 0.0}
+        silent = await table.open(await table.get_task("b"), rollout_id="r3")
+        outcome = await silent.grade()
+        assert (outcome.status, outcome.reason, outcome.metadata) == (
+            "scored",
+            "no_submit",
+            {"platoon_zero": True},
+        )
+        # a fork answers for itself
+        child = await right.fork("shared")
+        assert (await child.grade()).reason == "no_submit"
+
+    run(main())
+
+
+def test_exact_match_needs_an_answer_in_every_row():
+    with pytest.raises(
+        ValueError, match="table 'table': row 1 has no 'answer', which the exact_match grader"
+    ):
+        task_table([{"goal": "a", "answer": "1"}, {"goal": "b"}], grader="exact_match")
+    with pytest.raises(ValueError, match="unknown grader 'exact'; name exact_match or a module:function"):
+        task_table(["a"], grader="exact")
+    with pytest.raises(ValueError, match="table 'table': grader "):
+        task_table(["a"], grader="platoon_no_such_module:grade")
+
+
+def test_a_custom_grader_is_called_with_the_answer_and_task_and_its_failures_are_never_a_zero():
+    seen: list[tuple[str, str]] = []
+
+    async def by_length(answer: str, task: Any) -> float:
+        seen.append((answer, task.id))
+        return len(answer) / 10
+
+    def crashing(answer: str, task: Any) -> float:
+        raise RuntimeError("the grading service is down")
+
+    async def main() -> None:
+        graded = await task_table(["Say something."], grader=by_length).open(
+            Task(goal="g", id="task-0"), rollout_id="r"
+        )
+        await _answer(graded, "hello")
+        assert (await graded.grade()).rewards == {"reward": 0.5}
+        assert seen == [("hello", "task-0")]
+        broken = await task_table(["x"], grader=crashing).open(Task(goal="g", id="task-0"), rollout_id="r")
+        result = await _answer(broken, "hi")
+        assert result.is_error and not result.finished
+        outcome = await broken.grade()
+        assert (outcome.status, outcome.failure_kind) == ("error", "env_error")
+        assert outcome.reason == "grader crashing raised RuntimeError: the grading service is down"
+        odd = await task_table(["x"], grader=lambda answer, task: "yes").open(Task(goal="g"), rollout_id="r")
+        await _answer(odd, "hi")
+        assert (await odd.grade()).failure_kind == "no_reward"
 
     run(main())
 

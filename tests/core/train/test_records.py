@@ -43,6 +43,12 @@ from platoon.rollouts.records import (
 
 TRAIN = {"train": {"model_name": "Qwen/Qwen3-4B", "renderer_name": "qwen3"}}
 
+#: the one line a start without a Tinker key says (naming the local server, which needs none)
+MISSING_KEY = (
+    "TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it; for the embedded local "
+    "server, which needs none, set TINKER_BASE_URL=local (or tinker_base_url: local in the config)"
+)
+
 
 @pytest.fixture(autouse=True)
 def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -554,11 +560,8 @@ def test_appenders_cut_off_a_cut_off_line_and_keep_it_aside(tmp_path: Path, caps
 
 def test_key_missing_and_malformed_are_one_line() -> None:
     for env, said in [
-        ({}, "TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it"),
-        (
-            {"TINKER_API_KEY": ""},
-            "TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it",
-        ),
+        ({}, MISSING_KEY),
+        ({"TINKER_API_KEY": ""}, MISSING_KEY),
         (
             {"TINKER_API_KEY": "sk-secret-value"},
             "TINKER_API_KEY must start with tml-, as the Tinker client requires",

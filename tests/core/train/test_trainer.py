@@ -23,6 +23,12 @@ REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "bandit" / "train.yaml"
 EVAL = REPO / "examples" / "bandit" / "eval.yaml"
 
+#: the one line a start without a Tinker key says (naming the local server, which needs none)
+MISSING_KEY = (
+    "TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it; for the embedded local "
+    "server, which needs none, set TINKER_BASE_URL=local (or tinker_base_url: local in the config)"
+)
+
 
 def _run_dir(log_path: Path) -> Path:
     return log_path / "bandit" / "run"
@@ -80,7 +86,7 @@ def test_the_bandit_example_learns_on_the_local_server(tmp_path, monkeypatch, ca
 @pytest.mark.parametrize(
     ("key", "message"),
     [
-        (None, "TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it"),
+        (None, MISSING_KEY),
         ("sk-wrong", "TINKER_API_KEY must start with tml-, as the Tinker client requires"),
     ],
 )

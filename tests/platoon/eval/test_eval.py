@@ -504,7 +504,9 @@ def test_a_missing_tinker_key_is_one_line_and_78_before_anything_is_written(work
     assert status == 78
     assert out == ""
     assert problems(err) == [
-        "platoon: TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it"
+        "platoon: TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it; for the "
+        "embedded local server, which needs none, set TINKER_BASE_URL=local (or tinker_base_url: local in the "
+        "config)"
     ]
     assert not (workdir / "runs").exists()
 
@@ -600,9 +602,57 @@ def test_a_refused_tinker_key_is_one_line_and_78(
         f"platoon: the Tinker service at {refusing_service} refused TINKER_API_KEY when asked for a sampling "
         "client (HTTP 401: Invalid API key): set TINKER_API_KEY to a key that service accepts"
     )
-    out_dir = only_dir(workdir / "runs" / "eval" / "platoon-toy")
-    assert files_containing(out_dir, "tml-refused-key") == []
-    assert not list((out_dir).glob("rollouts/*"))
+    # the start made its directory and recorded no rollout: it is removed, and the command said so
+    assert any(
+        line.startswith("platoon: the evaluation stopped before any rollout was recorded: removed ")
+        for line in err
+    )
+    assert not (workdir / "runs" / "eval" / "platoon-toy").exists()
+    assert files_containing(workdir, "tml-refused-key") == []
+
+
+def test_tinker_base_url_in_an_eval_config_and_an_unknown_checkpoint_leave_no_empty_directory(
+    workdir, write_config, capsys, monkeypatch, tinker_server
+):
+    # The service named in the config (not $TINKER_BASE_URL), as a training config names it.
+    monkeypatch.setenv("TINKER_API_KEY", "tml-eval-test")
+    config = write_config(number_search_eval(model_path="tinker://no-such-run/sampler_weights/final"))
+    status, out, err = run(["eval", str(config), f"tinker_base_url={tinker_server.base_url}"], capsys)
+    assert status == 1 and out == ""
+    said = problems(err)
+    assert said[-1] == (
+        "platoon: the Tinker service could not open a sampler of tinker://no-such-run/sampler_weights/final: "
+        "NotFoundError: 404 no checkpoint at tinker://no-such-run/sampler_weights/final"
+    )
+    removed = [line for line in said if "stopped before any rollout was recorded" in line]
+    assert len(removed) == 1 and "/eval/no-such-run-sampler_weights-final/" in removed[0]
+    assert not (workdir / "runs" / "eval" / "no-such-run-sampler_weights-final").exists()
+
+
+def test_a_placeholder_model_path_is_refused_before_any_service_starts(workdir, write_config, capsys):
+    # The README once showed `inference.model_path=tinker://...`: refused as the config is read, one problem line.
+    config = write_config(number_search_eval())
+    status, out, err = run(
+        ["eval", str(config), "tinker_base_url=local", "inference.model_path=tinker://..."], capsys
+    )
+    assert status == 78 and out == ""
+    assert err[-1] == (
+        "  inference.model_path: ValueError: 'tinker://...' is not a checkpoint path: write "
+        "tinker://<run>/sampler_weights/<name> (a sampler_path of the training run's checkpoints.jsonl), or leave "
+        "it unset for the base model"
+    )
+    assert not any("local Tinker" in line for line in err)
+    assert not (workdir / "runs").exists()
+    assert (
+        main(
+            ["rollout", str(config), "--task", "val:0", "--model-path", "tinker://<run>/sampler_weights/<n>"]
+        )
+        == 64
+    )
+    assert (
+        "--model-path: 'tinker://<run>/sampler_weights/<n>' is not a checkpoint path"
+        in capsys.readouterr().err
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

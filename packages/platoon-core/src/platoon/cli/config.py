@@ -133,8 +133,27 @@ def _split_files(items: list[str]) -> tuple[list[str], list[str]]:
     return files, overrides
 
 
-def _listing_lines(config: Any) -> tuple[list[str], list[str]]:
-    """List a training config's tasks as `platoon train` would: (post-listing problems, sampling plan lines)."""
+def _training_start_lines(loaded: Any) -> tuple[list[str], list[str]]:
+    """Every check `platoon train` makes before it starts, run as the start runs them (`trainer.preflight`, then
+    what a resume would refuse): (problems, sampling plan lines). Writes nothing."""
+    import asyncio
+
+    from platoon.train.tinker.task_order import plan_lines
+    from platoon.train.tinker.trainer import preflight, resume_problems
+
+    config = loaded.config
+    try:
+        checked = asyncio.run(preflight(config, base_dir=loaded.path.parent))
+    except ConfigError as exc:
+        return exc.problems, []
+    problems = resume_problems(config, checked)
+    # A plan for tasks the run refuses would describe a run that never happens.
+    return problems, [] if problems else plan_lines(config, checked.pools)
+
+
+def _listing_lines(loaded: Any) -> tuple[list[str], list[str]]:
+    """List a training config's tasks without resolving its components (`--no-resolve --tasks`): (what the listing
+    refuses, sampling plan lines)."""
     import asyncio
 
     from platoon.train.tinker.task_order import (
@@ -144,12 +163,11 @@ def _listing_lines(config: Any) -> tuple[list[str], list[str]]:
     )
 
     try:
-        pools = asyncio.run(list_training_tasks(config, base_dir=Path.cwd()))
+        pools = asyncio.run(list_training_tasks(loaded.config, base_dir=loaded.path.parent))
     except ConfigError as exc:
         return exc.problems, []
-    problems = training_problems_after_listing(config, pools)
-    # A plan for tasks the run refuses would describe a run that never happens.
-    return problems, [] if problems else plan_lines(config, pools)
+    problems = training_problems_after_listing(loaded.config, pools)
+    return problems, [] if problems else plan_lines(loaded.config, pools)
 
 
 def _validate_one(
@@ -174,22 +192,38 @@ def _validate_one(
             out(f"  {problem}")
         return True
     problems: list[str] = []
-    if loaded.config is not None:
+    task_lines: list[str] = []
+    training = loaded.kind == "train" and loaded.config is not None
+    evaluation = loaded.kind == "eval" and loaded.config is not None
+    if training and resolve:
+        # A training config gets every check of `platoon train`'s start, the task listing included.
+        problems, plan = _training_start_lines(loaded)
+        if tasks:
+            task_lines = plan
+    elif evaluation and resolve and getattr(loaded.config, "stage", None) != "report":
+        # ... and an evaluation config every check of `platoon eval`'s start.
+        import asyncio
+
+        from platoon.eval.evaluator import preflight_problems
+
+        from platoon.eval.config_defs import PlatoonEvalConfig
+
+        assert isinstance(loaded.config, PlatoonEvalConfig)  # kind "eval" validates against it
+        problems = asyncio.run(preflight_problems(loaded.config, loaded))
+    elif loaded.config is not None:
         problems += run_problems(loaded.config, kind=loaded.kind)
         site_runs = loaded.site.runs if loaded.site is not None else None
         problems += output_problems(loaded.config, kind=loaded.kind, site_runs=site_runs)
         report_only = getattr(loaded.config, "stage", None) == "report"
         if resolve and not report_only:
             problems += component_problems(loaded.config)
+    if tasks and not training:
+        task_lines = ["tasks: only a training config's tasks are listed"]
+    elif tasks and not resolve and not problems:
+        # Listed only for a config a run would accept: the listing's refusals are the run's next ones.
+        listing_problems, task_lines = _listing_lines(loaded)
+        problems += listing_problems
     deprecations = deprecation_lines(loaded)
-    task_lines: list[str] = []
-    if tasks:
-        if loaded.kind != "train" or loaded.config is None:
-            task_lines = ["tasks: only a training config's tasks are listed"]
-        elif not problems:
-            # Listed only for a config a run would accept: the listing's refusals are the run's next ones.
-            listing_problems, task_lines = _listing_lines(loaded.config)
-            problems += listing_problems
     failed = bool(problems) or (strict and bool(deprecations))
     schema_name = type(loaded.config).__name__ if loaded.config is not None else "no schema"
     out(f"FAIL {path}" if failed else f"ok   {path} ({schema_name})")
@@ -216,10 +250,14 @@ def validate(
     ] = True,
     strict: Annotated[bool, typer.Option("--strict", help="Deprecations count as failures.")] = False,
     tasks: Annotated[
-        bool, typer.Option("--tasks", help="List a training config's tasks as a run would.")
+        bool, typer.Option("--tasks", help="Print the sampling plan of a training config's tasks.")
     ] = False,
 ) -> int:
-    """Check configs as a run would: schema, mixture rules, components, deprecations; exit 78 if any fails."""
+    """Check configs as a run would: schema, mixture rules, components, deprecations; exit 78 if any fails.
+
+    A training config gets every check `platoon train` makes before it starts: keys (Tinker, W&B), the run
+    directory, the tasks listed against the batch size, and what a resume would refuse.
+    """
     _check_kind(kind)
     files, overrides = _split_files(list(items or []))
     if not files:

@@ -5,11 +5,11 @@ and cross-field rule; deprecated keys are accepted and converted here, and warne
 from __future__ import annotations
 
 from typing import Any, Literal, Self
-from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from platoon.config.environments import EnvironmentList
+from platoon.config.tinker import check_tinker_base_url
 from platoon.config_defs import (
     Bool,
     ConfigModel,
@@ -514,12 +514,7 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
     @field_validator("tinker_base_url")
     @classmethod
     def _base_url(cls, value: str | None) -> str | None:
-        if value is None or value == "local":
-            return value
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not an http(s) URL with a host, or `local`")
-        return value
+        return check_tinker_base_url(value)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,26 +1,31 @@
-"""Task tables (core.md 7.4): `service: table` and `platoon.envs.task_table(rows)`, tasks without an environment.
+"""Task tables: `service: table` and `platoon.envs.task_table(rows)`, tasks without an environment.
 
-A table lists goals; its sessions have no tools and cannot grade themselves (grading is the harness's or a
-verifier's). Rows come inline or from a JSONL `path`, parsed once per process and shared by every service naming it.
+A table lists goals. Without a `grader` its sessions have no tools and cannot grade themselves (an episode is
+`invalid`, `no_grader`). With one (`exact_match`, or `module:function`), a session takes the agent's final answer
+through a `submit` tool kept from the model (as an ORS `@terminal` tool is) and scores it. Rows come inline or from
+a JSONL `path`, parsed once per process and shared by every service naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
+import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from platoon.envs.service import ForkMode, Outcome, ToolResult, ToolSpec
+from platoon.harness.agent import FINAL_ANSWER_META_KEY
 from platoon.hookspecs import ServiceFactory, hookimpl
 from platoon.task import Task
 
-__all__ = ["TableSession", "TaskTableService", "task_table"]
+__all__ = ["GRADERS", "SUBMIT_TOOL", "TableSession", "TaskTableService", "exact_match", "task_table"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,30 @@ INLINE_ROWS_HINT = 20
 
 _GOAL_KEYS = ("goal", "instruction", "prompt")
 _RESERVED = ("id", "task_id", "split", "max_steps", *_GOAL_KEYS)
+
+#: the row key `exact_match` compares the final answer with (kept in `Task.misc`)
+ANSWER_KEY = "answer"
+#: the tool a graded table's sessions take the final answer through, kept from the model (its meta says so)
+SUBMIT_TOOL = "submit"
+_SUBMIT_SPEC = ToolSpec(
+    SUBMIT_TOOL,
+    "Submit the final answer.",
+    {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    terminal=True,
+    meta={FINAL_ANSWER_META_KEY: {"arg": "answer"}},
+)
+
+#: a grader: (the final answer, the task) -> a reward (a finite number or a bool); may be async
+Grader = Callable[[str, Task], Any]
+
+
+def exact_match(answer: str, task: Task) -> float:
+    """1.0 when the answer equals the row's `answer` (both with surrounding whitespace stripped), else 0.0."""
+    return 1.0 if answer.strip() == str(task.misc[ANSWER_KEY]).strip() else 0.0
+
+
+#: the graders a table names without an import string
+GRADERS: dict[str, Grader] = {"exact_match": exact_match}
 
 _warned_inline = False
 _warn_lock = threading.Lock()
@@ -63,10 +92,12 @@ class TaskTableService:
         path: str | os.PathLike[str] | None = None,
         splits: Mapping[str, Sequence[str]] | None = None,
         name: str = "table",
+        grader: str | Grader | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name must be a non-empty string; got {name!r}")
         self.name = name
+        self.grader_name, self.grader = _grader(grader, name)
         if (rows is None) == (path is None):
             raise ValueError(f"table {name!r} needs exactly one of rows or path (a JSONL file)")
         if rows is not None and (isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence)):
@@ -102,6 +133,11 @@ class TaskTableService:
         rows: dict[str, _Row] = {}
         for index, item in enumerate(raw):
             row = _parse_row(item, index, self.name)
+            if self.grader is exact_match and ANSWER_KEY not in row.misc:
+                raise ValueError(
+                    f"table {self.name!r}: row {index} has no {ANSWER_KEY!r}, which the exact_match grader "
+                    "compares the final answer with"
+                )
             if row.task_id in rows:
                 raise ValueError(f"table {self.name!r}: duplicate task id {row.task_id!r} (row {index})")
             rows[row.task_id] = row
@@ -145,21 +181,29 @@ class TaskTableService:
         return Task(goal=row.goal, id=row.task_id, max_steps=row.max_steps, misc=dict(row.misc))
 
     async def open(self, task: Task, *, rollout_id: str) -> TableSession:
-        return TableSession(task, self.name)
+        return TableSession(task, self.name, self.grader_name, self.grader)
 
     def __repr__(self) -> str:
         source = f"path={str(self._path)!r}" if self._path is not None else f"{len(self._inline or ())} rows"
-        return f"TaskTableService({self.name!r}, {source})"
+        graded = f", grader={self.grader_name!r}" if self.grader is not None else ""
+        return f"TaskTableService({self.name!r}, {source}{graded})"
 
 
 class TableSession:
-    """A session on a table row: the goal is the instruction; there are no tools and no grader."""
+    """A session on a table row: the goal is the instruction. Without a grader it has no tools and cannot grade;
+    with one, its `submit` tool (kept from the model) takes the final answer and the first answer is scored."""
 
     sandbox = None
 
-    def __init__(self, task: Task, table: str) -> None:
+    def __init__(
+        self, task: Task, table: str, grader_name: str | None = None, grader: Grader | None = None
+    ) -> None:
         self._task = task
         self._table = table
+        self._grader_name = grader_name
+        self._grader = grader
+        #: the outcome of the first submitted answer
+        self._submitted: Outcome | None = None
 
     @property
     def task(self) -> Task:
@@ -170,19 +214,54 @@ class TableSession:
         return self._task.goal
 
     async def tools(self) -> list[ToolSpec]:
-        return []
+        return [_SUBMIT_SPEC] if self._grader is not None else []
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any], **_: Any) -> ToolResult:
-        return ToolResult.text(f"Task table {self._table!r} has no tools (called {name!r})", is_error=True)
+        if self._grader is None:
+            return ToolResult.text(
+                f"Task table {self._table!r} has no tools (called {name!r})", is_error=True
+            )
+        if name != SUBMIT_TOOL:
+            return ToolResult.text(f"unknown tool {name!r}: the only tool is {SUBMIT_TOOL!r}", is_error=True)
+        if self._submitted is not None:
+            return ToolResult.text("the answer was already submitted: the episode is over", is_error=True)
+        answer = arguments.get("answer")
+        if not isinstance(answer, str):
+            return ToolResult.text("submit takes one string argument, answer", is_error=True)
+        self._submitted = outcome = await self._score(answer)
+        if outcome.status != "scored":
+            return ToolResult.text(f"the answer could not be graded: {outcome.reason}", is_error=True)
+        return ToolResult([{"type": "text", "text": "Submitted."}], finished=True, reward=outcome.reward)
+
+    async def _score(self, answer: str) -> Outcome:
+        assert self._grader is not None
+        try:
+            value = self._grader(answer, self._task)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:  # the grader's failure is never the policy's 0
+            reason = f"grader {self._grader_name} raised {type(exc).__name__}: {exc}"
+            return Outcome.infra("env_error", reason=reason)
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            reason = f"grader {self._grader_name} returned {value!r}, not a finite number"
+            return Outcome.infra("no_reward", status="invalid", reason=reason)
+        return Outcome("scored", {"reward": float(value)})
 
     async def grade(self) -> Outcome:
-        # A table cannot measure anything: the outcome must come from the harness's own report or a verifier.
-        return Outcome.infra("no_grader", status="invalid", reason="self_grade")
+        if self._grader is None:
+            # A table without a grader cannot measure anything: the outcome must come from a verifier.
+            return Outcome.infra("no_grader", status="invalid", reason="self_grade")
+        if self._submitted is not None:
+            return self._submitted
+        # No answer reached the grader: a zero platoon gives itself, as for an ORS episode that never finishes.
+        return Outcome("scored", {"reward": 0.0}, reason="no_submit", metadata={"platoon_zero": True})
 
     async def fork(self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None) -> TableSession:
         ForkMode(mode)  # an unknown mode is refused like everywhere else
-        # There is no live state: every fork mode shares the row.
-        return TableSession(task or self._task, self._table)
+        # There is no live state but the answer: every fork mode shares the row, and a fork answers for itself.
+        return TableSession(task or self._task, self._table, self._grader_name, self._grader)
 
     async def close(self) -> None:
         return None
@@ -193,9 +272,39 @@ def task_table(
     *,
     splits: Mapping[str, Sequence[str]] | None = None,
     name: str = "table",
+    grader: str | Grader | None = None,
 ) -> TaskTableService:
-    """A task-table service from rows in code: goal strings or mappings (`id`/`task_id`, `goal`, `split`, ...)."""
-    return TaskTableService(rows, splits=splits, name=name)
+    """A task-table service from rows in code: goal strings or mappings (`id`/`task_id`, `goal`, `split`, ...);
+    `grader` scores the final answer (`exact_match`, `module:function` or a callable `(answer, task) -> reward`)."""
+    return TaskTableService(rows, splits=splits, name=name, grader=grader)
+
+
+def _grader(grader: str | Grader | None, table: str) -> tuple[str | None, Grader | None]:
+    """(the grader's name for messages, the callable): a built-in name, an import string or a callable."""
+    if grader is None:
+        return None, None
+    if isinstance(grader, str):
+        if grader in GRADERS:
+            return grader, GRADERS[grader]
+        if ":" not in grader:
+            raise ValueError(
+                f"table {table!r}: unknown grader {grader!r}; name {', '.join(GRADERS)} or a module:function "
+                "taking (answer, task) and returning the reward"
+            )
+        from platoon.registry import resolve_import_string
+
+        try:
+            found = resolve_import_string(grader)
+        except ValueError as exc:
+            raise ValueError(f"table {table!r}: grader {exc}") from None
+        if not callable(found):
+            raise ValueError(f"table {table!r}: grader {grader!r} is {type(found).__name__}, not a function")
+        return grader, found
+    if callable(grader):
+        return getattr(grader, "__name__", repr(grader)), grader
+    raise ValueError(
+        f"table {table!r}: grader must be a name, a module:function or a function; got {grader!r}"
+    )
 
 
 def _parse_row(item: Any, index: int, table: str) -> _Row:
@@ -273,5 +382,5 @@ def platoon_register_services(name: str) -> ServiceFactory | None:
     if name != "table":
         return None
     return ServiceFactory(
-        "table", "tasks from inline rows or a JSONL file; no tools, no grader", TaskTableService
+        "table", "tasks from inline rows or a JSONL file, graded by an optional grader", TaskTableService
     )

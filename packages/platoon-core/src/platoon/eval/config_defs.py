@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from platoon.config.environments import EnvironmentList
+from platoon.config.tinker import check_checkpoint_path, check_tinker_base_url
 from platoon.config_defs import Bool, ConfigModel, Float, Int, RolloutConfig, raise_problems
 
 __all__ = ["EvalWorkflowConfig", "HostedConfig", "InferenceConfig", "PlatoonEvalConfig", "PricingConfig"]
@@ -129,7 +130,7 @@ class InferenceConfig(ConfigModel):
     model_name: str = Field(min_length=1, description="the model evaluated")
     renderer_name: str | None = Field(None, description="a named renderer; None = no Tinker policy")
     model_path: str | None = Field(
-        None, description="a `tinker://` sampler checkpoint; None = the base model"
+        None, description="a `tinker://<run>/sampler_weights/<name>` checkpoint; None = the base model"
     )
     renderer_kwargs: dict[str, Any] = Field(default_factory=dict, description="set as renderer attributes")
     sample_timeout_seconds: Float | None = Field(
@@ -146,6 +147,11 @@ class InferenceConfig(ConfigModel):
     retry_errored: Bool = Field(True, description="roll out again the tasks whose rollouts errored")
     judges: Bool = Field(True, description="run judges and verifiers (copied into rollout_config.judges)")
     hosted: HostedConfig | None = Field(None, description="a hosted model instead of a Tinker policy")
+
+    @field_validator("model_path")
+    @classmethod
+    def _checkpoint_path(cls, value: str | None) -> str | None:
+        return check_checkpoint_path(value)
 
     def _set_tinker_settings(self) -> list[str]:
         return [key for key in _TINKER_SETTINGS if getattr(self, key) not in (None, {})]
@@ -206,6 +212,10 @@ class PlatoonEvalConfig(ConfigModel):
     }
 
     inference: InferenceConfig = Field(description="the policy evaluated and the evaluation workflow")
+    tinker_base_url: str | None = Field(
+        None,
+        description="the Tinker service; None = $TINKER_BASE_URL, else hosted Tinker; `local` = local server",
+    )
     environments: EnvironmentList = Field(default_factory=list, description="the environment entries")
     split: str = Field(
         "eval", min_length=1, description="the split; other than `train`, entries' eval settings apply"
@@ -214,8 +224,21 @@ class PlatoonEvalConfig(ConfigModel):
         "full", description="`rollouts` collects without a report; `report` only rebuilds the report"
     )
 
+    @field_validator("tinker_base_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        return check_tinker_base_url(value)
+
     @model_validator(mode="after")
     def _rules(self) -> Self:
+        if self.tinker_base_url is not None and self.inference.hosted is not None:
+            raise_problems(
+                type(self).__name__,
+                [
+                    "tinker_base_url does not apply to a hosted model (inference.hosted is set): its base_url is used"
+                ],
+                self,
+            )
         # A report rebuild serves no policy and resolves no component, so it needs none.
         if self.stage == "report" or self.inference.has_policy:
             return self

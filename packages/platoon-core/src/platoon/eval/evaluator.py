@@ -40,6 +40,7 @@ __all__ = [
     "evaluate",
     "judges_lock",
     "judges_problems",
+    "preflight_problems",
     "report_only",
 ]
 
@@ -184,6 +185,45 @@ def start_problems(config: PlatoonEvalConfig) -> list[str]:
     if problems:
         return problems
     return component_problems(config) + judges_problems(config)
+
+
+async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) -> list[str]:
+    """Every refusal `evaluate` makes before it writes anything, one line each, writing nothing (what `platoon
+    config validate` reports for an evaluation config): the policy's key, the sample timeout, a writable output
+    directory no live start holds and no other policy's rollouts fill, every component resolving, the tasks."""
+    from platoon.eval.policy import PolicySpec, check_policy_key, sample_timeout_line
+    from platoon.eval.tasks import list_tasks
+    from platoon.rollouts import records
+    from platoon.rollouts.eval_records import provenance_mismatch
+
+    problems: list[str] = []
+    spec = PolicySpec.of_eval(config)
+    for check in (
+        lambda: check_policy_key(spec, in_process=not config.inference.workflow.use_subprocesses),
+        lambda: sample_timeout_line(spec, "inference"),
+    ):
+        try:
+            check()
+        except ConfigError as exc:
+            problems += exc.problems
+    choice = choose_output_dir(config, loaded, spec)
+    if (unwritable := records.writable_dir_problem(choice.path, key="inference.output_dir")) is not None:
+        problems.append(unwritable)
+    elif not choice.fresh:
+        try:
+            check_output_dir_free(choice.path)
+        except ConfigError as exc:
+            problems += exc.problems
+        if (refusal := provenance_mismatch(choice.path, spec.provenance())) is not None:
+            problems.append(refusal)
+    config_problems = start_problems(config)
+    problems += config_problems
+    if not config_problems:
+        try:
+            await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
+        except ConfigError as exc:
+            problems += exc.problems
+    return problems
 
 
 def check_output_dir_free(
@@ -615,7 +655,36 @@ async def evaluate(
             f"{summary['errored_rollouts']} errored; report in {output_dir / 'reports'}"
         )
         return dict(summary)
+    except BaseException:
+        _release(output_dir)
+        _after_failure(output_dir, made_here=choice.fresh, say=say)
+        raise
     finally:
-        held = records.read_process(output_dir)
-        if held is not None and held.pid == os.getpid():
-            (output_dir / records.PROCESS_FILE).unlink(missing_ok=True)
+        _release(output_dir)
+
+
+def _release(output_dir: Path) -> None:
+    """Remove `process.json` when this process holds the directory."""
+    from platoon.rollouts import records
+
+    held = records.read_process(output_dir)
+    if held is not None and held.pid == os.getpid():
+        (output_dir / records.PROCESS_FILE).unlink(missing_ok=True)
+
+
+def _after_failure(output_dir: Path, *, made_here: bool, say: Say) -> None:
+    """A start that failed leaves no report: a directory it made that holds no rollout is removed, and any other
+    says what it keeps, so no output directory is left looking like a finished evaluation."""
+    rollouts = output_dir / "rollouts"
+    recorded = rollouts.is_dir() and any(path.is_file() for path in rollouts.rglob("*"))
+    if made_here and not recorded:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            output_dir.parent.rmdir()  # the policy's folder, when this start made it and it holds nothing else
+        say(f"the evaluation stopped before any rollout was recorded: removed {output_dir}")
+        return
+    kept = "the rollouts recorded so far" if recorded else "its records"
+    say(
+        f"the evaluation stopped without a report: {output_dir} keeps {kept}; run again with "
+        f"inference.output_dir={output_dir} to go on from them"
+    )

@@ -95,6 +95,13 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
                     f"{' and '.join(given)} do not apply to a hosted model (inference.hosted is set): its server "
                     "renders and samples; --model replaces the served model"
                 )
+    if options.model_path:
+        from platoon.config.tinker import check_checkpoint_path
+
+        try:
+            check_checkpoint_path(options.model_path)
+        except ValueError as exc:
+            raise UsageError(f"--model-path: {exc}") from None
     renderer = options.renderer or spec.renderer
     if renderer is None and spec.hosted is None and options.model_path:
         raise UsageError(

@@ -72,8 +72,7 @@ def base_url_origin(url: str | None) -> str | None:
 class PolicySpec:
     """What is sampled: `backend` `tinker`, `hosted` or None (no policy), the model and its settings.
 
-    `base_url` is a training config's `tinker_base_url` (None: `$TINKER_BASE_URL` decides, as for evaluation
-    configs, which have no such key).
+    `base_url` is the config's `tinker_base_url` (None: `$TINKER_BASE_URL` decides).
     """
 
     backend: str | None
@@ -102,6 +101,7 @@ class PolicySpec:
             renderer_kwargs=dict(inference.renderer_kwargs),
             context_window_length=inference.context_window_length,
             sample_timeout_seconds=inference.sample_timeout_seconds,
+            base_url=config.tinker_base_url,
             hosted=inference.hosted,
             judges=inference.judges,
         )
@@ -403,5 +403,16 @@ async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str,
         what = spec.model_path or spec.model
         raise PlatoonError(
             f"the Tinker service could not open a sampler of {what}: {type(exc).__name__}: "
-            + " ".join(str(exc).split())[:300]
+            + _service_answer(exc)[:300]
         ) from None
+
+
+def _service_answer(exc: BaseException) -> str:
+    """What the service said, once: an HTTP error's `detail` (or `error`) with its status, else the message."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        said = body.get("detail") or body.get("error")
+        if isinstance(said, str) and said.strip():
+            status = getattr(exc, "status_code", None)
+            return f"{status} {' '.join(said.split())}" if isinstance(status, int) else " ".join(said.split())
+    return " ".join(str(exc).split())

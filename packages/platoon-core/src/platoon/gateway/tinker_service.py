@@ -37,7 +37,10 @@ KEY_PREFIX = "tml-"
 LOCAL_BASE_URL = "local"
 #: the placeholder platoon hands the local server when no usable key is set (it accepts any `tml-` key)
 LOCAL_API_KEY = "tml-platoon-local"
-MISSING = f"{KEY_VARIABLE} is not set: the policy is sampled through Tinker, which needs it"
+MISSING = (
+    f"{KEY_VARIABLE} is not set: the policy is sampled through Tinker, which needs it; for the embedded local "
+    f"server, which needs none, set {BASE_URL_VARIABLE}=local (or tinker_base_url: local in the config)"
+)
 MALFORMED = f"{KEY_VARIABLE} must start with {KEY_PREFIX}, as the Tinker client requires"
 REFUSED_CODES = (401, 403)
 DETAIL_LIMIT = 300

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,17 @@ if TYPE_CHECKING:
     from platoon.train.tinker.checkpoints import ResumePoint
     from platoon.train.tinker.task_order import Pool, TaskOrder
 
-__all__ = ["call_service", "run_dir_of", "total_steps", "train", "training_client"]
+__all__ = [
+    "Preflight",
+    "call_service",
+    "preflight",
+    "resume_problems",
+    "run_dir_of",
+    "start_problems",
+    "total_steps",
+    "train",
+    "training_client",
+]
 
 log = logging.getLogger("platoon.train")
 
@@ -176,49 +187,84 @@ def _settle_identity(
         raise ConfigError(exc.problems) from None
 
 
-async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | None = None) -> int:
-    """Train `config` to the end (train.md 2); returns the exit status. User errors raise ConfigError (78).
+def start_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
+    """Every refusal `platoon train` makes before it lists tasks, one line each (`config validate` reports them)."""
+    return _config_problems(config) + _setting_problems(config)
 
-    A run dir whose `checkpoints.jsonl` has a resumable row resumes from it: its identity is checked (a changed
-    model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
-    """
+
+def _config_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
+    """The config's rules and batch split, every component it names resolving, a writable place for the run:
+    problems under which listing the tasks means nothing."""
     from platoon.config.checks import component_problems, output_problems
     from platoon.config.training import training_problems
-    from platoon.envs.resolve import entry_service_kwargs, resolve_service
-    from platoon.gateway.core import sample_timeout_with_source
-    from platoon.gateway.tinker_service import (
-        KEY_VARIABLE,
-        check_tinker_key,
-        uses_local_server,
-        withheld_from_environment,
-    )
-    from platoon.rollouts import records
-    from platoon.train.tinker.checkpoints import CheckpointLog
-    from platoon.train.tinker.loop import Trainer, stopped_before_training
-    from platoon.train.tinker.metrics_log import wandb_key_problem
-    from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
-    from platoon.train.tinker.task_order import list_training_tasks
-    from platoon.train.tinker.watchdog import ServiceMonitor
 
     # Every component the config names resolves before anything is written or started (core.md 3.3, step 8).
     problems = training_problems(config) + _batch_problems(config) + component_problems(config)
-    problems += output_problems(config, kind="train")  # a file or read-only mount at log_path: one line, 78
+    return problems + output_problems(config, kind="train")  # a file or read-only mount at log_path: one line
+
+
+def _setting_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
+    """What the machine must give the run: the Tinker key, the W&B key of an online run, a valid sample timeout,
+    and no live run holding the run directory."""
+    from platoon.gateway.core import sample_timeout_with_source
+    from platoon.gateway.tinker_service import check_tinker_key
+    from platoon.rollouts import records
+    from platoon.train.tinker.metrics_log import wandb_key_problem
+
+    problems: list[str] = []
+    try:
+        check_tinker_key(config.tinker_base_url)
+    except ConfigError as exc:
+        problems += exc.problems
+    if (problem := wandb_key_problem(config)) is not None:
+        problems.append(problem)
+    try:
+        sample_timeout_with_source(config.train.sample_timeout_seconds, "train.sample_timeout_seconds")
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        records.check_run_dir_free(run_dir_of(config))
+    except ConfigError as exc:
+        problems += exc.problems
+    return problems
+
+
+@dataclass
+class Preflight:
+    """What a start settled before writing anything: the listed tasks, their order, services and hold-outs."""
+
+    run_dir: Path
+    pools: list[Pool]
+    resume: ResumePoint | None
+    order: TaskOrder
+    service_kwargs: dict[str, dict[str, Any]]
+    services: dict[str, Any]
+    held_out: dict[str, dict[str, Any]]
+
+
+async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> Preflight:
+    """A start's checks before it holds the run dir, writing nothing: `start_problems`, then (unless the config
+    itself is wrong) the tasks listed and what the listing lets a start refuse (a batch larger than the tasks, a
+    `label_by` column without values, a hold-out no service records). Raises ConfigError with every problem;
+    `platoon config validate` runs this and `resume_problems`."""
+    from platoon.envs.resolve import entry_service_kwargs, resolve_service
+    from platoon.train.tinker.checkpoints import CheckpointLog
+    from platoon.train.tinker.task_order import list_training_tasks, training_problems_after_listing
+
+    config_problems = _config_problems(config)
+    problems = config_problems + _setting_problems(config)
+    pools: list[Pool] = []
+    if not config_problems:
+        # Listed even when a key is missing, so one look reports every problem a start would meet.
+        try:
+            pools = await list_training_tasks(config, base_dir=base_dir)
+        except ConfigError as exc:
+            problems += exc.problems
+        else:
+            problems += training_problems_after_listing(config, pools)
     if problems:
         raise ConfigError(problems)
-    api_key = check_tinker_key(config.tinker_base_url)
-    if (problem := wandb_key_problem(config)) is not None:
-        raise ConfigError(problem)
-    try:
-        timeout, source = sample_timeout_with_source(
-            config.train.sample_timeout_seconds, "train.sample_timeout_seconds"
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    say(f"sample timeout {timeout:g} s ({source})")
     run_dir = run_dir_of(config)
-    records.check_run_dir_free(run_dir)
-    base_dir = loaded.path.parent if loaded is not None else Path.cwd()
-    pools = await list_training_tasks(config, base_dir=base_dir)
     resume = CheckpointLog(run_dir).resume_point(config.train.num_minibatches)
     order = _task_order(config, pools, resume)
     # One service per entry, built the way the listing built it; rollout workers get the same kwargs.
@@ -230,6 +276,56 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
         for pool in pools
     }
     held_out = await _held_out(config, services)
+    return Preflight(run_dir, pools, resume, order, service_kwargs, services, held_out)
+
+
+def resume_problems(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) -> list[str]:
+    """What a resume of `checked.run_dir` would refuse (a changed model, renderer or hold-out), writing nothing.
+
+    A start checks this once it holds the run dir (and records the refusal in lock.json); `config validate` asks
+    here, so it refuses what the start would.
+    """
+    from platoon.rollouts.records import check_identity
+
+    if checked.resume is None:
+        return []
+    training = {pool.label: list(pool.task_ids) for pool in checked.pools}
+    return check_identity(
+        checked.run_dir,
+        config.train.model_name,
+        config.train.renderer_name,
+        checked.held_out,
+        training=training,
+    )
+
+
+async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | None = None) -> int:
+    """Train `config` to the end (train.md 2); returns the exit status. User errors raise ConfigError (78).
+
+    A run dir whose `checkpoints.jsonl` has a resumable row resumes from it: its identity is checked (a changed
+    model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
+    """
+    from platoon.gateway.core import sample_timeout_with_source
+    from platoon.gateway.tinker_service import (
+        KEY_VARIABLE,
+        check_tinker_key,
+        uses_local_server,
+        withheld_from_environment,
+    )
+    from platoon.rollouts import records
+    from platoon.train.tinker.loop import Trainer, stopped_before_training
+    from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
+    from platoon.train.tinker.watchdog import ServiceMonitor
+
+    base_dir = loaded.path.parent if loaded is not None else Path.cwd()
+    checked = await preflight(config, base_dir=base_dir)
+    api_key = check_tinker_key(config.tinker_base_url)
+    timeout, source = sample_timeout_with_source(
+        config.train.sample_timeout_seconds, "train.sample_timeout_seconds"
+    )
+    say(f"sample timeout {timeout:g} s ({source})")
+    run_dir, pools, resume, order = checked.run_dir, checked.pools, checked.resume, checked.order
+    services, service_kwargs, held_out = checked.services, checked.service_kwargs, checked.held_out
 
     # Under `watchdog.max_restarts` the supervisor holds the run dir; this start records itself beneath it.
     supervised = hold_for_trainer(run_dir)

@@ -1,0 +1,41 @@
+"""The Tinker settings training and evaluation configs share: which service (`tinker_base_url`) and the form of a
+checkpoint path (`tinker://<run>/<weights|sampler_weights>/<name>`), checked where the config is read.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+__all__ = ["CHECKPOINT_KINDS", "check_checkpoint_path", "check_tinker_base_url"]
+
+#: the kinds of checkpoint a `tinker://` path names (the Tinker SDK parses the same two)
+CHECKPOINT_KINDS = ("weights", "sampler_weights")
+#: `tinker://<run>/<kind>/<name>`; `<`, `>` and spaces mark a placeholder copied from the docs, never a real path
+_CHECKPOINT_PATH = re.compile(r"tinker://[^/\s<>]+/(?:weights|sampler_weights)/[^/\s<>]+")
+
+
+def check_tinker_base_url(value: str | None) -> str | None:
+    """`tinker_base_url`: None ($TINKER_BASE_URL decides), `local` (the embedded local server) or an http(s) URL."""
+    if value is None or value == "local":
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host, or `local`")
+    return value
+
+
+def check_checkpoint_path(value: str | None) -> str | None:
+    """A checkpoint to sample: None (the base model) or `tinker://<run>/<weights|sampler_weights>/<name>`.
+
+    Checked before any service starts: a placeholder such as `tinker://...` would otherwise fail only once the
+    service answers that it has no such checkpoint.
+    """
+    if value is None:
+        return value
+    if not _CHECKPOINT_PATH.fullmatch(value) or "..." in value:
+        raise ValueError(
+            f"{value!r} is not a checkpoint path: write tinker://<run>/sampler_weights/<name> (a sampler_path "
+            "of the training run's checkpoints.jsonl), or leave it unset for the base model"
+        )
+    return value

@@ -55,6 +55,14 @@ def test_training_client_reports_the_model_and_a_local_tokenizer(service):
     assert [m.model_name for m in caps.supported_models] == [MODEL]
 
 
+def test_get_info_reports_the_recorded_lora_settings_as_docs_local_server_md_says(service):
+    # LoRA is recorded, not applied (every weight trains: test_backend's AdamW test), yet get_info reports it as
+    # the SDK expects of a LoRA client; the note saying so does not survive the SDK's GetInfoResponse.
+    info = service.create_lora_training_client(base_model=MODEL).get_info()
+    assert (info.is_lora, info.lora_rank) == (True, 32)
+    assert getattr(info.model_data, "note", None) is None
+
+
 @pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo"])
 def test_forward_backward_matches_the_backend(service, loss_fn):
     client = service.create_lora_training_client(base_model=MODEL)

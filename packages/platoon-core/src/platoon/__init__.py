@@ -1,6 +1,6 @@
 """platoon: train LLM agents with reinforcement learning through a Tinker-compatible service.
 
-`import platoon as pt` is cheap: every public name is imported on first use and then cached (core.md 2.1), so
+`import platoon as pt` is cheap: every public name is imported on first use and then cached, so
 importing platoon never pulls in torch, transformers, tinker, openreward, docker or mcp.
 """
 

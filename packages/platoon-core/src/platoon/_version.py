@@ -1,6 +1,6 @@
 """The running version of platoon, from one function so that every place that shows it agrees.
 
-Order (core.md 1.3): a source checkout's `packages/platoon/pyproject.toml` (the `platoon` distribution), else the
+Order: a source checkout's `packages/platoon/pyproject.toml` (the `platoon` distribution), else the
 installed `platoon-core` distribution, else `0+unknown`.
 """
 

@@ -1,6 +1,6 @@
-"""Rollout settings shared by training and evaluation configs (`RolloutConfig`, `InferenceParams`, core.md 4.6),
+"""Rollout settings shared by training and evaluation configs (`RolloutConfig`, `InferenceParams`),
 and the building blocks of every config model: `ConfigModel`, whose sections keep their field's default when a user
-writes them partially (core.md 11.3), `lay_over`, and numeric types that never take a bool.
+writes them partially, `lay_over`, and numeric types that never take a bool.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
-# Numbers that never take a bool (core.md 4.2). Lax pydantic reads `true` as 1; a config that writes `batch_size:
+# Numbers that never take a bool. Lax pydantic reads `true` as 1; a config that writes `batch_size:
 # true` is a mistake, so the bool is refused with the same error type strict mode would give.
 
 
@@ -60,7 +60,7 @@ Bool = StrictBool
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Laying one mapping over another (core.md 4.1 merge rule, 11.3).
+# Laying one mapping over another: mappings merge key by key, anything else replaces.
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -89,7 +89,7 @@ def _renames(model: type[BaseModel] | None) -> list[tuple[str, str]]:
 
 
 def _same_key(model: type[BaseModel] | None, key: str) -> set[str]:
-    """`key` and the names it shares a value with: a renamed key and its old name count as one key (core.md 4.8)."""
+    """`key` and the names it shares a value with: a renamed key and its old name count as one key."""
     names = {key}
     for old, new in _renames(model):
         if key in (old, new):
@@ -149,7 +149,7 @@ def yaml_scalar(value: Any) -> str:
 
 
 def section_default[M: BaseModel](model: type[M], *, description: str = "", **partial: Any) -> Any:
-    """A field default built from a partial mapping, which a user's partial mapping is laid over (core.md 11.3).
+    """A field default built from a partial mapping, which a user's partial mapping is laid over.
 
     Use it where a field's default differs from its class's defaults: `eval.workflow_config` defaults to
     `group_size: 1, ...`, and a user writing `{group_size: 2}` keeps the other two. `ConfigModel` finds such fields
@@ -250,7 +250,7 @@ class ConfigModel(StrictModel):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rollout settings (core.md 4.6)
+# Rollout settings
 
 _REMOVED_IN = "0.3.0"
 

@@ -27,5 +27,5 @@ class DeprecatedKey:
 
 
 def deprecation_message(path: str, key: DeprecatedKey) -> str:
-    """`<path>: deprecated; use <replacement> instead (platoon <removed_in> removes it)` (core.md 4.8)."""
+    """`<path>: deprecated; use <replacement> instead (platoon <removed_in> removes it)`."""
     return f"{path}: deprecated; use {key.replacement} instead (platoon {key.removed_in} removes it)"

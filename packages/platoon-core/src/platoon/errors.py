@@ -1,6 +1,6 @@
 """The errors a user can cause, each carrying what the command line needs to print one clear line.
 
-Exit codes (core.md 3.1): 78 for a configuration a run refuses, 64 for bad command-line usage, 1 for a runtime
+Exit codes: 78 for a configuration a run refuses, 64 for bad command-line usage, 1 for a runtime
 failure. Tracebacks are for bugs: anything a user can provoke is raised as one of these.
 """
 

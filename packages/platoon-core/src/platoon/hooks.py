@@ -1,4 +1,4 @@
-"""Named hooks (seams) that are not components: telemetry, diagnostics and trajectory completion ids (core.md 6.5).
+"""Named hooks (seams) that are not components: telemetry, diagnostics and trajectory completion ids.
 
 `register(name, fn)` adds a function (once per function); `hooks(name)` returns the registered functions in
 registration order followed by the matching hookimpls of every plugin module loaded so far.

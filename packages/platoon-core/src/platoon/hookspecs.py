@@ -34,7 +34,7 @@ import pluggy
 hookspec = pluggy.HookspecMarker("platoon")
 hookimpl = pluggy.HookimplMarker("platoon")
 
-#: kind -> entry-point group (core.md 6.1)
+#: kind -> entry-point group
 ENTRY_POINT_GROUPS: dict[str, str] = {
     "harness": "platoon.harnesses",
     "program": "platoon.programs",
@@ -85,7 +85,7 @@ class ServiceFactory:
 
 @dataclass(frozen=True)
 class SandboxRuntime:
-    """A sandbox provider class (harness.md 5.1), named as Harbor's `service_kwargs.provider` names it."""
+    """A sandbox provider class, named as Harbor's `service_kwargs.provider` names it."""
 
     name: str
     summary: str
@@ -145,7 +145,7 @@ def platoon_register_commands(name: str) -> Any:
     """The command group called `name`, mounted as `platoon <name>`: a `CommandGroup` (or a `typer.Typer`)."""
 
 
-# Named seams (core.md 6.5): hooks that are not components. `platoon.hooks.hooks(name)` returns the functions
+# Named seams: hooks that are not components. `platoon.hooks.hooks(name)` returns the functions
 # registered with `platoon.hooks.register` and these hookimpls of loaded plugins together.
 
 

@@ -1,4 +1,4 @@
-"""Component names, versions and references (`name@version`), and who may use a reserved name (core.md 6.3).
+"""Component names, versions and references (`name@version`), and who may use a reserved name.
 
 Shared by every kind of component: harnesses, programs, named environments, reward processors, services,
 sandbox runtimes and command groups.
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 NAME_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9]+(?:[._+-][A-Za-z0-9]+)*$")
 
-#: top-level modules and distributions that are first-party (core.md 6.3)
+#: top-level modules and distributions that are first-party
 FIRST_PARTY_MODULES = frozenset(
     {"platoon", "platoon_harnesses", "platoon_sandbox", "platoon_harbor", "platoon_textcraft"}
 )

@@ -2,7 +2,7 @@
 
 Listing reads installed metadata and imports nothing. A component's module is imported the first time a config
 or command names it: find the entry point of that name, check that its distribution admits the running platoon,
-import it once, register it with the plugin manager, ask the kind's hook for the name (core.md 6.1-6.3).
+import it once, register it with the plugin manager, ask the kind's hook for the name.
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ def _component_name(kind: str, answer: Any) -> str | None:
 
 
 def unknown_name_error(kind: str, name: str, registered: Iterable[str], how: str) -> ExtensionError:
-    """The unknown-name message of core.md 6.2: what is registered and installed, close names, how to add one."""
+    """The unknown-name message: what is registered and installed, close names, how to add one."""
     registered = sorted(set(registered))
     installed = entry_points(kind)
     names = sorted({ref.split("@", 1)[0] for ref in registered} | {i.name for i in installed})
@@ -418,7 +418,7 @@ def get_command_group(name: str) -> hookspecs.CommandGroup:
 
 
 def get_reward_processor(ref: str) -> Any:
-    """The reward-processor callable for a name, a registered name or an import string (core.md 6.2).
+    """The reward-processor callable for a name, a registered name or an import string.
 
     A `RewardProcessor` record's `fn` may itself be an import string: it is imported here, so a processor that
     cannot be imported, or is not callable, is one ExtensionError (78) naming it, at start rather than in every

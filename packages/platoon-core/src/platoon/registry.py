@@ -1,4 +1,4 @@
-"""Generic registries filled by `package` modules or import strings (core.md 6.1 "Other registries").
+"""Generic registries filled by `package` modules or import strings.
 
 Kinds: `dataset_loader`, `task_loader`, `rollout`, `reward_processor`, `workflow`, `trainer_config`. Plus
 `resolve_import_string`, which turns `module:attr.attr` (or the legacy dotted `module.attr`) into the object.

@@ -1,4 +1,4 @@
-"""Reward helpers: the `platoon-delegation` reward processor and the `zero_subagent_rewards` finalizer (core.md 2.13).
+"""Reward helpers: the `platoon-delegation` reward processor and the `zero_subagent_rewards` finalizer.
 
 This module is also the entry point of the built-in reward processor `platoon-delegation`, so it imports only
 the standard library and `platoon.hookspecs` (pluggy).

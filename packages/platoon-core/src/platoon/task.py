@@ -1,4 +1,4 @@
-"""Tasks: the goal an agent works on, and the subtasks children get by forking it (core.md 2.10).
+"""Tasks: the goal an agent works on, and the subtasks children get by forking it.
 
 `str(task)` is the text harnesses put in prompts; it is byte-identical to platoon 0.1's so trained models see the
 prompts they were trained on.

@@ -1,6 +1,7 @@
-"""Trajectories: one per agent, gathered root first in a `TrajectoryCollection` per rollout (core.md 2.10, 9.1).
+"""Trajectories: one per agent, gathered root first in a `TrajectoryCollection` per rollout.
 
-`to_dict()` gives the JSON-safe form run records and reward processors read; train.md 6.7 lists what the misc holds.
+`to_dict()` gives the JSON-safe form run records and reward processors read (docs/extending.md lists what a
+reward processor finds in it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trajectory event files (harness.md 8): a finished rollout's collection as the JSONL event stream the trajectory
+"""Trajectory event files: a finished rollout's collection as the JSONL event stream the trajectory
 viewer tails and replays — per trajectory, root first: `trajectory_created`, `trajectory_task_set`, one
 `trajectory_step_added` per step, `trajectory_finished`.
 

@@ -1,8 +1,8 @@
 """One registry shape for the components configs name by `name@version`: harnesses, programs, named environments.
 
 Records carry `name`, `version` and `source`; the same source registering again replaces its record (a module
-re-import), a different source under a taken ref is refused naming both, and lookups pick a version by the rules
-of core.md 6.2 (a bare name needs exactly one version; `@2` matches `2.4.6`).
+re-import), a different source under a taken ref is refused naming both, and lookups pick a version: a bare name
+needs exactly one version, and `name@version` matches exactly or as a dotted prefix (`@2` matches `2.4.6`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`platoon-noop`: returns `completed` at once, without a model call or a tool call (harness.md 4.4).
+"""`platoon-noop`: returns `completed` at once, without a model call or a tool call.
 
 Run beside `platoon-oracle` to check a dataset: a sound task scores 0 when nothing was done.
 """

@@ -1,4 +1,4 @@
-"""`platoon-oracle`: runs the task's reference solution through the session's `run_solution()` (harness.md 4.4).
+"""`platoon-oracle`: runs the task's reference solution through the session's `run_solution()`.
 
 No model calls. Run beside `platoon-noop` to check a dataset: a sound task scores 1 with the oracle.
 """

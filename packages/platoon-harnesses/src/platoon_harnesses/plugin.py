@@ -10,7 +10,7 @@ from typing import Any
 
 from platoon.hookspecs import CommandGroup, hookimpl
 
-#: harness name -> (module, function) of the built-in function harnesses (harness.md 4)
+#: harness name -> (module, function) of the built-in function harnesses
 FUNCTION_HARNESSES: dict[str, tuple[str, str]] = {
     "platoon-react": ("platoon_harnesses.react", "react"),
     "platoon-codeact": ("platoon_harnesses.codeact.harness", "codeact"),

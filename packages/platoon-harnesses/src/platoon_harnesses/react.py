@@ -52,7 +52,7 @@ def _arguments(text: str) -> dict[str, Any]:
 
 @harness("platoon-react")
 async def react(ctx: AgentContext) -> AgentResult:
-    """A tool-calling loop: Chat Completions tools until the model answers without one (harness.md 4.1)."""
+    """A tool-calling loop: Chat Completions tools until the model answers without one."""
     system_prompt, sampling = _options(ctx.options)
     tools = await ctx.list_tools()
     # The model ends by answering without a tool call; that answer goes to the tool the environment keeps from the

@@ -1,6 +1,6 @@
 """The `platoon` command line (typer). `main(argv)` is the console script and is also called in process.
 
-Exit codes (core.md 3.1): 0 ok, 1 runtime failure, 64 usage error (click's 2 is mapped), 78 configuration a run
+Exit codes: 0 ok, 1 runtime failure, 64 usage error (click's 2 is mapped), 78 configuration a run
 refuses; a non-zero integer a command returns becomes the exit status.
 """
 
@@ -36,7 +36,7 @@ def _run(args: list[str]) -> int:
     from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
 
     if args and args[0] == "viz":
-        # The trajectory viewer parses its own arguments (core.md 3.1).
+        # The trajectory viewer parses its own arguments.
         from platoon.cli.pending import viz
 
         return viz(args[1:])

@@ -1,4 +1,4 @@
-"""`platoon harness|program|env list|show`: the components a config can name (core.md 3.9, 3.10, 3.12).
+"""`platoon harness|program|env list|show`: the components a config can name.
 
 `list` reads installed metadata (and what this process already loaded); `show NAME` loads that one component.
 """

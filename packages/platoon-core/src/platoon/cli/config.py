@@ -1,4 +1,4 @@
-"""`platoon config show|validate`: a config as a run resolves it, and every problem a run would refuse (core.md 3.7, 3.8).
+"""`platoon config show|validate`: a config as a run resolves it, and every problem a run would refuse.
 
 Both load through `platoon.config.load_config` (extends, overrides, named environments, paths, site profile,
 validation), so what they print is what a run will use.
@@ -204,9 +204,8 @@ def _validate_one(
         # ... and an evaluation config every check of `platoon eval`'s start.
         import asyncio
 
-        from platoon.eval.evaluator import preflight_problems
-
         from platoon.eval.config_defs import PlatoonEvalConfig
+        from platoon.eval.evaluator import preflight_problems
 
         assert isinstance(loaded.config, PlatoonEvalConfig)  # kind "eval" validates against it
         problems = asyncio.run(preflight_problems(loaded.config, loaded))

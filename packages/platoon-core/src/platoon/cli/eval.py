@@ -1,4 +1,4 @@
-"""`platoon eval CONFIG [k=v ...] [--prepare]` (core.md 3.4, train.md 5.1): evaluate a policy on every task of the
+"""`platoon eval CONFIG [k=v ...] [--prepare]`: evaluate a policy on every task of the
 config's split and print the report's summary as JSON on stdout; diagnostics go to stderr.
 
 The evaluation itself is `platoon.eval.evaluator`; this module only loads the config and prints.

@@ -1,4 +1,4 @@
-"""`platoon extensions list|show|check`: what installed packages provide, read from metadata (core.md 3.13).
+"""`platoon extensions list|show|check`: what installed packages provide, read from metadata.
 
 `list` and `show` import nothing unless `--load` is given; `check` is the command that imports on purpose.
 """

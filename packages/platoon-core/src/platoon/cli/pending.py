@@ -33,5 +33,5 @@ def prepare(config: ConfigArg, overrides: Overrides = None, dry_run: bool = Fals
 
 
 def viz(argv: list[str]) -> int:
-    """`platoon viz tail|replay|show-dump` bypasses typer (core.md 3.1)."""
+    """`platoon viz tail|replay|show-dump` bypasses typer."""
     return not_available("viz", "the trajectory viewer")

@@ -1,4 +1,4 @@
-"""`platoon rollout CONFIG [k=v ...] --task ID [...]` (core.md 3.5): roll out one task of a training or evaluation
+"""`platoon rollout CONFIG [k=v ...] --task ID [...]`: roll out one task of a training or evaluation
 config and print its agent tree (or, with `--json-output`, its summary) on stdout.
 
 The rollout itself is `platoon.eval.one_task`; this module parses the command line and prints.

@@ -1,4 +1,4 @@
-"""`platoon tinker serve`: the local Tinker-compatible training server in the foreground (core.md 3.17, 8.7).
+"""`platoon tinker serve`: the local Tinker-compatible training server in the foreground.
 
 The server module (torch, uvicorn) is imported when the command runs, so `platoon --help` stays fast.
 """

@@ -1,6 +1,6 @@
-"""`platoon train CONFIG [k=v ...] [--prepare]` (core.md 3.3): resolve the config, refuse what cannot train (exit
+"""`platoon train CONFIG [k=v ...] [--prepare]`: resolve the config, refuse what cannot train (exit
 78) before anything is written, then run the Tinker training loop (`platoon.train.tinker.trainer`) in process, or
-in supervised child starts that restart from the newest checkpoint when `watchdog.max_restarts > 0` (train.md 2.16).
+in supervised child starts that restart from the newest checkpoint when `watchdog.max_restarts > 0`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def train(
     if not isinstance(resolved, PlatoonTinkerRLTrainerConfig):
         err(f"{config}: not a training config (its schema is {loaded.schema_name})")
         return EX_CONFIG
-    # The key check comes before anything is prepared or written (core.md 3.3 step 3).
+    # The key check comes before anything is prepared or written.
     check_tinker_key(resolved.tinker_base_url)
     if prepare:
         err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
@@ -60,7 +60,7 @@ def train(
     if resolved.watchdog.max_restarts > 0:
         return _supervised(resolved, loaded)
     # The trainer's signal contract in process too: the first SIGINT/SIGTERM stops at the next step boundary with
-    # a checkpoint (exit 130), a second one (or SIGUSR1) exits now (train.md 2.16).
+    # a checkpoint (exit 130), a second one (or SIGUSR1) exits now.
     previous = install_signal_contract() if threading.current_thread() is threading.main_thread() else None
     try:
         return asyncio.run(run_training(resolved, loaded=loaded))
@@ -73,7 +73,7 @@ def train(
 
 
 def _supervised(resolved: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig) -> int:
-    """Hold the run dir, write its records, then run supervised child starts from the snapshot (train.md 2.16)."""
+    """Hold the run dir, write its records, then run supervised child starts from the snapshot."""
     import os
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Configuration: the loading pipeline, `k=v` overrides and the site profile (core.md 4, 5).
+"""Configuration: the loading pipeline, `k=v` overrides and the site profile.
 
 Names are imported on first use so `import platoon.config` stays light (pydantic and yaml only, never plugins).
 """

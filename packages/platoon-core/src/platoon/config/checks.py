@@ -1,5 +1,5 @@
 """The checks a run makes on a loaded config beyond its schema: mixture rules, rollouts that could never train,
-every component the entries name resolving, and a writable place for the run's records (core.md 3.8, 4.7, 4.9).
+every component the entries name resolving, and a writable place for the run's records.
 
 `platoon config validate` reports these so that it refuses what a run would refuse, before any run starts.
 """

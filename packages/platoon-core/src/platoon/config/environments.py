@@ -1,4 +1,4 @@
-"""The `environments` entries of every config (core.md 4.7): `EnvironmentConfig` and its `agents` table, the
+"""The `environments` entries of every config: `EnvironmentConfig` and its `agents` table, the
 environments-only file schema, and the mixture rules (`check_mixture`) the loader reports with dotted paths.
 """
 
@@ -44,7 +44,7 @@ class VerifierConfig(ConfigModel):
 
 
 class AgentsConfig(ConfigModel):
-    """The agent tree of an entry: depth, step budgets, grading and access of children (harness.md 2.5)."""
+    """The agent tree of an entry: depth, step budgets, grading and access of children."""
 
     max_depth: Int | None = Field(
         None, ge=0, description="the deepest policy level (root 0); None = unlimited"
@@ -175,7 +175,7 @@ class EnvironmentConfig(ConfigModel):
     @field_validator("on_harness_exit", mode="before")
     @classmethod
     def _exit_shorthand(cls, value: Any) -> Any:
-        # `grade` / `exclude` alone set both fields (harness.md 2.4).
+        # `grade` / `exclude` alone set both fields.
         if isinstance(value, str) and value in ("grade", "exclude"):
             return {"timeout": value, "crash": value}
         if isinstance(value, str):
@@ -236,7 +236,7 @@ class EnvironmentsOnlyConfig(ConfigModel):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Mixture rules (core.md 4.7), reported by the loader with dotted paths after the entries validate.
+# Mixture rules, reported by the loader with dotted paths after the entries validate.
 
 _UNSET = object()
 
@@ -260,7 +260,8 @@ def check_environments_defined(entries: Sequence[Any] | None, path: str = "envir
 
 
 def check_mixture(entries: Sequence[Mapping[str, Any] | BaseModel], path: str = "environments") -> list[str]:
-    """The mixture rules of core.md 4.7 as problem lines `<path>.<i>.<key>: ...`; none for a single entry.
+    """The mixture rules (every entry named, names unique, weights all numbers or all `tasks`) as problem lines
+    `<path>.<i>.<key>: ...`; none for a single entry.
 
     Every entry named, names unique, weights all numbers or all `tasks`, and each run-level field set to at most
     one distinct value (entries that leave it unset take that value). Entries may be raw mappings or validated

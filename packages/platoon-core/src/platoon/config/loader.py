@@ -1,4 +1,4 @@
-"""Load a config file into a validated model (core.md 4.1, in order).
+"""Load a config file into a validated model (in order).
 
 read + `extends` (per-file input paths first) -> schema choice (`trainer_config` narrowing) -> overrides ->
 named environments (lowest layer) -> remaining relative paths against the cwd -> site profile -> normalize,
@@ -313,7 +313,8 @@ def schema_for_kind(kind: str) -> type[BaseModel] | None:
 
 
 def choose_kind(data: Mapping[str, Any]) -> str:
-    """core.md 3.7: only `environments` -> environments; `inference` -> eval; `train` -> train; else none."""
+    """The schema a file's keys pick: only `environments` -> environments; `inference` -> eval; `train` -> train;
+    else none."""
     keys = set(data)
     if keys == {"environments"}:
         return "environments"
@@ -552,7 +553,7 @@ def load_config(
     use_site: bool = True,
     environ: Mapping[str, str] | None = None,
 ) -> LoadedConfig:
-    """Resolve and validate a config file (core.md 4.1). Raises ConfigError (exit 78) for anything wrong.
+    """Resolve and validate a config file. Raises ConfigError (exit 78) for anything wrong.
 
     `overrides` may also be the library argv form (`--config PATH`, `--key=value`, `--key value`, `--key`);
     `path` may then be None. `environ` replaces `os.environ` for the site profile (tests).

@@ -1,4 +1,5 @@
-"""Turn pydantic validation errors into the one-line problems of core.md 4.2.
+"""Turn pydantic validation errors into one-line problems: `<dotted path>: <what is wrong>` (with a did-you-mean
+for unknown keys).
 
 Paths are dotted from the data (`environments.0.harness_options.x`), the root is called `config`, and pydantic's
 own location segments (union members, validator wrappers) are never printed: the schema is walked alongside the

@@ -1,4 +1,4 @@
-"""`k=v` / `k+=v` overrides typed by the config schema (core.md 3.2), and the library argv form.
+"""`k=v` / `k+=v` overrides typed by the config schema, and the library argv form.
 
 Values are parsed against the annotation of the field they set, found by walking the pydantic model's
 `model_fields`; with no schema every value is untyped YAML. The type helpers here are shared with the message
@@ -140,7 +140,7 @@ def did_you_mean(key: str, candidates: Iterable[str]) -> str | None:
 
 
 def unknown_key_message(model: type[BaseModel], key: str, dotted: str) -> str:
-    """`<dotted>: unknown key; did you mean <dotted match>?` or the class's hint (core.md 4.2)."""
+    """`<dotted>: unknown key; did you mean <dotted match>?` or the class's hint."""
     hints = getattr(model, "UNKNOWN_KEY_HINTS", {}) or {}
     if key in hints:
         return f"{dotted}: unknown key; {hints[key]}"
@@ -384,7 +384,7 @@ def _yaml(text: str) -> Any:
 
 
 def parse_value(text: str, tp: Any) -> Any:
-    """The value an override's text gives for a field annotated `tp` (core.md 3.2)."""
+    """The value an override's text gives for a field annotated `tp`."""
     tp = unwrap(tp)
     if is_any(tp):
         return numbers_from_exponents(_yaml(text))
@@ -467,7 +467,7 @@ def parse_value(text: str, tp: Any) -> Any:
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Mappings merge key by key; everything else (lists included) replaces (core.md 4.1)."""
+    """Mappings merge key by key; everything else (lists included) replaces."""
     out = copy.deepcopy(dict(base))
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
@@ -591,7 +591,7 @@ def apply_overrides(
 
 def split_library_argv(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """(config path, overrides) from `--config PATH`/`-c PATH`/`--config=PATH`, `--key=value`, `--key value`,
-    bare `--key` (true) and `key=value` (core.md 3.2); anything else is refused."""
+    bare `--key` (true) and `key=value`; anything else is refused."""
     config: str | None = None
     overrides: list[str] = []
     items = list(argv)

@@ -1,4 +1,4 @@
-"""Relative input paths in `environments` entries (core.md 4.3).
+"""Relative input paths in `environments` entries.
 
 A path a config file writes is relative to that file's directory and is made absolute before the files merge;
 paths from overrides and named environments are made absolute against the working directory afterwards. Which

@@ -1,4 +1,4 @@
-"""The site profile (core.md 5): where a site keeps platoon's files and which runtime starts its sandboxes.
+"""The site profile: where a site keeps platoon's files and which runtime starts its sandboxes.
 
 A profile holds four keys only (`cache`, `runs`, `provider`, `provider_options`). It fills gaps in a run config
 after overrides and never moves what a config sets explicitly.
@@ -23,7 +23,7 @@ from platoon.errors import ConfigError
 SITE_KEYS = ("cache", "runs", "provider", "provider_options")
 DEFAULT_CACHE_TEXT = "~/.cache/platoon"
 
-#: The provider options a profile may set, and their kinds (harness.md 5.4): nothing that weakens isolation.
+#: The provider options a profile may set, and their kinds: nothing that weakens isolation.
 PROVIDER_OPTIONS: dict[str, str] = {
     "allow_network_none": "bool",
     "rootfs_layout": "text",
@@ -340,7 +340,7 @@ class SiteApplication:
 def apply_site(
     data: dict[str, Any], profile: SiteProfile | None, *, training: bool, config_path: Path | None
 ) -> SiteApplication:
-    """Fill gaps from the profile, in place (core.md 5 "Application"); explicit settings are never moved."""
+    """Fill gaps from the profile, in place; explicit settings are never moved."""
     result = SiteApplication()
     if profile is None:
         return result
@@ -392,7 +392,8 @@ def describe_site(
     looked_at: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The stderr lines of core.md 5 "Visibility", without the `platoon: ` prefix the command line adds."""
+    """The stderr lines that say which site profile a command read (or that it read none) and what it gave,
+    without the `platoon: ` prefix the command line adds."""
     lines: list[str] = []
     if profile is None:
         where = looked_at if looked_at is not None else site_location(env)[1]

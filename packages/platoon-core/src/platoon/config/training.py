@@ -1,4 +1,4 @@
-"""The training config (`PlatoonTinkerRLTrainerConfig`, core.md 4.4) and its sections, with every default, bound
+"""The training config (`PlatoonTinkerRLTrainerConfig`) and its sections, with every default, bound
 and cross-field rule; deprecated keys are accepted and converted here, and warned about by the loader.
 """
 
@@ -41,7 +41,7 @@ __all__ = [
 _REMOVED_IN = "0.3.0"
 DEFAULT_LABEL_COLUMN = "_platoon_environment"
 DEFAULT_EVAL_CONCURRENCY = 256
-#: Exit codes a supervisor never restarts after (core.md 11.6), so the watchdog may not exit with them.
+#: Exit codes a supervisor never restarts after, so the watchdog may not exit with them.
 _NO_RESTART_CODES = (0, 78, 130, 143)
 
 
@@ -161,7 +161,7 @@ class WorkflowConfig(ConfigModel):
         return self
 
 
-#: The keys of `eval.workflow_config` that default to the built `train.workflow_config`'s values (core.md 4.4).
+#: The keys of `eval.workflow_config` that default to the built `train.workflow_config`'s values.
 EVAL_INHERITED_KEYS: tuple[str, ...] = (
     "rollout_config",
     "rollout_isolation",
@@ -576,7 +576,7 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
 
 
 def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """The config-level `training_problems` of core.md 3.3 a run refuses before the service opens (exit 78).
+    """What a run refuses from the config alone, before the service opens (exit 78).
 
     Only what the config alone decides: no length of training, and judges turned off. (The keep_recovery rule is
     enforced when the config validates; a batch larger than the listed tasks needs the listing.)

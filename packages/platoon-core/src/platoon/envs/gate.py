@@ -1,4 +1,4 @@
-"""The per-live-env admission gate (core.md 7.6): turn-taking for every agent acting on one live environment.
+"""The per-live-env admission gate: turn-taking for every agent acting on one live environment.
 
 Operations come in three classes: `serial` (one at a time), `concurrent` (declared safe; run beside others) and
 `exclusive` (waits for everything that arrived earlier, runs alone, holds back everything that arrived later).

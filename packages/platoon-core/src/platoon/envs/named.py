@@ -1,6 +1,6 @@
 """Named environments: `platoon.EnvironmentEntry`, a versioned partial `environments` entry a package ships.
 
-A config's `env: name[@version]` expands to the entry's keys as the lowest layer of that entry (core.md 2.9, 4.1).
+A config's `env: name[@version]` expands to the entry's keys as the lowest layer of that entry.
 Entries come from the `platoon.environments` entry-point group or are named by `module:attr`.
 """
 

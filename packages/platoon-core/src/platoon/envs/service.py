@@ -1,4 +1,4 @@
-"""The environment contract: services open sessions on tasks, sessions expose tools and grade (core.md 2.8, 7.1-7.2).
+"""The environment contract: services open sessions on tasks, sessions expose tools and grade.
 
 Standard library only. `Outcome` says whether a measurement is valid: infrastructure failures are untrainable
 outcomes, never reward 0.
@@ -166,7 +166,7 @@ class ForkMode(enum.StrEnum):
 
 @dataclass
 class SessionNeeds:
-    """What a rollout prepared before the session opens, for the service to add to its sandbox (harness.md 3.8).
+    """What a rollout prepared before the session opens, for the service to add to its sandbox.
 
     `apply(spec)` works on any sandbox spec with these attributes (platoon-sandbox's `SandboxSpec` has them):
     `upstreams` (a mapping name -> URL), `mounts` (a sequence of objects with a `.target`) and `memory_mb`
@@ -233,7 +233,7 @@ class EnvNotPrepared(EnvSetupError):
 
 @runtime_checkable
 class EnvSession(Protocol):
-    """A live environment for one agent tree (core.md 7.2).
+    """A live environment for one agent tree.
 
     Optional attributes a runtime reads with `getattr`: `manages_concurrency`, `network_isolated`,
     `host_loopback`, `agent_timeout_s`.
@@ -251,7 +251,7 @@ class EnvSession(Protocol):
 
     @property
     def sandbox(self) -> Any:
-        """The task sandbox (harness.md 5.1), or None when the environment has none."""
+        """The task sandbox, or None when the environment has none."""
         ...
 
     async def tools(self) -> list[ToolSpec]:
@@ -277,7 +277,7 @@ class EnvSession(Protocol):
 
 @runtime_checkable
 class EnvironmentService(Protocol):
-    """A source of tasks and sessions (core.md 7.1).
+    """A source of tasks and sessions.
 
     Optional members a runtime looks up with `getattr`: `async list_splits()`, `async list_task_names(split) ->
     {task_id: name}`, `async check_tasks(split, ids)` (raises an `env_config` error for tasks it would refuse),

@@ -82,7 +82,7 @@ class TaskTableService:
     `splits` maps split -> task ids; without it the rows' `split` keys decide, else every task is `train`.
     """
 
-    #: the options naming input files, resolved against the config file that writes them (core.md 4.3)
+    #: the options naming input files, resolved against the config file that writes them
     path_options = ("path",)
 
     def __init__(

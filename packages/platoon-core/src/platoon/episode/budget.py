@@ -1,4 +1,4 @@
-"""Step budgets of an agent tree (harness.md 2.5): `linear` budgets count descendants and reserve `max_steps + 1`
+"""Step budgets of an agent tree: `linear` budgets count descendants and reserve `max_steps + 1`
 on the spawner for each live child; `depth_aware` budgets count each agent alone and only bound the depth.
 
 Every operation is synchronous and runs under one lock, so concurrent spawns are atomic and a release can happen
@@ -152,7 +152,7 @@ class BudgetTracker:
     # ---- launches
 
     def check_depth(self, spawner: AgentBudget, *, verifier: bool = False) -> None:
-        """Raise `BudgetError` when `spawner` may not launch a child (depth rules of harness.md 2.5)."""
+        """Raise `BudgetError` when `spawner` may not launch a child (beyond `max_depth`, or a verifier's helper)."""
         if spawner.verifier_level == _VERIFIER_HELPER:
             raise BudgetError(
                 "verifier_depth", "A verifier's helper cannot launch further subagents.", _VERIFIER_GUIDANCE

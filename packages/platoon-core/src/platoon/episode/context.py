@@ -1,4 +1,4 @@
-"""The concrete `AgentContext` a function harness receives (core.md 2.3), and the per-episode state it shares.
+"""The concrete `AgentContext` a function harness receives, and the per-episode state it shares.
 
 Model calls go through the rollout's gateway (recorded on the agent); tool calls go to the agent's session,
 filtered by its access; budgets come from the episode's `BudgetTracker`.
@@ -40,7 +40,7 @@ __all__ = [
     "visible_tools",
 ]
 
-#: Tool access from the most restrictive to the least (harness.md 2.6).
+#: Tool access from the most restrictive to the least.
 ACCESS_RANK = {ToolAccess.READ_ONLY: 0, ToolAccess.NO_TERMINAL: 1, ToolAccess.FULL: 2}
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -193,7 +193,7 @@ class Agent:
         except EndpointUnavailable:
             return None
         base = endpoint.base_url.rstrip("/").removesuffix("/v1")
-        # Bearer auth by default: the key then stays out of process listings (train.md 6.6).
+        # Bearer auth by default: the key then stays out of process listings.
         return McpEndpoint(url=f"{base}/mcp", headers={"Authorization": f"Bearer {self.record.secret}"})
 
     @property

@@ -1,4 +1,4 @@
-"""The failure taxonomy (core.md 2.4, harness.md 2.4): what a harness run's result means for grading, and
+"""The failure taxonomy: what a harness run's result means for grading, and
 grading that never raises. Failures are not zeros: timeouts, crashes and cancellations become untrainable
 outcomes, and a grader that raises is an infra error.
 """

@@ -1,4 +1,4 @@
-"""The concrete `EpisodeContext` an episode program receives (core.md 2.7), and running a program and its
+"""The concrete `EpisodeContext` an episode program receives, and running a program and its
 finalizers with the failure semantics: a program that raises or returns a non-Outcome gives an infra outcome
 `unexpected:<ExcType>`; a finalizer that raises gives `finalizer:<ExcType>` and the collection is rebuilt.
 """
@@ -33,7 +33,7 @@ _SNAPSHOT_OUTCOME = Outcome("scored", rewards={"reward": 0.0}, reason="snapshot"
 
 
 def build_collection(rollout: Any, outcome: Outcome) -> TrajectoryCollection:
-    """The rollout's trajectories (the gateway's trace builder, train.md 6.7)."""
+    """The rollout's trajectories (the gateway's trace builder)."""
     from platoon.gateway.trace import build_collection as build
 
     return build(rollout, episode_outcome=outcome)

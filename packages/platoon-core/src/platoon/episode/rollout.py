@@ -1,4 +1,4 @@
-"""`harness_rollout`: one task through a function harness end to end (core.md 2.7, train.md 6.7) — open the
+"""`harness_rollout`: one task through a function harness end to end — open the
 session, run the episode program, build the trajectories, run finalizers, apply the entry's reward processor,
 close the session.
 
@@ -55,7 +55,7 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
 
 
 def draw_harness(weights: Mapping[str, float], *, seed: int, task_id: str) -> str:
-    """The harness of a mixture for one task (train.md 2.2): deterministic from sha256("<seed>:<task id>")."""
+    """The harness of a mixture for one task: deterministic from sha256("<seed>:<task id>")."""
     digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
     names = sorted(weights)
     total = sum(float(weights[name]) for name in names)
@@ -109,7 +109,7 @@ def _program_ref(program: Any) -> str:
 
 
 def _harness_misc(harness: Any, route: Route, program: Any) -> dict[str, Any]:
-    """The root's misc `harness` of a function-harness rollout (core.md 2.7)."""
+    """The root's misc `harness` of a function-harness rollout."""
     if harness is None and route.harness is not None:
         try:
             from platoon.episode.subagents import resolve_function_harness
@@ -159,7 +159,7 @@ def process_rewards(
     id -> (score, components).
 
     Rollouts keep the rewards their outcomes gave; training conversion, evaluation reports and `platoon rollout`'s
-    summary run the processor (train.md 2.7, 5.1), so it is applied once, where its result is used. Untrainable
+    summary run the processor, so it is applied once, where its result is used. Untrainable
     trajectories are skipped: failures are not zeros to re-score.
     """
     from platoon import plugins

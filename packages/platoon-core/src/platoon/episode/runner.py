@@ -1,4 +1,4 @@
-"""The inline run wrapper (harness.md 2.4): run a function harness under its time limit, turn every failure into
+"""The inline run wrapper: run a function harness under its time limit, turn every failure into
 an `AgentResult`, wait for the children it left running, and mark the agent finished.
 
 Only cancellation propagates (the agent's result is stamped `cancelled` first).

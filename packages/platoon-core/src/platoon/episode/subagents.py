@@ -1,4 +1,4 @@
-"""`ctx.agents`: launching subagents (harness.md 2.6). Spawn never raises into the parent (except `TypeError` for
+"""`ctx.agents`: launching subagents. Spawn never raises into the parent (except `TypeError` for
 a TOML spec): rejections come back as `SubagentResult`s with empty ids and a `LaunchFailure` message.
 
 A child's life cycle (reserve -> fork -> open -> run -> release -> grade -> close) runs as a task owned by the

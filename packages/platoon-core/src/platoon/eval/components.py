@@ -1,4 +1,4 @@
-"""`lock.json.components` of an evaluation or an ad-hoc rollout (core.md 9.3): every component the entries name
+"""`lock.json.components` of an evaluation or an ad-hoc rollout: every component the entries name
 for the split that runs (loaders and rollout of that phase; harness options of both phases), with where each
 was found.
 
@@ -57,7 +57,7 @@ def _harness_records(entry: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _options(entry: Any) -> dict[str, Any]:
-    """`{train: options, eval: options}` as each phase applies them; `eval` omitted when identical (core.md 9.3)."""
+    """`{train: options, eval: options}` as each phase applies them; `eval` omitted when identical."""
     from platoon.episode.rollout import Route
 
     train = dict(entry.harness_options)

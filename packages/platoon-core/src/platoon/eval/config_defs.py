@@ -1,4 +1,4 @@
-"""The evaluation config (`PlatoonEvalConfig`, core.md 4.5): the policy (a Tinker sampler or a hosted model), the
+"""The evaluation config (`PlatoonEvalConfig`): the policy (a Tinker sampler or a hosted model), the
 evaluation workflow, and the refusals of settings that do not apply to the chosen policy.
 """
 

@@ -1,4 +1,4 @@
-"""`platoon eval` (train.md 5.1, core.md 3.4): choose the output directory before anything is written, refuse what
+"""`platoon eval`: choose the output directory before anything is written, refuse what
 cannot run (exit 78), write the run record, roll out every task of the split as training rolls out (the trainer's
 member body on one gateway), classify each rollout, and build the report.
 
@@ -83,7 +83,7 @@ def fresh_dir(base: Path, stamp: str) -> Path:
 def choose_output_dir(
     config: PlatoonEvalConfig, loaded: LoadedConfig, spec: PolicySpec, *, now: _dt.datetime | None = None
 ) -> OutputChoice:
-    """`inference.output_dir` if set, else a fresh `<runs>/eval/<policy>/<UTC time>` (train.md 5.1 step 2); writes
+    """`inference.output_dir` if set, else a fresh `<runs>/eval/<policy>/<UTC time>`; writes
     nothing. `<runs>` is the site profile's runs, else `./runs`."""
     explicit = config.inference.output_dir
     if explicit:
@@ -120,7 +120,7 @@ def _claim(choice: OutputChoice) -> Path:
 
 def judges_problems(config: Any) -> list[str]:
     """With `inference.judges: false`, entries grading children with verifiers whose own reward processor or
-    non-core program might read the verdicts are refused at start (train.md 5.1 "Judges")."""
+    non-core program might read the verdicts are refused at start."""
     from platoon.naming import split_ref
 
     if config.inference.judges:
@@ -165,7 +165,8 @@ def judges_lock(config: Any) -> dict[str, Any]:
 
 
 def ignored_output_dir_lines(loaded: LoadedConfig) -> list[str]:
-    """The warning of core.md 3.3 step 4 for `inference.workflow.rollout_config.output_dir`."""
+    """The warning that `inference.workflow.rollout_config.output_dir` is ignored (rollouts go under the
+    evaluation's own directory)."""
     inference = loaded.data.get("inference")
     workflow = inference.get("workflow") if isinstance(inference, Mapping) else None
     rollout = workflow.get("rollout_config") if isinstance(workflow, Mapping) else None
@@ -243,7 +244,7 @@ def check_output_dir_free(
 
 
 def _snapshot(loaded: LoadedConfig, output_dir: Path) -> LoadedConfig:
-    """The loaded config with the chosen directory written in (the snapshot names it, core.md 3.4)."""
+    """The loaded config with the chosen directory written in (the snapshot names it)."""
     data = copy.deepcopy(loaded.data)
     inference = data.setdefault("inference", {})
     inference["output_dir"] = str(output_dir)
@@ -297,7 +298,7 @@ def _write_rollout(where: Path, collection: Any, record: Mapping[str, Any], task
 
 
 def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
-    """What each slot process needs to sample the opened policy itself (core.md 8.4: never a policy served in
+    """What each slot process needs to sample the opened policy itself (never a policy served in
     this process)."""
     from platoon.eval.policy import HOSTED
     from platoon.rollouts.slot import SlotPolicy
@@ -575,7 +576,7 @@ async def evaluate(
     started = time.monotonic()
     spec = PolicySpec.of_eval(config)
     in_process = not config.inference.workflow.use_subprocesses
-    # The key first: a missing key is refused before anything is prepared or written (core.md 3.4).
+    # The key first: a missing key is refused before anything is prepared or written.
     check_policy_key(spec, in_process=in_process)
     line = sample_timeout_line(spec, "inference")
     if line is not None:

@@ -1,4 +1,4 @@
-"""`platoon rollout` (core.md 3.5, train.md 5.2): one task through its entry's route, on the policy of a training
+"""`platoon rollout`: one task through its entry's route, on the policy of a training
 config (`train.*` on `tinker_base_url`) or an evaluation config (`inference.*` or `inference.hosted`), into an
 ad-hoc run directory `<runs>/adhoc/<UTC time>-<slug>` with the resolved config, `lock.json`,
 `trajectory_collection.json` and the event file under `rollouts/events/`.
@@ -134,7 +134,7 @@ def _renderer_problem(spec: PolicySpec) -> str | None:
 
 
 def _phase_rollout_config(config: Any, split: str) -> Any:
-    """The rollout config of the phase the split belongs to (train.md 5.2)."""
+    """The rollout config of the phase the split belongs to."""
     if not _is_training(config):
         return config.inference.workflow.rollout_config
     if split == "train":
@@ -163,14 +163,14 @@ def _write_outputs(run_dir: Path, collection: TrajectoryCollection, task_id: str
     write_json(run_dir / COLLECTION_FILE, collection.to_dict())
     try:
         write_events(collection, run_dir / "rollouts", task_id=task_id)
-    except OSError as exc:  # the viewer's copy: a failure to write it only warns (core.md 3.5)
+    except OSError as exc:  # the viewer's copy: a failure to write it only warns
         log.warning("writing the event file failed: %s", exc)
 
 
 async def run_adhoc_rollout(
     loaded: LoadedConfig, options: RolloutOptions, *, say: Say, now: _dt.datetime | None = None
 ) -> tuple[dict[str, Any], Path]:
-    """Roll out `options.task` and return its summary (core.md 3.5) and the run directory."""
+    """Roll out `options.task` and return its summary and the run directory."""
     from platoon.episode.rollout import process_rewards
     from platoon.eval.components import component_records
     from platoon.eval.evaluator import check_output_dir_free, judges_lock

@@ -1,4 +1,4 @@
-"""The policy `platoon eval` and `platoon rollout` sample (train.md 5.1-5.3): a Tinker sampler (a base model or a
+"""The policy `platoon eval` and `platoon rollout` sample: a Tinker sampler (a base model or a
 `tinker://` checkpoint, on the configured service or the local server), a hosted model, or none; how it is named
 in run directories, provenance records and `lock.json`; and opening the gateway its rollouts call.
 
@@ -45,7 +45,7 @@ FUNCTION_HARNESS_DIALECT = "openai_chat"
 
 
 def policy_slug(model_path: str | None, model_name: str) -> str:
-    """`<policy>` of `runs/eval/<policy>/...` (train.md 5.1): the checkpoint path without its scheme, else the model
+    """`<policy>` of `runs/eval/<policy>/...`: the checkpoint path without its scheme, else the model
     name; runs of characters outside `[A-Za-z0-9._-]` become `-`, trimmed of `-` and `.`, the last 100 kept."""
     text = model_path.split("://", 1)[-1] if model_path else model_name
     slug = _SLUG_UNSAFE.sub("-", text).strip("-.")
@@ -129,7 +129,7 @@ class PolicySpec:
         return self.base_url if self.base_url is not None else env.get("TINKER_BASE_URL") or None
 
     def provenance(self) -> dict[str, Any]:
-        """What each rollout records of the policy that made it (train.md 5.1 "Provenance")."""
+        """What each rollout records of the policy that made it."""
         if self.backend == TINKER:
             return {
                 "judges": self.judges,
@@ -149,7 +149,7 @@ class PolicySpec:
         return {"judges": self.judges, "backend": None}
 
     def lock_record(self, *, probe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """`lock.json.policy` (core.md 9.3); None without a policy."""
+        """`lock.json.policy`; None without a policy."""
         if self.backend == TINKER:
             return {
                 "backend": TINKER,
@@ -194,8 +194,8 @@ def check_policy_key(
     """The key check before anything is prepared or written: the Tinker key (unless the local server or a policy
     served in process answers), or the hosted key variable set. Raises a one-line ConfigError (exit 78).
 
-    `in_process` False: the rollouts run in subprocess slots, which a policy served in this process never reaches
-    (core.md 8.4), so the Tinker key is checked whatever is served."""
+    `in_process` False: the rollouts run in subprocess slots, which a policy served in this process never reaches,
+    so the Tinker key is checked whatever is served."""
     env = os.environ if environ is None else environ
     if spec.backend == HOSTED:
         assert spec.hosted is not None
@@ -215,7 +215,7 @@ def check_policy_key(
 
 
 def sample_timeout_line(spec: PolicySpec, section: str) -> str | None:
-    """The stderr line naming the sample timeout in force (train.md 2.17); a bad environment value is a 78."""
+    """The stderr line naming the sample timeout in force; a bad environment value is a 78."""
     if spec.backend != TINKER:
         return None
     from platoon.gateway.core import sample_timeout_with_source

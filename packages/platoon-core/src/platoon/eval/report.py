@@ -1,4 +1,4 @@
-"""The evaluation report (train.md 5.1 "Report"): `reports/final_report.json` and `reports/task_results.jsonl`
+"""The evaluation report: `reports/final_report.json` and `reports/task_results.jsonl`
 (one task a line), built from the rollout records alone, so `stage: report` rebuilds it from disk.
 
 Accounting: a valid rollout is a completed one; errored rollouts (unscored outcomes, failed backend calls, raised

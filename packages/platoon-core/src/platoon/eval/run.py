@@ -1,4 +1,4 @@
-"""`platoon.eval.run:PlatoonEvalConfig`, the evaluation config class users name (train.md 1).
+"""`platoon.eval.run:PlatoonEvalConfig`, the evaluation config class users name.
 
 The evaluator will live here; the module stays light so naming the config class imports nothing heavy.
 """

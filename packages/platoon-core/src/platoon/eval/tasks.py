@@ -1,4 +1,4 @@
-"""The tasks an evaluation rolls out (train.md 5.1 step 4): each entry's listing of the chosen split, with the
+"""The tasks an evaluation rolls out: each entry's listing of the chosen split, with the
 listing keys of that phase (`dataset_kwargs` for `train`, `eval_dataset_kwargs` for any other split), its
 `exclude_tasks` recorded for `lock.json`, and the services that listed them (the rollouts reuse them).
 

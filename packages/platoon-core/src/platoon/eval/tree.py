@@ -1,4 +1,4 @@
-"""What `platoon rollout` prints of a rollout (core.md 3.5): the JSON summary (`--json-output`) and the agent tree.
+"""What `platoon rollout` prints of a rollout: the JSON summary (`--json-output`) and the agent tree.
 
     rollout 1b9d...  task val:3
     agents 2  steps 5  max depth 1  reward 1  outcome scored [reward=1]

@@ -1,4 +1,4 @@
-"""The recording model gateway: render, sample, parse and record every model call (train.md 6).
+"""The recording model gateway: render, sample, parse and record every model call.
 
 Light to import: names are resolved from their modules on first use.
 """

@@ -1,6 +1,6 @@
 """The recording model gateway core: every model call is rendered, sampled, parsed and recorded with its exact tokens.
 
-In process and transport-free (train.md 6.1); the HTTP dialects and the MCP tool plane sit on top of `ModelGateway.chat`
+In process and transport-free; the HTTP dialects and the MCP tool plane sit on top of `ModelGateway.chat`
 and `ModelGateway.agent_for_key`. The hot path avoids deep copies and logging: it runs several times per episode.
 """
 
@@ -186,7 +186,7 @@ class SamplingFailed(GatewayError):
 
 
 def resolve_sample_timeout(configured: float | None) -> float:
-    """The sample timeout: the config key, else `$TINKER_SAMPLE_TIMEOUT_SECONDS`, else 600 s (train.md 2.17).
+    """The sample timeout: the config key, else `$TINKER_SAMPLE_TIMEOUT_SECONDS`, else 600 s.
 
     Raises `ValueError` for a value that is not a finite positive number (a config error at start).
     """
@@ -204,7 +204,7 @@ def resolve_sample_timeout(configured: float | None) -> float:
 
 def sample_timeout_with_source(configured: float | None, key: str) -> tuple[float, str]:
     """`resolve_sample_timeout` and where the number came from: `key`, `$TINKER_SAMPLE_TIMEOUT_SECONDS` or the
-    default (the one line a run logs, train.md 2.1 step 6). Raises `ValueError` like it."""
+    default (the one line a run logs). Raises `ValueError` like it."""
     seconds = resolve_sample_timeout(configured)
     if configured is not None:
         return seconds, key
@@ -234,7 +234,7 @@ class _AgentSettings:
     call_cap: _CallCap | None = None
 
 
-#: The budget stop's synthetic reply (train.md 6.1); `{n}` is the cap.
+#: The budget stop's synthetic reply; `{n}` is the cap.
 BUDGET_STOP_MESSAGE = (
     "[platoon] The step budget of {n} model calls is used up: no turns are left. Stop here; the task is graded as "
     "it stands."
@@ -487,7 +487,7 @@ class ModelGateway:
         kind: str = "policy",
         **sampling: Any,
     ) -> ChatReply:
-        """Render, sample, parse and record one call (train.md 6.1); `sampling` are Chat Completions parameters."""
+        """Render, sample, parse and record one call; `sampling` are Chat Completions parameters."""
         # 1. Refusals before sampling.
         if kind not in _KINDS:
             raise GatewayError(f"unknown call kind {kind!r}: use policy, aux or judge")
@@ -509,7 +509,7 @@ class ModelGateway:
         stopped = self._budget_stop(agent, kind)
         if stopped is not None:
             return stopped
-        if self.backend is not None:  # hosted inference: forwarded and recorded without tokens (train.md 5.3)
+        if self.backend is not None:  # hosted inference: forwarded and recorded without tokens
             reply: ChatReply = await self.backend.chat(
                 agent, rollout, messages, tools=tools, kind=kind, sampling=sampling
             )
@@ -620,7 +620,7 @@ class ModelGateway:
         return ChatReply(call_id, dict(message), generation["finish_reason"])
 
     def set_call_cap(self, agent: AgentRecord, max_calls: int) -> None:
-        """Enforce a step budget at the gateway (harness.md 3.5): `agent`'s policy calls, and those of the agents
+        """Enforce a step budget at the gateway: `agent`'s policy calls, and those of the agents
         it mints over HTTP (`share_call_cap`), in-flight ones included, are capped at `max_calls`; each policy call
         past the cap gets the budget stop reply. The agent's misc `budget` records the cap and the stops."""
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
@@ -647,7 +647,7 @@ class ModelGateway:
         return rollout._settings[agent.agent_id]
 
     def _budget_stop(self, agent: AgentRecord, kind: str) -> ChatReply | None:
-        """The gateway-enforced step budget's synthetic stop (train.md 6.1 "Budget stop"): a policy call past the
+        """The gateway-enforced step budget's synthetic stop: a policy call past the
         cap gets a final assistant message, not sampled and not recorded; past `MAX_BUDGET_STOPS` it is refused."""
         if kind != "policy":
             return None
@@ -863,7 +863,7 @@ def _count(value: Any) -> int:
 
 
 def _routing_id(sequence: Any) -> str | None:
-    # Workers patch the response model to keep the per-sequence routing id (train.md 3); otherwise it is an extra.
+    # Workers patch the response model to keep the per-sequence routing id; otherwise it is an extra.
     # Read from the instance dict: a missing attribute on a pydantic model costs a slow __getattr__ fallback.
     fields = getattr(sequence, "__dict__", None) or {}
     routing = fields.get("routing_id")

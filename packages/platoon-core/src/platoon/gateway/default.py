@@ -1,5 +1,5 @@
 """The process-default policy: a seam through which `platoon.testing.serve_policy` makes the in-process rollouts of
-`platoon train`, `platoon eval` and `platoon rollout` sample a scripted policy instead of the service (core.md 8.4).
+`platoon train`, `platoon eval` and `platoon rollout` sample a scripted policy instead of the service.
 
 The product only reads it (`default_policy()`); the test kit installs it. What is installed is any object with a
 `gateway(*, model_name, renderer, renderer_kwargs, **settings)` method that returns a `ModelGateway`.

@@ -1,4 +1,4 @@
-"""Hosted inference (train.md 5.3): each call forwarded in its own dialect to `inference.hosted.base_url`.
+"""Hosted inference: each call forwarded in its own dialect to `inference.hosted.base_url`.
 
 The gateway keeps agents, budgets and recording; a call is recorded with a provider record instead of tokens (it
 never trains). The key is read from its variable once, when the backend is built, sent only upstream, and redacted
@@ -192,7 +192,7 @@ def _provider_message(body: bytes) -> str:
 
 
 class HostedBackend:
-    """Forwards calls to `config.base_url` in their own dialect (train.md 5.3); the HTTP server's `ChatBackend`.
+    """Forwards calls to `config.base_url` in their own dialect; the HTTP server's `ChatBackend`.
 
     `inference_params` are the rollout's (`temperature`, `top_p`, `max_completion_tokens`) filling unset
     sampling; `sampling_precedence: config` makes them win for policy calls. `workers`: the worker processes
@@ -625,7 +625,7 @@ class _NoRenderer:
 
 
 def _admit(gateway: ModelGateway | None, agent: AgentRecord, kind: str) -> None:
-    """The gateway's refusals before sampling (train.md 6.1 step 1), for calls forwarded over HTTP."""
+    """The gateway's refusals before sampling, for calls forwarded over HTTP."""
     if kind not in ("policy", "aux", "judge"):
         raise GatewayError(f"unknown call kind {kind!r}: use policy, aux or judge")
     if agent.closed or (gateway is not None and gateway.is_shut_down):

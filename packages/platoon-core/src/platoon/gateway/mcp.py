@@ -1,4 +1,4 @@
-"""The MCP tool plane (train.md 6.5): each agent's environment tools over MCP streamable HTTP, per agent key.
+"""The MCP tool plane: each agent's environment tools over MCP streamable HTTP, per agent key.
 
 A small stateless JSON-RPC 2.0 handler (no MCP SDK, no session ids), plus the registry binding an agent to the
 session whose tools it is served; starlette is imported only when the plane is built.
@@ -64,7 +64,7 @@ class ToolBinding:
 
     session: EnvSession
     transform: Any = None
-    #: one call at a time per provider for sessions without their own gate (train.md 6.5 "Concurrency")
+    #: one call at a time per provider for sessions without their own gate
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 

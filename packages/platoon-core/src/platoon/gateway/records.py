@@ -1,6 +1,6 @@
-"""What the gateway records: the exact tokens of every model call, and each agent's ordered calls (train.md 6.1).
+"""What the gateway records: the exact tokens of every model call, and each agent's ordered calls.
 
-These records are the single source a rollout's trajectories are built from (train.md 6.7): training uses the
+These records are the single source a rollout's trajectories are built from: training uses the
 prompt and sampled tokens stored here, never a re-rendering.
 """
 

@@ -1,5 +1,5 @@
 """The Tinker service as the policy's backend, for training and evaluation alike: the `TINKER_API_KEY` check
-(train.md 2.1, core.md 8.7: missing, malformed and refused keys are one-line configuration errors, exit 78, that
+(missing, malformed and refused keys are one-line configuration errors, exit 78, that
 never echo the key; the local Tinker-compatible server needs no real key), keeping the key out of the environment
 harness code sees, and closing an SDK session.
 
@@ -178,7 +178,7 @@ def withheld_from_environment(names: tuple[str, ...]) -> Iterator[None]:
     """`names` removed from `os.environ` for the block, put back after it (a caller's process keeps its own).
 
     Function harnesses run in the process that opened the policy, and any process they start inherits its
-    environment, so the keys the run already read must not be there while rollouts run (train.md 6.6).
+    environment, so the keys the run already read must not be there while rollouts run.
     """
     saved = {name: os.environ.pop(name) for name in names if name in os.environ}
     try:

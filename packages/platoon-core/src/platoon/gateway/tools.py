@@ -46,7 +46,7 @@ async def run_tool(
     The one path for tool calls, in process (`ctx.call_tool`) and over the MCP plane, so both record alike.
     """
     if getattr(session, "manages_concurrency", False):
-        # Sessions with their own gate queue each agent's calls fairly: name the calling agent (core.md 7.6).
+        # Sessions with their own gate queue each agent's calls fairly: name the calling agent.
         result = await session.call_tool(name, arguments, on_behalf_of=record.agent_id)  # type: ignore[call-arg]
     else:
         result = await session.call_tool(name, arguments)

@@ -1,4 +1,4 @@
-"""The trace builder: a rollout's agent records become trainable trajectories (train.md 6.7, core.md 9.1).
+"""The trace builder: a rollout's agent records become trainable trajectories.
 
 Judge-role agents and their descendants get no trajectory; their calls are kept for audit on the nearest kept
 ancestor. Rewards and untrainable markers come from the episode outcome or the agent's own.

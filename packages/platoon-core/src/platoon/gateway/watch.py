@@ -1,4 +1,4 @@
-"""Wrappers that watch a policy's model calls for run-wide refusals (train.md 5.1): a Tinker sampler whose key the
+"""Wrappers that watch a policy's model calls for run-wide refusals: a Tinker sampler whose key the
 service refuses, a hosted server refusing the key or the model. Either stops new rollouts; shared by the
 evaluator's in-process gateway and its subprocess slots.
 """
@@ -17,7 +17,7 @@ __all__ = ["CallWatch", "WatchedHosted", "WatchedSampler"]
 class CallWatch:
     """Run-wide problems seen on model calls: a refused Tinker key, a hosted server refusing the key or model.
 
-    Either stops new rollouts (train.md 5.1); `refusals` counts the refused calls per rollout id.
+    Either stops new rollouts; `refusals` counts the refused calls per rollout id.
     """
 
     key_refusal: ConfigError | None = None

@@ -1,6 +1,6 @@
 """The agent contract: what a function harness receives (`AgentContext`) and returns (`AgentResult`).
 
-Standard library only, so harness authors can import these types without training dependencies (core.md 2.1-2.6).
+Standard library only, so harness authors can import these types without training dependencies.
 The episode runtime implements the protocols; the dataclasses and helpers here are complete as they stand.
 """
 
@@ -38,10 +38,10 @@ __all__ = [
     "terminal_tool",
 ]
 
-#: The fixed text of a run that ran out of steps; byte-identical because judges match its prefix (core.md 2.4).
+#: The fixed text of a run that ran out of steps; byte-identical because judges match its prefix.
 LIMIT_MESSAGE = "WARNING: Exhausted budget when running episode. Halting episode; task may be incomplete."
 
-#: The HTTP header that carries a call's kind to the gateway (core.md 2.3).
+#: The HTTP header that carries a call's kind to the gateway.
 CALL_KIND_HEADER = "X-Platoon-Call-Kind"
 
 
@@ -238,7 +238,7 @@ class SubagentResult:
 
 @runtime_checkable
 class AgentAPI(Protocol):
-    """`ctx.agents`: launching subagents (core.md 2.6, harness.md 2.6)."""
+    """`ctx.agents`: launching subagents."""
 
     async def spawn(
         self,
@@ -269,7 +269,7 @@ class AgentAPI(Protocol):
 
 @runtime_checkable
 class AgentContext(Protocol):
-    """What a function harness receives: `async def fn(ctx: AgentContext) -> AgentResult` (core.md 2.3)."""
+    """What a function harness receives: `async def fn(ctx: AgentContext) -> AgentResult`."""
 
     @property
     def agent_id(self) -> str:
@@ -391,7 +391,7 @@ def out_of_steps(ctx: AgentContext, steps_taken: int) -> bool:
     """True when the budget has nothing left, or `steps_taken` reached `ctx.max_steps` (when set and non-zero)."""
     if ctx.budget.remaining() <= 0:
         return True
-    # max_steps of 0 means unbounded (harness.md 2.5), so only a positive allocation caps the count here.
+    # max_steps of 0 means unbounded, so only a positive allocation caps the count here.
     return bool(ctx.max_steps) and steps_taken >= ctx.max_steps  # type: ignore[operator]
 
 

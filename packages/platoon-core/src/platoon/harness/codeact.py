@@ -1,4 +1,4 @@
-"""The CodeAct prompt-builder contract (harness.md 4.2): what `platoon-codeact` asks a builder for.
+"""The CodeAct prompt-builder contract: what `platoon-codeact` asks a builder for.
 
 A builder turns the agent's state (the task text, the cell functions, the cells run so far) into Chat Completions
 messages, and parses the model's replies back into a thought and a code cell. The harness itself lives in

@@ -1,4 +1,4 @@
-"""`get_harness(ref)`: find a harness by `name[@version]`, a `.toml` path or `module:function` (harness.md 2.2).
+"""`get_harness(ref)`: find a harness by `name[@version]`, a `.toml` path or `module:function`.
 
 Names are looked up in installed entry points (group `platoon.harnesses`, imported when named) and in harnesses
 registered by imported modules; version prefixes match at dots (`@2` matches `2.4.6`).

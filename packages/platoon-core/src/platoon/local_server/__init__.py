@@ -1,4 +1,4 @@
-"""The local Tinker-compatible server (core.md 8.7): a CPU training service the unmodified Tinker SDK talks to.
+"""The local Tinker-compatible server: a CPU training service the unmodified Tinker SDK talks to.
 
 `local_tinker_server()` runs it in a thread of this process; `process.start_local_server_process` runs it in a
 child process; `platoon tinker serve` runs it in the foreground. torch and uvicorn are imported when it starts.
@@ -194,7 +194,7 @@ def local_tinker_server(
     state_dir: str | os.PathLike[str] | None = None,
     backend_factory: Callable[..., Any] | None = None,
 ) -> Iterator[LocalTinkerServer]:
-    """Run a local Tinker server in a thread of this process for the `with` block (core.md 8.7)."""
+    """Run a local Tinker server in a thread of this process for the `with` block."""
     server = LocalTinkerServer(model=model, port=port, state_dir=state_dir, backend_factory=backend_factory)
     server.start()
     try:

@@ -1,4 +1,4 @@
-"""The local Tinker server's HTTP surface: every route the unmodified `tinker==0.16.1` SDK calls (tinker-api.md 5).
+"""The local Tinker server's HTTP surface: every route the unmodified `tinker==0.16.1` SDK calls.
 
 `ServerState` keeps sessions, training runs, samplers, futures and checkpoints; `build_app(state)` is the starlette
 app. starlette is imported inside `build_app`, so importing this module stays cheap.
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 API = "/api/v1"
 #: the SDK's default LoRA rank; recorded when a request names none (weights_info must answer one)
 DEFAULT_LORA_RANK = 32
-#: what 0.16 leaves out of a request when the caller kept a default (tinker-api.md 3)
+#: what 0.16 leaves out of a request when the caller kept a default
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_tokens": None,
     "seed": None,
@@ -366,7 +366,7 @@ def _sampling_params(given: Any) -> dict[str, Any]:
 
 
 def _colon_metrics(output: dict[str, Any]) -> dict[str, Any]:
-    # The SDK's chunk merger splits every metric key on ':' and crashes without one (tinker-api.md 4.6).
+    # The SDK's chunk merger splits every metric key on ':' and crashes without one.
     metrics = output.get("metrics")
     if isinstance(metrics, dict) and any(":" not in k for k in metrics):
         output = {
@@ -562,7 +562,7 @@ class Operations:
             backend = run.backend
             assert backend is not None
             if name is None:
-                # Unnamed: a sampling session on a frozen copy; the SDK asserts `path` is null (tinker-api.md 7).
+                # Unnamed: a sampling session on a frozen copy; the SDK asserts `path` is null.
                 sampler_id = _sampler_id(state, run.session_id, seq)
                 state.samplers[sampler_id] = Sampler(sampler_id, run.base_model, None, backend.sampler())
                 return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler_id}
@@ -692,7 +692,7 @@ class Operations:
             return {"type": "sample", **out}
 
         # No de-duplication on seq_id: an unpickled sampling client in another process restarts its counter on the
-        # same session (tinker-api.md 12.9); only the HTTP retry's idempotency key marks a true duplicate.
+        # same session; only the HTTP retry's idempotency key marks a true duplicate.
         return self._submit("sample", job, model_id=None, keys=[_idem("asample", idempotency)])
 
     # REST

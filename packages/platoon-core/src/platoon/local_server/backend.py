@@ -1,7 +1,7 @@
 """The local server's model backend: a tiny Qwen3 built from a config, Tinker's losses, AdamW, sampling, checkpoints.
 
 The HTTP layer (`app.py`) hands it parsed 0.16.1 JSON bodies and sends back what it returns; everything here is
-plain torch on the CPU, with torch and transformers imported only when a backend is created (core.md 8.7).
+plain torch on the CPU, with torch and transformers imported only when a backend is created.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 TORCH_MISSING = "the local Tinker server needs torch and transformers: pip install 'platoon[local]'"
 
-#: the SDK's 0.16 AdamParams defaults, for fields a request leaves out (tinker-api.md 3)
+#: the SDK's 0.16 AdamParams defaults, for fields a request leaves out
 ADAM_DEFAULTS: dict[str, float] = {
     "learning_rate": 1e-4,
     "beta1": 0.9,

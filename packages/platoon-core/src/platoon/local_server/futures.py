@@ -1,6 +1,6 @@
 """Futures of the local Tinker server: FIFO lanes, de-duplication of retried submissions, the 408 long-poll.
 
-Every operation the SDK polls for (tinker-api.md 4) runs on a lane (one worker thread per training model, one for
+Every operation the SDK polls for runs on a lane (one worker thread per training model, one for
 sampling), in the order it was submitted; its answer is a result body or `{"error", "category"}`, never an HTTP 500.
 """
 

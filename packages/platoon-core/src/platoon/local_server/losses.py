@@ -1,4 +1,4 @@
-"""The local server's built-in Tinker losses (tinker-api.md 6): cross_entropy, importance_sampling, ppo, cispo.
+"""The local server's built-in Tinker losses: cross_entropy, importance_sampling, ppo, cispo.
 
 Each loss maps one datum's training logprobs and its `loss_fn_inputs` to an elementwise loss whose sum is the
 datum's loss; the server sums over datums (clients normalise advantages themselves).

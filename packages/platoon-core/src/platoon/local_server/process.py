@@ -1,6 +1,6 @@
 """The local Tinker server for the life of one command: in a child process on a free loopback port.
 
-`start_local_server_process` is what `TINKER_BASE_URL=local` starts (core.md 8.7); `serve_foreground` is
+`start_local_server_process` is what `TINKER_BASE_URL=local` starts; `serve_foreground` is
 `platoon tinker serve`. The child prints its base URL as its first stdout line and exits when its stdin closes.
 It runs in a session of its own, so a Ctrl-C at the terminal reaches the command (which stops at its own pace and
 then stops the server) and never the server first.

@@ -1,7 +1,7 @@
 """Sampling for the local server: a batched KV-cache decode loop with temperature, top-k, top-p, seed and stops.
 
 Returned logprobs are those of the distribution actually sampled from (`log_softmax(logits / T)` after the top-k
-and top-p masks), so on-policy importance ratios are 1 at temperature 1 (tinker-api.md 5.2).
+and top-p masks), so on-policy importance ratios are 1 at temperature 1.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Episode programs: compose one episode (run the root agent, add finalizers, grade) and shape its rewards.
 
-`@platoon.program(name)` registers one; `single` and `gym` are built in (core.md 2.7).
+`@platoon.program(name)` registers one; `single` and `gym` are built in.
 """
 
 from __future__ import annotations

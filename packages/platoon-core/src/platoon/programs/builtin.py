@@ -1,8 +1,7 @@
 """The built-in episode programs `single@1` and `gym@1`, declared as entry points of platoon-core like any plugin's.
 
 `single` runs the root agent, adds the reward-shaping finalizers the rollout config asks for (zero subagent
-rewards, then propagate root success) and grades; `gym` scores a step environment's summed return (core.md 2.7,
-2.12; train.md 2.8).
+rewards, then propagate root success) and grades; `gym` scores a step environment's summed return.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ def _forced_zero(trajectory: Any) -> bool:
 
 
 def propagate_root_success(collection: TrajectoryCollection) -> None:
-    """Give every trajectory the root's success (train.md 2.8, step 2); forced-zero trajectories keep 0."""
+    """Give every trajectory the root's success (step 2); forced-zero trajectories keep 0."""
     trajectories = list(collection.trajectories.values())
     if not trajectories:
         return

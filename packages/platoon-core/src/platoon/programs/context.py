@@ -1,4 +1,4 @@
-"""`EpisodeContext`: what an episode program receives, `async def program(ep: EpisodeContext) -> Outcome` (core.md 2.7).
+"""`EpisodeContext`: what an episode program receives, `async def program(ep: EpisodeContext) -> Outcome`.
 
 A protocol only (standard library); the episode runtime implements it.
 """
@@ -79,7 +79,7 @@ class EpisodeContext(Protocol):
         ...
 
     async def grade(self) -> Outcome:
-        """The episode outcome: the root run's failure taxonomy (core.md 2.4), else the session's grade.
+        """The episode outcome: the root run's failure taxonomy, else the session's grade.
 
         Fails closed: a grader that raises gives an `error` outcome.
         """

@@ -1,4 +1,4 @@
-"""platoon's named renderers and tokenizer loading (train.md 7.1), under tinker-cookbook's renderer names.
+"""platoon's named renderers and tokenizer loading, under tinker-cookbook's renderer names.
 
 Import-light: every name is imported on first use; rendering imports no heavy dependency, and the Tinker SDK is
 imported only to build `ModelInput`s.

@@ -1,4 +1,4 @@
-"""The renderer base class, message types and renderer registry shared by every renderer family (train.md 7.1).
+"""The renderer base class, message types and renderer registry shared by every renderer family.
 
 A renderer turns chat messages into prompt tokens, parses sampled tokens back into a message, and offers the
 gateway-facing adapter (`render_prompt`, `stop_token_ids`, `parse_completion`) on top. Imports nothing heavy.
@@ -174,7 +174,7 @@ class TrainOnWhat(StrEnum):
 
 @dataclass
 class ParsedCompletion:
-    """One sampled sequence parsed for an OpenAI-compatible caller (train.md 6.1 step 6).
+    """One sampled sequence parsed for an OpenAI-compatible caller.
 
     `message` is an OpenAI assistant message: `role`, `content` (str; the raw text of tool blocks that were not
     emitted is appended), `tool_calls` (OpenAI dicts with JSON-string arguments and ids, or None),
@@ -590,7 +590,7 @@ class Renderer(ABC):
         return parts, ok
 
     def parse_completion(self, tokens: Sequence[int], stop_reason: str) -> ParsedCompletion:
-        """Sampled ids and the sampler's stop reason as an OpenAI assistant message (train.md 6.1 step 6).
+        """Sampled ids and the sampler's stop reason as an OpenAI assistant message.
 
         Tool calls are emitted only when a stop token was sampled and the stop reason is not `length`; the raw
         text of tool blocks that were not emitted (unparsed, or parsed but not emitted) is appended to the

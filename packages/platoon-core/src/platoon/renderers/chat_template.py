@@ -1,5 +1,5 @@
 """The `chat_template` renderer: the model's own chat template (transformers' `apply_chat_template`) plus a
-tool-call parser chosen by name, by round trip (`auto`) or written by the user (train.md 7.2), and its aliases.
+tool-call parser chosen by name, by round trip (`auto`) or written by the user, and its aliases.
 
 transformers is never imported here: the tokenizer brings `apply_chat_template`, and generation settings are read
 from the model directory's `generation_config.json` (or the Hugging Face cache, imported lazily).
@@ -332,7 +332,7 @@ def _log_parse_failure(exc: BaseException) -> None:
 
 
 def clean_messages(messages: Sequence[Mapping[str, Any] | Message]) -> list[dict[str, Any]]:
-    """Messages as the template expects them (train.md 7.2): content parts joined into one string (thinking
+    """Messages as the template expects them: content parts joined into one string (thinking
     parts inline in `<think>` tags; image and video parts refused), tool calls as OpenAI dicts whose `arguments`
     is a mapping. Other keys (`reasoning_content`, `tool_call_id`, `name`, ...) pass through verbatim."""
     out: list[dict[str, Any]] = []
@@ -447,7 +447,7 @@ def _generation_config_eos(name: str) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Preset aliases (train.md 7.1)
+# Preset aliases
 
 
 class Qwen36PreserveThinkingRenderer(ChatTemplateRenderer):

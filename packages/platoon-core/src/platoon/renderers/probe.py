@@ -1,4 +1,4 @@
-"""`tool_call_parser: auto` by round trip (train.md 7.4): render a conversation with known tool calls through the
+"""`tool_call_parser: auto` by round trip: render a conversation with known tool calls through the
 model's template, take the assistant turn as if sampled, and find the first parser that reads it back exactly.
 
 No parser for a template that renders tools is a `ConfigError` (exit 78); a template without tools gets `none`.
@@ -166,7 +166,7 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def build_probe(renderer: ChatTemplateRenderer) -> Probe:
-    """Render the probe conversation through the renderer's template (train.md 7.4 steps 1-5)."""
+    """Render the probe conversation through the renderer's template."""
     try:
         plain = renderer.render_text(BASE_CONVERSATION, None, add_generation_prompt=True)
         prompt = renderer.render_text(BASE_CONVERSATION, PROBE_TOOLS, add_generation_prompt=True)

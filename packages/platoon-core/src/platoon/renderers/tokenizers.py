@@ -1,6 +1,6 @@
-"""platoon's tokenizer loading (train.md 7.1): its registry, a local directory, the Llama-3 remap, AutoTokenizer.
+"""platoon's tokenizer loading: its registry, a local directory, the Llama-3 remap, AutoTokenizer.
 
-`platoon/toy` is registered (core.md 8.2) and loads through `tokenizers` alone, never importing transformers;
+`platoon/toy` is registered and loads through `tokenizers` alone, never importing transformers;
 `TokenizersTokenizer` is the small adapter that gives a `tokenizers.Tokenizer` the interface renderers use.
 """
 
@@ -48,7 +48,7 @@ def registered_tokenizer_names() -> list[str]:
 
 
 def get_tokenizer(name: str) -> Any:
-    """The tokenizer for a model name, in train.md 7.1's order.
+    """The tokenizer for a model name, from the first of these that has it.
 
     1. platoon's registry (`platoon/toy` is registered); the factory decides about caching.
     2. A local directory: `AutoTokenizer.from_pretrained(dir, trust_remote_code=True)`.

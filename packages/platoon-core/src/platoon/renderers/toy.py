@@ -1,4 +1,4 @@
-"""The toy tokenizer (core.md 8.2) and the toy renderer: byte-level ids plus the Qwen chat markers, no download.
+"""The toy tokenizer and the toy renderer: byte-level ids plus the Qwen chat markers, no download.
 
 `toy_tokenizer()` loads the shipped files through `tokenizers` alone (no transformers import); the same directory
 also loads with `transformers.AutoTokenizer.from_pretrained(TOY_TOKENIZER_DIR)`.

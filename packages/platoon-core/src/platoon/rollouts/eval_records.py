@@ -1,4 +1,4 @@
-"""One evaluation rollout's record (train.md 5.1 "Rollout stage" and "Record rules"): where it lives, how its
+"""One evaluation rollout's record: where it lives, how its
 result is classified (unscored rollouts are errors, never failures), what it cost and who made it (provenance),
 and reading the records an output directory already holds (resume, provenance refusal, `stage: report`).
 
@@ -44,7 +44,7 @@ COLLECTION_FILE = "trajectory_collection.json"
 METADATA_FILE = "metadata.json"
 COMPLETED = "completed"
 ERRORED = "errored"
-#: rollouts written before provenance was recorded count as made by this policy shape (train.md 5.1)
+#: rollouts written before provenance was recorded count as made by this policy shape
 LEGACY_PROVENANCE = {"backend": "tinker", "judges": True}
 USAGE_BUCKETS = ("policy", "aux", "judge", "verifier")
 USAGE_COUNTS = ("calls", "prompt_tokens", "completion_tokens", "total_tokens", "cached_input_tokens")
@@ -183,7 +183,7 @@ def score_collection(collection: TrajectoryCollection, reward_processor: str | N
 
 
 def is_success(record: Mapping[str, Any], threshold: float) -> bool:
-    """train.md 5.1: traced rollouts succeed only when scored, by the last step's `reward/success`; older rollouts
+    """Traced rollouts succeed only when scored, by the last step's `reward/success`; older rollouts
     without a trace by their own success flag (>= 1), else by the processed reward."""
     if record.get("status") != COMPLETED:
         return False
@@ -305,7 +305,7 @@ def rollout_record(
     judges: bool,
     refusals: int = 0,
 ) -> dict[str, Any]:
-    """`metadata.json` of one rollout, classified by the record rules of train.md 5.1."""
+    """`metadata.json` of one rollout, classified: unscored outcomes are errors, never failures."""
     accounting = call_accounting(recorder, judges=judges, refusals=refusals)
     record: dict[str, Any] = {
         "task_id": task_id,

@@ -1,4 +1,4 @@
-"""One member of a rollout group (train.md 2.6 step 4, 4.1): the request a group builds for each rollout, the body
+"""One member of a rollout group: the request a group builds for each rollout, the body
 that runs it — the same in process and in a rollout worker — and the member outcome the group decision reads.
 
 The body runs the entry's route through `recorded_rollout` on the gateway it is given (the trainer's, or a worker's
@@ -30,7 +30,7 @@ __all__ = ["FileWriter", "MemberOutcome", "MemberRequest", "outcome_status", "ru
 
 log = logging.getLogger("platoon.train")
 
-#: dispositions of a member that produced no result (train.md 2.10 "members without any result", 4.5)
+#: dispositions of a member that produced no result
 NO_RESULT = (
     "error",
     "no_trajectories",
@@ -102,7 +102,7 @@ class MemberOutcome:
     def missing(
         cls, disposition: str, *, version: int, seconds: float = 0.0, error: str | None = None
     ) -> MemberOutcome:
-        """A member without a result (train.md 2.10: it simply counts as missing)."""
+        """A member without a result (it simply counts as missing)."""
         return cls(None, None, disposition, "none", version, seconds, None, error)
 
 
@@ -234,7 +234,7 @@ async def run_member(
         )
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # one failed rollout is a missing member, never a trainer failure (train.md 2.4)
+    except Exception as exc:  # one failed rollout is a missing member, never a trainer failure
         log.warning("rollout of %s failed: %s: %s", request.task_id, type(exc).__name__, exc)
         outcome = MemberOutcome.missing(
             "error",

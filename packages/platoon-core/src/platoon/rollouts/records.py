@@ -1,4 +1,4 @@
-"""A training run directory's record files (core.md 9.2-9.5, train.md 2.13, 2.16): the resolved config
+"""A training run directory's record files: the resolved config
 snapshot, `lock.json`, `identity.json`, `process.json`, and the JSONL conventions every `*.jsonl` of a run follows.
 
 Everything here is refused or computed before anything is written, and every rewrite is an atomic replacement.
@@ -80,7 +80,7 @@ IDENTITY_FILE = "identity.json"
 PROCESS_FILE = "process.json"
 IMAGE_PULLS_VAR = "PLATOON_IMAGE_PULLS"
 DEFAULT_HARBOR_PROVIDER = "docker"
-#: distributions whose versions the lock records, keyed as `versions` names them (core.md 9.3)
+#: distributions whose versions the lock records, keyed as `versions` names them
 LOCKED_DISTRIBUTIONS: dict[str, str] = {
     "tinker": "tinker",
     "tinker_cookbook": "tinker-cookbook",
@@ -374,7 +374,7 @@ def run_dir_of(data: Mapping[str, Any], *, cwd: str | os.PathLike[str] | None = 
 def snapshot_data(loaded: LoadedConfig, *, cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The data `config.resolved.yaml` holds: outputs made absolute and the default Harbor provider written out.
 
-    Inputs are already absolute after loading; outputs stay cwd-relative until here (core.md 4.3), so the
+    Inputs are already absolute after loading; outputs stay cwd-relative until here, so the
     snapshot loads the same from any directory.
     """
     workdir = Path(os.path.abspath(cwd if cwd is not None else os.getcwd()))
@@ -403,7 +403,7 @@ def _comment(text: str) -> str:
 def write_resolved_config(
     run_dir: str | os.PathLike[str], loaded: LoadedConfig, *, cwd: str | os.PathLike[str] | None = None
 ) -> Path:
-    """Write `config.resolved.yaml` (core.md 9.2) atomically; returns its path."""
+    """Write `config.resolved.yaml` atomically; returns its path."""
     target = Path(run_dir) / RESOLVED_CONFIG_FILE
     header = [f"# Written by platoon {running_version()} at {_now()}: the resolved config of this run"]
     header += [f"# source: {_comment(str(Path(source).absolute()))}" for source in loaded.sources]
@@ -543,7 +543,8 @@ def build_lock(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The `lock.json` of core.md 9.3 at record time, computed without writing (so its refusals come first).
+    """The `lock.json` at record time (versions, components, the policy), computed without writing (so its
+    refusals come first).
 
     `components` are the resolved component records (`{kind, ref, resolved, source, distribution, ...}`) and
     `sandbox_providers` the per-environment provider records; both are the resolver's, copied as given.
@@ -622,7 +623,7 @@ def update_lock(run_dir: str | os.PathLike[str], **fields: Any) -> dict[str, Any
 
 
 def tool_call_parsing_record(model_name: str, renderer_name: str, renderer: Any) -> dict[str, Any]:
-    """`lock.json.tool_call_parsing` (core.md 9.3): the chat-template renderer's parser choice (or why it failed),
+    """`lock.json.tool_call_parsing`: the chat-template renderer's parser choice (or why it failed),
     else the named renderer parsing its own format."""
     record = getattr(renderer, "tool_call_parsing", None)
     if callable(record):
@@ -643,7 +644,7 @@ def tool_call_parsing_record(model_name: str, renderer_name: str, renderer: Any)
 
 
 def check_name_collision(run_dir: str | os.PathLike[str], loaded: LoadedConfig) -> str | None:
-    """The refusal (core.md 3.3 step 5) when the profile named this run dir after the config's stem and the
+    """The refusal when the profile named this run dir after the config's stem and the
     existing `lock.json` says the dir belongs to another config file of that stem; None when it may proceed."""
     if loaded.named_after is None:
         return None
@@ -732,7 +733,7 @@ def check_identity(
     *,
     training: Mapping[str, Iterable[str]] | None = None,
 ) -> list[str]:
-    """Why a resume of `run_dir` must be refused (train.md 2.13); [] when it may go on.
+    """Why a resume of `run_dir` must be refused; [] when it may go on.
 
     `held_out`: entry label -> the service's split record (`held_out`, `eval`, ...) for entries with a hold-out.
     `training`: entry label -> the task ids training draws from now. Without it, a task that was held out and no
@@ -935,12 +936,12 @@ def read_process(run_dir: str | os.PathLike[str]) -> ProcessRecord | None:
 def check_run_dir_free(run_dir: str | os.PathLike[str]) -> None:
     """Raise RunDirInUse when `process.json` names a live process on this host other than this one.
 
-    Writes nothing, so it can run before anything is prepared or written (core.md 3.3 step 7).
+    Writes nothing, so it can run before anything is prepared or written.
     """
     record = read_process(run_dir)
     if record is None:
         return
-    # This process, and its parent when that is the supervisor whose child start this is (train.md 2.16).
+    # This process, and its parent when that is the supervisor whose child start this is.
     mine = {os.getpid(), os.getppid()}
     live = [pid for pid in record.live_pids() if pid not in mine]
     if not live:

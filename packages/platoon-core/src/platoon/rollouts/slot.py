@@ -1,4 +1,4 @@
-"""A subprocess slot of `platoon eval` (train.md 5.1 "Subprocess slots"), the child side: a long-lived process that
+"""A subprocess slot of `platoon eval`, the child side: a long-lived process that
 runs one rollout at a time, as many as the evaluation hands it, each under its hard timeout.
 
 `python -m platoon.rollouts.slot SESSION_DIR` (or the same `main` in a child of the rollout workers' fork server)
@@ -300,7 +300,7 @@ class Slot:
                 raise RuntimeError(fatal)
             for problem in problems:
                 log.warning("%s", problem)
-        # Environment packages are imported in each slot (train.md 5.1), whatever the fork server imported.
+        # Environment packages are imported in each slot, whatever the fork server imported.
         for package in message.get("environment_packages") or ():
             try:
                 importlib.import_module(package)

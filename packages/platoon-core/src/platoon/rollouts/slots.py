@@ -1,8 +1,8 @@
-"""Subprocess slots of `platoon eval` (train.md 5.1 "Subprocess slots"), the evaluation's side: up to `max_slots`
+"""Subprocess slots of `platoon eval`, the evaluation's side: up to `max_slots`
 slot processes, each reused for one rollout at a time until a rollout hangs past its hard timeout or the slot
 dies; then it is replaced.
 
-Slots are forked from the rollout workers' fork server (train.md 4.2), which imports the stack, the environment
+Slots are forked from the rollout workers' fork server, which imports the stack, the environment
 packages and the renderer once, or started by exec when it cannot fork. They live in the rollout workers'
 private scratch dir (`ipc.scratch_dir`), are recorded in its registry, so the orphan sweep stops the slots of an
 evaluation that died, and talk to the evaluation over a Unix socket in their session dir. The hard timeout of a
@@ -50,7 +50,7 @@ __all__ = [
 
 log = logging.getLogger("platoon.rollouts.slots")
 
-#: a rollout without any time limit (train.md 5.1)
+#: a rollout without any time limit
 UNBOUNDED_ROLLOUT_SECONDS = 900.0
 #: added to every hard timeout: finalizing, grading and writing the rollout
 FINALIZE_GRACE_SECONDS = 180.0
@@ -71,8 +71,8 @@ KILL_WAIT_SECONDS = 30.0
 def hard_timeout_seconds(
     *, rollout_timeout: float | None, harness_limit: float | None, overhead: float | None
 ) -> float:
-    """train.md 5.1: (the rollout timeout, else the harness's own limit — or max(it, 900) when the environment
-    states no overhead — else 900) + the environment's overhead + 180 s."""
+    """A slot's hard timeout: (the rollout timeout, else the harness's own limit — or max(it, 900) when the
+    environment states no overhead — else 900) + the environment's overhead + 180 s."""
     if rollout_timeout is not None:
         base = float(rollout_timeout)
     elif harness_limit is not None:

@@ -1,6 +1,6 @@
 """platoon.testing: run environments, harnesses and programs on the CPU with a scripted policy and a toy tokenizer.
 
-Every name is imported on first use (core.md 8.1). Also an opt-in pytest plugin (`pytest -p platoon.testing`):
+Every name is imported on first use. Also an opt-in pytest plugin (`pytest -p platoon.testing`):
 its fixtures live in `platoon.testing.pytest_plugin`, which `pytest_plugins` below makes pytest load.
 """
 

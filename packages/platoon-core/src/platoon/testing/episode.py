@@ -1,4 +1,4 @@
-"""`run_episode` (core.md 8.5): one task through the real harness rollout — environment session, episode program,
+"""`run_episode`: one task through the real harness rollout — environment session, episode program,
 gateway over a scripted policy served over HTTP, grading, trajectory build, finalizers, and the reward processor
 when one is given — on the CPU.
 

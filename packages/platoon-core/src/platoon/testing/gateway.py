@@ -1,4 +1,4 @@
-"""Gateways over a scripted policy (core.md 8.4): `make_gateway` builds a real `ModelGateway` on the toy tokenizer,
+"""Gateways over a scripted policy: `make_gateway` builds a real `ModelGateway` on the toy tokenizer,
 and `serve_policy` installs one as the process-default gateway for in-process rollouts.
 
 The gateway runs in process: this build serves no HTTP yet, so `serve_policy` makes the gateway available to

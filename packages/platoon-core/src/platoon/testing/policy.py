@@ -1,4 +1,4 @@
-"""The scripted policy (core.md 8.3): a Tinker sampler that answers from a script instead of a model.
+"""The scripted policy: a Tinker sampler that answers from a script instead of a model.
 
 A script is a sequence of completions consumed in order, or a function of the decoded prompt; each answer is
 encoded with the policy's tokenizer and returned as a real Tinker `SampleResponse`.

@@ -1,4 +1,4 @@
-"""The fixtures of platoon's opt-in pytest plugin (core.md 8.6): `toy_tokenizer`, `toy_renderer`, `serve_policy`.
+"""The fixtures of platoon's opt-in pytest plugin: `toy_tokenizer`, `toy_renderer`, `serve_policy`.
 
 Loaded by `pytest -p platoon.testing` (or `pytest_plugins = ["platoon.testing"]`) through that package's
 `pytest_plugins`; importing it needs pytest, which platoon.testing itself does not.
@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture(scope="session", name="toy_tokenizer")
 def _toy_tokenizer_fixture() -> Any:
-    """The toy tokenizer (core.md 8.2)."""
+    """The toy tokenizer."""
     from platoon.renderers.toy import toy_tokenizer
 
     return toy_tokenizer()

@@ -1,4 +1,4 @@
 """Training: the Tinker RL trainer lives in `platoon.train.tinker`.
 
-Kept import-light: importing this package imports nothing heavy (core.md 11.11).
+Kept import-light: importing this package imports nothing heavy.
 """

@@ -1,4 +1,4 @@
-"""The checks a CodeAct cell passes before it runs, and loop detection over the cells run so far (harness.md 4.2).
+"""The checks a CodeAct cell passes before it runs, and loop detection over the cells run so far.
 
 A refusal's text becomes the cell's error and the cell does not run. Standard library only.
 """

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: the fixed description of `finish` when the environment has no terminal tool (harness.md 4.2)
+#: the fixed description of `finish` when the environment has no terminal tool
 FINISH_DESCRIPTION = (
     "End the agent trajectory. Call it once the task is done (or cannot be done) with a message "
     "that reports the result."

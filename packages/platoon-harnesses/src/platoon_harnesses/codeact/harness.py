@@ -1,7 +1,7 @@
 """`platoon-codeact`: the model writes Python cells that call the environment's tools as functions.
 
-Options, the step loop, loop detection and prompt modes follow harness.md 4.2; prompts come from a
-`CodeActPromptBuilder` (platoon-core's contract) and cells run in `executor.CodeActExecutor`.
+Options (checked by `CodeActOptions`), the step loop, loop detection and the prompt modes are this module's; prompts
+come from a `CodeActPromptBuilder` (platoon-core's contract) and cells run in `executor.CodeActExecutor`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class CodeActOptionError(ValueError):
 
 @dataclass(frozen=True)
 class CodeActOptions:
-    """platoon-codeact's options with their defaults (harness.md 4.2)."""
+    """platoon-codeact's options with their defaults."""
 
     prompt_builder: type[CodeActPromptBuilder] = CodeActPromptBuilder
     prompt_builder_options: Mapping[str, Any] = field(default_factory=dict)
@@ -178,7 +178,7 @@ def _builder_class(ref: Any) -> type[CodeActPromptBuilder]:
 
 @harness("platoon-codeact", executes_model_code=True)
 async def codeact(ctx: AgentContext) -> AgentResult:
-    """The model writes Python cells that call the environment's tools as functions (harness.md 4.2)."""
+    """The model writes Python cells that call the environment's tools as functions."""
     options = CodeActOptions.parse(ctx.options)
     builder = options.prompt_builder(
         include_reasoning=options.include_reasoning,

@@ -1,4 +1,4 @@
-"""The named environment `platoon-number-search@1` (core.md 7.5): guess a hidden integer, ORS in process.
+"""The named environment `platoon-number-search@1`: guess a hidden integer, ORS in process.
 
 This module is what the `platoon-number-search` entry point of `platoon.environments` names; the environment class
 (`platoon.envs.number_search.env`) and its CodeAct builder (`.prompts`) are imported only when a run uses them.

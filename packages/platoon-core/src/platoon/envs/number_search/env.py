@@ -1,4 +1,4 @@
-"""`NumberSearchEnvironment`: guess a hidden integer, told "too low" / "too high" (core.md 7.5).
+"""`NumberSearchEnvironment`: guess a hidden integer, told "too low" / "too high".
 
 Tasks are generated once per process, lazily, from `random.Random(42)`: each draw takes a target uniformly in
 0..1024, then `low` uniformly below it and `high` uniformly above it (both within 0..1024; at the ends of the range,

@@ -1,4 +1,4 @@
-"""`NumberSearchPromptBuilder`: the CodeAct prompts of `platoon-number-search@1` (core.md 7.5).
+"""`NumberSearchPromptBuilder`: the CodeAct prompts of `platoon-number-search@1`.
 
 The system prompt asks for `guess(number)` calls inside `<python>` tags (with `<thought>` tags when reasoning is on);
 the action-space description is empty, so the first user message is the task and the next-action line.

@@ -1,8 +1,8 @@
-"""`service: python://pkg.mod:EnvClass`: an OpenReward `Environment` subclass run in process (harness.md 7).
+"""`service: python://pkg.mod:EnvClass`: an OpenReward `Environment` subclass run in process.
 
 One instance per session, driven as the SDK's server drives it: constructed with `task_spec` and `secrets`, `setup`,
 `get_prompt`, tools through `Environment._call_tool`, `teardown`. Every call goes through the session's gate
-(`platoon.envs.gate`); grading fails closed (harness.md 7.3). The SDK is imported on first use, never at module
+(`platoon.envs.gate`); grading fails closed. The SDK is imported on first use, never at module
 import: this module is what the `python` service entry point names.
 """
 
@@ -389,7 +389,8 @@ class InProcessOrsService:
     """The `python://` service: `InProcessOrsService("python://pkg.mod:Class", split="train", ...)`.
 
     Task ids are `<split>:<index>`; `get_task` also takes a task name (in the default split) or an
-    `openreward:v1:` reference. Options are those of harness.md 7.1 that apply in process.
+    `openreward:v1:` reference. The options are `_options`'s keyword arguments (those of a remote ORS service that
+    apply in process); any other is refused naming them.
     """
 
     path_options: tuple[str, ...] = ()
@@ -656,7 +657,7 @@ async def _teardown(env: Any, timeout_s: float, label: str) -> None:
 
 
 class _ToolTable:
-    """The class's tools with platoon's hints: terminal, read-only, call class, meta (harness.md 7.2)."""
+    """The class's tools with platoon's hints: terminal, read-only, call class, meta."""
 
     def __init__(
         self,
@@ -1019,7 +1020,7 @@ def _deepcopy_env(env: Any) -> Any:
 
 
 class InProcessOrsSession:
-    """A view of a live in-process environment (core.md 7.2): tools, calls through the gate, grading, forks."""
+    """A view of a live in-process environment: tools, calls through the gate, grading, forks."""
 
     sandbox = None
     #: calls go through this session's own gate; the runtime need not serialise them
@@ -1101,7 +1102,7 @@ class InProcessOrsSession:
             return _error("Not run: the environment session is closed.", "session_closed")
 
     async def grade(self) -> Outcome:
-        """The outcome, failing closed (harness.md 7.3); never raises."""
+        """The outcome, failing closed; never raises."""
         try:
             return await self._lease.grade(self)
         except Exception as exc:  # grading must report, never raise

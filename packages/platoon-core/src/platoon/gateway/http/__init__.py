@@ -1,4 +1,4 @@
-"""The model gateway over HTTP (train.md 6.2-6.4): OpenAI Chat Completions, the experimental Responses and Anthropic
+"""The model gateway over HTTP: OpenAI Chat Completions, the experimental Responses and Anthropic
 Messages dialects, the agents endpoint and the seams for the MCP plane and hosted inference, on starlette + uvicorn.
 
 Light to import: starlette and uvicorn load when a server starts.

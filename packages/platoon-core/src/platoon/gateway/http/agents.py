@@ -1,7 +1,7 @@
 """`POST /v1/platoon/agents` (minting a child of the calling agent), `GET /v1/models` and `GET /healthz`.
 
 Minted children share their parent's gateway-enforced step budget; minting is capped per rollout
-(`PLATOON_MAX_MINTED_AGENTS`, train.md 6.1).
+(`PLATOON_MAX_MINTED_AGENTS`).
 """
 
 from __future__ import annotations

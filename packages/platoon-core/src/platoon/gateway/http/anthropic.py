@@ -1,4 +1,4 @@
-"""`POST /v1/messages` and `/v1/messages/count_tokens`: the Anthropic Messages dialect (experimental; train.md 6.4).
+"""`POST /v1/messages` and `/v1/messages/count_tokens`: the Anthropic Messages dialect (experimental).
 
 Anthropic clients take the base URL without `/v1`. Blocks become Chat Completions messages for `ModelGateway.chat`;
 the context overflow reads "prompt is too long: M tokens > N maximum", which triggers Claude Code's compaction.
@@ -130,7 +130,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
 def parse_request(
     body: dict[str, Any],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]:
-    """(messages, tools, sampling) of a Messages body (train.md 6.4)."""
+    """(messages, tools, sampling) of a Messages body."""
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:

@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions`: OpenAI Chat Completions over `ModelGateway.chat` (train.md 6.2).
+"""`POST /v1/chat/completions`: OpenAI Chat Completions over `ModelGateway.chat`.
 
 Requests are validated here, then passed to the gateway as `ctx.chat` would pass them, so an HTTP call records
 exactly what the in-process call records; streams are synthetic (sampled whole, keepalive comments meanwhile).

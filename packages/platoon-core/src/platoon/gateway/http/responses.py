@@ -1,4 +1,4 @@
-"""`POST /v1/responses`: the OpenAI Responses dialect (experimental, for Codex; train.md 6.3).
+"""`POST /v1/responses`: the OpenAI Responses dialect (experimental, for Codex).
 
 Input items become Chat Completions messages for `ModelGateway.chat`; sampled reasoning travels back to the client
 in `encrypted_content` (`pg1:` + base64) so the next prompt re-renders it exactly.
@@ -91,7 +91,7 @@ def _text(content: Any, where: str) -> str:
 def parse_request(
     body: dict[str, Any],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]:
-    """(messages, tools, sampling) of a Responses body (train.md 6.3)."""
+    """(messages, tools, sampling) of a Responses body."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions:

@@ -1,4 +1,4 @@
-"""`GatewayServer`: one `ModelGateway` served over HTTP on loopback (train.md 6.2), on starlette + uvicorn.
+"""`GatewayServer`: one `ModelGateway` served over HTTP on loopback, on starlette + uvicorn.
 
 It owns routing, auth (Bearer, `x-api-key` or the `/s/<secret>` path form), the call-kind header, body limits,
 disconnect cancellation and the synthetic SSE streams; the dialect modules translate requests and replies.
@@ -40,7 +40,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
-#: The synthetic stream's keepalive comment period (train.md 6.2); `GatewayServer(keepalive_seconds=)` for tests.
+#: The synthetic stream's keepalive comment period; `GatewayServer(keepalive_seconds=)` for tests.
 DEFAULT_KEEPALIVE_SECONDS = 10.0
 MAX_MINTED_AGENTS_ENV = "PLATOON_MAX_MINTED_AGENTS"
 DEFAULT_MAX_MINTED_AGENTS = 64
@@ -58,7 +58,7 @@ def serving(gateway: Any) -> GatewayServer | None:
 
 
 class ChatBackend(Protocol):
-    """The seam for hosted inference (train.md 6.8): when a server has a backend, the dialect handlers hand it the
+    """The seam for hosted inference: when a server has a backend, the dialect handlers hand it the
     authenticated agent, the request body and the dialect (`chat`, `responses`, `messages`, `count_tokens`) instead
     of calling `ModelGateway.chat`. It returns the dialect-native JSON body (a mapping, sent with 200) or a
     starlette `Response` (a stream, say); `GatewayError`s it raises are answered in the dialect's error shape."""
@@ -162,7 +162,7 @@ class GatewayServer:
         return f"http://{host}:{self.port}"
 
     def endpoint(self, agent: AgentRecord) -> ModelEndpoint:
-        """The agent's OpenAI-compatible endpoint: `<base_url>/s/<secret>/v1`, the secret as key (core.md 2.3)."""
+        """The agent's OpenAI-compatible endpoint: `<base_url>/s/<secret>/v1`, the secret as key."""
         return ModelEndpoint(
             base_url=f"{self.base_url}/s/{agent.secret}/v1",
             api_key=agent.secret,

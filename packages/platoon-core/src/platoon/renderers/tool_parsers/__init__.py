@@ -1,7 +1,6 @@
 """Tool-call parsers for the `chat_template` renderer, chosen by name, by round trip (`auto`) or written by a user.
 
-Each parser reads the sampled text (before the stop token) into reasoning, content, tool calls and unparsed blocks
-(train.md 7.3). Built-in parsers are imported on first use, in `auto` order; users subclass `ToolCallParser`.
+Each parser reads the sampled text (before the stop token) into reasoning, content, tool calls and unparsed blocks. Built-in parsers are imported on first use, in `auto` order; users subclass `ToolCallParser`.
 """
 
 from __future__ import annotations
@@ -144,7 +143,7 @@ class ToolCallParser:
 
 _PKG = "platoon.renderers.tool_parsers"
 
-#: built-in name -> "module:class", in `auto` order (train.md 7.3)
+#: built-in name -> "module:class", in `auto` order
 _BUILTIN: dict[str, str] = {
     "qwen3_coder": f"{_PKG}.qwen3_coder:Qwen3CoderParser",
     "hermes": f"{_PKG}.hermes:HermesParser",

@@ -1,4 +1,4 @@
-"""Shared pieces of the tool-call parsers: the JSON rules and the schema typing of text values (train.md 7.3).
+"""Shared pieces of the tool-call parsers: the JSON rules and the schema typing of text values.
 
 Strict JSON first, then a lenient decode (raw control characters in strings) marked as recovered; NaN,
 Infinity, out-of-range numbers and nesting deeper than 1000 are refused.
@@ -155,7 +155,8 @@ def _json_type(value: Any) -> str:
 
 
 def type_value(text: str, types: set[str] | None) -> Any:
-    """A text value typed by the allowed JSON types, in train.md 7.3's fixed order.
+    """A text value typed by the allowed JSON types, tried in a fixed order: null, boolean, integer, number,
+    object, array (else the text).
 
     `types=None` means "untyped: try every type" (a parameter no schema declares, for formats that decode such
     values); an empty set or only `string` keeps the text.

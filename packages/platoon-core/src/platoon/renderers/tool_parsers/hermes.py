@@ -1,4 +1,4 @@
-"""The `hermes` parser (aliases `qwen25`, `qwen`): JSON objects inside `<tool_call>...</tool_call>` (train.md 7.3).
+"""The `hermes` parser (aliases `qwen25`, `qwen`): JSON objects inside `<tool_call>...</tool_call>`.
 
 Qwen2.5/Qwen3 and Hermes templates write `{"name": ..., "arguments": {...}}` per block; `parameters` is accepted
 for `arguments`. Lenient: several objects in one block, a missing close tag, raw control characters.

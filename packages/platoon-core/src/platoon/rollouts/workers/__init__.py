@@ -1,4 +1,4 @@
-"""Rollout workers (train.md 4): with `rollout_isolation: process`, each rollout runs `run_member` in an OS process
+"""Rollout workers: with `rollout_isolation: process`, each rollout runs `run_member` in an OS process
 of its own, forked from a fork server (or started by exec), sampling the trainer's published sampling client.
 
 `RolloutWorkers` is what the trainer uses; `sweep_orphans` stops workers whose trainer is gone. Names are

@@ -1,4 +1,4 @@
-"""The model binding (train.md 4.4): the trainer publishes its sampling client and policy version to
+"""The model binding: the trainer publishes its sampling client and policy version to
 `model_binding.pkl`; a worker's `FollowingSampler` samples from the newest one it has read and remembers every
 version it actually sampled, so the member's version is the oldest of them.
 """

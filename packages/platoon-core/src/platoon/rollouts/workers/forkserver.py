@@ -1,4 +1,4 @@
-"""The fork server (train.md 4.2): a process that imports the worker stack once, builds the run's tokenizer and
+"""The fork server: a process that imports the worker stack once, builds the run's tokenizer and
 renderer, freezes the GC, and then forks one rollout worker per request, so a worker starts in milliseconds.
 
 Control is a `SOCK_SEQPACKET` pair carrying one JSON message per packet. Server to supervisor: `hello` (pid,

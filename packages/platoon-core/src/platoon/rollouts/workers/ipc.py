@@ -1,4 +1,4 @@
-"""The files a trainer and its rollout workers exchange (train.md 4.3): the node-local scratch dir, requests and
+"""The files a trainer and its rollout workers exchange: the node-local scratch dir, requests and
 responses, ready and diag markers, the registry of live workers, and the sweeps of stale files and orphans.
 
 The scratch dir holds pickles that carry the Tinker key (inside the sampling client), so it is private (0700,

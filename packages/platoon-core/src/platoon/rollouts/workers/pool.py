@@ -1,4 +1,4 @@
-"""The supervisor's side of rollout workers (train.md 4.5, parent): `RolloutWorkers` launches one worker process
+"""The supervisor's side of rollout workers (parent): `RolloutWorkers` launches one worker process
 per member, follows it to its response or its end, and turns what it left into a `MemberOutcome`.
 
 Classification is response-first: a readable response of this request wins over any exit status or kill. A
@@ -67,7 +67,7 @@ def rollout_budget_seconds(
     harness_limit_seconds: float | None = None,
     environment_overhead_seconds: float | None = None,
 ) -> float:
-    """The seconds a worker's rollout may take (train.md 4.5); 0 means no limit.
+    """The seconds a worker's rollout may take; 0 means no limit.
 
     `rollout_config.timeout` + the environment's overhead + `worker_finalize_grace_seconds`; without a timeout,
     the harness's own limit + overhead + grace, but only when the environment says what it needs beyond the
@@ -83,7 +83,7 @@ def rollout_budget_seconds(
 
 
 def classify_exit(*, returncode: int | None, phase: str | None, deadline_fired: bool) -> str:
-    """The disposition of a worker that left no readable response (train.md 4.5)."""
+    """The disposition of a worker that left no readable response."""
     from platoon.rollouts.workers.worker import EXIT_RSS
 
     if returncode == EXIT_RSS or phase == "rss":

@@ -1,4 +1,4 @@
-"""The response-model patch (train.md 3): the SDK's `SampleResponse`/`SampledSequence` ignore fields they do not
+"""The response-model patch: the SDK's `SampleResponse`/`SampledSequence` ignore fields they do not
 declare, so a server's per-sequence `routing_id` would be dropped. The patch rebinds both, in `tinker` and
 `tinker.types`, to subclasses that keep extra fields; the SDK looks `types.SampleResponse` up on every sample.
 """

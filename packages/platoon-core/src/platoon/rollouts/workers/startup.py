@@ -2,7 +2,7 @@
 and how a supervisor starts one of its children (a worker, the fork server, an eval slot) by exec.
 
 Standard library only: the workers package imports this module at its own import, so an exec-started worker arms
-its startup alarm before tinker or the environment packages load (train.md 4.2, 4.5 step 3).
+its startup alarm before tinker or the environment packages load.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ STARTUP_BUDGET_ENV = "PLATOON_ROLLOUT_WORKER_STARTUP_BUDGET"
 #: the worker's diagnostic marker file, written when an alarm fires
 DIAG_ENV = "PLATOON_ROLLOUT_WORKER_DIAG"
 
-#: train.md 4.2: the trainer's environment with these set (and REMOVED_VARIABLES removed)
+#: a worker's environment: the trainer's, with these set (and REMOVED_VARIABLES removed)
 WORKER_OVERRIDES: dict[str, str] = {
     "TINKER_TELEMETRY": "0",
     "OMP_NUM_THREADS": "1",
@@ -51,7 +51,7 @@ WORKER_OVERRIDES: dict[str, str] = {
     WORKER_MARKER_ENV: "1",
 }
 #: TINKER_API_KEY too: a worker samples through the pickled sampling client, which carries the key, and harness
-#: code in the worker (and any process it starts) must not find the key in its environment (train.md 6.6)
+#: code in the worker (and any process it starts) must not find the key in its environment
 REMOVED_VARIABLES = ("TINKER_SUBPROCESS_SAMPLING", "TINKER_API_KEY")
 
 _PR_SET_PDEATHSIG = 1

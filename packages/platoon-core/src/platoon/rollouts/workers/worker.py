@@ -1,4 +1,4 @@
-"""A rollout worker process (train.md 4.5, child side): `python -m platoon.rollouts.workers.worker <request>`,
+"""A rollout worker process (child side): `python -m platoon.rollouts.workers.worker <request>`,
 or the same `main` in a child forked by the fork server.
 
 It loads and unlinks its request, builds a gateway over the followed sampling client, writes the ready file, runs
@@ -199,7 +199,7 @@ class Diag:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Hooks (train.md 4.6): plugin counters and diagnostic strings
+# Hooks: plugin counters and diagnostic strings
 
 
 def _hook_values(name: str) -> dict[str, Any]:

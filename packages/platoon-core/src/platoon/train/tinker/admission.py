@@ -1,4 +1,4 @@
-"""Admission of training tasks to group workers (train.md 2.4): the feeder puts rows on a bounded queue (capacity
+"""Admission of training tasks to group workers: the feeder puts rows on a bounded queue (capacity
 `batch_size`) and each group worker takes one row and runs its whole group.
 
 Without `train.rollout_group_limits` the queue is FIFO. With limits it is label-aware: a worker takes the first

@@ -1,4 +1,4 @@
-"""Credit assignment for one group (train.md 2.6, 2.8, 2.10, 2.11 step 2): processed rewards, the group decision,
+"""Credit assignment for one group: processed rewards, the group decision,
 baselines from scored roots applied to every trajectory of a member, and the per-microbatch depth weighting.
 
 Untrainable outcomes are excluded by their markers, never trained as a reward of 0.
@@ -166,7 +166,7 @@ def _member_credit(
             credit.components[tid] = {}
         credit.depths[tid] = depths[tid]
         is_root = trajectory is root
-        # The child-only marker never exempts a root (train.md 2.7).
+        # The child-only marker never exempts a root.
         if interrupted or (not is_root and trajectory.misc.get("exclude_from_policy_training")):
             continue
         eligible.add(tid)
@@ -186,11 +186,11 @@ def group_advantages(
     reward_processor: str | None = None,
     min_successful_group_size: int = 1,
 ) -> GroupResult:
-    """Center a group's rewards on baselines from its scored roots (train.md 2.6 step 5, 2.8).
+    """Center a group's rewards on baselines from its scored roots.
 
     `collections` are the members in order, None for a member without a result. `reward_processor` (else the one
     the root's misc names) turns each trajectory into `(reward, components)`. Depth weighting is not applied here:
-    it is a per-microbatch transform (`apply_depth_weighting`, train.md 2.11, rule 8.4); the flags only say whether
+    it is a per-microbatch transform (`apply_depth_weighting`); the flags only say whether
     datums must carry `traj_depth`/`traj_start` (`GroupResult.depth_tags`).
     """
     if depth_level_weighting and depth_level_discount_gamma is not None:
@@ -258,7 +258,7 @@ def apply_depth_weighting(
     depth_level_weighting: bool = False,
     depth_level_discount_gamma: float | None = None,
 ) -> tuple[list[tinker.Datum], dict[str, float]]:
-    """Weight one microbatch's advantages by agent depth (train.md 2.11 step 2); returns new datums and metrics.
+    """Weight one microbatch's advantages by agent depth; returns new datums and metrics.
 
     Inverse frequency: `w_d = 1/T_d` (T_d = trajectories started at d, the sum of `traj_start`), scaled so the
     action-token mass is preserved. Gamma: `gamma**depth` per datum, renormalised to an action-token-weighted mean

@@ -1,4 +1,4 @@
-"""A training step's statistics of the groups it consumed (train.md 2.14): `train/batch/...` value families and
+"""A training step's statistics of the groups it consumed: `train/batch/...` value families and
 counts, per label, the workload totals, and the groups' own deferred metrics — recorded into the step that
 *consumes* each group, not the step during which it finished.
 """

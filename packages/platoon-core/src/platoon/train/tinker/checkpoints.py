@@ -1,4 +1,4 @@
-"""A run's checkpoint records (train.md 2.12-2.13): `checkpoints.jsonl` (one row per full checkpoint, the
+"""A run's checkpoint records: `checkpoints.jsonl` (one row per full checkpoint, the
 resume point is the newest row with a `state_path`) and `checkpoints_deleted.jsonl`, and which recovery
 checkpoints `keep_recovery` pruning may delete (never a permanent one, the resume point, or one still sampled).
 """
@@ -54,7 +54,7 @@ def checkpoint_name(kind: str, batch: int) -> str:
 def checkpoint_due(steps_completed: int, every: int, recovery_every: int | None) -> Kind | None:
     """Which full checkpoint a step that applied an update saves (permanent wins), or None (a sampler-only save).
 
-    Both cadences count steps completed since this start's start_batch (train.md 2.12).
+    Both cadences count steps completed since this start's start_batch.
     """
     if every > 0 and steps_completed % every == 0:
         return "permanent"
@@ -149,7 +149,7 @@ class CheckpointRow:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where a resumed start begins (train.md 2.13), with the row's defaults for older rows filled."""
+    """Where a resumed start begins, with the row's defaults for older rows filled."""
 
     start_batch: int
     policy_version: int
@@ -281,7 +281,7 @@ class CheckpointLog:
         current_version: int | None = None,
         max_staleness: int | None = None,
     ) -> PrunePlan:
-        """Which recovery checkpoints one pruning pass deletes (train.md 2.12), oldest first.
+        """Which recovery checkpoints one pruning pass deletes, oldest first.
 
         Never deleted: a permanent checkpoint (a name not starting `recovery-`) or any path a permanent row
         names; the resume point (the newest row with `state_path`; `resume_point` overrides it); the newest

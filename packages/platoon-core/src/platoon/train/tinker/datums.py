@@ -1,4 +1,4 @@
-"""Training datums from the exact sampled tokens (train.md 2.7, 2.9, 2.11): prefix merging of a trajectory's calls,
+"""Training datums from the exact sampled tokens: prefix merging of a trajectory's calls,
 policy exclusion, subagent datum sampling, sign-aware error filtering, the zero-advantage filter and the loss inputs.
 
 Nothing is re-tokenized: prompts and sampled tokens come from the gateway's interaction records.
@@ -43,9 +43,9 @@ log = logging.getLogger("platoon.train")
 ERROR_MASK = "error_mask"
 #: the preserved action-token count the zero-advantage filter leaves on the first retained datum
 LOSS_TOKEN_COUNT = "loss_token_count"
-#: loss inputs that never reach the service (train.md 2.11 step 5)
+#: loss inputs that never reach the service
 PRIVATE_KEYS = ("mask", "checkpoint_version", "traj_depth", "traj_start", LOSS_TOKEN_COUNT, ERROR_MASK)
-#: losses whose objective is exactly zero when every advantage is (train.md 2.11 steps 3-4)
+#: losses whose objective is exactly zero when every advantage is
 ZERO_OBJECTIVE_LOSSES = ("cispo", "ppo", "importance_sampling")
 _CLIP_KEYS = frozenset({"clip_low_threshold", "clip_high_threshold"})
 
@@ -82,7 +82,7 @@ class DatumStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def as_metrics(self) -> dict[str, float]:
-        """`datums/<counter>` for the counters and `error_filter/...` for the error filter (train.md 2.9)."""
+        """`datums/<counter>` for the counters and `error_filter/...` for the error filter."""
         metrics: dict[str, float] = {}
         for f in fields(self):
             value = float(getattr(self, f.name))
@@ -103,7 +103,7 @@ class DatumBatch:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Detection (train.md 2.9)
+# Detection
 
 
 def _step_reports_error(misc: Mapping[str, Any]) -> bool:
@@ -293,7 +293,7 @@ def trajectory_datums(
     message_ids: Collection[str] = (),
     stats: DatumStats | None = None,
 ) -> list[tinker.Datum]:
-    """The datums of one trajectory, its calls prefix-merged (train.md 2.7).
+    """The datums of one trajectory, its calls prefix-merged.
 
     A call merges into the running datum only when the accumulated tokens (the previous prompts and *sampled*
     tokens) are an exact prefix of its prompt; otherwise the running datum is flushed. Sampled tokens carry their
@@ -380,7 +380,7 @@ def _replace(datum: tinker.Datum, updates: Mapping[str, Any], drop: Iterable[str
 def filter_error_tokens(
     datums: Sequence[tinker.Datum], stats: DatumStats | None = None
 ) -> list[tinker.Datum]:
-    """Consume the private error mask, sign-aware (train.md 2.9): flagged action tokens whose final advantage is > 0
+    """Consume the private error mask, sign-aware: flagged action tokens whose final advantage is > 0
     get mask 0 and advantage 0; those with advantage <= 0 keep training. Datums left without action tokens go."""
     stats = stats if stats is not None else DatumStats()
     out: list[tinker.Datum] = []
@@ -413,7 +413,7 @@ def filter_error_tokens(
 def keep_subagent_datum(
     probability: float, *, seed: int, task_id: str, trajectory_id: str, depth: int, datum_index: int
 ) -> bool:
-    """The deterministic Bernoulli draw of subagent datum sampling (train.md 2.7)."""
+    """The deterministic Bernoulli draw of subagent datum sampling."""
     if probability >= 1.0:
         return True
     if probability <= 0.0:
@@ -450,7 +450,7 @@ def collection_datums(
     subagent_datum_keep_probability: float = 1.0,
     subagent_datum_sampling_seed: int = 0,
 ) -> DatumBatch:
-    """The datums of one rollout (train.md 2.7): every converted trajectory is merged into datums (for the stats);
+    """The datums of one rollout: every converted trajectory is merged into datums (for the stats);
     trajectories absent from `advantages` (policy-ineligible) lose theirs; non-root datums are Bernoulli-sampled;
     error tokens are filtered by the sign of their (final) advantage; datums without action tokens are dropped.
 
@@ -577,7 +577,7 @@ def group_datums(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Per microbatch (train.md 2.11 steps 3-6)
+# Per microbatch
 
 
 def zero_objective(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> bool:
@@ -598,7 +598,7 @@ def filter_zero_advantage_datums(
     loss_fn: str = "cispo",
     loss_fn_config: Mapping[str, Any] | None = None,
 ) -> tuple[list[tinker.Datum], dict[str, float]]:
-    """Drop datums whose action-token advantages are all exactly 0 (train.md 2.11 step 3), only when `enabled` and
+    """Drop datums whose action-token advantages are all exactly 0, only when `enabled` and
     the loss is a zero-objective one. The dropped action-token mass rides on the first retained datum (a private
     count), so the per-token normalization is unchanged."""
     datums = list(datums)
@@ -637,7 +637,7 @@ def _sizes(datum: tinker.Datum) -> dict[str, float]:
 
 
 def loss_datums(datums: Sequence[tinker.Datum]) -> list[tinker.Datum]:
-    """What `forward_backward` is sent (train.md 2.11 steps 5-6): private keys stripped, advantages divided by the
+    """What `forward_backward` is sent: private keys stripped, advantages divided by the
     represented action-token count of the microbatch (+1e-8) so the service's summed loss is a per-token mean."""
     represented = math.fsum(_represented(datum) for datum in datums)
     scale = 1.0 / (represented + 1e-8)

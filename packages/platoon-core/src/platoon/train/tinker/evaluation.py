@@ -1,4 +1,4 @@
-"""Evaluation during training (train.md 2.15): which steps are due, the eval split's tasks, and one evaluation of a
+"""Evaluation during training: which steps are due, the eval split's tasks, and one evaluation of a
 sampler's policy — rollouts of every eval task through the entry's eval route, trajectories under
 `rollouts/eval/step_<n>/`, a row in `evaluations.jsonl` and the `eval/...` metrics (2.14).
 """
@@ -299,7 +299,7 @@ def eval_metrics(
         mine = [r for r in results if r.label == label]
         key = _label_key(label)
         metrics.update(_summary(mine, f"eval/{key}"))
-        # train.md 2.14's per-label family, named like training's `train/batch/environment/<label>/...`.
+        # The per-label family, named like training's `train/batch/environment/<label>/...`.
         _family(
             metrics, f"eval/environment/{key}/task_reward", [r.reward for r in mine if r.reward is not None]
         )
@@ -337,7 +337,7 @@ async def evaluate(
     Returns, over scored rollouts only (untrainable outcomes and raised rollouts are counted, never scored 0):
     `eval/reward/{avg,min,max,count}`, `eval/success_rate` (reward >= 1), `eval/tasks`, `eval/rollouts`,
     `eval/untrainable`, `eval/outcome/<status>` (all six), `eval/rollout_errors`, per label the same under
-    `eval/<label>/...` and `eval/environment/<label>/task_reward/...`, and train.md 2.14's
+    `eval/<label>/...` and `eval/environment/<label>/task_reward/...`, and
     `eval/rollout_completion/task_reward/...`, `eval/time`, `eval/num_tasks`, `eval/step`.
     """
     from platoon.gateway.core import ModelGateway

@@ -1,4 +1,4 @@
-"""The training loop of one start (train.md 2.4-2.15), as a pipeline:
+"""The training loop of one start, as a pipeline:
 
     feeder ── rows ──> admission queue ──> group workers ── groups ──> result queue ──> step loop
                                               (rollouts in process            (microbatch by microbatch:
@@ -300,14 +300,14 @@ class Trainer:
         )
         if self.workflow_config.rollout_isolation == "process":
             self._workers = await self._start_workers()
-        # Launch checkpoint: the first sampler samples the saved starting (or resumed) weights (train.md 2.12).
+        # Launch checkpoint: the first sampler samples the saved starting (or resumed) weights.
         sampler = await self._save("launch", self.start_batch)
         publish = self._workers.publish if self._workers is not None else None
         self.policy = PolicyHandle(sampler, self.version, publish=publish)
         served = default_policy()
         if served is not None:
             # platoon.testing.serve_policy: in-process rollouts sample the served (scripted) policy; training
-            # still runs on the service (core.md 8.4).
+            # still runs on the service.
             self.gateway = served.gateway(
                 model_name=train.model_name,
                 renderer=train.renderer_name,
@@ -334,7 +334,7 @@ class Trainer:
             self._warn_overlap()
 
     def _warn_overlap(self) -> None:
-        """Say so, per entry, when the evaluation lists tasks that training draws from (train.md 2.13)."""
+        """Say so, per entry, when the evaluation lists tasks that training draws from."""
         from platoon.train.tinker.task_order import split_task_id
 
         for pool in self.order.pools:
@@ -480,7 +480,7 @@ class Trainer:
         if self._workers is None:
             return await workflow.run_group(row, lambda index: self._member(row, task, index, None))
         # Process isolation: one startup permit for the whole group, released when every member is ready (or
-        # exited), or after the startup budget (train.md 2.6 step 2).
+        # exited), or after the startup budget.
         await self._launch_permits.acquire()
         loop = asyncio.get_running_loop()
         ready = 0
@@ -533,7 +533,7 @@ class Trainer:
     # --------------------------------------------------------------------------------------------- evaluation
 
     async def _eval_loop(self) -> None:
-        """Evaluate the step training reached whenever it is due (train.md 2.15); never a step an earlier start
+        """Evaluate the step training reached whenever it is due; never a step an earlier start
         evaluated. An evaluation slower than `every` steps of training skips the steps it slept through."""
         from platoon.train.tinker.evaluation import eval_due, evaluate
 
@@ -700,7 +700,7 @@ class Trainer:
                         and oldest is not None
                         and self.policy.version - oldest > staleness
                     ):
-                        counts["stale_groups"] += 1  # dropped whole, never requeued (train.md 2.5)
+                        counts["stale_groups"] += 1  # dropped whole, never requeued
                         counts["stale_rollouts"] += len(output.members)
                         continue
                     groups.append(output)
@@ -798,7 +798,7 @@ class Trainer:
             self.metrics.log(done, metrics)
             logged = True
 
-        # Cadences count the steps completed since this start began (train.md 2.12).
+        # Cadences count the steps completed since this start began.
         kind = checkpoint_due(
             done - self.start_batch, self.config.checkpoint.every, self.config.checkpoint.recovery_every
         )

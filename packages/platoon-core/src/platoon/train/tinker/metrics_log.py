@@ -1,4 +1,4 @@
-"""Where a training run's metrics go (train.md 2.14): `metrics.jsonl` in the run directory, always, and a Weights &
+"""Where a training run's metrics go: `metrics.jsonl` in the run directory, always, and a Weights &
 Biases run when `stats.wandb.mode` is `online` or `offline`.
 
 The W&B project defaults to the experiment name, the run name to the trial name and the group to

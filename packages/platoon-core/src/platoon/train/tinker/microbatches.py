@@ -1,4 +1,4 @@
-"""Per-microbatch processing and the step's optimizer metrics (train.md 2.5, 2.11): consumed groups split into
+"""Per-microbatch processing and the step's optimizer metrics: consumed groups split into
 minibatches (one optimizer step each) of microbatches (one `forward_backward` each); depth weighting, the
 zero-advantage filter, the zero-objective skip and normalization per microbatch; KL, entropy, importance-weight and
 clip metrics from the returned training logprobs.
@@ -39,7 +39,7 @@ def prepare_microbatch(
     datums: Sequence[tinker.Datum], config: PlatoonTinkerRLTrainerConfig, metrics: dict[str, float]
 ) -> Microbatch | None:
     """Depth weighting, the zero-advantage filter, the zero-objective skip, then private keys stripped and
-    advantages normalized (train.md 2.11 steps 1-6); None when nothing is sent. Adds the transforms' metrics."""
+    advantages normalized; None when nothing is sent. Adds the transforms' metrics."""
     from platoon.train.tinker.advantages import apply_depth_weighting
     from platoon.train.tinker.datums import filter_zero_advantage_datums, loss_datums, zero_objective
 
@@ -73,7 +73,7 @@ def prepare_microbatch(
 
 def optim_metrics(datums: Sequence[tinker.Datum], outputs: Sequence[Any], config: Any) -> dict[str, float]:
     """KL, entropy, importance-weight and clip metrics on action tokens from the returned training logprobs
-    against the sampling logprobs (train.md 2.11); `datums` still carry their masks."""
+    against the sampling logprobs; `datums` still carry their masks."""
     import numpy as np
 
     sampled_parts: list[Any] = []
@@ -114,7 +114,7 @@ def optim_metrics(datums: Sequence[tinker.Datum], outputs: Sequence[Any], config
 
 
 def split_batch(groups: Sequence[Any], minibatches: int, microbatches: int) -> list[list[list[Any]]]:
-    """Consumed groups split into M minibatches of m microbatches each, in order (train.md 2.5)."""
+    """Consumed groups split into M minibatches of m microbatches each, in order."""
     per_mini = len(groups) // minibatches
     per_micro = per_mini // microbatches
     return [

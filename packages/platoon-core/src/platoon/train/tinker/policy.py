@@ -1,4 +1,4 @@
-"""The policy handle (train.md 2.5, 2.12): the sampler rollouts sample now, its policy version, the versions that
+"""The policy handle: the sampler rollouts sample now, its policy version, the versions that
 running rollouts still sample (which `checkpoint.keep_recovery` must not prune), and the publication of every new
 sampler to rollout workers in process isolation.
 

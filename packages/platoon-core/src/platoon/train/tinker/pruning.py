@@ -1,4 +1,4 @@
-"""`checkpoint.keep_recovery` pruning (train.md 2.12): after each recovery save, delete older recovery checkpoints
+"""`checkpoint.keep_recovery` pruning: after each recovery save, delete older recovery checkpoints
 through the REST delete call of a separate Tinker session. `CheckpointLog.plan` decides what may go; this module
 deletes, records `checkpoints_deleted.jsonl`, and stops for the start when the service cannot delete.
 """
@@ -31,7 +31,7 @@ def _http_status(exc: BaseException) -> int | None:
 
 
 class Pruner:
-    """`checkpoint.keep_recovery` pruning (train.md 2.12): after each recovery save, delete older recovery
+    """`checkpoint.keep_recovery` pruning: after each recovery save, delete older recovery
     checkpoints through the REST delete call; the protected ones (permanent, the resume point, the newest
     `keep_recovery`, those rollouts may still sample) are never planned for deletion by `CheckpointLog.plan`."""
 

@@ -1,4 +1,4 @@
-"""One supervised training start (train.md 2.16): `python -m platoon.train.tinker.supervised CONFIG` trains from a
+"""One supervised training start: `python -m platoon.train.tinker.supervised CONFIG` trains from a
 run's `config.resolved.yaml` and exits with the trainer's code, with the trainer's signal contract installed:
 SIGUSR2 or the first SIGINT/SIGTERM asks for a stop at the next step boundary; SIGUSR1 or a second signal exits 1.
 """

@@ -1,4 +1,4 @@
-"""Supervised training (train.md 2.16, core.md 3.3): `platoon train` with `watchdog.max_restarts > 0` runs child
+"""Supervised training: `platoon train` with `watchdog.max_restarts > 0` runs child
 starts of `platoon.train.tinker.supervised` and starts again from the newest checkpoint after a failed start.
 Also holds the stop-at-boundary event the child's signal handlers set and the trainer polls (`stop_requested`).
 """
@@ -47,7 +47,7 @@ _stop = threading.Event()
 
 
 def stop_requested() -> bool:
-    """Whether this process was asked to stop at the next step boundary (train.md 2.16)."""
+    """Whether this process was asked to stop at the next step boundary."""
     return _stop.is_set()
 
 
@@ -145,7 +145,7 @@ def supervise(
     command: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """Run child starts until one is final (train.md 2.16); returns the last start's exit code.
+    """Run child starts until one is final; returns the last start's exit code.
 
     Restarts after any exit but 0, 78, 130, 143 or death by SIGINT/SIGTERM, never after this process was signalled,
     at most `max_restarts` times, and not after `MAX_STALLED_STARTS` consecutive starts that saved no new checkpoint.

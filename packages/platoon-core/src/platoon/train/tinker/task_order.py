@@ -1,4 +1,4 @@
-"""The training task order (train.md 2.2-2.3): which task fills each slot of each batch, epoch after epoch.
+"""The training task order: which task fills each slot of each batch, epoch after epoch.
 
 Every training task trains: the order is one endless stream of seeded shuffled passes; epoch `k` is items
 `[k*E, (k+1)*E)` of it and batch `b` is items `[b*S, (b+1)*S)`, so a batch depends only on its number.
@@ -124,7 +124,7 @@ def split_task_id(task_id: str) -> tuple[str | None, str]:
 
 
 def label_text(value: Any) -> str | None:
-    """A column value as a label (train.md 2.3): strings as-is (empty = none), booleans `true`/`false`, numbers as
+    """A column value as a label: strings as-is (empty = none), booleans `true`/`false`, numbers as
     Python prints them, anything else none."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -377,7 +377,7 @@ class _Passes:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Listing the training tasks of a config (train.md 2.1 step 8, 2.2 `exclude_tasks`, 2.3 labels).
+# Listing the training tasks of a config (2.2 `exclude_tasks`, 2.3 labels).
 
 
 def _split_names(value: Any) -> list[str] | None:
@@ -592,7 +592,7 @@ async def list_training_tasks(config: Any, *, base_dir: str | os.PathLike[str]) 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What the listing lets a run check, and the sampling plan (core.md 3.8).
+# What the listing lets a run check, and the sampling plan.
 
 RESERVED_COLUMN = "task_id"
 

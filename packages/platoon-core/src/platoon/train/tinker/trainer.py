@@ -1,8 +1,8 @@
-"""`platoon train`'s entry into training (train.md 2.1, 2.13, 2.16): the preflight of a start — every component
+"""`platoon train`'s entry into training: the preflight of a start — every component
 resolved, the key checked, the run dir held, the tasks listed and ordered, the identity settled, the records
 written, the local server started when asked for — then one `loop.Trainer` start from the resume point.
 
-Nothing is written into the run dir before every refusal had its chance (core.md 11.10). Heavy imports (tinker, the
+Nothing is written into the run dir before every refusal had its chance. Heavy imports (tinker, the
 renderers) happen inside functions.
 """
 
@@ -50,7 +50,7 @@ def say(message: str) -> None:
 
 
 async def call_service[T](what: str, base_url: str | None, make: Callable[[], Awaitable[T]]) -> T:
-    """Await `make()`; a 401/403 from the service becomes the one-line key refusal (train.md 2.1)."""
+    """Await `make()`; a 401/403 from the service becomes the one-line key refusal."""
     from platoon.gateway.tinker_service import refused_key_error
 
     try:
@@ -80,7 +80,7 @@ def run_dir_of(config: PlatoonTinkerRLTrainerConfig) -> Path:
 
 
 def _write_records(run_dir: Path, config: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig | None) -> None:
-    """`config.resolved.yaml` and `lock.json` (core.md 9.2, 9.3); a config built in Python gets its dump."""
+    """`config.resolved.yaml` and `lock.json`; a config built in Python gets its dump."""
     from platoon.rollouts import records
 
     if loaded is not None:
@@ -135,7 +135,7 @@ def _task_order(
 async def _held_out(
     config: PlatoonTinkerRLTrainerConfig, services: Mapping[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """label -> the service's split record, for the entries whose `service_kwargs` hold tasks out (train.md 2.13)."""
+    """label -> the service's split record, for the entries whose `service_kwargs` hold tasks out."""
     held: dict[str, dict[str, Any]] = {}
     for label, service in services.items():
         entry = _entry_of(config, label)
@@ -198,7 +198,7 @@ def _config_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     from platoon.config.checks import component_problems, output_problems
     from platoon.config.training import training_problems
 
-    # Every component the config names resolves before anything is written or started (core.md 3.3, step 8).
+    # Every component the config names resolves before anything is written or started (step 8).
     problems = training_problems(config) + _batch_problems(config) + component_problems(config)
     return problems + output_problems(config, kind="train")  # a file or read-only mount at log_path: one line
 
@@ -300,7 +300,7 @@ def resume_problems(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) ->
 
 
 async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | None = None) -> int:
-    """Train `config` to the end (train.md 2); returns the exit status. User errors raise ConfigError (78).
+    """Train `config` to the end; returns the exit status. User errors raise ConfigError (78).
 
     A run dir whose `checkpoints.jsonl` has a resumable row resumes from it: its identity is checked (a changed
     model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
@@ -421,7 +421,7 @@ async def _renderer(config: PlatoonTinkerRLTrainerConfig) -> Any:
 
 
 def reap_orphans(run_dir: Path) -> int:
-    """Stop the rollout workers dead trainers left (train.md 2.16, 4.5); returns how many, and says so.
+    """Stop the rollout workers dead trainers left; returns how many, and says so.
 
     Only where a rollout-worker scratch dir exists: a run that never used process isolation has none to look at.
     """
@@ -444,7 +444,7 @@ async def training_client(
     service: Any, config: PlatoonTinkerRLTrainerConfig, resume: ResumePoint | None, base_url: str | None
 ) -> Any:
     """Resume: from the state with its optimizer; else `checkpoint.load_checkpoint_path` (weights only, a fresh
-    optimizer); else a new LoRA client (train.md 2.13)."""
+    optimizer); else a new LoRA client."""
     train_cfg = config.train
     if resume is not None:
         path = resume.row.state_path

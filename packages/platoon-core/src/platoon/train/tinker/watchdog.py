@@ -1,4 +1,4 @@
-"""The training watchdog and the trainer's hard exits (train.md 2.16).
+"""The training watchdog and the trainer's hard exits.
 
 The watchdog is a thread that expects heartbeats: after each rollout group and each step, and every so often while
 the trainer awaits long service calls or in-flight groups (`keep_alive`). It warns at 75% of
@@ -77,7 +77,7 @@ class Watchdog:
         #: whether the service the trainer waits on still answers (`ServiceMonitor.answering`); keep_alive beats
         #: only while it does
         self.answering = answering
-        #: how often the thread looks: min(60, timeout / 10) seconds (train.md 2.16)
+        #: how often the thread looks: min(60, timeout / 10) seconds
         self.check_seconds = min(60.0, self.timeout_seconds / 10.0)
         #: how often keep_alive beats while the trainer awaits something long
         self.keep_alive_seconds = min(60.0, self.timeout_seconds / 4.0)

@@ -1,4 +1,4 @@
-"""The `group_rollout` workflow (train.md 2.6): one task's group of rollouts — straggler policy, members launched
+"""The `group_rollout` workflow: one task's group of rollouts — straggler policy, members launched
 together, the group decision, credit (2.8) and datums (2.7, 2.9) — and the workflow registry.
 
 Subclass `GroupRolloutWorkflow` and `platoon.registry.register_workflow(name, Subclass)` to change the baseline
@@ -74,7 +74,7 @@ class GroupOutput:
 
     @property
     def oldest_version(self) -> int | None:
-        """The oldest policy version any of its datum-producing members sampled (staleness, train.md 2.5)."""
+        """The oldest policy version any of its datum-producing members sampled (staleness)."""
         versions = [m.version for m in self.members if m.observed]
         return min(versions) if versions else None
 
@@ -167,7 +167,7 @@ class GroupRolloutWorkflow:
     # -- decision, credit, datums (steps 5-6) ---------------------------------------------------------------
 
     def credit(self, members: Sequence[MemberOutcome]) -> GroupResult:
-        """Baselines and advantages over the members' scored roots (train.md 2.8); override to change them."""
+        """Baselines and advantages over the members' scored roots; override to change them."""
         from platoon.train.tinker.advantages import group_advantages
 
         workflow = self.config

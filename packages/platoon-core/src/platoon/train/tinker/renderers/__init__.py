@@ -1,4 +1,4 @@
-"""The stable import path of platoon's renderers (train.md 1): they live in `platoon.renderers`."""
+"""The stable import path of platoon's renderers: they live in `platoon.renderers`."""
 
 from platoon.renderers import __all__ as __all__
 from platoon.renderers import __dir__ as __dir__

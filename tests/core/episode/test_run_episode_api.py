@@ -167,3 +167,13 @@ def test_a_gateway_as_the_policy_as_0_2_0_allowed():
     gateway = make_gateway(["C"], max_tokens=3)
     run = run_episode("train:0", **BANDIT, policy=gateway)
     assert run.gateway is gateway and run.reward == 1.0
+
+
+def test_a_stop_token_given_as_its_text_as_0_2_0_took_it():
+    from platoon.testing import ScriptedPolicy
+
+    policy = ScriptedPolicy(["C"], stop_token="<|im_end|>")
+    assert policy.stop_token == 258  # the toy tokenizer's <|im_end|>
+    assert run_episode("train:0", **BANDIT, policy=policy).reward == 1.0
+    with pytest.raises(ValueError, match="stop_token 'end' is 3 tokens of the tokenizer, not one"):
+        ScriptedPolicy(["C"], stop_token="end")

@@ -138,8 +138,8 @@ class ScriptedPolicy:
     """A Tinker sampler that answers from a script (`sample_async`, and a blocking `sample`).
 
     The script is a sequence of str/`Completion` consumed in order, or a function of the decoded prompt returning
-    one. A completion that stops on `stop` gets the stop token appended (the tokenizer's EOS unless `stop_token`
-    is given); every token gets log-probability `logprob` unless the completion sets its own. When the sampling
+    one. A completion that stops on `stop` gets the stop token appended (the tokenizer's EOS unless `stop_token`, an
+    id or the token's text, is given); every token gets log-probability `logprob` unless the completion sets its own. When the sampling
     params give `max_tokens` and the completion is longer, it is cut there with stop reason `length`, as a real
     sampler would.
     """
@@ -149,7 +149,7 @@ class ScriptedPolicy:
         script: Iterable[str | Completion] | Callable[[str], str | Completion] = (),
         *,
         tokenizer: Any = None,
-        stop_token: int | None = None,
+        stop_token: int | str | None = None,
         logprob: float = -0.25,
     ) -> None:
         if isinstance(script, (str, bytes, Completion)):
@@ -172,6 +172,11 @@ class ScriptedPolicy:
             stop_token = getattr(tokenizer, "eos_token_id", None)
             if stop_token is None:
                 raise ValueError("the tokenizer has no EOS token: give ScriptedPolicy a stop_token")
+        elif isinstance(stop_token, str):  # 0.2.0 took the token's text
+            ids = tokenizer.encode(stop_token, add_special_tokens=False)
+            if len(ids) != 1:
+                raise ValueError(f"stop_token {stop_token!r} is {len(ids)} tokens of the tokenizer, not one")
+            stop_token = ids[0]
         self.stop_token = int(stop_token)
         self.logprob = float(logprob)
         self.calls: list[PolicyCall] = []

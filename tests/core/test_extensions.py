@@ -120,9 +120,28 @@ def test_broken_extension_is_reported_by_name_and_breaks_nothing_else(with_exten
     assert main(["harness", "list"]) == 0
     captured = capsys.readouterr()
     rows = [line.split() for line in captured.out.splitlines()]
-    assert ["acme-solver@1.0", "function"] in [row[:2] for row in rows]
+    assert rows[0] == ["harness", "version", "kind", "distribution", "source"]
+    assert ["acme-solver", "1.0", "function", "acme-agents"] in [row[:4] for row in rows]
     assert "acme_broken.plugin (failed)" in captured.out
-    assert "platoon: acme-broken failed to load, so its harnesses are missing: " in captured.err
+    assert (
+        "platoon: acme-broken failed to load, so its harnesses are missing: RuntimeError: acme-broken cannot find "
+        "its model weights"
+    ) in captured.err.splitlines()
+
+
+def test_harness_list_shows_versions_and_load_imports_the_entry_points_to_show_them(with_extensions, capsys):
+    assert main(["harness", "list"]) == 0
+    captured = capsys.readouterr()
+    rows = {tuple(line.split()[:3]) for line in captured.out.splitlines()[1:]}
+    assert ("acme-solver", "-", "-") in rows  # metadata only: not imported, so its versions are not known yet
+    assert "acme_agents" not in sys.modules
+    assert "`platoon harness list --load` imports them to show theirs" in captured.err
+    assert main(["harness", "list", "--load"]) == 0
+    rows = {tuple(line.split()[:4]) for line in capsys.readouterr().out.splitlines()[1:]}
+    assert {
+        ("acme-solver", "1.0", "function", "acme-agents"),
+        ("acme-solver", "2.1", "function", "acme-agents"),
+    } <= rows
 
 
 def test_extensions_check(with_extensions, capsys):
@@ -149,8 +168,15 @@ def test_extensions_show(with_extensions, capsys):
     assert "requires: - (part of platoon)" in capsys.readouterr().out
     assert main(["extensions", "show", "nobody"]) == 78
     assert main(["extensions", "show", "acme_agents.solver:solve"]) == 78
+    capsys.readouterr()
     assert main(["extensions", "show", "acme-broken", "--load"]) == 78
-    assert "status: failed to load: acme-broken (acme-broken" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    # what failed, once: no "unknown until it is loaded" after --load, no repeated "failed to load"
+    assert "version: unknown: it failed to load\n" in captured.out
+    assert "status: failed to load: RuntimeError: acme-broken cannot find its model weights\n" in captured.out
+    assert captured.err == (
+        "platoon: acme-broken (acme-broken) failed to load: RuntimeError: acme-broken cannot find its model weights\n"
+    )
 
 
 def test_two_distributions_claiming_one_name(extension_dirs, monkeypatch, fresh_plugins):

@@ -224,6 +224,13 @@ def failure(info: EntryPointInfo) -> ExtensionError | None:
     return _state.failures.get(info)
 
 
+def failure_reason(error: BaseException) -> str:
+    """Why an entry point failed to load, for a line that already names it: the import's own error
+    (`RuntimeError: ...`), else the refusal (an incompatible requirement)."""
+    cause = error.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
+
+
 def failures(kind: str | None = None) -> dict[EntryPointInfo, ExtensionError]:
     return {i: e for i, e in _state.failures.items() if kind is None or i.kind == kind}
 

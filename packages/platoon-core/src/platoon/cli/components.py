@@ -29,28 +29,61 @@ def _label(info: Any) -> str:
 
 
 @harness_app.command("list")
-def harness_list() -> None:
-    """List harnesses: those loaded in this process, then installed entry points (not imported)."""
+def harness_list(
+    load: Annotated[
+        bool, typer.Option("--load", help="Import every harness entry point to show its versions.")
+    ] = False,
+) -> None:
+    """List harnesses and their versions: those loaded in this process, then installed entry points (not imported
+    unless --load is given, so their versions show as `-`)."""
     from platoon import plugins
     from platoon.harness.function import registered_harnesses
 
+    infos = plugins.entry_points("harness")
+    if load:
+        for info in infos:
+            _load_harnesses(info)
+    by_name = {info.name: info for info in infos}
     rows: list[tuple[str, ...]] = []
     loaded_names = set()
-    for record in sorted(registered_harnesses().values(), key=lambda r: r.ref):
+    for record in sorted(registered_harnesses().values(), key=lambda r: (r.name, r.version)):
         loaded_names.add(record.name)
-        rows.append((record.ref, record.kind, "-", record.source))
-    for info in plugins.entry_points("harness"):
+        provider = by_name.get(record.name)
+        distribution = provider.label if provider is not None else "-"
+        rows.append((record.name, record.version, record.kind, distribution, record.source))
+    unknown_versions = False
+    for info in infos:
         if info.name in loaded_names:
             continue
         state = plugins.status(info)
         source = info.value if state in ("ok", "loaded") else f"{info.value} ({state})"
-        rows.append((info.name, "-", info.label, source))
+        rows.append((info.name, "-", "-", info.label, source))
+        unknown_versions |= state == "ok"
     for info, error in plugins.failures("harness").items():
-        err(f"{info.name} failed to load, so its harnesses are missing: {error}")
+        err(f"{info.name} failed to load, so its harnesses are missing: {plugins.failure_reason(error)}")
     if not rows:
         out("(no harnesses installed)")
         return
-    out(table(("harness", "kind", "distribution", "source"), rows))
+    out(table(("harness", "version", "kind", "distribution", "source"), rows))
+    if unknown_versions:
+        err(
+            "a harness not imported yet shows version -: `platoon harness list --load` imports them to show theirs"
+        )
+
+
+def _load_harnesses(info: Any) -> None:
+    """Import one harness entry point and register what its hook answers (a failure is reported by the caller)."""
+    from platoon import plugins
+    from platoon.harness.function import record_of
+
+    if plugins.first_party_shadow(info) is not None or plugins.conflicting_claims(info):
+        return  # never loaded by a run either
+    try:
+        loaded = plugins.load(info)
+    except ExtensionError:
+        return
+    for answer in plugins.ask("harness", info.name, loaded):
+        record_of(answer)
 
 
 @harness_app.command("show")

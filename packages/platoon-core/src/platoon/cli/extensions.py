@@ -140,12 +140,15 @@ def show(
     texts = []
     for record, info in zip(blocks, infos, strict=True):
         versions = record["versions"]
+        failure = plugins.failure(info)
         lines = [
             f"{info.name}  ({info.kind})",
             "version: "
             + (
                 ", ".join(versions) or "-"
                 if versions is not None
+                else "unknown: it failed to load"
+                if failure is not None
                 else "unknown until it is loaded (--load imports it)"
             ),
             f"distribution: {info.distribution or '-'} {info.distribution_version or ''}".rstrip(),
@@ -153,14 +156,17 @@ def show(
             f"source: {info.value}",
             f"requires: {_requires_text(info)}",
             f"status: {record['status']}"
-            if record["error"] is None
-            else f"status: failed to load: {record['error']}",
+            if failure is None
+            else f"status: failed to load: {plugins.failure_reason(failure)}",
             f"used in: {record['used_in']}",
         ]
         if record["registers"]:
             lines.append("registers: " + ", ".join(record["registers"]))
         texts.append("\n".join(lines))
     out("\n\n".join(texts))
+    for info in infos:
+        if (failure := plugins.failure(info)) is not None:
+            err(f"{info.name} ({info.label}) failed to load: {plugins.failure_reason(failure)}")
     return status_code
 
 

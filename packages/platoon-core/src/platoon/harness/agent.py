@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only; importing these at run
 
 __all__ = [
     "CALL_KIND_HEADER",
+    "FINAL_ANSWER_META_KEY",
     "LIMIT_MESSAGE",
     "AgentAPI",
     "AgentContext",

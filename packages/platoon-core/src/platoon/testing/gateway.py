@@ -1,8 +1,9 @@
 """Gateways over a scripted policy: `make_gateway` builds a real `ModelGateway` on the toy tokenizer,
 and `serve_policy` installs one as the process-default gateway for in-process rollouts.
 
-The gateway runs in process: this build serves no HTTP yet, so `serve_policy` makes the gateway available to
-code that asks `default_gateway()` (the `platoon rollout` side comes with that command).
+`serve_policy` installs the policy for the whole process: `platoon train`, `platoon eval` and `platoon rollout`
+started in that process (and `default_gateway()`) sample it instead of a Tinker service, for the rollouts they run
+in this process (rollout workers and subprocess slots never see it). Nothing is served over HTTP.
 """
 
 from __future__ import annotations

@@ -335,13 +335,10 @@ def test_an_eval_config_takes_tinker_base_url_and_validate_makes_the_eval_start_
     bandit_eval = str(Path(__file__).resolve().parents[2] / "examples" / "bandit" / "eval.yaml")
     for variable in ("TINKER_API_KEY", "TINKER_BASE_URL"):
         monkeypatch.delenv(variable, raising=False)
-    # the key `platoon train` configs have: `local` needs no key
-    assert validate(capsys, bandit_eval, "tinker_base_url=local") == (
-        0,
-        [f"ok   {bandit_eval} (PlatoonEvalConfig)"],
-    )
+    # the key `platoon train` configs have (the example sets `tinker_base_url: local`, which needs no key)
+    assert validate(capsys, bandit_eval) == (0, [f"ok   {bandit_eval} (PlatoonEvalConfig)"])
     # without it, what `platoon eval` would refuse first, naming the way to the local server
-    code, lines = validate(capsys, bandit_eval)
+    code, lines = validate(capsys, bandit_eval, "tinker_base_url=null")
     assert code == 78
     assert lines[1] == (
         "  TINKER_API_KEY is not set: the policy is sampled through Tinker, which needs it; for the embedded local "

@@ -208,7 +208,9 @@ async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) ->
         except ConfigError as exc:
             problems += exc.problems
     choice = choose_output_dir(config, loaded, spec)
-    if (unwritable := records.writable_dir_problem(choice.path, key="inference.output_dir")) is not None:
+    # A fresh directory's name is a time stamp of the start: what can be checked now is `<runs>/eval`.
+    target = choice.path.parents[1] if choice.fresh else choice.path
+    if (unwritable := records.writable_dir_problem(target, key="inference.output_dir")) is not None:
         problems.append(unwritable)
     elif not choice.fresh:
         try:

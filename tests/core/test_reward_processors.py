@@ -147,3 +147,14 @@ def test_every_command_refuses_a_processor_that_does_not_import_before_it_starts
     ) in said
     assert "Traceback" not in said
     assert not (tmp_path / "runs").exists()  # refused before anything was written or started
+
+
+def test_extensions_check_load_resolves_each_processors_import_string(acme_scoring, capsys):
+    assert main(["extensions", "check", "acme-scoring", "--load"]) == 78
+    said = capsys.readouterr()
+    report = said.out + said.err
+    assert "cannot import 'acme_scoring.scores:bonsu'" in report
+    assert "cannot import 'acme_nowhere:bonus'" in report
+    assert "reward processor 'acme-threshold' (acme-scoring) is a float, not a callable" in report
+    assert "acme-lazy" not in report  # the one that resolves is not a problem
+    assert "Traceback" not in report

@@ -296,6 +296,9 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
                 continue  # never loaded by a run either (the conflict is reported above)
             try:
                 plugins.load(info)
+                if info.kind == "reward_processor":
+                    # a processor's `fn` may be an import string of its own: resolve it as a run would
+                    plugins.get_reward_processor(info.name)
             except ExtensionError as exc:
                 problems.append(("error", info.label, str(exc)))
     return problems

@@ -71,7 +71,7 @@ def test_shipped_files_are_byte_identical_to_platoon_0_2_0():
 def test_build_script_regenerates_the_shipped_files(tmp_path: Path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("toy_build", TOY_TOKENIZER_DIR / "build.py")
+    spec = importlib.util.spec_from_file_location("toy_build", REPO / "scripts" / "build_toy_tokenizer.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

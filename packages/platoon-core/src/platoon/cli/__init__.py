@@ -35,6 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
 
+    if not args or args in (["--help"], ["-h"]):
+        # The root help page needs neither typer nor importlib.metadata (platoon.cli.root). Alone, `platoon`
+        # prints it on stderr and exits with the usage status, as the typer app does.
+        from platoon.cli.root import render_help
+
+        print(render_help(), file=sys.stdout if args else sys.stderr, flush=True)
+        return 0 if args else EX_USAGE
+
     if args and args[0] == "viz":
         # The trajectory viewer parses its own arguments.
         from platoon.cli.pending import viz

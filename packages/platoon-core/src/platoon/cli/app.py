@@ -1,18 +1,19 @@
 """The root typer app: core's command groups, plus plugin groups found through `platoon.commands` entry points.
 
-Plugin groups are listed from installed metadata and imported only when invoked, so `platoon --help` stays fast
-and a broken plugin cannot take it down.
+Plugin groups are listed from installed metadata and imported only when invoked, so a broken plugin cannot take
+`platoon --help` down. The root's description and listing come from `platoon.cli.root`, which also prints
+`platoon --help` without importing this module (or typer).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
-from platoon.cli import components, config, extensions, pending, rollout, tinker, train
+from platoon.cli import components, config, extensions, pending, rollout, root, tinker, train
 from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
 from platoon.errors import ExtensionError
@@ -21,10 +22,9 @@ from platoon.errors import ExtensionError
 class PlatoonGroup(TyperGroup):
     """The root group: core commands are registered; plugin groups are resolved lazily by name."""
 
-    def _plugin_groups(self) -> dict[str, Any]:
-        from platoon import plugins
-
-        return {info.name: info for info in plugins.entry_points("command") if info.name not in self.commands}
+    def _plugin_groups(self) -> dict[str, str | None]:
+        """Extension group name -> distribution (metadata only; core's names cannot be taken)."""
+        return {name: dist for name, dist in root.extension_groups().items() if name not in self.commands}
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
         return sorted([*self.commands, *self._plugin_groups()])
@@ -33,11 +33,12 @@ class PlatoonGroup(TyperGroup):
         command = self.commands.get(cmd_name)
         if command is not None:
             return command
-        info = self._plugin_groups().get(cmd_name)
-        if info is None:
+        groups = self._plugin_groups()
+        if cmd_name not in groups:
             return None
         # A stand-in for help listings; running the group loads the real one (resolve_command).
-        return TyperCommand(name=cmd_name, help=f"Commands of {info.distribution} (an extension).")
+        line = root.extension_group_help(groups[cmd_name])
+        return TyperCommand(name=cmd_name, help=line, short_help=line)
 
     def resolve_command(
         self, ctx: _click.Context, args: list[str]
@@ -80,7 +81,7 @@ def build_app() -> typer.Typer:
     app = typer.Typer(
         cls=PlatoonGroup,
         name="platoon",
-        help="Train LLM agents with reinforcement learning through a Tinker-compatible service.",
+        help=root.DESCRIPTION,
         no_args_is_help=True,
         add_completion=False,
         # Plain help output: rich formatting would add a tenth of a second to every `--help`.
@@ -90,7 +91,7 @@ def build_app() -> typer.Typer:
     )
 
     @app.callback()
-    def root(
+    def root_options(
         version: Annotated[
             bool,
             typer.Option(
@@ -100,21 +101,23 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Train LLM agents with reinforcement learning through a Tinker-compatible service."""
 
-    app.command("train")(train.train)
-    app.command("eval")(eval_command.eval_)
-    app.command("rollout")(rollout.rollout)
-    app.command("prepare")(pending.prepare)
-    app.add_typer(config.app, name="config")
-    app.add_typer(components.harness_app, name="harness")
-    app.add_typer(components.program_app, name="program")
-    app.add_typer(components.env_app, name="env")
-    app.add_typer(extensions.app, name="extensions")
+    line = root.CORE_COMMANDS
+    app.command("train", short_help=line["train"])(train.train)
+    app.command("eval", short_help=line["eval"])(eval_command.eval_)
+    app.command("rollout", short_help=line["rollout"])(rollout.rollout)
+    app.command("prepare", short_help=line["prepare"])(pending.prepare)
+    app.add_typer(config.app, name="config", short_help=line["config"])
+    app.add_typer(components.harness_app, name="harness", short_help=line["harness"])
+    app.add_typer(components.program_app, name="program", short_help=line["program"])
+    app.add_typer(components.env_app, name="env", short_help=line["env"])
+    app.add_typer(extensions.app, name="extensions", short_help=line["extensions"])
     tinker_app = new_app("The local Tinker-compatible training server.")
     tinker_app.command("serve")(tinker.serve)
-    app.add_typer(tinker_app, name="tinker")
+    app.add_typer(tinker_app, name="tinker", short_help=line["tinker"])
     app.command(
         "viz",
-        help="The trajectory viewer: platoon viz tail|replay|show-dump.",
+        help=line["viz"],
+        short_help=line["viz"],
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(_viz_placeholder)
     return app

@@ -137,10 +137,11 @@ async def _held_out(
 ) -> dict[str, dict[str, Any]]:
     """label -> the service's split record, for the entries whose `service_kwargs` hold tasks out."""
     held: dict[str, dict[str, Any]] = {}
-    for label, service in services.items():
+    for label in services:  # the labels only: a service is built only when its entry holds tasks out
         entry = _entry_of(config, label)
         if entry is None or entry.service_kwargs.get("holdout") is None:
             continue
+        service = services[label]
         ask = getattr(service, "split_record", None)
         if ask is None:
             raise ConfigError(
@@ -238,7 +239,7 @@ class Preflight:
     resume: ResumePoint | None
     order: TaskOrder
     service_kwargs: dict[str, dict[str, Any]]
-    services: dict[str, Any]
+    services: Mapping[str, Any]  # built on first lookup (`LazyServices`)
     held_out: dict[str, dict[str, Any]]
 
 
@@ -247,7 +248,7 @@ async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> 
     itself is wrong) the tasks listed and what the listing lets a start refuse (a batch larger than the tasks, a
     `label_by` column without values, a hold-out no service records). Raises ConfigError with every problem;
     `platoon config validate` runs this and `resume_problems`."""
-    from platoon.envs.resolve import entry_service_kwargs, resolve_service
+    from platoon.envs.resolve import LazyServices, entry_service_kwargs
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.task_order import list_training_tasks, training_problems_after_listing
 
@@ -267,14 +268,21 @@ async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> 
     run_dir = run_dir_of(config)
     resume = CheckpointLog(run_dir).resume_point(config.train.num_minibatches)
     order = _task_order(config, pools, resume)
-    # One service per entry, built the way the listing built it; rollout workers get the same kwargs.
+    # One service per entry, built the way the listing built it, on first use: a start with nothing to train and
+    # a listing answered from the cache never import an environment's SDK. Rollout workers get the same kwargs.
     service_kwargs = {
         pool.label: entry_service_kwargs(config.environments[pool.entry], base_dir) for pool in pools
     }
-    services = {
-        pool.label: resolve_service(config.environments[pool.entry].service, service_kwargs[pool.label])
-        for pool in pools
-    }
+    services = LazyServices(
+        {
+            pool.label: (
+                config.environments[pool.entry].service,
+                service_kwargs[pool.label],
+                f"environments.{pool.entry}.service",
+            )
+            for pool in pools
+        }
+    )
     held_out = await _held_out(config, services)
     return Preflight(run_dir, pools, resume, order, service_kwargs, services, held_out)
 
@@ -336,6 +344,12 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     try:
         # Identity first: a refused resume leaves the run's records as they were (but for resume_refused).
         _settle_identity(run_dir, config, pools, held_out, resuming=resume is not None)
+        # Known from the listing and the checkpoint log alone: a finished run says so before anything is loaded,
+        # built or started (renderer, services, the local server), and its records stay as its last start left them.
+        end_batch, per_epoch = total_steps(config, order.total_tasks)
+        if resume is not None and resume.start_batch >= end_batch:
+            say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
+            return 0
         _write_records(run_dir, config, loaded)
         renderer = await _renderer(config)
         records.update_lock(
@@ -345,10 +359,6 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             ),
             excluded_tasks={pool.label: dict(pool.excluded) for pool in pools if pool.excluded},
         )
-        end_batch, per_epoch = total_steps(config, order.total_tasks)
-        if resume is not None and resume.start_batch >= end_batch:
-            say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
-            return 0
         reap_orphans(run_dir)  # what a killed start left behind, before this start adds its own
         start_step = resume.start_batch if resume is not None else 0
         if stop_requested():  # a SIGINT/SIGTERM while preparing: nothing opens, nothing trains

@@ -1,5 +1,6 @@
-"""Every test runs without the developer's own site profile or extension-requirement override, and leaves no
-Tinker SDK session heartbeating after it."""
+"""Every test runs without the developer's own site profile or extension-requirement override, without the task
+listing cache (a test that changes an environment in place must see it listed anew; the cache's own tests turn it
+on), and leaves no Tinker SDK session heartbeating after it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 @pytest.fixture(autouse=True)
 def _isolated_site(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+    monkeypatch.setenv("PLATOON_TASK_CACHE", "0")
     for name in (
         "PLATOON_SITE",
         "PLATOON_HARBOR_CACHE",

@@ -452,6 +452,7 @@ async def _list_entry(
 ) -> Pool | None:
     import importlib
 
+    from platoon.envs import listing_cache
     from platoon.envs.resolve import entry_service_kwargs, resolve_service
 
     where = f"environments.{index}"
@@ -475,10 +476,28 @@ async def _list_entry(
         problems.append(f"{where}.dataset_kwargs.limit: {limit!r} is not a non-negative int")
     if len(problems) > bad or splits is None:
         return None
+    cache_key: str | None = None
     try:
+        service_kwargs = entry_service_kwargs(entry, base_dir)
+        settings = {
+            "entry": index,
+            "label": label,
+            "mixture": mixture,
+            "name": entry.name,
+            "package": entry.package,
+            "splits": splits,
+            "shuffle_seed": shuffle_seed,
+            "limit": limit,
+            "exclude_tasks": list(entry.exclude_tasks),
+            "label_column": config.train.label_column,
+        }
+        cache_key = listing_cache.listing_key(entry.service, service_kwargs, settings)
+        cached = listing_cache.load(cache_key) if cache_key is not None else None
+        if cached is not None and (pool := _pool_of_listing(cached, label, entry, index)) is not None:
+            return pool  # the same environment listed the same way before: no service is built
         if entry.package:
             importlib.import_module(entry.package)
-        service = resolve_service(entry.service, entry_service_kwargs(entry, base_dir))
+        service = resolve_service(entry.service, service_kwargs)
     except Exception as exc:  # the user's service: any failure to build it is one problem line
         problems.append(f"{where}.service: {_failure(exc)}")
         return None
@@ -555,6 +574,11 @@ async def _list_entry(
             row = rows.get(raw, {})
             columns |= set(row)
             labels[run_id(raw)] = label_text(row.get(column))
+    if cache_key is not None and len(problems) == bad:  # only a listing the run accepts is kept
+        listing_cache.store(
+            cache_key,
+            {"task_ids": task_ids, "labels": labels, "columns": sorted(columns), "excluded": record},
+        )
     return Pool(
         label=label,
         weight=entry.weight,
@@ -564,6 +588,38 @@ async def _list_entry(
         labels=labels,
         columns=frozenset(columns),
         excluded=record,
+    )
+
+
+def _pool_of_listing(listing: Mapping[str, Any], label: str, entry: Any, index: int) -> Pool | None:
+    """The pool a cached listing gives, or None when the cache file holds something else than a listing."""
+    task_ids, labels = listing.get("task_ids"), listing.get("labels")
+    columns, excluded = listing.get("columns"), listing.get("excluded")
+    if not (
+        isinstance(task_ids, list)
+        and all(isinstance(t, str) for t in task_ids)
+        and (
+            labels is None
+            or (
+                isinstance(labels, dict)
+                and all(isinstance(v, str | None) for v in labels.values())
+                and set(labels) == set(task_ids)
+            )
+        )
+        and isinstance(columns, list)
+        and all(isinstance(c, str) for c in columns)
+        and isinstance(excluded, dict)
+    ):
+        return None
+    return Pool(
+        label=label,
+        weight=entry.weight,
+        task_ids=task_ids,
+        seed=entry.seed,
+        entry=index,
+        labels=labels,
+        columns=frozenset(columns),
+        excluded=excluded,
     )
 
 

@@ -389,3 +389,63 @@ def test_tinker_base_url_local_starts_the_local_server_for_the_command(
     assert (workdir / "cache" / "local-tinker").is_dir()  # its state under the site cache
     lock = json.loads((only_dir(workdir / "runs" / "adhoc") / "lock.json").read_text())
     assert lock["policy"]["base_url_origin"] == "local"
+
+
+@pytest.mark.slow
+def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_stops_it(
+    workdir, write_config, capsys, monkeypatch
+):
+    """Its start-up overlaps the task's resolution (importing the environment's SDK); an unknown task is still
+    refused (78) with nothing written, and the child it started is stopped and gone."""
+    import os
+
+    from platoon.local_server import process
+
+    profile = workdir / "site.yaml"
+    profile.write_text(f"cache: {workdir / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    monkeypatch.setenv("TINKER_BASE_URL", "local")
+    started: list[dict[str, Any]] = []
+    real_start = process.start_local_server_process
+
+    def start(**kwargs: Any) -> Any:
+        url, stop = real_start(**kwargs)
+        record: dict[str, Any] = {"stopped": False}
+
+        def stopping() -> None:
+            record["stopped"] = True
+            stop()
+
+        started.append(record)
+        return url, stopping
+
+    monkeypatch.setattr(process, "start_local_server_process", start)
+    config = write_config(number_search_eval())
+    assert main(["rollout", str(config), "--task", "val:99999"]) == 78
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("platoon: --task 'val:99999': environments[default] has no such task")
+    assert "platoon: starting the local Tinker-compatible server for platoon/toy" in err
+    assert [record["stopped"] for record in started] == [True]
+    assert not (workdir / "runs").exists()
+    children = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and _parent_of(pid) == os.getpid()
+        and b"platoon.local_server.process" in _cmdline(pid)
+    ]
+    assert not children, "the local server's child is stopped and reaped"
+
+
+def _parent_of(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -21,7 +21,7 @@ from platoon.errors import ConfigError, PlatoonError, UsageError
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
-    from platoon.eval.policy import PolicySpec
+    from platoon.eval.policy import EarlyLocalServer, PolicySpec
     from platoon.trajectory import TrajectoryCollection
 
 __all__ = ["RolloutOptions", "policy_of", "run_adhoc_rollout", "run_dir_for"]
@@ -171,14 +171,9 @@ async def run_adhoc_rollout(
     loaded: LoadedConfig, options: RolloutOptions, *, say: Say, now: _dt.datetime | None = None
 ) -> tuple[dict[str, Any], Path]:
     """Roll out `options.task` and return its summary and the run directory."""
-    from platoon.episode.rollout import process_rewards
-    from platoon.eval.components import component_records
-    from platoon.eval.evaluator import check_output_dir_free, judges_lock
-    from platoon.eval.policy import check_policy_key, open_policy, sample_timeout_line
-    from platoon.eval.tasks import resolve_task
-    from platoon.eval.tree import rollout_summary
+    from platoon.eval.evaluator import check_output_dir_free
+    from platoon.eval.policy import EarlyLocalServer, check_policy_key, sample_timeout_line
     from platoon.rollouts import records
-    from platoon.rollouts.one_rollout import MemberRequest, run_member
 
     config: Any = loaded.config
     if config is None or loaded.kind not in ("train", "eval"):
@@ -200,10 +195,41 @@ async def run_adhoc_rollout(
     if (unwritable := records.writable_dir_problem(run_dir, key="--output-dir")) is not None:
         raise ConfigError(unwritable)
     check_output_dir_free(run_dir, key="--output-dir", way_out="stop that run, or give another --output-dir")
+    # Every refusal but the task's own is behind us: the local server's child starts now, so its start-up (torch,
+    # the model) runs while this process resolves the task (importing the environment's SDK). A refusal of the
+    # task stops it; otherwise the policy takes it over.
+    server = EarlyLocalServer.for_policy(spec, say=say)
+    try:
+        return await _roll_out(
+            loaded, options, spec=spec, split=split, run_dir=run_dir, server=server, say=say
+        )
+    finally:
+        if server is not None:
+            await server.stop()
+
+
+async def _roll_out(
+    loaded: LoadedConfig,
+    options: RolloutOptions,
+    *,
+    spec: PolicySpec,
+    split: str,
+    run_dir: Path,
+    server: EarlyLocalServer | None,
+    say: Say,
+) -> tuple[dict[str, Any], Path]:
+    from platoon.episode.rollout import process_rewards
+    from platoon.eval.components import component_records
+    from platoon.eval.evaluator import judges_lock
+    from platoon.eval.policy import open_policy
+    from platoon.eval.tasks import entries_by_label, resolve_task
+    from platoon.eval.tree import rollout_summary
+    from platoon.rollouts import records
+    from platoon.rollouts.one_rollout import MemberRequest, run_member
+
+    config: Any = loaded.config
+    training = _is_training(config)
     item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent)
-
-    from platoon.eval.tasks import entries_by_label
-
     entry = entries_by_label(config)[item.label][1]
     rollout_config = _phase_rollout_config(config, split).model_copy(
         update={
@@ -225,7 +251,7 @@ async def run_adhoc_rollout(
         else:
             records.update_lock(run_dir, judges={"enabled": True})
         async with open_policy(
-            spec, rollout_config=rollout_config, entries=config.environments, say=say
+            spec, rollout_config=rollout_config, entries=config.environments, say=say, local_server=server
         ) as policy:
             fields: dict[str, Any] = {"policy": spec.lock_record(probe=policy.probe)}
             parsing = policy.tool_call_parsing()

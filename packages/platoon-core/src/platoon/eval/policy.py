@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CallWatch",
+    "EarlyLocalServer",
     "OpenPolicy",
     "PolicySpec",
     "base_url_origin",
@@ -274,6 +275,64 @@ def _dialects(entries: Any) -> list[str]:
     return [FUNCTION_HARNESS_DIALECT] if entries else []
 
 
+class EarlyLocalServer:
+    """The local server's child started ahead of the policy that samples it, so its start-up (importing torch,
+    loading the model) runs while this process does its own (resolving the task, importing the environment's SDK).
+
+    `open_policy(local_server=...)` takes its base URL and stops it when the policy closes; `stop()` is idempotent,
+    so whoever started it stops it again on the way out of a start that failed before the policy opened.
+    """
+
+    def __init__(self, model: str, say: Any = None) -> None:
+        import asyncio
+        import functools
+
+        from platoon.local_server.process import start_local_server_process
+
+        if say is not None:
+            say(f"starting the local Tinker-compatible server for {model}")
+        # Submitted to a thread now (a coroutine would wait for the event loop, which the caller's synchronous
+        # imports hold); the thread only waits for the child's URL line.
+        loop = asyncio.get_running_loop()
+        self._start = loop.run_in_executor(None, functools.partial(start_local_server_process, model=model))
+        self._stopped = False
+
+    @classmethod
+    def for_policy(
+        cls, spec: PolicySpec, *, say: Any = None, in_process: bool = True
+    ) -> EarlyLocalServer | None:
+        """The early start of `spec`'s local server, or None when `open_policy` would start none (a hosted model,
+        a served policy, another Tinker service)."""
+        from platoon.gateway.default import default_policy
+        from platoon.gateway.tinker_service import uses_local_server
+
+        if spec.backend != TINKER or not uses_local_server(spec.base_url):
+            return None
+        if in_process and default_policy() is not None:
+            return None
+        return cls(spec.model, say)
+
+    async def base_url(self) -> str:
+        """The server's base URL, once it listens (its failure to start is raised here)."""
+        url, _ = await self._start
+        return url
+
+    async def stop(self) -> None:
+        """Stop the child (waiting for its start first); a start that failed has nothing to stop."""
+        import asyncio
+
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            _, stop = await self._start
+        except (
+            Exception
+        ):  # its failure is reported by whoever awaited `base_url`, or made moot by an earlier one
+            return
+        await asyncio.to_thread(stop)
+
+
 @contextlib.asynccontextmanager
 async def open_policy(
     spec: PolicySpec,
@@ -282,13 +341,15 @@ async def open_policy(
     entries: Any = (),
     say: Any = None,
     in_process: bool = True,
+    local_server: EarlyLocalServer | None = None,
 ) -> AsyncIterator[OpenPolicy]:
     """Open `spec` for the life of the block: the gateway over its sampler (Tinker), the hosted model (probed
     first), or the policy `platoon.testing.serve_policy` installed in process.
 
     `rollout_config` gives a hosted model its sampling defaults; `entries` are the environment entries (their
     harnesses' dialects are probed); `say` prints progress lines; `in_process` False (subprocess slots) never
-    takes the served policy, which slot processes cannot see. Refusals are ConfigErrors (exit 78).
+    takes the served policy, which slot processes cannot see; `local_server` is the local server started early
+    (`EarlyLocalServer.for_policy`), which the policy then uses and stops. Refusals are ConfigErrors (exit 78).
 
     The policy's key is read once, as it opens; inside the block its variable is withheld from this process's
     environment, where function harnesses run and which the processes they start inherit.
@@ -341,15 +402,12 @@ async def open_policy(
 
     base_url = spec.tinker_base_url()
     api_key = check_tinker_key(spec.base_url)
-    stop_server: Any = None
     sampler: Any = None
     try:
         if uses_local_server(spec.base_url):
-            from platoon.local_server.process import start_local_server_process
-
-            if say is not None:
-                say(f"starting the local Tinker-compatible server for {spec.model}")
-            base_url, stop_server = await asyncio.to_thread(start_local_server_process, model=spec.model)
+            if local_server is None:
+                local_server = EarlyLocalServer(spec.model, say)
+            base_url = await local_server.base_url()
         sampler = await _sampling_client(spec, base_url, api_key, refused_key_error)
         from platoon.gateway.core import ModelGateway
         from platoon.renderers import get_renderer, get_tokenizer
@@ -370,8 +428,8 @@ async def open_policy(
         from platoon.gateway.tinker_service import close_session
 
         close_session(sampler)
-        if stop_server is not None:
-            await asyncio.to_thread(stop_server)
+        if local_server is not None:
+            await local_server.stop()
 
 
 async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str, refused: Any) -> Any:

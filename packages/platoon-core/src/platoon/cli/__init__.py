@@ -30,6 +30,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"platoon: {problem}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        if argv is None:
+            _before_exit()
+
+
+def _before_exit() -> None:
+    """The console script exits next (`sys.exit(main())`): the objects alive now are moved out of the cyclic
+    garbage collector's reach, so the interpreter's shutdown does not walk them all again (after a command that
+    imported torch, tinker or an environment SDK that walk takes seconds). Not done for in-process calls, whose
+    objects must stay collectable."""
+    import gc
+
+    gc.freeze()
 
 
 def _run(args: list[str]) -> int:

@@ -181,6 +181,8 @@ class ScriptedPolicy:
         self.logprob = float(logprob)
         self.calls: list[PolicyCall] = []
         self._next = 0
+        #: (the tokenizer, whether its decoding concatenates): worked out again when `tokenizer` is replaced
+        self._concatenation: tuple[Any, bool] = (None, False)
 
     @property
     def script(self) -> tuple[Completion, ...] | Callable[[str], str | Completion]:
@@ -233,7 +235,7 @@ class ScriptedPolicy:
         if num_samples != 1:
             raise ValueError(f"ScriptedPolicy samples one sequence per call; got num_samples={num_samples}")
         prompt_tokens = _prompt_ids(prompt)
-        text = str(self.tokenizer.decode(prompt_tokens))
+        text = self._decode_prompt(prompt_tokens)
         completion = self._completion_for(text)
         tokens = list(self.tokenizer.encode(completion.text, add_special_tokens=False))
         stop_reason: str = completion.stop_reason
@@ -250,6 +252,26 @@ class ScriptedPolicy:
             tokens, stop_reason=stop_reason, routing_id=completion.routing_id, logprob=logprob
         )
         return completion, response
+
+    def _decode_prompt(self, ids: list[int]) -> str:
+        """The prompt's text. A turn's prompt extends an earlier call's prompt (the same conversation, longer by a
+        reply and a tool result): with a byte-level tokenizer, whose text is the concatenation of its tokens'
+        bytes, only the new tokens are decoded, and the text is what decoding the whole prompt gives. Otherwise
+        (another decoder, or an earlier text ending in a cut character) the whole prompt is decoded."""
+        if self._concatenation[0] is not self.tokenizer:
+            self._concatenation = (self.tokenizer, _concatenates(self.tokenizer))
+        if self._concatenation[1]:
+            for call in reversed(self.calls[-_REUSE_WINDOW:]):
+                known = call.prompt_tokens
+                size = len(known)
+                if (
+                    0 < size <= len(ids)
+                    and ids[size - 1] == known[-1]
+                    and ids[:size] == known
+                    and not call.prompt.endswith("\ufffd")
+                ):
+                    return call.prompt + str(self.tokenizer.decode(ids[size:]))
+        return str(self.tokenizer.decode(ids))
 
     def _completion_for(self, prompt: str) -> Completion:
         call_number = len(self.calls) + 1
@@ -275,9 +297,29 @@ def _as_completion(value: Any, what: str) -> Completion:
     raise TypeError(f"{what} must be a str or a Completion; got {type(value).__name__}")
 
 
+#: how many earlier calls a prompt is compared with for a prefix (concurrent episodes on one policy interleave)
+_REUSE_WINDOW = 64
+
+
+def _concatenates(tokenizer: Any) -> bool:
+    """Whether decoding a token sequence is decoding its parts and joining the texts, at any cut between whole
+    characters: true of byte-level BPE (GPT-2, Qwen, the toy tokenizer) with no clean-up of the decoded text;
+    not of SentencePiece or WordPiece decoders, which treat the first token or the gaps between tokens apart."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    try:
+        from tokenizers import decoders
+    except ImportError:
+        return False
+    return isinstance(getattr(backend, "decoder", None), decoders.ByteLevel)
+
+
 def _prompt_ids(prompt: Any) -> list[int]:
     if hasattr(prompt, "to_ints"):
-        return [int(t) for t in prompt.to_ints()]
+        # a ModelInput's tokens are ints already (its chunks are typed so); converting each again cost more than
+        # the rest of a scripted call
+        return list(prompt.to_ints())
     if isinstance(prompt, Iterable) and not isinstance(prompt, (str, bytes)):
-        return [int(t) for t in prompt]
+        return list(map(int, prompt))
     raise TypeError(f"the prompt must be a tinker ModelInput or token ids; got {type(prompt).__name__}")

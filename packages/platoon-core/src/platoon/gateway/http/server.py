@@ -89,6 +89,20 @@ def minted_agents_cap() -> int:
     return value
 
 
+_uvicorn_logging_done = False
+
+
+def _uvicorn_logging() -> dict[str, Any]:
+    """uvicorn's logging settings for the next server: its default config at level warning for the first server of
+    the process, then none (uvicorn then leaves logging alone). Each application of the config walks every logger of
+    the process, which made up most of a server's start, and a server starts per episode; what it sets stays set."""
+    global _uvicorn_logging_done
+    if _uvicorn_logging_done:
+        return {"log_config": None, "log_level": None}
+    _uvicorn_logging_done = True
+    return {"log_level": "warning"}
+
+
 class GatewayServer:
     """Serves a `ModelGateway` on `http://<host>:<port>` (port 0: a free one, known once started).
 
@@ -413,7 +427,7 @@ class GatewayServer:
         config = uvicorn.Config(
             self.app(),
             lifespan="off",
-            log_level="warning",
+            **_uvicorn_logging(),
             access_log=False,
             http="h11",
             proxy_headers=False,

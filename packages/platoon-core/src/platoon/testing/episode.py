@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from platoon.envs.resolve import resolve_service
 
+#: what json.dumps encodes a string with (its default ensure_ascii)
+_encode_string = json.encoder.encode_basestring_ascii
+
 if TYPE_CHECKING:
     from platoon.gateway.core import ModelGateway
     from platoon.gateway.records import Interaction
@@ -161,6 +164,72 @@ class _EpisodeToAwait(Coroutine[Any, Any, EpisodeRun]):
         raise AttributeError(name)
 
 
+def indented_json(value: Any) -> str:
+    """`json.dumps(value, indent=2)`, character for character, in about half the time.
+
+    With `indent`, the json module encodes in pure Python, through a generator per nesting level; writing an
+    episode's collection that way was a tenth of the episode's cost. Here each string and number is still encoded
+    by the json module's own functions; only the walk and the layout are done directly.
+    """
+    parts: list[str] = []
+    write = parts.append
+
+    def key(k: Any) -> str:
+        if isinstance(k, str):
+            return _encode_string(k)
+        if k is True or k is False or k is None:
+            return f'"{json.dumps(k)}"'
+        if isinstance(k, (int, float)):
+            return f'"{_encode_number(k)}"'
+        raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+
+    def encode(o: Any, indent: str) -> None:
+        if isinstance(o, str):
+            write(_encode_string(o))
+        elif o is None or o is True or o is False:
+            write("null" if o is None else "true" if o else "false")
+        elif isinstance(o, (int, float)):
+            write(_encode_number(o))
+        elif isinstance(o, dict):
+            if not o:
+                write("{}")
+                return
+            inner = indent + "  "
+            write("{\n" + inner)
+            for i, (k, v) in enumerate(o.items()):
+                if i:
+                    write(",\n" + inner)
+                write(key(k) + ": ")
+                encode(v, inner)
+            write("\n" + indent + "}")
+        elif isinstance(o, (list, tuple)):
+            if not o:
+                write("[]")
+                return
+            inner = indent + "  "
+            write("[\n" + inner)
+            for i, v in enumerate(o):
+                if i:
+                    write(",\n" + inner)
+                encode(v, inner)
+            write("\n" + indent + "]")
+        else:
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+    encode(value, "")
+    return "".join(parts)
+
+
+def _encode_number(value: int | float) -> str:
+    if isinstance(value, float):
+        text = float.__repr__(value)
+        return _FLOAT_TEXT.get(text, text)
+    return int.__repr__(value)
+
+
+_FLOAT_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def _route(
     harness: Any,
     *,
@@ -250,9 +319,12 @@ async def arun_episode(
         )
     finally:
         await server.astop()
-    out = Path(tempfile.mkdtemp(prefix="platoon-episode-")) if output_dir is None else Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / COLLECTION_FILE).write_text(json.dumps(collection.to_dict(), indent=2) + "\n", encoding="utf-8")
+    if output_dir is None:
+        out = Path(tempfile.mkdtemp(prefix="platoon-episode-"))
+    else:
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+    (out / COLLECTION_FILE).write_text(indented_json(collection.to_dict()) + "\n", encoding="utf-8")
     # Applied as training applies it: to every trajectory but the untrainable ones, after the files are written.
     scores = process_rewards(reward_processor, collection) if reward_processor is not None else {}
     return EpisodeRun(

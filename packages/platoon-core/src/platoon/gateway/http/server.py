@@ -7,6 +7,7 @@ disconnect cancellation and the synthetic SSE streams; the dialect modules trans
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -87,6 +88,47 @@ def minted_agents_cap() -> int:
     if value < 0:
         raise ValueError(f"{MAX_MINTED_AGENTS_ENV} must be >= 0; got {value}")
     return value
+
+
+@functools.cache
+def _server_class() -> type:
+    """The uvicorn server class every `GatewayServer` runs, defined once (uvicorn is imported on first use)."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn without signal capture (the rollout's process owns its signals) and without the polling
+        main loop and the fixed 0.1 s shutdown sleep (a server per episode must stop fast)."""
+
+        exit_event: asyncio.Event
+
+        def capture_signals(self) -> Any:
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        async def main_loop(self) -> None:
+            self.exit_event = getattr(self, "exit_event", None) or asyncio.Event()
+            if not self.should_exit:
+                await self.exit_event.wait()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            for server in self.servers:
+                server.close()
+            for sock in sockets or []:
+                sock.close()
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            # In-flight requests get a moment to finish; then their tasks are cancelled.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 2.0
+            while (self.server_state.connections or self.server_state.tasks) and loop.time() < deadline:
+                await asyncio.sleep(0.005)
+            for task in self.server_state.tasks:
+                task.cancel()
+            for server in self.servers:
+                await server.wait_closed()
+
+    return _Server
 
 
 _uvicorn_logging_done = False
@@ -391,39 +433,6 @@ class GatewayServer:
     def _make_server(self) -> Any:
         import uvicorn
 
-        class _Server(uvicorn.Server):
-            """uvicorn without signal capture (the rollout's process owns its signals) and without the polling
-            main loop and the fixed 0.1 s shutdown sleep (a server per episode must stop fast)."""
-
-            exit_event: asyncio.Event
-
-            def capture_signals(self) -> Any:
-                import contextlib
-
-                return contextlib.nullcontext()
-
-            async def main_loop(self) -> None:
-                self.exit_event = getattr(self, "exit_event", None) or asyncio.Event()
-                if not self.should_exit:
-                    await self.exit_event.wait()
-
-            async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-                for server in self.servers:
-                    server.close()
-                for sock in sockets or []:
-                    sock.close()
-                for connection in list(self.server_state.connections):
-                    connection.shutdown()
-                # In-flight requests get a moment to finish; then their tasks are cancelled.
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + 2.0
-                while (self.server_state.connections or self.server_state.tasks) and loop.time() < deadline:
-                    await asyncio.sleep(0.005)
-                for task in self.server_state.tasks:
-                    task.cancel()
-                for server in self.servers:
-                    await server.wait_closed()
-
         config = uvicorn.Config(
             self.app(),
             lifespan="off",
@@ -436,7 +445,7 @@ class GatewayServer:
             timeout_keep_alive=30,
             h11_max_incomplete_event_size=MAX_BODY_BYTES,
         )
-        return _Server(config)
+        return _server_class()(config)
 
     async def astart(self) -> GatewayServer:
         """Serve on the running loop (see the class docstring); returns once the socket accepts connections."""

@@ -1,8 +1,11 @@
-"""How long the command line takes to start: the median wall time of what users type most.
+"""How long the command line takes to start: wall and CPU time of what users type most, each in a fresh process.
 
-Run from the workspace root: `uv run --frozen python benchmarks/cli_start.py [--runs 20]`. Each command runs in
-a fresh process (so imports are paid every time, as a user pays them); `python -c pass` is the baseline.
-Target on the 2-core machine: `platoon --help` and `platoon extensions list` each under 0.3 s.
+Run from the workspace root: `uv run --frozen python benchmarks/cli_start.py [--runs 20]`. `python -c pass` is the
+baseline; `--baseline-python PATH` also times `platoon --help` of another installation (platoon 0.2.0, say) in
+the same run. Bytecode is cached as for a user's second run (`--no-bytecode-cache` compiles every start), as in
+`benchmarks/first_output.py`, whose runner this uses.
+Targets on the 2-core machine: `platoon --help` at most a quarter of 0.2.0's CPU time in the same run;
+`platoon extensions list` under 0.3 s.
 """
 
 from __future__ import annotations
@@ -10,50 +13,45 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
-import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def platoon_script() -> str:
-    script = Path(sys.executable).with_name("platoon")
-    found = str(script) if script.exists() else shutil.which("platoon")
-    if not found:
-        raise SystemExit(
-            "the platoon console script is not installed in this environment: run `uv sync` first"
-        )
-    return found
-
-
-def median_seconds(argv: list[str], runs: int) -> tuple[float, float]:
-    """(median, fastest) wall time over `runs` fresh processes, after one warm-up run."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "0"}
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times)
+from first_output import Runner, console_script
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per command (default 20)")
+    parser.add_argument("--baseline-python", metavar="PATH", help="also time this Python's `platoon --help`")
+    parser.add_argument(
+        "--no-bytecode-cache", action="store_true", help="compile every module on every start"
+    )
     args = parser.parse_args()
-    platoon = platoon_script()
+    platoon = console_script(sys.executable)
     commands = {
         "python -c pass (baseline)": [sys.executable, "-c", "pass"],
         'python -c "import platoon"': [sys.executable, "-c", "import platoon"],
         "platoon --help": [platoon, "--help"],
         "platoon extensions list": [platoon, "extensions", "list"],
     }
-    print(f"{'command':<30} {'median':>9} {'fastest':>9}   ({args.runs} runs, {os.cpu_count()} cores)")
-    for label, argv in commands.items():
-        median, fastest = median_seconds(argv, args.runs)
-        print(f"{label:<30} {median:>8.3f}s {fastest:>8.3f}s")
+    if args.baseline_python:
+        commands["platoon --help (--baseline-python)"] = [console_script(args.baseline_python), "--help"]
+    workdir = Path(tempfile.mkdtemp(prefix="platoon-cli-start-"))
+    try:
+        runner = Runner(workdir, bytecode_cache=not args.no_bytecode_cache)
+        print(
+            f"{'command':<36} {'wall':>8} {'fastest':>8} {'CPU':>8}   "
+            f"({args.runs} runs, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f})"
+        )
+        for label, argv in commands.items():
+            runner.run(argv)  # warm-up: writes the bytecode cache
+            timing = runner.run(argv, repeats=args.runs)
+            print(f"{label:<36} {timing.wall:>7.3f}s {min(timing.walls):>7.3f}s {timing.cpu:>7.3f}s")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

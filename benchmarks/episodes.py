@@ -1,36 +1,52 @@
-"""Episodes per second through the full rollout path, in process: number search, platoon-react, a scripted
-binary-search policy (about 8 model calls an episode), many episodes at once on one event loop.
+"""Episodes per second: number search, platoon-react, a scripted binary-search policy (about 8 model calls an
+episode), many episodes at once on one event loop.
 
-Everything but sampling is the production path: the ORS environment in process, the episode program, the harness,
-the recording gateway (render -> sample -> parse -> record exact tokens) and the trajectory build.
+Two paths, each everything but sampling as it runs for real (the ORS environment in process, the episode program,
+the harness, the recording gateway: render -> sample -> parse -> record exact tokens, the trajectory build):
+
+* `--path run_episode` (default): each episode through `platoon.testing.run_episode` with a scripted policy of its
+  own, as a user's test calls it: the task resolved by id, the gateway served over HTTP, the collection written to
+  the episode's output directory. `--baseline-python` runs the same episodes under another installation (platoon
+  0.2.0's `run_episode` takes the same arguments) in the same run, for a ratio.
+* `--path rollout`: `harness_rollout` directly with one shared gateway and no HTTP server, the path training's
+  rollout workers take (this installation only).
 
     uv run --frozen python benchmarks/episodes.py [--episodes 128] [--concurrency 32] [--profile]
+    uv run --frozen python benchmarks/episodes.py --baseline-python /tmp/p020/bin/python
 
-Target on the 2-core machine: at least 100 episodes/s. `--profile` prints where the time goes (cProfile).
+Targets on the 2-core machine: `run_episode` at least 3x platoon 0.2.0's episodes/s in the same run; `rollout` at
+least 100 episodes/s. `--profile` prints where the time goes (cProfile, this installation only).
+
+This file imports nothing of platoon at module level: `--baseline-python` runs it as the worker under the other
+installation (`--worker`), and prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
-import io
-import pstats
+import json
+import os
 import re
 import resource
+import subprocess
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
-from platoon.config.environments import AgentsConfig
-from platoon.config_defs import RolloutConfig
-from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
-from platoon.episode.rollout import Route, harness_rollout
-from platoon.testing import tool_call
-from platoon.testing.episode import resolve_service
-from platoon.testing.gateway import make_gateway
+SORT = os.environ.get("EPISODES_PROFILE_SORT", "tottime")
+SERVICE = "python://platoon.envs.number_search.env:NumberSearchEnvironment"
+SYSTEM_PROMPT = (
+    "You are playing a number guessing game: find the hidden integer in the range the task gives. Call the guess "
+    "tool with one integer per turn; after each guess you are told whether it was too low or too high."
+)
 
 
 def binary_search(prompt: str) -> str:
-    """The next guess of a binary search, replaying the feedback the prompt shows."""
+    """The next guess of a binary search, replaying the range and the feedback the prompt shows."""
+    from platoon.testing import tool_call
+
     low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
     guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
     for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
@@ -38,61 +54,180 @@ def binary_search(prompt: str) -> str:
     return "\n" + tool_call("guess", {"number": (low + high) // 2})
 
 
-async def run(episodes: int, concurrency: int) -> tuple[float, int, int]:
-    """(seconds, episodes solved, model calls) for `episodes` rollouts, `concurrency` at a time."""
+def _solved(reward: Any) -> bool:
+    return reward == 1.0
+
+
+async def run_episodes(episodes: int, concurrency: int, profiler: Any = None) -> dict[str, Any]:
+    """`episodes` calls of `run_episode`, `concurrency` at a time, each with its own scripted policy."""
+    from platoon.testing import ScriptedPolicy, run_episode
+
+    limit = asyncio.Semaphore(concurrency)
+    with tempfile.TemporaryDirectory(prefix="platoon-bench-episodes-") as scratch:
+
+        async def one(index: int) -> Any:
+            async with limit:
+                return await run_episode(
+                    f"train:{index}",
+                    service=SERVICE,
+                    harness="platoon-react",
+                    policy=ScriptedPolicy(binary_search),
+                    harness_options={"system_prompt": SYSTEM_PROMPT},
+                    output_dir=Path(scratch) / str(index),
+                )
+
+        # one warm-up episode: imports and first-use caches are not what a long run pays per episode
+        await one(episodes)
+        cpu_before = time.process_time()
+        start = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        runs = await asyncio.gather(*(one(i) for i in range(episodes)))
+        if profiler:
+            profiler.disable()
+        seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu_before
+    calls = sum(len(run.policy.calls) for run in runs)
+    return {
+        "seconds": seconds,
+        "cpu": cpu,
+        "solved": sum(1 for run in runs if _solved(run.reward)),
+        "calls": calls,
+    }
+
+
+async def run_rollouts(episodes: int, concurrency: int, profiler: Any = None) -> dict[str, Any]:
+    """`episodes` calls of `harness_rollout` on one shared gateway, no HTTP server."""
+    from platoon.config.environments import AgentsConfig
+    from platoon.config_defs import RolloutConfig
+    from platoon.envs.resolve import resolve_service
+    from platoon.episode.rollout import Route, harness_rollout
+    from platoon.testing import make_gateway
+
     service = resolve_service(SERVICE)
     gateway = make_gateway(binary_search)
     route = Route(
         harness="platoon-react",
         program="single",
-        harness_options={"system_prompt": REACT_SYSTEM_PROMPT},
+        harness_options={"system_prompt": SYSTEM_PROMPT},
         agents=AgentsConfig(),
     )
     config = RolloutConfig(verbose=False)
     tasks = [await service.get_task(f"train:{i}") for i in range(episodes)]
-    # one warm-up episode: imports and first-use caches are not what a long run pays per episode
     await harness_rollout(tasks[0], service=service, route=route, config=config, gateway=gateway)
     calls_before = len(gateway.sampler.calls)
     limit = asyncio.Semaphore(concurrency)
 
-    async def one(task):  # type: ignore[no-untyped-def]
+    async def one(task: Any) -> Any:
         async with limit:
             return await harness_rollout(task, service=service, route=route, config=config, gateway=gateway)
 
+    cpu_before = time.process_time()
     start = time.perf_counter()
+    if profiler:
+        profiler.enable()
     collections = await asyncio.gather(*(one(task) for task in tasks))
+    if profiler:
+        profiler.disable()
     seconds = time.perf_counter() - start
-    solved = sum(1 for c in collections if c.root is not None and c.root.reward == 1.0)
-    return seconds, solved, len(gateway.sampler.calls) - calls_before
+    cpu = time.process_time() - cpu_before
+    return {
+        "seconds": seconds,
+        "cpu": cpu,
+        "solved": sum(1 for c in collections if c.root is not None and _solved(c.root.reward)),
+        "calls": len(gateway.sampler.calls) - calls_before,
+    }
+
+
+def measure(
+    path: str, episodes: int, concurrency: int, repeats: int, profile: bool = False
+) -> dict[str, Any]:
+    """The median run of `repeats` (by seconds), in this process, with the peak memory and the version."""
+    import cProfile
+    import io
+    import pstats
+
+    from platoon import __version__
+
+    profiler = cProfile.Profile() if profile else None
+    results = []
+    runner = run_episodes if path == "run_episode" else run_rollouts
+    for _ in range(repeats):
+        # only the timed episodes are profiled: imports and the warm-up are paid once per process
+        results.append(asyncio.run(runner(episodes, concurrency, profiler)))
+    result = sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
+    result["all_seconds"] = [r["seconds"] for r in results]
+    result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["version"] = __version__
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats(SORT).print_stats(40)
+        result["profile"] = out.getvalue()
+    return result
+
+
+def in_fresh_process(python: str, path: str, episodes: int, concurrency: int, repeats: int) -> dict[str, Any]:
+    """`measure` under `python` (another installation), from the JSON line its worker prints."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    argv = [python, __file__, "--worker", "--path", path, "--episodes", str(episodes)]
+    argv += ["--concurrency", str(concurrency), "--repeats", str(repeats)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if done.returncode != 0:
+        raise SystemExit(f"the worker under {python} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(label: str, result: dict[str, Any], episodes: int) -> None:
+    seconds = result["seconds"]
+    print(
+        f"{label:<34} {episodes / seconds:7.1f} episodes/s  {result['calls'] / seconds:6.0f} calls/s  "
+        f"{seconds:6.2f} s wall  {result['cpu']:6.2f} s CPU  solved {result['solved']}/{episodes}  "
+        f"{result['calls'] / episodes:.1f} calls/episode  peak {result['peak_mib']:.0f} MiB"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", choices=["run_episode", "rollout"], default="run_episode")
     parser.add_argument("--episodes", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="runs; the median is reported")
-    parser.add_argument("--profile", action="store_true", help="print the top functions by cumulative time")
-    args = parser.parse_args()
-    results = []
-    profiler = cProfile.Profile() if args.profile else None
-    for _ in range(args.repeats):
-        if profiler:
-            profiler.enable()
-        results.append(asyncio.run(run(args.episodes, args.concurrency)))
-        if profiler:
-            profiler.disable()
-    seconds, solved, calls = sorted(results)[len(results) // 2]
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"episodes: {args.episodes} at concurrency {args.concurrency}, solved {solved}/{args.episodes}")
-    print(f"model calls: {calls} ({calls / args.episodes:.1f} per episode)")
-    print(
-        f"episodes/s: {args.episodes / seconds:.1f}   model calls/s: {calls / seconds:.0f}   ({seconds:.3f} s)"
+    parser.add_argument("--profile", action="store_true", help="print the top functions by own time")
+    parser.add_argument(
+        "--baseline-python",
+        metavar="PATH",
+        help="also run the run_episode path under this Python's platoon (e.g. a venv with platoon==0.2.0)",
     )
-    print(f"peak memory (max RSS): {peak_mb:.0f} MiB")
-    if profiler:
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
-        print(out.getvalue())
+    parser.add_argument("--json", action="store_true", help="print one JSON line: {ours, baseline?}")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args.path, args.episodes, args.concurrency, args.repeats)))
+        return
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    if not args.json:
+        print(
+            f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
+        )
+    results = {"ours": measure(args.path, args.episodes, args.concurrency, args.repeats, args.profile)}
+    if args.baseline_python and args.path == "run_episode":
+        results["baseline"] = in_fresh_process(
+            args.baseline_python, args.path, args.episodes, args.concurrency, args.repeats
+        )
+    for result in results.values():
+        result["episodes_per_s"] = args.episodes / result["seconds"]
+    if args.json:
+        print(json.dumps(results))
+        return
+    ours = results["ours"]
+    report(f"this tree (platoon {ours['version']})", ours, args.episodes)
+    if "baseline" in results:
+        base = results["baseline"]
+        report(f"baseline (platoon {base['version']})", base, args.episodes)
+        print(f"ratio: {base['seconds'] / ours['seconds']:.2f}x the baseline's episodes/s (target >= 3x)")
+    if ours.get("profile"):
+        print(ours["profile"])
 
 
 if __name__ == "__main__":

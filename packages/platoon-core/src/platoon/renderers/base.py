@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import secrets
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -301,6 +302,19 @@ def parse_response_for_stop_token(
 #: how many texts a renderer keeps the encoding of, and the longest text it keeps
 _ENCODE_CACHE_ENTRIES = 16384
 _ENCODE_CACHE_TEXT_LIMIT = 8192
+#: tokenizer -> its encodings of short texts (weak: a table lives as long as its tokenizer)
+_ENCODINGS: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+
+
+def _encodings(tokenizer: Any) -> dict[str, tuple[int, ...]] | None:
+    """The tokenizer's table of encoded texts; None for a tokenizer that cannot be weakly referenced or hashed."""
+    try:
+        table = _ENCODINGS.get(tokenizer)
+        if table is None:
+            table = _ENCODINGS[tokenizer] = {}
+    except TypeError:
+        return None
+    return table
 
 
 class Renderer(ABC):
@@ -363,10 +377,13 @@ class Renderer(ABC):
 
     def _encode(self, text: str) -> list[int]:
         # A conversation re-renders its earlier messages on every call, and a text always encodes the same way:
-        # the encodings of short texts are kept (a bounded table, emptied when full).
+        # the encodings of short texts are kept (a bounded table, emptied when full). The table is the tokenizer's,
+        # shared by every renderer over it: a renderer per episode (platoon.testing) starts warm.
         if len(text) > _ENCODE_CACHE_TEXT_LIMIT:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        cache: dict[str, tuple[int, ...]] = self.__dict__.setdefault("_encoded", {})
+        cache = _encodings(self.tokenizer)
+        if cache is None:
+            cache = self.__dict__.setdefault("_encoded", {})
         tokens = cache.get(text)
         if tokens is None:
             tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))

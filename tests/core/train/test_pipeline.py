@@ -22,6 +22,7 @@ import pytest
 from platoon.cli import main
 from platoon.harness.agent import AgentResult
 from platoon.harness.function import harness
+from platoon.trajectory_events import by_collection, read_events
 
 REPO = Path(__file__).resolve().parents[3]
 BANDIT = REPO / "examples" / "bandit" / "train.yaml"
@@ -378,7 +379,22 @@ def test_process_isolation_trains_from_rollouts_in_forked_workers(site: Path, ca
     assert eval_logs, "evaluation rollouts run in workers too"
     logs = list((run / "rollouts" / "train").glob("*/workers/*"))
     assert logs, "each worker leaves its log under rollouts/train/<version>/workers"
-    assert len(list((run / "rollouts" / "train").glob("*/events/events_*.jsonl"))) == 16
+    # The viewer's events: one file per policy version (written by the trainer from the workers' outcomes), every
+    # rollout in it whole and splittable by its collection id; one file per evaluated step beside its rollouts.
+    files = sorted((run / "rollouts" / "train").glob("*/events/*"))
+    assert [f.name for f in files] == [f"events_train_{f.parent.parent.name}.jsonl" for f in files]
+    rollouts = by_collection(read_events(files))
+    assert len(rollouts) == 2 * 8  # two steps of 2 tasks x 4 members
+    for records in rollouts.values():
+        assert records[0]["type"] == "trajectory_created" and records[-1]["type"] == "trajectory_finished"
+    for step in (1, 2):
+        where = run / "rollouts" / "eval" / f"step_{step}"
+        assert [f.name for f in (where / "events").iterdir()] == [f"events_eval_{step}.jsonl"]
+        written = {
+            json.loads(path.read_text())["id"]
+            for path in where.glob("*/rollout_*/trajectory_collection.json")
+        }
+        assert set(by_collection(read_events(where / "events"))) == written and written
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -156,9 +156,18 @@ def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path
             == 2
         )
 
-    # training rollouts leave the viewer's event files, by the policy version they sampled
-    events = sorted((run / "rollouts" / "train").glob("*/events/events_*.jsonl"))
-    assert len(events) >= 6 * 2 * 8
-    first = [json.loads(line) for line in events[0].read_text().splitlines()]
-    assert first[0]["type"] == "trajectory_created" and first[-1]["type"] == "trajectory_finished"
+    # training rollouts leave the viewer's events: one file per policy version they sampled, holding every
+    # rollout of it whole (split by collection id)
+    from platoon.trajectory_events import by_collection, read_events
+
+    versions = sorted((run / "rollouts" / "train").iterdir())
+    events = sorted((run / "rollouts" / "train").glob("*/events/*"))
+    assert [f.name for f in events] == [f"events_train_{v.name}.jsonl" for v in versions]
+    rollouts = by_collection(read_events(events))
+    whole = [
+        records
+        for records in rollouts.values()
+        if records[0]["type"] == "trajectory_created" and records[-1]["type"] == "trajectory_finished"
+    ]
+    assert len(whole) >= 6 * 2 * 8  # (the SIGKILL may have cut the killed start's last rollout short)
     assert not (run / "process.json").exists()

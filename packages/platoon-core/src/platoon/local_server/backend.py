@@ -58,15 +58,42 @@ class ModelShape:
     max_position_embeddings: int = 32768
 
 
+#: held while torch and the model's classes are imported: a request arriving during the warm-up waits for it
+#: instead of importing the same modules from a second thread (half-initialised modules across threads)
+_IMPORTING = threading.Lock()
+
+
 def import_torch() -> Any:
     """torch, with the thread count set once for a small model; a missing torch is one line naming the extra."""
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ImportError(TORCH_MISSING) from None
+    with _IMPORTING:
+        try:
+            import torch
+            import transformers  # noqa: F401
+        except ImportError:
+            raise ImportError(TORCH_MISSING) from None
     _configure_threads(torch)
     return torch
+
+
+def _model_classes() -> tuple[Any, Any]:
+    """transformers' Qwen3 config and model classes (their import is most of a first `create`)."""
+    import_torch()
+    with _IMPORTING:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    return Qwen3Config, Qwen3ForCausalLM
+
+
+def warm_up(base_model: str) -> None:
+    """Import what a first backend needs (torch, transformers' Qwen3 classes) and load `base_model`'s tokenizer,
+    so the first `create_model` pays only for building the weights. A failure is left for that request to report.
+    """
+    try:
+        _model_classes()
+        from platoon.renderers import get_tokenizer
+
+        get_tokenizer(base_model)
+    except Exception:  # e.g. an unknown tokenizer: create_model says so in its answer
+        return
 
 
 @functools.cache
@@ -142,7 +169,7 @@ class ModelBackend:
         training client and a base-model sampler of one name start from the same weights.
         """
         torch = import_torch()
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+        Qwen3Config, Qwen3ForCausalLM = _model_classes()
 
         from platoon.renderers import get_tokenizer
 

@@ -9,6 +9,7 @@ then stops the server) and never the server first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import signal
@@ -41,49 +42,113 @@ class StartAbandoned(PlatoonError):
     """The caller asked to stop while the local server was still starting; the child is stopped."""
 
 
-def start_local_server_process(
-    *,
-    model: str = DEFAULT_MODEL,
-    state_dir: str | os.PathLike[str] | None = None,
-    timeout: float = START_TIMEOUT,
-    on_exit: Callable[[int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> tuple[str, Callable[[], None]]:
-    """Start the server in a child process; returns its base URL and a `stop()` that ends it and waits.
+class LocalServerChild:
+    """The local server in a child process, started at once and waited for later, so the caller's own start-up
+    (listing tasks, importing the SDK) overlaps the child's (importing torch, building the model).
 
-    `on_exit(returncode)` is called (from a watcher thread) as soon as the child exits without `stop()` having
-    asked it to (killed, crashed). `should_stop()` is polled while the child starts: when it says so, the child is
-    stopped and `StartAbandoned` raised.
+    The child prints its base URL as soon as it listens, then imports torch and the model's classes in the
+    background (`--warm`), so the first `create_model` does not pay for them. `url()` waits for the base URL;
+    `stop()` ends the child and waits. `on_exit(returncode)` (settable until `url()` is called) is called from a
+    watcher thread as soon as the child exits after it gave its URL and without `stop()` having asked it to
+    (killed, crashed).
     """
-    require_torch()  # the one-line error here, not a child's traceback
-    directory = Path(state_dir) if state_dir is not None else default_state_dir()
-    command = [
-        sys.executable,
-        "-m",
-        "platoon.local_server.process",
-        "--model",
-        model,
-        "--dir",
-        str(directory),
-        "--exit-on-stdin-eof",
-    ]
-    # Its own session: the terminal's SIGINT (Ctrl-C) goes to the foreground process group, and the server must
-    # outlive the command's stop at the next step boundary, which still saves through it.
-    child = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    assert child.stdout is not None
-    stdout = child.stdout
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    stopping = threading.Event()
 
-    def stop() -> None:
-        stopping.set()
+    def __init__(
+        self,
+        *,
+        model: str = DEFAULT_MODEL,
+        state_dir: str | os.PathLike[str] | None = None,
+        on_exit: Callable[[int], None] | None = None,
+        warm: bool = True,
+    ) -> None:
+        require_torch()  # the one-line error here, not a child's traceback
+        directory = Path(state_dir) if state_dir is not None else default_state_dir()
+        command = [
+            sys.executable,
+            "-m",
+            "platoon.local_server.process",
+            "--model",
+            model,
+            "--dir",
+            str(directory),
+            "--exit-on-stdin-eof",
+        ]
+        if warm:
+            command.append("--warm")
+        self.started_at = time.monotonic()
+        # Its own session: the terminal's SIGINT (Ctrl-C) goes to the foreground process group, and the server
+        # must outlive the command's stop at the next step boundary, which still saves through it.
+        self._child = child = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        self.pid = child.pid
+        self.on_exit = on_exit
+        self._lines: queue.Queue[str] = queue.Queue()
+        assert child.stdout is not None
+        self._stdout = stdout = child.stdout
+        threading.Thread(target=lambda: self._lines.put(stdout.readline()), daemon=True).start()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._url: str | None = None
+        self._exit_code: int | None = None
+        threading.Thread(target=self._watch, name="platoon-local-server-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        code = self._child.wait()
+        with self._lock:
+            self._exit_code = code
+            served = self._url is not None
+        # Before it gave its URL, `url()` reports the failed start itself.
+        if served and not self._stopping.is_set() and self.on_exit is not None:
+            self.on_exit(code)
+
+    def url(
+        self,
+        *,
+        timeout: float = START_TIMEOUT,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> str:
+        """The child's base URL, once it listens. `should_stop()` is polled meanwhile: when it says so, the child
+        is stopped and `StartAbandoned` raised."""
+        if self._url is not None:
+            return self._url
+        deadline = time.monotonic() + timeout
+        line: str | None = None
+        while line is None:
+            if should_stop is not None and should_stop():
+                self.stop()
+                raise StartAbandoned("stopped while the local Tinker server was starting")
+            now = time.monotonic()
+            if now >= deadline:
+                self.stop()
+                raise PlatoonError(f"the local Tinker server did not start within {timeout:.0f} s")
+            try:
+                line = self._lines.get(timeout=min(deadline - now, _STOP_POLL_SECONDS)).strip()
+            except queue.Empty:
+                continue
+        if not line.startswith("http://"):
+            code = self._child.wait()
+            self.stop()
+            raise PlatoonError(f"the local Tinker server failed to start (exit {code}; its error is above)")
+        with self._lock:
+            self._url = line
+            died = self._exit_code
+        if died is not None and not self._stopping.is_set() and self.on_exit is not None:
+            self.on_exit(died)  # it died between printing its URL and this call: said as any later death
+        return line
+
+    def stop(self) -> None:
+        """End the child and wait: closing its stdin asks a server that was used for a clean stop; SIGTERM and
+        SIGKILL follow if it does not come. A child never used is sent SIGTERM at once: it may still be importing,
+        and it notices its stdin closing only once it serves."""
+        self._stopping.set()
+        child = self._child
         if child.poll() is None:
-            # closing stdin asks for a clean stop; SIGTERM and SIGKILL follow if it does not come
+            if self._url is None:
+                child.terminate()
             if child.stdin is not None:
-                child.stdin.close()
+                with contextlib.suppress(OSError):
+                    child.stdin.close()
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -93,36 +158,26 @@ def start_local_server_process(
                 except subprocess.TimeoutExpired:
                     child.kill()
                     child.wait()
-        stdout.close()
+        self._stdout.close()
 
-    deadline = time.monotonic() + timeout
-    line: str | None = None
-    while line is None:
-        if should_stop is not None and should_stop():
-            child.terminate()  # still importing: it would notice its stdin closing only once it serves
-            stop()
-            raise StartAbandoned("stopped while the local Tinker server was starting")
-        left = deadline - time.monotonic()
-        if left <= 0:
-            stop()
-            raise PlatoonError(f"the local Tinker server did not start within {timeout:.0f} s")
-        try:
-            line = lines.get(timeout=min(left, _STOP_POLL_SECONDS)).strip()
-        except queue.Empty:
-            continue
-    if not line.startswith("http://"):
-        code = child.wait()
-        stop()
-        raise PlatoonError(f"the local Tinker server failed to start (exit {code}; its error is above)")
 
-    def watch() -> None:
-        code = child.wait()
-        if not stopping.is_set() and on_exit is not None:
-            on_exit(code)
+def start_local_server_process(
+    *,
+    model: str = DEFAULT_MODEL,
+    state_dir: str | os.PathLike[str] | None = None,
+    timeout: float = START_TIMEOUT,
+    on_exit: Callable[[int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[str, Callable[[], None]]:
+    """Start the server in a child process and wait for it; returns its base URL and a `stop()` that ends it and
+    waits (`LocalServerChild` starts it without waiting).
 
-    if on_exit is not None:
-        threading.Thread(target=watch, name="platoon-local-server-watch", daemon=True).start()
-    return line, stop
+    `on_exit(returncode)` is called (from a watcher thread) as soon as the child exits without `stop()` having
+    asked it to (killed, crashed). `should_stop()` is polled while the child starts: when it says so, the child is
+    stopped and `StartAbandoned` raised.
+    """
+    child = LocalServerChild(model=model, state_dir=state_dir, on_exit=on_exit)
+    return child.url(timeout=timeout, should_stop=should_stop), child.stop
 
 
 def serve_foreground(
@@ -132,8 +187,13 @@ def serve_foreground(
     state_dir: str | os.PathLike[str] | None = None,
     model: str = DEFAULT_MODEL,
     exit_on_stdin_eof: bool = False,
+    warm: bool = True,
 ) -> int:
-    """Serve until interrupted (Ctrl-C, SIGTERM, or stdin closing when asked); the base URL goes to stdout."""
+    """Serve until interrupted (Ctrl-C, SIGTERM, or stdin closing when asked); the base URL goes to stdout.
+
+    `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
+    `create_model` finds them ready (a request that needs them meanwhile waits for the warm-up).
+    """
     from platoon.cli.output import err
 
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -149,6 +209,10 @@ def serve_foreground(
             done.set()
 
         threading.Thread(target=watch_stdin, daemon=True).start()
+    if warm:
+        from platoon.local_server.backend import warm_up
+
+        threading.Thread(target=warm_up, args=(model,), name="local-tinker-warm-up", daemon=True).start()
     try:
         print(server.base_url, flush=True)
         err(
@@ -172,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", default=None)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--exit-on-stdin-eof", action="store_true")
+    parser.add_argument("--warm", action="store_true", help="import torch and the model's classes at once")
     args = parser.parse_args(argv)
     try:
         return serve_foreground(
@@ -180,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             state_dir=args.dir,
             model=args.model,
             exit_on_stdin_eof=args.exit_on_stdin_eof,
+            warm=args.warm,
         )
     except PlatoonError as exc:
         print(f"platoon: {exc}", file=sys.stderr, flush=True)

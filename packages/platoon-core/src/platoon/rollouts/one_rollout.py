@@ -63,7 +63,8 @@ class MemberRequest:
     service_kwargs: Mapping[str, Any] = field(default_factory=dict)
     output_dir: str | None = None
     #: also write `trajectory_collection.json` and `metadata.json` into `output_dir` (one directory per rollout);
-    #: False writes only the event file, into `<output_dir>/events/` shared by many rollouts (training)
+    #: False writes only the rollout's event file into `<output_dir>/events/` (training and its evaluations leave
+    #: `output_dir` unset and append every rollout's events to their step's one file themselves)
     record: bool = True
 
     @property
@@ -168,7 +169,8 @@ def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
 
 class FileWriter:
     """Writes rollout files on one background thread, so a group need not wait for its viewer files; `drain()`
-    waits until everything handed to it is on disk (a trainer drains before it ends)."""
+    waits until everything handed to it is on disk (a trainer drains before it ends). `append_events` adds a
+    rollout's events to its step's shared event file (training: one file per scope and step)."""
 
     def __init__(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -180,16 +182,32 @@ class FileWriter:
     def submit(self, request: MemberRequest, outcome: MemberOutcome) -> None:
         self._pool.submit(self._write, request, outcome)
 
+    def append_events(self, path: str | Path, task_id: str, outcome: MemberOutcome) -> None:
+        """Append the events of `outcome` (when it has a collection) to the shared event file `path`."""
+        if outcome.collection is not None:
+            self._pool.submit(self._append, Path(path), task_id, outcome.collection)
+
     def _write(self, request: MemberRequest, outcome: MemberOutcome) -> None:
         try:
             write_member_files(request, outcome)
         except OSError as exc:
-            if exc.errno not in NO_SPACE_ERRNOS:
-                log.warning("writing the rollout files of %s failed: %s", request.task_id, exc)
-            elif self.out_of_space is None:
-                if exc.filename is None:
-                    exc.filename = request.output_dir  # a failed write() names no file: name where it went
-                self.out_of_space = exc
+            self._failed(exc, request.task_id, request.output_dir)
+
+    def _append(self, path: Path, task_id: str, collection: TrajectoryCollection) -> None:
+        from platoon.trajectory_events import append_events
+
+        try:
+            append_events(collection, path)
+        except OSError as exc:
+            self._failed(exc, task_id, str(path))
+
+    def _failed(self, exc: OSError, task_id: str, where: str | None) -> None:
+        if exc.errno not in NO_SPACE_ERRNOS:
+            log.warning("writing the rollout files of %s failed: %s", task_id, exc)
+        elif self.out_of_space is None:
+            if exc.filename is None:
+                exc.filename = where  # a failed write() names no file: name where it went
+            self.out_of_space = exc
 
     def raise_if_out_of_space(self) -> None:
         """Raise the one-line RunDirWriteError of the first write a full disk refused, if one did."""
@@ -222,7 +240,7 @@ async def run_member(
 
     `version()` gives the policy version the member's samples come from, read when the rollout ends (in process
     the version when the request was built; a worker's following sampler reports the oldest version it sampled).
-    The rollout's files are written before it returns, or by `writer` in the background.
+    The rollout's files (with an `output_dir`) are written before it returns, or by `writer` in the background.
     """
     from platoon.episode.rollout import Route, recorded_rollout
 
@@ -256,7 +274,9 @@ async def run_member(
                 seconds,
                 _reward_key(collection),
             )
-    if writer is not None:
+    if request.output_dir is None:
+        pass  # nothing to write here (training appends the events to its step's file itself)
+    elif writer is not None:
         writer.submit(request, outcome)
     else:
         await asyncio.to_thread(_write_quietly, request, outcome)

@@ -263,6 +263,16 @@ def _write(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
+def _append_events(collection: TrajectoryCollection, path: Path, task_id: str) -> None:
+    """The viewer's copy of one rollout, appended to its evaluation's event file: a failure only warns."""
+    from platoon.trajectory_events import append_events
+
+    try:
+        append_events(collection, path)
+    except OSError as exc:
+        log.warning("writing the events of %s failed: %s", task_id, exc)
+
+
 def _family(metrics: dict[str, float], prefix: str, values: Sequence[float]) -> None:
     metrics[f"{prefix}/count"] = float(len(values))
     if values:  # no scored rollout: no average, never a 0 standing in for failures
@@ -342,6 +352,7 @@ async def evaluate(
     """
     from platoon.gateway.core import ModelGateway
     from platoon.rollouts.one_rollout import MemberRequest, run_member
+    from platoon.trajectory_events import scope_event_file
 
     started = time.monotonic()
     entries = _entries(config)
@@ -368,6 +379,7 @@ async def evaluate(
     gate = asyncio.Semaphore(int(config.eval.max_concurrent_rollouts or 1))
     mixture = len(entries) > 1
     out = Path(run_dir) / "rollouts" / "eval" / f"step_{step}"
+    events = scope_event_file(out, "eval", step)  # every rollout of this evaluation, one file
 
     async def one(index: int, label: str, task: Task, member: int) -> _Result:
         entry = entries[label][1]
@@ -382,8 +394,7 @@ async def evaluate(
             rollout_number=member,
             rollout_config=rollout_config,
             service_kwargs=dict((service_kwargs or {}).get(label, {})),
-            output_dir=str(where),
-            record=False,  # the event file; this evaluation writes the trajectory and its own metadata
+            output_dir=None,  # this evaluation writes the trajectory, its metadata and the step's event file
         )
         async with gate:
             if workers is not None:
@@ -398,6 +409,8 @@ async def evaluate(
             _score(collection, entry.reward_processor) if collection is not None else ("error", None)
         )
         seconds = outcome.seconds
+        if outcome.collection is not None:
+            await asyncio.to_thread(_append_events, outcome.collection, events, task_id)
         if collection is not None:
             await asyncio.to_thread(_write, where / "trajectory_collection.json", collection.to_dict())
         metadata = {

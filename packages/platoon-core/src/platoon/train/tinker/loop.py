@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from platoon.gateway.tinker_service import close_session
 from platoon.rollouts.one_rollout import FileWriter, MemberOutcome, MemberRequest, run_member
 from platoon.train.tinker.admission import AdmissionQueue, Row
-from platoon.train.tinker.trainer import say
+from platoon.train.tinker.trainer import doing, say, started_training
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
 
 if TYPE_CHECKING:
@@ -265,6 +265,7 @@ class Trainer:
             await self._close()
 
     async def _open(self) -> None:
+        doing("opening the Tinker session")
         import tinker
 
         from platoon.gateway.core import ModelGateway
@@ -287,6 +288,7 @@ class Trainer:
 
         service = await call_service("a session", self.base_url, lambda: asyncio.to_thread(open_service))
         self.service = service
+        doing("creating the training client")  # the local server builds its model now (if not warm yet)
         self.client = await training_client(service, self.config, self.resume, self.base_url)
         self.pruner = Pruner(
             self.checkpoints,
@@ -299,7 +301,9 @@ class Trainer:
             self.run_dir, self.config, resume_run_id=resume_run_id, start_step=self.start_batch
         )
         if self.workflow_config.rollout_isolation == "process":
+            doing("starting rollout workers")
             self._workers = await self._start_workers()
+        doing("saving the launch checkpoint")
         # Launch checkpoint: the first sampler samples the saved starting (or resumed) weights.
         sampler = await self._save("launch", self.start_batch)
         publish = self._workers.publish if self._workers is not None else None
@@ -506,7 +510,11 @@ class Trainer:
             release()
 
     async def _member(self, row: Row, task: Task, index: int, on_ready: Any) -> MemberOutcome:
+        from platoon.trajectory_events import scope_event_file
+
         with self.policy.sampling() as version:
+            # No files of its own: its events join the version's one event file, written here (from a worker's
+            # outcome too), so a step writes one file however many rollouts it runs.
             request = MemberRequest(
                 task=task,
                 task_id=row.task_id,
@@ -516,19 +524,19 @@ class Trainer:
                 rollout_number=index,
                 rollout_config=self.rollout_config,
                 service_kwargs=self.service_kwargs.get(row.pool, {}),
-                output_dir=str(self.run_dir / "rollouts" / "train" / str(version)),
+                output_dir=None,
                 record=False,
             )
+            outcome: MemberOutcome
             if self._workers is not None:
-                outcome: MemberOutcome = await self._workers.run(request, scope="train", on_ready=on_ready)
-                return outcome
-            return await run_member(
-                request,
-                service=self.services[row.pool],
-                gateway=self.gateway,
-                version=lambda: version,
-                writer=self._files,
-            )
+                outcome = await self._workers.run(request, scope="train", on_ready=on_ready)
+            else:
+                outcome = await run_member(
+                    request, service=self.services[row.pool], gateway=self.gateway, version=lambda: version
+                )
+        events = scope_event_file(self.run_dir / "rollouts" / "train" / str(version), "train", version)
+        self._files.append_events(events, row.task_id, outcome)
+        return outcome
 
     # --------------------------------------------------------------------------------------------- evaluation
 
@@ -586,6 +594,7 @@ class Trainer:
         evaluating = bool(self._eval_tasks) and self.eval_every >= 1
         if evaluating:
             background.append(asyncio.ensure_future(self._eval_loop()))
+        started_training()
         say(
             f"training {train.model_name} for steps {self.start_batch + 1}..{self.end_batch} in {self.run_dir}"
         )

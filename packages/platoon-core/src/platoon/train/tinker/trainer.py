@@ -13,6 +13,8 @@ import inspect
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from platoon.errors import ConfigError
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
+    from platoon.local_server.process import LocalServerChild
     from platoon.train.tinker.checkpoints import ResumePoint
     from platoon.train.tinker.task_order import Pool, TaskOrder
 
@@ -46,7 +49,61 @@ ORDER_STATE_KEY = "task_order"
 
 def say(message: str) -> None:
     """One progress line on stderr, prefixed like every diagnostic."""
-    print(f"platoon: {message}", file=sys.stderr, flush=True)
+    global _last_said
+    sys.stderr.write(f"platoon: {message}\n")  # one write: the heartbeat thread says lines too
+    sys.stderr.flush()
+    _last_said = time.monotonic()
+
+
+#: when `say` last printed (the heartbeat speaks only after this long a silence)
+_last_said = 0.0
+#: the longest a start stays silent: the heartbeat says what it waits for after this long
+HEARTBEAT_SECONDS = 4.0
+
+
+class _Heartbeat:
+    """While a start prepares, a line whenever nothing was said for `HEARTBEAT_SECONDS`: what it is doing and for
+    how long (`listing tasks (5 s)...`). A thread, not a task: imports and listings block the event loop."""
+
+    def __init__(self) -> None:
+        self._doing = "preparing the run"
+        self._since = time.monotonic()
+        self._started = self._since
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def doing(self, what: str) -> None:
+        self._doing, self._since = what, time.monotonic()
+
+    def start(self) -> None:
+        self._done.clear()
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="platoon-start-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._done.wait(0.25):
+            if time.monotonic() - max(_last_said, self._started) >= HEARTBEAT_SECONDS:
+                say(f"{self._doing} ({time.monotonic() - self._since:.0f} s)...")
+
+
+_heartbeat = _Heartbeat()
+
+
+def doing(what: str) -> None:
+    """Name what the start does now, for the heartbeat's next line."""
+    _heartbeat.doing(what)
+
+
+def started_training() -> None:
+    """The first step began: the heartbeat stops (steps say their own lines)."""
+    _heartbeat.stop()
 
 
 async def call_service[T](what: str, base_url: str | None, make: Callable[[], Awaitable[T]]) -> T:
@@ -312,7 +369,52 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
 
     A run dir whose `checkpoints.jsonl` has a resumable row resumes from it: its identity is checked (a changed
     model, renderer or hold-out is refused before any service opens), then training goes on at the next step.
+
+    With the local server, its child starts first, once the start's own checks pass (`_early_local_server`), so
+    its start-up (importing torch, building the model) overlaps the listing, the records and the SDK's import.
     """
+    server = _early_local_server(config)
+    _heartbeat.start()
+    try:
+        return await _train(config, loaded=loaded, server=server)
+    finally:
+        _heartbeat.stop()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+
+def _early_local_server(config: PlatoonTinkerRLTrainerConfig) -> LocalServerChild | None:
+    """The local server's child, started now when this start will use it: no refusal of the config or the
+    machine, no resume that changes model or renderer, no run that looks finished (its last row is `final`: it
+    would say "nothing to train"). Otherwise None, and the start starts it where it needs it, if it gets there."""
+    from platoon.gateway.tinker_service import uses_local_server
+    from platoon.rollouts.records import read_identity
+    from platoon.train.tinker.checkpoints import CheckpointLog
+
+    if not uses_local_server(config.tinker_base_url) or start_problems(config):
+        return None
+    run_dir = run_dir_of(config)
+    identity = read_identity(run_dir)
+    if identity is not None and (
+        identity.model != config.train.model_name or identity.renderer != config.train.renderer_name
+    ):
+        return None
+    latest = CheckpointLog(run_dir).latest_resumable()
+    if latest is not None and latest.kind == "final":
+        return None
+    return _start_local_server(config)
+
+
+def _start_local_server(config: PlatoonTinkerRLTrainerConfig) -> LocalServerChild:
+    from platoon.local_server.process import LocalServerChild
+
+    say(f"starting the local Tinker-compatible server for {config.train.model_name}")
+    return LocalServerChild(model=config.train.model_name)
+
+
+async def _train(
+    config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | None, server: LocalServerChild | None
+) -> int:
     from platoon.gateway.core import sample_timeout_with_source
     from platoon.gateway.tinker_service import (
         KEY_VARIABLE,
@@ -326,6 +428,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     from platoon.train.tinker.watchdog import ServiceMonitor
 
     base_dir = loaded.path.parent if loaded is not None else Path.cwd()
+    doing("listing tasks")
     checked = await preflight(config, base_dir=base_dir)
     api_key = check_tinker_key(config.tinker_base_url)
     timeout, source = sample_timeout_with_source(
@@ -351,6 +454,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
             return 0
         _write_records(run_dir, config, loaded)
+        doing("loading the renderer")
         renderer = await _renderer(config)
         records.update_lock(
             run_dir,
@@ -368,19 +472,19 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             unreachable_seconds=config.train.service_unreachable_seconds,
         )
         if uses_local_server(config.tinker_base_url):
-            from platoon.local_server.process import StartAbandoned, start_local_server_process
+            from platoon.local_server.process import StartAbandoned
 
-            say(f"starting the local Tinker-compatible server for {config.train.model_name}")
+            if server is None:  # not started early: a run that looked finished and was not
+                server = _start_local_server(config)
+                stop_server = server.stop
+            server.on_exit = lambda code: monitor.lose(f"the local Tinker server {_how_it_ended(code)}")
+            doing("waiting for the local Tinker server")
             try:
-                base_url, stop_server = await asyncio.to_thread(
-                    start_local_server_process,
-                    model=config.train.model_name,
-                    on_exit=lambda code: monitor.lose(f"the local Tinker server {_how_it_ended(code)}"),
-                    should_stop=stop_requested,
-                )
+                base_url = await asyncio.to_thread(server.url, should_stop=stop_requested)
             except StartAbandoned:
                 return stopped_before_training(start_step)
             monitor.name = f"the local Tinker server at {base_url}"
+        doing("building the environments' services")  # an in-process ORS service imports its SDK
         trainer = Trainer(
             config,
             order,

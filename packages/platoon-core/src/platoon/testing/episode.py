@@ -199,6 +199,10 @@ def indented_json(value: Any) -> str:
             for i, (k, v) in enumerate(o.items()):
                 if i:
                     write(",\n" + inner)
+                # a string key and value, the commonest item, in one piece without a call per value
+                if type(k) is str and type(v) is str:
+                    write(_encode_string(k) + ": " + _encode_string(v))
+                    continue
                 write(key(k) + ": ")
                 encode(v, inner)
             write("\n" + indent + "}")

@@ -5,6 +5,11 @@ reach; an in-process call (`main([...])`) leaves collection as it was."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
+
+import pytest
 
 from platoon.cli import main
 
@@ -20,3 +25,22 @@ def test_the_console_script_freezes_the_heap_before_exit_and_an_in_process_call_
     finally:
         gc.unfreeze()
     assert "Usage" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["--help"], ["env", "list"]], ids=["root-help", "typer-command"])
+def test_a_reader_that_closed_stdout_gets_no_traceback(args):
+    """`platoon --help | head -1`: the reader is gone before platoon writes; platoon says nothing on stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "platoon", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 1

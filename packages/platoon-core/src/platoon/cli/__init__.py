@@ -20,6 +20,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return _run(args)
+    except BrokenPipeError:
+        return _reader_went_away()
     except ImportError as exc:
         # A module of platoon's own that cannot be imported is, in an installed platoon, a damaged installation
         # (another distribution wrote or deleted files of the platoon/ folder): one line saying how to repair it.
@@ -33,6 +35,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if argv is None:
             _before_exit()
+
+
+def _reader_went_away() -> int:
+    """The reader of stdout closed it (`platoon --help | head -1`): what is still buffered goes nowhere, so the
+    interpreter's final flush raises nothing and no traceback follows the output the reader took."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (
+        OSError,
+        ValueError,
+    ):  # a replaced stdout without a file descriptor: nothing left to flush into it
+        pass
+    return 1
 
 
 def _before_exit() -> None:
@@ -91,5 +108,5 @@ def _run(args: list[str]) -> int:
         err(str(exc))
         return exc.exit_code
     except BrokenPipeError:
-        return 1
+        return _reader_went_away()
     return result if isinstance(result, int) and not isinstance(result, bool) else 0

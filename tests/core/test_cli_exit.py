@@ -44,3 +44,20 @@ def test_a_reader_that_closed_stdout_gets_no_traceback(args):
         os.close(write_end)
     assert done.stderr == ""
     assert done.returncode == 1
+
+
+def test_a_command_that_loaded_triton_exits_without_nanobind_leak_reports():
+    """`platoon tinker serve` builds the model in process, which loads torch's triton (nanobind bindings): its exit
+    frees the heap instead of freezing it, so no page of "nanobind: leaked ..." follows a clean stop."""
+    script = (
+        "import sys\n"
+        "from platoon.local_server.backend import warm_up\n"
+        "warm_up('platoon/toy')\n"
+        "assert 'triton' in sys.modules, 'this check needs a torch that loads triton'\n"
+        "from platoon.cli import main\n"
+        "sys.argv = ['platoon', '--help']\n"
+        "sys.exit(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr

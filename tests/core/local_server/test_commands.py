@@ -73,6 +73,25 @@ def test_child_process_server_starts_and_stops(tmp_path):
         raise AssertionError("the server still answers after stop()")
 
 
+def test_a_child_that_built_the_model_stops_quietly(tmp_path, capfd):
+    """The child has torch, transformers and triton loaded once a model is built: it stops without the interpreter's
+    teardown, so nothing of triton's nanobind leak reports reaches the terminal the trainer prints to."""
+    import tinker
+
+    from platoon.gateway.tinker_service import close_session
+
+    base_url, stop = start_local_server_process(state_dir=tmp_path)
+    try:
+        client = tinker.ServiceClient(base_url=base_url, api_key="tml-test")
+        try:
+            client.create_lora_training_client(base_model="platoon/toy", rank=8)
+        finally:
+            close_session(client)
+    finally:
+        stop()
+    assert "leaked" not in capfd.readouterr().err
+
+
 def test_state_dir_defaults_to_the_site_cache(tmp_path, monkeypatch):
     profile = tmp_path / "site.yaml"
     profile.write_text(f"cache: {tmp_path / 'cache'}\n")

@@ -54,8 +54,8 @@ def test_every_core_command_is_in_the_listing_and_nothing_else_of_core():
 
 
 def test_extension_groups_are_what_importlib_metadata_finds(fresh_plugins):
+    # whatever this environment installs: the workspace's plugins, or none where platoon-core is tested alone
     expected = {info.name: info.distribution for info in plugins.entry_points("command")}
-    assert expected, "the workspace installs platoon-harbor, platoon-sandbox and platoon-harnesses"
     assert root.extension_groups() == expected
 
 

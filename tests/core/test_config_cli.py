@@ -212,7 +212,7 @@ def test_components_are_resolved_and_extensions_loaded_when_named(configs, capsy
 def test_a_service_of_a_later_release_says_it_is_not_available_yet(configs, capsys, service, arrives_with):
     configs(
         c=f"extends: base.yaml\ntinker_base_url: local\n"
-        f"environments:\n  - service: '{service}'\n    harness: platoon-react\n"
+        f"environments:\n  - service: '{service}'\n    harness: platoon-bandit-answer\n"
     )
     scheme = service.partition("://")[0]
     code, lines = validate(capsys, "c.yaml")

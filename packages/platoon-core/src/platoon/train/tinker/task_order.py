@@ -574,21 +574,10 @@ async def _list_entry(
             row = rows.get(raw, {})
             columns |= set(row)
             labels[run_id(raw)] = label_text(row.get(column))
+    listing = {"task_ids": task_ids, "labels": labels, "columns": sorted(columns), "excluded": record}
     if cache_key is not None and len(problems) == bad:  # only a listing the run accepts is kept
-        listing_cache.store(
-            cache_key,
-            {"task_ids": task_ids, "labels": labels, "columns": sorted(columns), "excluded": record},
-        )
-    return Pool(
-        label=label,
-        weight=entry.weight,
-        task_ids=task_ids,
-        seed=entry.seed,
-        entry=index,
-        labels=labels,
-        columns=frozenset(columns),
-        excluded=record,
-    )
+        listing_cache.store(cache_key, listing)
+    return _pool(listing, label, entry, index)
 
 
 def _pool_of_listing(listing: Mapping[str, Any], label: str, entry: Any, index: int) -> Pool | None:
@@ -611,15 +600,20 @@ def _pool_of_listing(listing: Mapping[str, Any], label: str, entry: Any, index: 
         and isinstance(excluded, dict)
     ):
         return None
+    return _pool(listing, label, entry, index)
+
+
+def _pool(listing: Mapping[str, Any], label: str, entry: Any, index: int) -> Pool:
+    """The pool of an entry from its listing (fresh or cached: the same fields either way)."""
     return Pool(
         label=label,
         weight=entry.weight,
-        task_ids=task_ids,
+        task_ids=listing["task_ids"],
         seed=entry.seed,
         entry=index,
-        labels=labels,
-        columns=frozenset(columns),
-        excluded=excluded,
+        labels=listing["labels"],
+        columns=frozenset(listing["columns"]),
+        excluded=listing["excluded"],
     )
 
 

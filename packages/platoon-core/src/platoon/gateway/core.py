@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon.gateway.history import PromptBuild
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 
@@ -518,8 +519,9 @@ class ModelGateway:
         # 2. Prepare the sampling parameters and the render kwargs.
         params, stop, render_kwargs = self._prepare(rollout, settings, kind, sampling)
 
-        # 3. Render.
-        prompt = self.renderer.render_prompt(messages, tools=tools or None, **render_kwargs)
+        # 3. Render (reusing the exact tokens of this agent's earlier calls where the conversation repeats them).
+        built = await self._render(agent, messages, tools, render_kwargs)
+        prompt = built.tokens
 
         # 4. Fit to the context window.
         max_tokens = params["max_tokens"]
@@ -618,6 +620,27 @@ class ModelGateway:
             )
         # The reply gets its own top-level dict: a harness editing it must not rewrite the recorded step.
         return ChatReply(call_id, dict(message), generation["finish_reason"])
+
+    async def _render(
+        self,
+        agent: AgentRecord,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        render_kwargs: dict[str, Any],
+    ) -> PromptBuild:
+        """The prompt of one call (step 3)."""
+        return self._render_now(agent, messages, tools, render_kwargs)
+
+    def _render_now(
+        self,
+        agent: AgentRecord,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        render_kwargs: dict[str, Any],
+    ) -> PromptBuild:
+        """The prompt of one call, rendered synchronously."""
+        tokens = self.renderer.render_prompt(messages, tools=tools or None, **render_kwargs)
+        return PromptBuild(tokens)
 
     def set_call_cap(self, agent: AgentRecord, max_calls: int) -> None:
         """Enforce a step budget at the gateway: `agent`'s policy calls, and those of the agents

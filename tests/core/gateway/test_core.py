@@ -83,6 +83,7 @@ def test_a_call_records_the_exact_prompt_sampled_tokens_and_logprobs(make_gatewa
         "recovered_tool_calls": 0,
         "unparsed_tool_calls": 0,
         "finish_reason": "stop",
+        "history": {"extends": None, "reused_tokens": 0, "segment": "first_call"},
     }
     assert agent.policy_calls == 1 and agent.last_call() is call
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from platoon.gateway.history import PromptBuild
+from platoon.gateway.history import AgentHistory, PromptBuild, build_prompt
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 
@@ -233,6 +233,8 @@ class _AgentSettings:
     policy_only: bool  # a key placed where policy-run code can read it: aux and judge calls are refused
     #: the gateway-enforced step budget this agent's policy calls count against (shared with HTTP-minted children)
     call_cap: _CallCap | None = None
+    #: the agent's recorded calls, for token-in history (its own: a child's conversation is its own)
+    history: AgentHistory = field(default_factory=AgentHistory)
 
 
 #: The budget stop's synthetic reply; `{n}` is the cap.
@@ -600,6 +602,8 @@ class ModelGateway:
                 stop_reason=stop_reason,
                 routing_id=_routing_id(sequence),
             )
+            settings.history.record(built, call_id, tokens, message)
+            generation["history"] = built.history
             n_prompt, n_completion = len(prompt), len(tokens)
             agent.calls.append(
                 CallRecord(
@@ -638,9 +642,10 @@ class ModelGateway:
         tools: list[dict[str, Any]] | None,
         render_kwargs: dict[str, Any],
     ) -> PromptBuild:
-        """The prompt of one call, rendered synchronously."""
-        tokens = self.renderer.render_prompt(messages, tools=tools or None, **render_kwargs)
-        return PromptBuild(tokens)
+        """The prompt of one call, rendered synchronously: token-in history over the agent's recorded calls."""
+        rollout = self._rollouts[agent.rollout_id]
+        history = rollout._settings[agent.agent_id].history
+        return build_prompt(self.renderer, history, messages, tools, render_kwargs)
 
     def set_call_cap(self, agent: AgentRecord, max_calls: int) -> None:
         """Enforce a step budget at the gateway: `agent`'s policy calls, and those of the agents

@@ -1,15 +1,46 @@
-"""Token-in history: a prompt that repeats an agent's earlier calls reuses their exact tokens.
+"""Token-in history: a prompt that repeats an agent's earlier call reuses that call's exact tokens.
 
-A conversation sent back to the gateway carries the assistant turns the gateway produced. Re-rendering them from
-their parsed text need not give back the tokens the model sampled (JSON re-serialised, whitespace normalised,
-non-ASCII escaped), which breaks the prefix property training relies on. This module builds the next prompt from
-the recorded prompt and sampled tokens of the latest matching call and renders only the messages after it.
+A harness sends the whole conversation back on every call, including the assistant turns the gateway gave it.
+Re-rendering those turns from their parsed text need not give back what the model sampled (JSON re-serialised,
+whitespace normalised, non-ASCII escaped, a separator newline added), and then the next prompt no longer extends
+the previous prompt and its sampled tokens: training loses the prefix sharing and sees text the model never wrote.
+
+So the gateway remembers, per agent, each call it recorded: the request's messages (as a chain of digests), the
+reply it returned, its prompt and sampled tokens, and the digest of the prompt a plain render of the request gave.
+A new request whose messages up to an assistant turn are exactly such a request followed by its reply is built as
+
+    the earlier call's prompt + its sampled tokens + what the renderer writes after that turn
+
+where the last part is cut from a plain render of the new request, after the end token of the re-rendered turn.
+Nothing else changes: the prompt a renderer builds for a conversation it has not seen is the plain render.
+
+The reuse is refused, and the call starts a new *segment* (recorded with the reason), when a plain render would
+not keep the turn as sampled: the turn was cut short (no stop token), the renderer re-renders the earlier history
+differently once the new messages follow (thinking dropped after a new user turn), or it drops the turn's
+reasoning. A renderer opts out with the renderer attribute `token_in_history = False` (`renderer_kwargs`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+__all__ = ["SEGMENT_REASONS", "AgentHistory", "PromptBuild", "Turn", "build_prompt"]
+
+#: Why a call's prompt does not extend an earlier call of the same agent (`generation["history"]["segment"]`).
+SEGMENT_REASONS = {
+    "first_call": "the agent's first call",
+    "no_matching_call": "the conversation repeats none of this agent's earlier calls as they were answered",
+    "opted_out": "the renderer is configured with token_in_history false",
+    "truncated": "the repeated turn did not end on a stop token (cut at the completion budget)",
+    "history_rerendered": "the renderer renders the earlier history differently once the new messages follow",
+    "reasoning_dropped": "the renderer drops the repeated turn's reasoning from history",
+    "turn_not_found": "the repeated turn's end could not be found in the renderer's output",
+}
 
 
 @dataclass(frozen=True)
@@ -17,9 +48,249 @@ class PromptBuild:
     """A call's prompt tokens and how they were built.
 
     `history` is recorded on the call (`generation["history"]`): `extends` (the call id whose prompt and sampled
-    tokens this prompt starts with, or None), `reused_tokens` (how many tokens came from it), and `segment` (None
-    when the prompt extends an earlier call; else why a new segment starts).
+    tokens this prompt starts with, or None), `reused_tokens` (how many tokens came from that call), and `segment`
+    (None when the prompt extends an earlier call; else a key of `SEGMENT_REASONS`).
     """
 
     tokens: list[int]
     history: dict[str, Any] = field(default_factory=dict)
+    #: the chain digest of the request (tools, render kwargs, messages): the key a later call matches against
+    request_digest: bytes = b""
+    #: the length and digest of the plain render of the request
+    rendered_length: int = 0
+    rendered_digest: bytes = b""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One recorded call of an agent, as a later request may repeat it."""
+
+    call_id: str
+    prompt: tuple[int, ...]
+    sampled: tuple[int, ...]
+    rendered_length: int
+    rendered_digest: bytes
+    #: the reply's visible text, reasoning and tool-call names (to check the re-rendered turn is this one)
+    content: str
+    reasoning: str
+    tool_names: tuple[str, ...]
+
+
+@dataclass
+class AgentHistory:
+    """An agent's recorded calls, keyed by (request digest, reply digest)."""
+
+    turns: dict[tuple[bytes, bytes], Turn] = field(default_factory=dict)
+    calls: int = 0
+
+    def record(
+        self, build: PromptBuild, call_id: str, sampled: Sequence[int], reply: Mapping[str, Any]
+    ) -> None:
+        """Remember a recorded call so that a request repeating it reuses its tokens."""
+        self.calls += 1
+        if not build.request_digest:
+            return
+        key = (build.request_digest, _reply_digest(reply))
+        self.turns[key] = Turn(
+            call_id=call_id,
+            prompt=tuple(build.tokens),
+            sampled=tuple(sampled),
+            rendered_length=build.rendered_length,
+            rendered_digest=build.rendered_digest,
+            content=_text(reply.get("content")).strip(),
+            reasoning=_reasoning(reply).strip(),
+            tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
+        )
+
+    def match(self, chain: list[bytes], messages: Sequence[Mapping[str, Any]]) -> Turn | None:
+        """The latest assistant turn of `messages` that repeats a recorded call with the request before it."""
+        if not self.turns:
+            return None
+        for j in range(len(messages) - 1, 0, -1):
+            message = messages[j]
+            if not isinstance(message, Mapping) or message.get("role") != "assistant":
+                continue
+            turn = self.turns.get((chain[j], _reply_digest(message)))
+            if turn is None:
+                continue
+            # A client may drop the reasoning it was given, but one that sends other reasoning wrote a new turn.
+            sent = _reasoning(message).strip()
+            if sent and sent != turn.reasoning:
+                continue
+            return turn
+        return None
+
+
+def build_prompt(
+    renderer: Any,
+    history: AgentHistory,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    render_kwargs: Mapping[str, Any],
+) -> PromptBuild:
+    """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them."""
+    rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
+    chain = _chain(messages, tools, render_kwargs)
+    plain = PromptBuild(
+        rendered,
+        request_digest=chain[-1],
+        rendered_length=len(rendered),
+        rendered_digest=_token_digest(rendered),
+    )
+    if history.calls == 0:
+        return _segment(plain, "first_call")
+    if not getattr(renderer, "token_in_history", True):
+        return _segment(plain, "opted_out")
+    turn = history.match(chain, messages)
+    if turn is None:
+        return _segment(plain, "no_matching_call")
+    tokens, reason = _splice(renderer, turn, rendered)
+    if tokens is None:
+        return _segment(plain, reason, turn)
+    return PromptBuild(
+        tokens,
+        {"extends": turn.call_id, "reused_tokens": len(turn.prompt) + len(turn.sampled), "segment": None},
+        request_digest=plain.request_digest,
+        rendered_length=plain.rendered_length,
+        rendered_digest=plain.rendered_digest,
+    )
+
+
+def _splice(renderer: Any, turn: Turn, rendered: list[int]) -> tuple[list[int] | None, str]:
+    """The turn's prompt and sampled tokens followed by the part of `rendered` after the re-rendered turn."""
+    ends = set(renderer.stop_token_ids())
+    if not turn.sampled or turn.sampled[-1] not in ends:
+        return None, "truncated"
+    start = turn.rendered_length
+    # The plain render of the new request must begin with the plain render the turn was sampled from: otherwise
+    # the renderer writes the earlier history differently now, and the sampled turn cannot stand in it.
+    if len(rendered) <= start or _token_digest(rendered[:start]) != turn.rendered_digest:
+        return None, "history_rerendered"
+    ends |= set(getattr(renderer, "history_turn_end_ids", ()))
+    end = next((i for i in range(start, len(rendered)) if rendered[i] in ends), None)
+    if end is None:
+        return None, "turn_not_found"
+    # The re-rendered turn must hold what the reply held: its text and calls (else the end found is not this
+    # turn's end), and its reasoning (else the renderer drops it from history, and so must the prompt).
+    text = str(renderer.tokenizer.decode(rendered[start : end + 1]))
+    if turn.reasoning and turn.reasoning not in text:
+        return None, "reasoning_dropped"
+    if (turn.content and turn.content not in text) or any(name not in text for name in turn.tool_names):
+        return None, "turn_not_found"
+    return [*turn.prompt, *turn.sampled, *rendered[end + 1 :]], ""
+
+
+def _segment(build: PromptBuild, reason: str, turn: Turn | None = None) -> PromptBuild:
+    """`build` recorded as a new segment, unless its tokens extend the matched turn anyway."""
+    if turn is not None:
+        prefix = (*turn.prompt, *turn.sampled)
+        if tuple(build.tokens[: len(prefix)]) == prefix:
+            build.history.update(extends=turn.call_id, reused_tokens=0, segment=None)
+            return build
+    build.history.update(extends=None, reused_tokens=0, segment=reason)
+    return build
+
+
+# ---- digests ------------------------------------------------------------------------------------------------
+
+
+def _token_digest(tokens: Sequence[int]) -> bytes:
+    return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+def _chain(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    render_kwargs: Mapping[str, Any],
+) -> list[bytes]:
+    """`chain[i]` = the digest of the tools, the render kwargs and `messages[:i]` (len(messages) + 1 entries)."""
+    digest = _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
+    chain = [digest]
+    for message in messages:
+        digest = _digest(digest, _message_form(message))
+        chain.append(digest)
+    return chain
+
+
+def _digest(previous: bytes, value: Any) -> bytes:
+    hasher = hashlib.blake2b(previous, digest_size=16)
+    hasher.update(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode())
+    return hasher.digest()
+
+
+def _reply_digest(message: Mapping[str, Any]) -> bytes:
+    """What identifies a reply when a client sends it back: its visible text and its calls (names, arguments).
+
+    Reasoning is left out (clients drop it) and checked separately; call ids are left out (some dialects mint
+    their own); whitespace around the text is left out (some clients trim it).
+    """
+    calls = [[_call_name(call), _arguments(call)] for call in message.get("tool_calls") or ()]
+    return _digest(b"", [_text(message.get("content")).strip(), calls])
+
+
+def _message_form(message: Any) -> Any:
+    """A message as the fields that change its rendering, in a canonical form."""
+    if not isinstance(message, Mapping):
+        return repr(message)
+    form: dict[str, Any] = {"role": message.get("role"), "content": _canonical(message.get("content"))}
+    if message.get("tool_calls"):
+        form["tool_calls"] = [
+            [_call_field(call, "id"), _call_name(call), _arguments(call)] for call in message["tool_calls"]
+        ]
+    for key in ("tool_call_id", "name"):
+        if message.get(key) is not None:
+            form[key] = message[key]
+    reasoning = _reasoning(message)
+    if reasoning:
+        form["reasoning"] = reasoning
+    return form
+
+
+def _canonical(value: Any) -> Any:
+    """None and "" alike (a reply's null content comes back either way); everything else as it is."""
+    return "" if value is None else value
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text"
+        )
+    return str(content)
+
+
+def _reasoning(message: Mapping[str, Any]) -> str:
+    value = message.get("reasoning_content")
+    if value is None:
+        value = message.get("reasoning")
+    return value if isinstance(value, str) else ""
+
+
+def _call_field(call: Any, key: str) -> Any:
+    return call.get(key) if isinstance(call, Mapping) else getattr(call, key, None)
+
+
+def _call_function(call: Any) -> Any:
+    function = _call_field(call, "function")
+    return call if function is None else function
+
+
+def _call_name(call: Any) -> str:
+    return str(_call_field(_call_function(call), "name") or "")
+
+
+def _arguments(call: Any) -> Any:
+    """The call's arguments as a JSON value (a client may re-serialise the JSON text it was given)."""
+    arguments = _call_field(_call_function(call), "arguments")
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments

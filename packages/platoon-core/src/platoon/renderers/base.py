@@ -340,6 +340,9 @@ class Renderer(ABC):
     name: str | None = None
     #: whether `parse_response_streaming` exists (kept for parity with the cookbook's attribute)
     supports_streaming: bool = False
+    #: whether the gateway reuses the exact tokens of an agent's earlier calls in its next prompt (token-in
+    #: history, platoon.gateway.history); `renderer_kwargs: {token_in_history: false}` renders every prompt whole
+    token_in_history: bool = True
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ SEGMENT_REASONS = {
     "opted_out": "the renderer is configured with token_in_history false",
     "truncated": "the repeated turn did not end on a stop token (cut at the completion budget)",
     "history_rerendered": "the renderer renders the earlier history differently once the new messages follow",
+    "prefill_dropped": "the renderer opens the turn in history without the prefill it was sampled after",
     "reasoning_dropped": "the renderer drops the repeated turn's reasoning from history",
     "turn_not_found": "the repeated turn's end could not be found in the renderer's output",
 }
@@ -56,9 +57,12 @@ class PromptBuild:
     history: dict[str, Any] = field(default_factory=dict)
     #: the chain digest of the request (tools, render kwargs, messages): the key a later call matches against
     request_digest: bytes = b""
-    #: the length and digest of the plain render of the request
+    #: the length and digest of the plain render of the request, and of that render without its opening of the
+    #: turn to sample (what follows the last message's end token: the header and any prefill)
     rendered_length: int = 0
     rendered_digest: bytes = b""
+    opening_length: int = 0
+    head_digest: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Turn:
     sampled: tuple[int, ...]
     rendered_length: int
     rendered_digest: bytes
+    opening_length: int
+    head_digest: bytes
     #: the reply's visible text, reasoning and tool-call names (to check the re-rendered turn is this one)
     content: str
     reasoning: str
@@ -97,6 +103,8 @@ class AgentHistory:
             sampled=tuple(sampled),
             rendered_length=build.rendered_length,
             rendered_digest=build.rendered_digest,
+            opening_length=build.opening_length,
+            head_digest=build.head_digest,
             content=_text(reply.get("content")).strip(),
             reasoning=_reasoning(reply).strip(),
             tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
@@ -131,11 +139,15 @@ def build_prompt(
     """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them."""
     rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
     chain = _chain(messages, tools, render_kwargs)
+    ends = _end_ids(renderer)
+    head = next((i + 1 for i in range(len(rendered) - 1, -1, -1) if rendered[i] in ends), 0)
     plain = PromptBuild(
         rendered,
         request_digest=chain[-1],
         rendered_length=len(rendered),
         rendered_digest=_token_digest(rendered),
+        opening_length=len(rendered) - head,
+        head_digest=_token_digest(rendered[:head]),
     )
     if history.calls == 0:
         return _segment(plain, "first_call")
@@ -144,7 +156,7 @@ def build_prompt(
     turn = history.match(chain, messages)
     if turn is None:
         return _segment(plain, "no_matching_call")
-    tokens, reason = _splice(renderer, turn, rendered)
+    tokens, reason = _splice(renderer, turn, rendered, ends)
     if tokens is None:
         return _segment(plain, reason, turn)
     return PromptBuild(
@@ -156,28 +168,47 @@ def build_prompt(
     )
 
 
-def _splice(renderer: Any, turn: Turn, rendered: list[int]) -> tuple[list[int] | None, str]:
+def _end_ids(renderer: Any) -> set[int]:
+    """The tokens that end a message: the stop tokens, and those a renderer ends history turns with instead."""
+    return {*renderer.stop_token_ids(), *getattr(renderer, "history_turn_end_ids", ())}
+
+
+def _splice(renderer: Any, turn: Turn, rendered: list[int], ends: set[int]) -> tuple[list[int] | None, str]:
     """The turn's prompt and sampled tokens followed by the part of `rendered` after the re-rendered turn."""
-    ends = set(renderer.stop_token_ids())
-    if not turn.sampled or turn.sampled[-1] not in ends:
+    if not turn.sampled or turn.sampled[-1] not in renderer.stop_token_ids():
         return None, "truncated"
     start = turn.rendered_length
     # The plain render of the new request must begin with the plain render the turn was sampled from: otherwise
     # the renderer writes the earlier history differently now, and the sampled turn cannot stand in it.
     if len(rendered) <= start or _token_digest(rendered[:start]) != turn.rendered_digest:
+        # Either the earlier messages render differently now, or only the turn's opening does (the header and
+        # prefill after the last message: an empty think block the template does not keep in history).
+        head = start - turn.opening_length
+        if _token_digest(rendered[:head]) == turn.head_digest:
+            return None, "prefill_dropped"
         return None, "history_rerendered"
-    ends |= set(getattr(renderer, "history_turn_end_ids", ()))
-    end = next((i for i in range(start, len(rendered)) if rendered[i] in ends), None)
-    if end is None:
-        return None, "turn_not_found"
-    # The re-rendered turn must hold what the reply held: its text and calls (else the end found is not this
-    # turn's end), and its reasoning (else the renderer drops it from history, and so must the prompt).
-    text = str(renderer.tokenizer.decode(rendered[start : end + 1]))
-    if turn.reasoning and turn.reasoning not in text:
-        return None, "reasoning_dropped"
-    if (turn.content and turn.content not in text) or any(name not in text for name in turn.tool_names):
-        return None, "turn_not_found"
-    return [*turn.prompt, *turn.sampled, *rendered[end + 1 :]], ""
+    # The re-rendered turn ends at an end token; the first one after which the rendered text holds the reply's
+    # text and calls is its end (a turn may hold several messages: reasoning, a preamble, each call). Reasoning
+    # before that point but missing from it means the renderer drops it from history, and so must the prompt.
+    for end in _ends_after(rendered, start, ends):
+        text = str(renderer.tokenizer.decode(rendered[start : end + 1]))
+        if (turn.content and turn.content not in text) or any(name not in text for name in turn.tool_names):
+            continue
+        if turn.reasoning and turn.reasoning not in text:
+            return None, "reasoning_dropped"
+        return [*turn.prompt, *turn.sampled, *rendered[end + 1 :]], ""
+    return None, "turn_not_found"
+
+
+def _ends_after(rendered: list[int], start: int, ends: set[int], limit: int = 16) -> Iterator[int]:
+    """The first `limit` positions at or after `start` that hold an end token."""
+    found = 0
+    for i in range(start, len(rendered)):
+        if rendered[i] in ends:
+            yield i
+            found += 1
+            if found == limit:
+                return
 
 
 def _segment(build: PromptBuild, reason: str, turn: Turn | None = None) -> PromptBuild:

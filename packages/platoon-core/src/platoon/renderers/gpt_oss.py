@@ -166,6 +166,11 @@ class GptOssRenderer(Renderer):
     def get_stop_sequences(self) -> list[int]:
         return [self._return_token, self._call_token]
 
+    @property
+    def history_turn_end_ids(self) -> list[int]:
+        """A final answer sampled up to `<|return|>` ends `<|end|>` once it is history (token-in history)."""
+        return [self._single_token("<|end|>")]
+
     # ---- rendering -----------------------------------------------------------------------------------------
 
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:

@@ -2,6 +2,9 @@
 
 Each renders exactly the tokens tinker-cookbook 0.3.0's renderer of the same name renders (the golden files in
 testdata/renders): `<|im_start|>role\\n...<|im_end|>` turns, tool results as user turns in `<tool_response>`.
+Where the goldens are silent they write what Qwen3's own chat template writes (JSON with non-ASCII kept); where
+they differ from the template, the golden case that pins the difference is named beside the code (docs/gateway.md
+lists them, tests/core/renderers/test_qwen3_template_faithfulness.py checks them against `apply_chat_template`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,20 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
+def _json_text(value: Any) -> str:
+    """`value` as the template's `tojson` writes it: `", "`/`": "` spacing, non-ASCII kept as written.
+
+    A string holding a lone surrogate (a `\\ud800` escape that JSON decoded) cannot be UTF-8 encoded: that text
+    alone keeps ASCII escapes, so it still renders.
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value)
+    return text
+
+
 def _tool_call_payload(call: Any) -> dict[str, Any]:
     """The `{"name", "arguments"}` object written inside a `<tool_call>` block."""
     tool_call = ToolCall.from_obj(call)
@@ -58,8 +75,10 @@ def _tool_call_payload(call: Any) -> dict[str, Any]:
 class Qwen3Renderer(Renderer):
     """Qwen3 with thinking (HF template, `enable_thinking=True`): `<think>` blocks of history turns are dropped.
 
-    `strip_thinking_from_history` (default True, the template's behaviour) removes thinking parts from assistant
-    messages that are not last; set it False (renderer_kwargs) to keep them, which gives the extension property.
+    History is every assistant turn but the last, including turns after the last user query, whose thinking the
+    template keeps (the goldens' `reasoning_tool_call` pins the cookbook's drop). `strip_thinking_from_history`
+    (default True, the template's behaviour) removes thinking parts from assistant messages that are not last;
+    set it False (renderer_kwargs) to keep them, which gives the extension property.
     """
 
     supports_streaming = False
@@ -77,7 +96,8 @@ class Qwen3Renderer(Renderer):
     def _content_text(self, message: Message, ctx: RenderContext) -> str:
         content = message["content"]
         if isinstance(content, str):
-            # Inline `<think>` text in a string is passed through as written (only parts are stripped).
+            # Inline `<think>` text in a string is passed through as written (only parts are stripped); the
+            # template would drop it before the last query (pinned by the goldens' `string_think_content`).
             return content
         parts = content
         if self.strip_thinking_from_history and message["role"] == "assistant" and not ctx.is_last:
@@ -99,11 +119,14 @@ class Qwen3Renderer(Renderer):
         header = ("\n" if ctx.idx > 0 else "") + f"<|im_start|>{role}\n"
         output = self._content_text(message, ctx)
         if message["role"] == "tool":
+            # A user turn per result; the template puts consecutive results in one user turn (pinned by the
+            # goldens' `parallel_tool_calls`).
             output = f"<tool_response>\n{output}\n</tool_response>"
         if "tool_calls" in message:
-            # The cookbook writes the newline even when the content is empty (HF's template does not).
+            # The cookbook writes the newline even when the content is empty (HF's template does not; pinned by
+            # the goldens' `tool_call_roundtrip`). Arguments are re-serialised as `tojson` writes an object.
             output += "\n" + "\n".join(
-                f"<tool_call>\n{json.dumps(_tool_call_payload(call))}\n</tool_call>"
+                f"<tool_call>\n{_json_text(_tool_call_payload(call))}\n</tool_call>"
                 for call in message["tool_calls"]
             )
         output += "<|im_end|>"
@@ -115,9 +138,7 @@ class Qwen3Renderer(Renderer):
         """One system message: the system prompt, a blank line, then Qwen's `# Tools` block (HF `tojson` spacing)."""
         tools_text = ""
         if tools:
-            tool_lines = "\n".join(
-                json.dumps({"type": "function", "function": tool}, separators=(", ", ": ")) for tool in tools
-            )
+            tool_lines = "\n".join(_json_text({"type": "function", "function": tool}) for tool in tools)
             tools_text = _TOOLS_TEMPLATE.format(tool_lines=tool_lines)
         content = system_prompt + "\n\n" + tools_text if system_prompt else tools_text
         return [{"role": "system", "content": content}]

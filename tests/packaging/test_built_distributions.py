@@ -157,6 +157,8 @@ UNDECLARED_ON_PURPOSE = {
     "pytest": "platoon.testing's pytest plugin runs only inside pytest",
     "wandb": "optional W&B logging: without it, stats.wandb is refused in one line naming `pip install wandb`",
     "pydantic_core": "pydantic pins the pydantic-core it is built on; platoon reads its error and sentinel types",
+    "openai": "platoon.testing.conformance drives the HTTP dialects with the real client; without it those cells are n/a",
+    "anthropic": "platoon.testing.conformance drives Anthropic Messages with the real client; without it those are n/a",
 }
 
 

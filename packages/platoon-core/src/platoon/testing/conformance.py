@@ -25,6 +25,7 @@ the tokenizer (of `scripts/fetch_test_tokenizers.py`) it is checked over and its
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -699,6 +700,8 @@ _CONVERSATIONS: dict[str, type[_Conversation]] = {
     "responses": _Responses,
     "anthropic": _Anthropic,
 }
+#: the client library each HTTP dialect is driven with (not dependencies of platoon: the test group installs them)
+_CLIENTS = {"chat": "openai", "chat_stream": "openai", "responses": "openai", "anthropic": "anthropic"}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -825,6 +828,9 @@ class Bench:
         if dialect not in _CONVERSATIONS:
             raise ValueError(f"unknown dialect {dialect!r}; dialects: {', '.join(DIALECTS)}")
         reason = self.not_applicable(form)
+        client = _CLIENTS.get(dialect)
+        if reason is None and client is not None and importlib.util.find_spec(client) is None:
+            reason = f"the {client} client is not installed (pip install {client})"
         if reason is not None:
             return CellResult(self.name, dialect, form, "n/a", [reason])
         return self.loop.run_until_complete(self._run(dialect, form))

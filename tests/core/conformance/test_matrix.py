@@ -26,16 +26,7 @@ from platoon.testing.conformance import (
 
 #: Cells that fail on main today, each with what breaks: strict xfails, so a fix that makes one pass fails the run
 #: until its id is taken off this list. Empty it as the fixes land; add nothing here without an issue.
-KNOWN_FAILING: dict[str, str] = {
-    **{
-        cell_id(renderer, dialect, "no_separator"): (
-            "deepseekv3 writes no <\uff5cend▁of▁sentence\uff5c> after a tool-call turn without content in history, so "
-            "token-in history cannot find the turn's end (turn_not_found)"
-        )
-        for renderer in ("deepseekv3", "deepseekv3_disable_thinking")
-        for dialect in DIALECTS
-    },
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def _cells() -> list[object]:

@@ -196,6 +196,9 @@ def _splice(renderer: Any, turn: Turn, rendered: list[int], ends: set[int]) -> t
             continue
         if turn.reasoning and turn.reasoning not in text:
             return None, "reasoning_dropped"
+        # A turn may close with several end tokens (DeepSeek: the calls' section end, then the end of sentence).
+        while end + 1 < len(rendered) and rendered[end + 1] in ends:
+            end += 1
         return [*turn.prompt, *turn.sampled, *rendered[end + 1 :]], ""
     return None, "turn_not_found"
 

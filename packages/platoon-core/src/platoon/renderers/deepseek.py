@@ -112,6 +112,13 @@ class _DeepSeekV3Renderer(Renderer):
     def get_stop_sequences(self) -> list[int]:
         return [self._end_message_token]
 
+    @property
+    def history_turn_end_ids(self) -> list[int]:
+        """A turn of tool calls without content ends at `<｜tool▁calls▁end｜>` in history (no end of sentence):
+        where token-in history finds the end of such a turn."""
+        tokens = self._encode(TOOL_CALLS_END)
+        return tokens if len(tokens) == 1 else []
+
     # ---- rendering -----------------------------------------------------------------------------------------
 
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:

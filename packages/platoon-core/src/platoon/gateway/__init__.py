@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
             "AuthenticationFailed",
             "ContextWindowExceeded",
             "GatewayError",
+            "InvalidRequest",
             "ModelGateway",
             "PermissionDenied",
             "RolloutRecorder",
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from platoon.gateway.core import AuthenticationFailed as AuthenticationFailed
     from platoon.gateway.core import ContextWindowExceeded as ContextWindowExceeded
     from platoon.gateway.core import GatewayError as GatewayError
+    from platoon.gateway.core import InvalidRequest as InvalidRequest
     from platoon.gateway.core import ModelGateway as ModelGateway
     from platoon.gateway.core import PermissionDenied as PermissionDenied
     from platoon.gateway.core import RolloutRecorder as RolloutRecorder

@@ -21,8 +21,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.history import AgentHistory, PromptBuild, build_prompt
+from platoon.gateway.measure import (
+    OFF_LOOP_CHARS,
+    known_token_span,
+    prompt_token_floor,
+    request_chars,
+    token_span,
+)
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
+from platoon.renderers.base import RendererError
 
 if TYPE_CHECKING:
     from platoon.task import Task
@@ -36,6 +44,7 @@ __all__ = [
     "AuthenticationFailed",
     "ContextWindowExceeded",
     "GatewayError",
+    "InvalidRequest",
     "ModelGateway",
     "PermissionDenied",
     "RolloutRecorder",
@@ -94,7 +103,9 @@ _tinker_module: Any = None
 
 
 def _tinker() -> Any:
-    """The Tinker SDK, imported once on the first sampled call (importing platoon must stay light)."""
+    """The Tinker SDK, imported once: by `ModelGateway.warm_up` (a server imports it in a thread before it serves),
+    else by the first sampled call, in a thread too (importing platoon must stay light, and the import takes
+    seconds that the event loop must not wait)."""
     global _tinker_module
     if _tinker_module is None:
         import tinker
@@ -127,6 +138,14 @@ class GatewayError(Exception):
             self.code = code
 
 
+class InvalidRequest(GatewayError):
+    """A request the gateway cannot serve as sent: a malformed message or tool that the renderer refused (HTTP 400,
+    `invalid_request_error`). The caller's error: it does not count in the agent's `gateway_errors`."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
 class PermissionDenied(GatewayError):
     """A call the agent may not make: a non-policy call from a policy-only key, or a judge call with judges off."""
 
@@ -152,18 +171,21 @@ class AuthenticationFailed(GatewayError):
 
 
 class ContextWindowExceeded(GatewayError):
-    """The rendered prompt leaves no room for a single completion token in the context window."""
+    """The prompt leaves no room for a single completion token in the context window. `at_least`: refused before
+    rendering, `prompt_tokens` being a lower bound on the prompt's length (`platoon.gateway.measure`)."""
 
     status = 400
     kind = "invalid_request_error"
     code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, window: int):
+    def __init__(self, prompt_tokens: int, window: int, *, at_least: bool = False):
         self.prompt_tokens = prompt_tokens
         self.window = window
+        self.at_least = at_least
+        counted = f"at least {prompt_tokens} tokens" if at_least else f"{prompt_tokens} tokens"
         super().__init__(
             f"This model's maximum context length is {window} tokens. However, your messages resulted in "
-            f"{prompt_tokens} tokens. Please reduce the length of the messages."
+            f"{counted}. Please reduce the length of the messages."
         )
 
 
@@ -521,23 +543,40 @@ class ModelGateway:
         # 2. Prepare the sampling parameters and the render kwargs.
         params, stop, render_kwargs = self._prepare(rollout, settings, kind, sampling)
 
-        # 3. Render (reusing the exact tokens of this agent's earlier calls where the conversation repeats them).
-        built = await self._render(agent, messages, tools, render_kwargs)
-        prompt = built.tokens
+        # A capped policy call counts against its budget from here (no await since the budget check, so concurrent
+        # calls see it; a large prompt's render awaits a thread); a refused, failed or cancelled one gives it back.
+        cap = settings.call_cap if kind == "policy" else None
+        if cap is not None:
+            cap.used += 1
+        try:
+            # 4, first cheaply: a prompt that cannot fit the context window is refused before it renders.
+            window = self.context_window_length
+            if window is not None:
+                floor = await self._token_floor(messages, window)
+                if floor >= window:
+                    agent.context_overflows += 1
+                    raise ContextWindowExceeded(floor, window, at_least=True)
 
-        # 4. Fit to the context window.
-        max_tokens = params["max_tokens"]
-        window = self.context_window_length
-        if window is not None:
-            headroom = window - len(prompt)
-            if headroom < 1:
-                agent.context_overflows += 1
-                raise ContextWindowExceeded(len(prompt), window)
-            if max_tokens is None or max_tokens > headroom:
-                max_tokens = headroom
+            # 3. Render (reusing the exact tokens of this agent's earlier calls where the conversation repeats them).
+            built = await self._render(agent, messages, tools, render_kwargs)
+            prompt = built.tokens
 
-        # 5. Sample once under the sample timeout.
-        tinker = _tinker()
+            # 4. Fit to the context window.
+            max_tokens = params["max_tokens"]
+            if window is not None:
+                headroom = window - len(prompt)
+                if headroom < 1:
+                    agent.context_overflows += 1
+                    raise ContextWindowExceeded(len(prompt), window)
+                if max_tokens is None or max_tokens > headroom:
+                    max_tokens = headroom
+
+            # 5. Sample once under the sample timeout.
+            tinker = _tinker_module if _tinker_module is not None else await asyncio.to_thread(_tinker)
+        except BaseException:
+            if cap is not None:
+                cap.used -= 1
+            raise
         # Built without validation: the values are checked above, and validating a long token list costs more
         # than the rest of the gateway's work on a call.
         model_input = tinker.ModelInput.model_construct(
@@ -551,11 +590,6 @@ class ModelGateway:
             top_k=params["top_k"],
             top_p=params["top_p"],
         )
-        # A capped policy call counts against its budget while it samples (no await since the budget check, so
-        # concurrent calls see it); a failed or cancelled one gives its step back.
-        cap = settings.call_cap if kind == "policy" else None
-        if cap is not None:
-            cap.used += 1
         sampled = False
         started = time.perf_counter()
         try:
@@ -632,8 +666,55 @@ class ModelGateway:
         tools: list[dict[str, Any]] | None,
         render_kwargs: dict[str, Any],
     ) -> PromptBuild:
-        """The prompt of one call (step 3)."""
-        return self._render_now(agent, messages, tools, render_kwargs)
+        """The prompt of one call (step 3). A large request renders in a worker thread: tokenizing megabytes takes
+        seconds, and the event loop serves every other agent (and `/healthz`) meanwhile; a small one renders here,
+        where it costs less than the thread hop (`OFF_LOOP_CHARS`). A renderer's refusal of a message is the
+        caller's error (`InvalidRequest`, 400), not the gateway's."""
+        try:
+            if request_chars(messages, tools) < OFF_LOOP_CHARS:
+                return self._render_now(agent, messages, tools, render_kwargs)
+            try:
+                return await asyncio.to_thread(self._render_now, agent, messages, tools, render_kwargs)
+            except KeyError:
+                if agent.rollout_id not in self._rollouts:  # released while the thread rendered
+                    raise AgentClosed("this agent's rollout is no longer open") from None
+                raise
+        except RendererError as exc:
+            raise InvalidRequest(f"the messages cannot be rendered: {exc}") from exc
+
+    async def _token_floor(self, messages: list[dict[str, Any]], window: int) -> int:
+        """A lower bound on the prompt's token count (`platoon.gateway.measure.prompt_token_floor`); 0 when the
+        request is too short to matter or the tokenizer's vocabulary cannot be read."""
+        # A character is at most 4 UTF-8 bytes and a token at least one byte: fewer than window / 4 characters
+        # cannot reach the window, and most requests stop here.
+        if 4 * request_chars(messages, None, enough=window) < window:
+            return 0
+        tokenizer = getattr(self.renderer, "tokenizer", None)
+        known, span = known_token_span(tokenizer)
+        if not known:  # read once per tokenizer (a vocabulary of 150k tokens), off the loop
+            span = await asyncio.to_thread(token_span, tokenizer)
+        return 0 if span is None else prompt_token_floor(messages, span)
+
+    def warm_up(self) -> None:
+        """The one-time loads a first call would otherwise pay: the Tinker SDK, and the tokenizer's table for the
+        context-window bound. Blocking and thread-safe: `GatewayServer` runs it in a thread before it serves."""
+        _tinker()
+        if self.context_window_length is not None:
+            token_span(getattr(self.renderer, "tokenizer", None))
+
+    async def prompt_length(
+        self,
+        agent: AgentRecord,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        render_kwargs: Mapping[str, Any] | None = None,
+    ) -> int:
+        """The token count of the prompt `chat` would build for this request (Anthropic's `count_tokens`); nothing
+        is sampled or recorded. Render kwargs the renderer does not take are dropped, as `chat` drops them."""
+        kwargs = self._filter_render_kwargs(dict(render_kwargs)) if render_kwargs else {}
+        built = await self._render(agent, messages, tools, kwargs)
+        return len(built.tokens)
 
     def _render_now(
         self,

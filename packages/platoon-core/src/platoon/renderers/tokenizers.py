@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 #: factory() -> tokenizer
 TokenizerFactory = Callable[[], Any]
 
+#: Texts this long are tokenized with the GIL released (`encode_long`). `tokenizers.Tokenizer.encode` holds the GIL
+#: throughout: seconds for a few megabytes, during which no other thread runs, the gateway's event loop included;
+#: `encode_batch_fast` releases it while it tokenizes and skips the character offsets nobody here reads. Shorter
+#: texts take `encode`, cheaper per call (at most ~15 ms of held GIL for 8 Ki characters of base64).
+LONG_TEXT_CHARS = 8192
+
 _REGISTRY: dict[str, TokenizerFactory] = {}
 
 LLAMA3_PREFIX = "meta-llama/Llama-3"
@@ -127,6 +133,8 @@ class TokenizersTokenizer:
     # ---- encoding and decoding -----------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = False, **_: Any) -> list[int]:
+        if len(text) >= LONG_TEXT_CHARS:
+            return _encode_released(self._tokenizer, text, add_special_tokens)
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, token_ids: int | Iterable[int], skip_special_tokens: bool = False, **_: Any) -> str:
@@ -196,6 +204,60 @@ class TokenizersTokenizer:
 
     def __repr__(self) -> str:
         return f"TokenizersTokenizer(name_or_path={self.name_or_path!r}, vocab={len(self)})"
+
+
+def encode_long(tokenizer: Any, text: str) -> list[int]:
+    """`tokenizer.encode(text, add_special_tokens=False)`, with the GIL released while a `tokenizers` backend
+    tokenizes (see `LONG_TEXT_CHARS`): what renderers call for a long text.
+
+    platoon's `TokenizersTokenizer` does this itself. A transformers fast tokenizer releases the GIL too, but then
+    turns the result into Python lists of ids, attention mask and offsets with the GIL held (~0.2 s per million
+    tokens): its backend is called directly when that gives the same ids, i.e. when the class encodes as
+    transformers' own fast tokenizer does and no truncation, padding or special-token splitting is set.
+    """
+    backend = _plain_backend(tokenizer)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return _encode_released(backend, text, False)
+
+
+def _encode_released(backend: Any, text: str, add_special_tokens: bool) -> list[int]:
+    batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch  # _fast: tokenizers >= 0.20
+    return list(batch([text], add_special_tokens=add_special_tokens)[0].ids)
+
+
+#: the methods a transformers tokenizer encodes through: a class that overrides one encodes its own way
+_ENCODING_METHODS = ("encode", "encode_plus", "_encode_plus", "_batch_encode_plus", "tokenize", "__call__")
+
+
+def _plain_backend(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer whose `encode(text,
+    add_special_tokens=False)` is exactly its backend's encoding; None otherwise."""
+    base = _transformers_fast_base(tokenizer.__class__)
+    if base is None:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return None
+    if bool(getattr(tokenizer, "split_special_tokens", False)) != bool(
+        getattr(backend, "encode_special_tokens", False)
+    ):
+        return None
+    return backend
+
+
+@functools.cache
+def _transformers_fast_base(cls: type) -> type | None:
+    """transformers' fast tokenizer class (`TokenizersBackend` in 5.x, `PreTrainedTokenizerFast` before) when `cls`
+    derives from it without overriding how it encodes; None otherwise (transformers is never imported here)."""
+    for base in cls.__mro__:
+        if base.__module__.startswith("transformers.") and base.__name__ in (
+            "TokenizersBackend",
+            "PreTrainedTokenizerFast",
+        ):
+            same = all(getattr(cls, name, None) is getattr(base, name, None) for name in _ENCODING_METHODS)
+            return base if same else None
+    return None
 
 
 def _token_name(value: Any) -> str | None:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import CALL_ID_PREFIX, ContextWindowExceeded, GatewayError
+from platoon.gateway.http.checks import invalid, optional_string, string, text_parts
 from platoon.gateway.http.openai_chat import handle_errors
 from platoon.gateway.http.server import dumps
 
@@ -51,45 +52,57 @@ def _error_response(server: GatewayServer, exc: GatewayError) -> Response:
 
 
 def _text_blocks(content: Any, where: str) -> str:
+    """The text of a content field (`where` names it): a string, or the joined text of text blocks."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise GatewayError(f"{where}: content must be a string or a list of blocks")
-    texts = []
-    for block in content:
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise GatewayError(f"{where}: only text blocks are supported here")
-        texts.append(str(block.get("text") or ""))
-    return "".join(texts)
+        raise invalid(where, "a string or a list of text blocks", content)
+    text_parts(content, where, ("text",), "text block")
+    return "".join(block.get("text") or "" for block in content)
+
+
+def _block(block: Any, where: str) -> str | None:
+    """A content block's type (the 400 naming `where` for a block that is not an object)."""
+    if not isinstance(block, dict):
+        raise invalid(where, "a content block object", block)
+    kind = block.get("type")
+    return kind if isinstance(kind, str) else None
 
 
 def _assistant(content: Any, where: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     if not isinstance(content, list):
-        raise GatewayError(f"{where}: content must be a string or a list of blocks")
+        raise invalid(f"{where}.content", "a string or a list of content blocks", content)
     reasoning: list[str] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
+    for index, block in enumerate(content):
+        at = f"{where}.content[{index}]"
+        kind = _block(block, at)
         if kind == "thinking":
-            reasoning.append(str(block.get("thinking") or ""))
+            reasoning.append(optional_string(block.get("thinking"), f"{at}.thinking") or "")
         elif kind == "redacted_thinking":
             continue  # opaque: nothing to re-render
         elif kind == "text":
-            texts.append(str(block.get("text") or ""))
+            texts.append(optional_string(block.get("text"), f"{at}.text") or "")
         elif kind == "tool_use":
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            name = string(block.get("name"), f"{at}.name", empty=False)
+            arguments = block.get("input")
+            if arguments is not None and not isinstance(arguments, dict):
+                raise invalid(f"{at}.input", "an object", arguments)
             calls.append(
                 {
-                    "id": block.get("id"),
+                    "id": optional_string(block.get("id"), f"{at}.id"),
                     "type": "function",
-                    "function": {"name": block.get("name"), "arguments": arguments},
+                    "function": {"name": name, "arguments": json.dumps(arguments or {}, ensure_ascii=False)},
                 }
             )
         else:
-            raise GatewayError(f"{where}: assistant block type {kind!r} is not supported")
+            raise GatewayError(
+                f"{at}.type: assistant block type {kind or block.get('type')!r} is not supported "
+                "(text, thinking, redacted_thinking, tool_use)"
+            )
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
@@ -103,24 +116,26 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
-        raise GatewayError(f"{where}: content must be a string or a list of blocks")
+        raise invalid(f"{where}.content", "a string or a list of content blocks", content)
     results: list[dict[str, Any]] = []
     texts: list[str] = []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
+    for index, block in enumerate(content):
+        at = f"{where}.content[{index}]"
+        kind = _block(block, at)
         if kind == "text":
-            texts.append(str(block.get("text") or ""))
+            texts.append(optional_string(block.get("text"), f"{at}.text") or "")
         elif kind == "tool_result":
             results.append(
                 {
                     "role": "tool",
-                    "tool_call_id": block.get("tool_use_id"),
-                    "content": _text_blocks(block.get("content") or "", where),
+                    "tool_call_id": optional_string(block.get("tool_use_id"), f"{at}.tool_use_id"),
+                    "content": _text_blocks(block.get("content") or "", f"{at}.content"),
                 }
             )
         else:
             raise GatewayError(
-                f"{where}: user block type {kind!r} is not supported (text and tool_result only)"
+                f"{at}.type: user block type {kind or block.get('type')!r} is not supported "
+                "(text and tool_result only)"
             )
     if texts:
         results.append({"role": "user", "content": "".join(texts)})
@@ -141,25 +156,30 @@ def parse_request(
     for index, message in enumerate(raw):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise GatewayError(f"{where} must be an object")
+            raise invalid(where, "a message object", message)
         role = message.get("role")
         if role == "assistant":
             messages.append(_assistant(message.get("content"), where))
         elif role == "user":
             messages.extend(_user(message.get("content"), where))
+        elif isinstance(role, str):
+            raise GatewayError(f"{where}.role: expected 'user' or 'assistant', got {role!r}")
         else:
-            raise GatewayError(f"{where}: role must be user or assistant; got {role!r}")
+            raise invalid(f"{where}.role", "'user' or 'assistant'", role)
 
     tools: list[dict[str, Any]] = []
     raw_tools = body.get("tools") or []
     if not isinstance(raw_tools, list):
         raise GatewayError("tools must be a list")
-    for tool in raw_tools:
+    for index, tool in enumerate(raw_tools):
         # Every named entry is shown as a function (server tools too, though nothing runs them).
         if isinstance(tool, dict) and isinstance(tool.get("name"), str) and tool["name"]:
-            function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+            schema = tool.get("input_schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise invalid(f"tools[{index}].input_schema", "a JSON schema object", schema)
+            function = {"name": tool["name"], "parameters": schema or {"type": "object"}}
             if tool.get("description") is not None:
-                function["description"] = tool["description"]
+                function["description"] = string(tool["description"], f"tools[{index}].description")
             tools.append({"type": "function", "function": function})
 
     sampling: dict[str, Any] = {}
@@ -321,11 +341,9 @@ def count_tokens_endpoint(server: GatewayServer) -> Callable[[Request], Awaitabl
             return await server.forward(agent, body, "count_tokens", server.call_kind(request))
         body.pop("max_tokens", None)
         chat_messages, tools, sampling = parse_request(body)
-        kwargs = sampling.get("chat_template_kwargs") or {}
-        accepted = server.gateway._render_kwargs  # None: the renderer takes any kwarg
-        if accepted is not None:
-            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-        prompt = server.gateway.renderer.render_prompt(chat_messages, tools=tools or None, **kwargs)
-        return server.json({"input_tokens": len(prompt)})
+        length = await server.gateway.prompt_length(
+            agent, chat_messages, tools=tools, render_kwargs=sampling.get("chat_template_kwargs")
+        )
+        return server.json({"input_tokens": length})
 
     return handle_errors(server, count_tokens, _error_response)

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import GatewayError
+from platoon.gateway.http.checks import check_chat_messages, invalid, optional_string
 from platoon.gateway.http.server import ClientGone, dumps
 
 if TYPE_CHECKING:
@@ -69,10 +70,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayError("messages must be a non-empty list of message objects")
+    check_chat_messages(messages)
     out = messages
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise GatewayError(f"messages[{index}] must be an object with a string role")
         if message["role"] == "developer":
             if out is messages:
                 out = list(messages)  # copy on the first rewrite only: the common request has none
@@ -98,6 +98,11 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
         name = spec.get("name")  # type: ignore[union-attr]
         if not isinstance(name, str) or not name:
             raise GatewayError(f"tools[{index}] names no function")
+        at = f"tools[{index}].function" if nested else f"tools[{index}]"
+        optional_string(spec.get("description"), f"{at}.description")  # type: ignore[union-attr]
+        parameters = spec.get("parameters")  # type: ignore[union-attr]
+        if parameters is not None and not isinstance(parameters, dict):
+            raise invalid(f"{at}.parameters", "a JSON schema object", parameters)
         if nested and tool.get("type", "function") == "function":
             tools.append(tool)
             continue

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import CALL_ID_PREFIX, GatewayError
+from platoon.gateway.http.checks import invalid, json_type, optional_string, string, text_parts
 from platoon.gateway.http.openai_chat import error_body, handle_errors
 from platoon.gateway.http.server import dumps
 
@@ -57,35 +58,31 @@ def encode_reasoning(text: str) -> str:
     return _REASONING_PREFIX + base64.b64encode(text.encode()).decode()
 
 
-def decode_reasoning(item: dict[str, Any]) -> str:
+def decode_reasoning(item: dict[str, Any], where: str = "reasoning") -> str:
     """The reasoning text of an input reasoning item: ours decoded from `encrypted_content`, else its text parts."""
-    encrypted = item.get("encrypted_content")
-    if isinstance(encrypted, str) and encrypted.startswith(_REASONING_PREFIX):
+    encrypted = optional_string(item.get("encrypted_content"), f"{where}.encrypted_content")
+    if encrypted is not None and encrypted.startswith(_REASONING_PREFIX):
         try:
             return base64.b64decode(encrypted[len(_REASONING_PREFIX) :], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
-            raise GatewayError("a reasoning item's encrypted_content is not platoon's") from None
+            raise GatewayError(f"{where}.encrypted_content: not platoon's encoding of reasoning") from None
     for key in ("content", "summary"):
         parts = item.get(key)
         if parts:
-            return _text(parts, "reasoning")
+            return _text(parts, f"{where}.{key}")
     return ""
 
 
 def _text(content: Any, where: str) -> str:
+    """The text of a content field (`where` names it): a string, or the joined text of text parts."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise GatewayError(f"{where}: content must be a string or a list of text parts")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise GatewayError(f"{where}: only text content is supported, not {kind!r}")
-        texts.append(str(part.get("text") or ""))
-    return "".join(texts)
+        raise invalid(where, "a string or a list of text parts", content)
+    text_parts(content, where, _TEXT_PARTS, "text part")
+    return "".join(part.get("text") or "" for part in content)
 
 
 def parse_request(
@@ -95,8 +92,7 @@ def parse_request(
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions:
-        if not isinstance(instructions, str):
-            raise GatewayError("instructions must be a string")
+        string(instructions, "instructions")
         messages.append({"role": "system", "content": instructions})
     items = body.get("input")
     if isinstance(items, str):
@@ -115,11 +111,16 @@ def parse_request(
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, dict):
-            raise GatewayError(f"{where} must be an object")
+            raise invalid(where, "an input item object", item)
         kind = item.get("type") or ("message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")
-            text = _text(item.get("content"), where)
+            if role not in ("user", "assistant", "system", "developer"):
+                raise GatewayError(
+                    f"{where}.role: expected one of user, assistant, system, developer, got "
+                    + (repr(role) if isinstance(role, str) else json_type(role))
+                )
+            text = _text(item.get("content"), f"{where}.content")
             if role == "assistant":
                 # A new turn when this message follows content or tool calls of the current one.
                 if turn is not None and (turn.get("content") or turn.get("tool_calls")):
@@ -131,23 +132,25 @@ def parse_request(
             flush()
             if role in ("system", "developer"):
                 messages.append({"role": "system", "content": text})
-            elif role == "user":
-                messages.append({"role": "user", "content": text})
             else:
-                raise GatewayError(f"{where}: unknown message role {role!r}")
+                messages.append({"role": "user", "content": text})
         elif kind == "reasoning":
             flush()
-            turn = {"role": "assistant", "reasoning_content": decode_reasoning(item)}
+            turn = {"role": "assistant", "reasoning_content": decode_reasoning(item, where)}
         elif kind == "function_call":
+            name = string(item.get("name"), f"{where}.name", empty=False)
+            arguments = item.get("arguments")
+            if arguments is not None and not isinstance(arguments, (str, dict)):
+                raise invalid(f"{where}.arguments", "a JSON string", arguments)
+            call_id = optional_string(item.get("call_id"), f"{where}.call_id")
             if turn is None:
                 turn = {"role": "assistant"}
-            arguments = item.get("arguments")
             turn.setdefault("tool_calls", []).append(
                 {
-                    "id": item.get("call_id") or item.get("id"),
+                    "id": call_id or optional_string(item.get("id"), f"{where}.id"),
                     "type": "function",
                     "function": {
-                        "name": item.get("name"),
+                        "name": name,
                         "arguments": arguments
                         if isinstance(arguments, str)
                         else dumps(arguments or {}).decode(),
@@ -160,13 +163,13 @@ def parse_request(
             messages.append(
                 {
                     "role": "tool",
-                    "tool_call_id": item.get("call_id"),
-                    "content": output if isinstance(output, str) else _text(output, where),
+                    "tool_call_id": optional_string(item.get("call_id"), f"{where}.call_id"),
+                    "content": output if isinstance(output, str) else _text(output, f"{where}.output"),
                 }
             )
         else:
             raise GatewayError(
-                f"{where}: item type {kind!r} is not supported (message, reasoning, function_call, "
+                f"{where}.type: {kind!r} is not supported (message, reasoning, function_call, "
                 "function_call_output)"
             )
     flush()
@@ -177,11 +180,15 @@ def parse_request(
     raw_tools = body.get("tools") or []
     if not isinstance(raw_tools, list):
         raise GatewayError("tools must be a list")
-    for tool in raw_tools:
+    for index, tool in enumerate(raw_tools):
         if isinstance(tool, dict) and tool.get("type") == "function" and tool.get("name"):
-            function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
+            name = string(tool["name"], f"tools[{index}].name")
+            parameters = tool.get("parameters")
+            if parameters is not None and not isinstance(parameters, dict):
+                raise invalid(f"tools[{index}].parameters", "a JSON schema object", parameters)
+            function = {"name": name, "parameters": parameters or {"type": "object"}}
             if tool.get("description") is not None:
-                function["description"] = tool["description"]
+                function["description"] = string(tool["description"], f"tools[{index}].description")
             tools.append({"type": "function", "function": function})
 
     sampling: dict[str, Any] = {}

@@ -430,6 +430,14 @@ class GatewayServer:
         self.port = int(sock.getsockname()[1])
         return sock
 
+    def _preload(self) -> None:
+        import starlette.routing  # noqa: F401
+
+        _server_class()
+        warm_up = getattr(self.gateway, "warm_up", None)
+        if warm_up is not None and self.backend is None and self.gateway.backend is None:
+            warm_up()  # hosted inference samples nothing: no Tinker SDK
+
     def _make_server(self) -> Any:
         import uvicorn
 
@@ -451,6 +459,9 @@ class GatewayServer:
         """Serve on the running loop (see the class docstring); returns once the socket accepts connections."""
         if self._server is not None:
             raise RuntimeError("the gateway server is already started")
+        # The heavy one-time imports (the Tinker SDK takes seconds, uvicorn and starlette less) happen here, in a
+        # thread, before the server serves: not in its first call, on the event loop other rollouts share.
+        await asyncio.to_thread(self._preload)
         sock = self._bind()
         server = self._make_server()
         server.exit_event = asyncio.Event()

@@ -87,3 +87,16 @@ def test_a_tokenizer_that_encodes_its_own_way_keeps_its_encode(qwen3_tokenizer_d
     plain = transformers.AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir), use_fast=True)
     plain.backend_tokenizer.enable_truncation(16)  # a backend setting transformers would undo for an encode
     assert _plain_backend(plain) is None
+
+
+def test_a_long_message_renders_the_same_through_either_tokenizer(qwen3_tokenizer_dir: Path):
+    transformers = pytest.importorskip("transformers")
+    from platoon.renderers.base import get_renderer
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir), use_fast=True)
+    hf.model_max_length = 10**9
+    adapter = TokenizersTokenizer.from_directory(qwen3_tokenizer_dir)
+    messages = [{"role": "user", "content": _mixed_text(50_000)}]
+    rendered = get_renderer("qwen3_instruct", adapter).render_prompt(messages)
+    assert get_renderer("qwen3_instruct", hf).render_prompt(messages) == rendered
+    assert rendered[-3:] == adapter.encode("<|im_start|>assistant\n")[-3:]

@@ -383,7 +383,10 @@ class Renderer(ABC):
         # the encodings of short texts are kept (a bounded table, emptied when full). The table is the tokenizer's,
         # shared by every renderer over it: a renderer per episode (platoon.testing) starts warm.
         if len(text) > _ENCODE_CACHE_TEXT_LIMIT:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            # Long texts are tokenized with the GIL released: a large prompt renders in a thread of the gateway.
+            from platoon.renderers.tokenizers import encode_long
+
+            return encode_long(self.tokenizer, text)
         cache = _encodings(self.tokenizer)
         if cache is None:
             cache = self.__dict__.setdefault("_encoded", {})

@@ -17,7 +17,11 @@ MAX_DEPTH = 1000
 
 
 class ArgumentsError(ValueError):
-    """Arguments that cannot become a JSON object."""
+    """Arguments that cannot become a JSON object; `pos` is where a JSON decode stopped, when one did."""
+
+    def __init__(self, message: str, pos: int | None = None) -> None:
+        super().__init__(message)
+        self.pos = pos
 
 
 def _no_constant(name: str) -> Any:
@@ -77,7 +81,7 @@ def _decode(text: str, *, raw: bool, pos: int = 0) -> tuple[Any, int, bool]:
             continue
         _check_depth(value)
         return value, end, recovered
-    raise ArgumentsError(f"invalid JSON: {errors[-1]}")
+    raise ArgumentsError(f"invalid JSON: {errors[-1]}", getattr(errors[-1], "pos", None))
 
 
 def normalize_arguments(value: Any) -> tuple[dict[str, Any], bool]:
@@ -105,6 +109,24 @@ def dumps_arguments(arguments: Mapping[str, Any]) -> str:
 
 _ALL_TYPES = ("null", "boolean", "integer", "number", "object", "array")
 _INTEGER = re.compile(r"[+-]?\d+")
+# Type names some tool schemas use instead of JSON Schema's (Python's and C's): read as the JSON type they mean.
+_TYPE_ALIASES = {
+    "float": "number",
+    "double": "number",
+    "int": "integer",
+    "long": "integer",
+    "bool": "boolean",
+    "dict": "object",
+    "list": "array",
+    "tuple": "array",
+    "str": "string",
+    "none": "null",
+}
+
+
+def _type_name(name: str) -> str:
+    lowered = name.strip().lower()
+    return _TYPE_ALIASES.get(lowered, lowered)
 
 
 def schema_types(schema: Any) -> set[str]:
@@ -114,9 +136,9 @@ def schema_types(schema: Any) -> set[str]:
     types: set[str] = set()
     declared = schema.get("type")
     if isinstance(declared, str):
-        types.add(declared)
+        types.add(_type_name(declared))
     elif isinstance(declared, list):
-        types.update(t for t in declared if isinstance(t, str))
+        types.update(_type_name(t) for t in declared if isinstance(t, str))
     for key in ("anyOf", "oneOf", "allOf"):
         members = schema.get(key)
         if isinstance(members, list):
@@ -248,3 +270,17 @@ def tool_parameters(tools: Any, name: str) -> dict[str, Any] | None:
             properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
             return dict(properties) if isinstance(properties, Mapping) else {}
     return None
+
+
+class NextFind:
+    """`text.find(needle, pos)` for positions that only move forward, in linear time overall: the answer of the
+    last search is kept, so a marker that never comes is not searched for again from every later position."""
+
+    def __init__(self, text: str, needle: str) -> None:
+        self.text, self.needle = text, needle
+        self._from, self._at = len(text) + 1, -1
+
+    def __call__(self, pos: int) -> int:
+        if pos < self._from or (self._at != -1 and self._at < pos):
+            self._from, self._at = pos, self.text.find(self.needle, pos)
+        return self._at

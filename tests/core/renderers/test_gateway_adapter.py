@@ -352,6 +352,6 @@ def test_completion_dataclass_fields():
     parsed = _parse("x")
     assert set(vars(parsed)) == {
         "message", "ok", "finish_reason", "parsed_tool_calls", "emitted_tool_calls", "recovered_tool_calls",
-        "unparsed_tool_calls",
+        "unparsed_tool_calls", "unemitted_content",
     }  # fmt: skip
     assert Completion("x").stop_reason == "stop"

@@ -864,8 +864,8 @@ class ModelGateway:
         tools: list[dict[str, Any]] | None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The assistant message and the generation counters of one sampled sequence."""
-        # The renderer reads content, reasoning and tool blocks, and appends the raw text of blocks it did not
-        # emit (unparsed ones included) to the content, so the harness sees what the model wrote.
+        # The renderer reads content, reasoning and tool blocks; the text of blocks it did not emit (unparsed
+        # ones included) stays in the content where the model wrote it, so the harness sees what the model wrote.
         if self._parse_with_context:
             parsed = self.renderer.parse_completion(tokens, stop_reason, prompt=prompt, tools=tools or None)
         else:
@@ -883,10 +883,15 @@ class ModelGateway:
             tool_calls = [_openai_tool_call(call) for call in calls]
         else:
             tool_calls = []
-            # Rare: a renderer that emitted calls the rule forbids; keep their text visible.
-            for call in calls:
-                function = _openai_tool_call(call)["function"]
-                content += json.dumps({"name": function["name"], "arguments": function["arguments"]})
+            # Rare: a renderer that emitted calls the rule forbids (a caller's stop list); keep their text visible,
+            # in place when the renderer says how the content reads without them.
+            unemitted = getattr(parsed, "unemitted_content", None)
+            if calls and isinstance(unemitted, str):
+                content = unemitted
+            else:
+                for call in calls:
+                    function = _openai_tool_call(call)["function"]
+                    content += json.dumps({"name": function["name"], "arguments": function["arguments"]})
         reasoning = raw.get("reasoning_content") or None
         if tool_calls:
             finish_reason = "tool_calls"

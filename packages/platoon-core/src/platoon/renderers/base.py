@@ -177,9 +177,11 @@ class TrainOnWhat(StrEnum):
 class ParsedCompletion:
     """One sampled sequence parsed for an OpenAI-compatible caller.
 
-    `message` is an OpenAI assistant message: `role`, `content` (str; the raw text of tool blocks that were not
-    emitted is appended), `tool_calls` (OpenAI dicts with JSON-string arguments and ids, or None),
-    `reasoning_content` (None when empty). `ok`: a stop token was sampled.
+    `message` is an OpenAI assistant message: `role`, `content` (str: the sampled text with the reasoning and the
+    emitted tool blocks taken out; a tool block that was not emitted, unparsed or withheld, stays where the model
+    wrote it, as written), `tool_calls` (OpenAI dicts with JSON-string arguments and ids, or None),
+    `reasoning_content` (None when empty). `ok`: a stop token was sampled. `unemitted_content` is the content as
+    it reads when none of the calls is emitted (what a caller that withholds the calls shows instead).
     """
 
     message: dict[str, Any]
@@ -189,6 +191,7 @@ class ParsedCompletion:
     emitted_tool_calls: int = 0
     recovered_tool_calls: int = 0
     unparsed_tool_calls: int = 0
+    unemitted_content: str | None = None
 
 
 @dataclass
@@ -196,7 +199,11 @@ class CompletionParts:
     """A renderer's reading of a completion before the emit rules: the input to `parse_completion`'s assembly.
 
     `content` is the visible text (tool blocks removed); `calls` the tool blocks, parsed (`ToolCall`, with its
-    `raw_text`) or not (`UnparsedToolCall`); `recovered` how many calls needed a lenient parse.
+    `raw_text`) or not (`UnparsedToolCall`); `recovered` how many calls needed a lenient parse. `segments`, when
+    the renderer gives them, is the text after the reasoning in the order it was written: visible text (str), tool
+    blocks and `CallGroup`s; `parse_completion` builds the agent's content from them so that a block that is not
+    emitted stays in place (`strip_content`: the visible text is stripped at both ends, never a block's text).
+    Without segments the text of blocks that are not emitted is appended to `content`.
     """
 
     content: str = ""
@@ -204,6 +211,8 @@ class CompletionParts:
     #: parsed and unparsed tool blocks, in the order they were written
     calls: list[ToolCall | UnparsedToolCall] = field(default_factory=list)
     recovered: int = 0
+    segments: list[Segment] | None = None
+    strip_content: bool = False
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -212,6 +221,161 @@ class CompletionParts:
     @property
     def unparsed(self) -> list[UnparsedToolCall]:
         return [c for c in self.calls if isinstance(c, UnparsedToolCall)]
+
+    @classmethod
+    def from_segments(
+        cls, segments: list[Segment], reasoning: str = "", *, strip_content: bool = False
+    ) -> CompletionParts:
+        """Parts whose content (the visible text, blocks out) and calls (in order) are read off the segments."""
+        calls = [c for c in iter_blocks(segments) if isinstance(c, ToolCall | UnparsedToolCall)]
+        content = segments_text(segments)
+        return cls(
+            content.strip() if strip_content else content,
+            reasoning,
+            calls,
+            segments=segments,
+            strip_content=strip_content,
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Segments: the sampled text in order, so that blocks that are not emitted reach the agent where they were written
+
+
+@dataclass(frozen=True)
+class Text:
+    """Text the model wrote inside a `CallGroup` that is not the format's markup: shown whatever is emitted."""
+
+    text: str
+
+
+@dataclass
+class CallGroup:
+    """Tool blocks written inside one piece of format markup (a calls section, a Python list, `<|python_tag|>`s).
+
+    `open`/`close` are the group's markup and `items` its blocks in order, with the markup between them (str) and
+    any stray text (`Text`). Nothing emitted: the group is shown as written. Every call emitted: only its stray
+    text is shown. Otherwise the blocks that were not emitted are shown inside the group's markup, each followed
+    by the markup that followed it.
+    """
+
+    open: str
+    items: list[Any]
+    close: str = ""
+
+
+#: a piece of the sampled text: visible text, a tool block (parsed or not), or a group of blocks
+Segment = Any
+
+
+def iter_blocks(segments: Sequence[Segment]) -> list[Any]:
+    """The tool blocks and stray `Text`s of the segments, groups flattened, in order."""
+    out: list[Any] = []
+    for segment in segments:
+        if isinstance(segment, CallGroup):
+            out.extend(item for item in segment.items if not isinstance(item, str))
+        elif not isinstance(segment, str):
+            out.append(segment)
+    return out
+
+
+def group_items(text: str, blocks: Sequence[tuple[int, int, Any]]) -> list[Any]:
+    """The items of a `CallGroup` over `text`: each block (start, end, block) in order, the whitespace between
+    blocks as markup, and any other text between them as stray `Text`."""
+    items: list[Any] = []
+    pos = 0
+    for start, end, block in [*blocks, (len(text), len(text), None)]:
+        between = text[pos:start]
+        if between:
+            items.append(between if not between.strip() else Text(between))
+        if block is not None:
+            items.append(block)
+        pos = end
+    return items
+
+
+def segments_text(segments: Sequence[Segment]) -> str:
+    """The visible text of the segments with every block taken out (stray text inside groups kept)."""
+    out: list[str] = []
+    for segment in segments:
+        if isinstance(segment, str):
+            out.append(segment)
+        elif isinstance(segment, Text):
+            out.append(segment.text)
+        elif isinstance(segment, CallGroup):
+            out.extend(item.text for item in segment.items if isinstance(item, Text))
+    return "".join(out)
+
+
+def assemble_text(
+    segments: Sequence[Segment],
+    emitted: Callable[[Any], bool],
+    block_text: Callable[[Any], str],
+    *,
+    strip: bool = False,
+) -> str:
+    """The text the agent sees: the segments with the emitted blocks taken out, every other block as written and
+    in place. `strip` strips the visible text at both ends but never into a block's own text. Linear time."""
+    pieces: list[tuple[str, bool]] = []  # (text, written by a block: never stripped)
+    for segment in segments:
+        if isinstance(segment, str):
+            pieces.append((segment, False))
+        elif isinstance(segment, Text):
+            pieces.append((segment.text, False))
+        elif isinstance(segment, CallGroup):
+            pieces.extend(_group_pieces(segment, emitted, block_text))
+        elif not emitted(segment):
+            pieces.append((block_text(segment), True))
+    if strip:
+        pieces = _strip_pieces(pieces)
+    return "".join(text for text, _ in pieces)
+
+
+def _group_pieces(
+    group: CallGroup, emitted: Callable[[Any], bool], block_text: Callable[[Any], str]
+) -> list[tuple[str, bool]]:
+    def text_of(item: Any) -> str:
+        return item if isinstance(item, str) else item.text if isinstance(item, Text) else block_text(item)
+
+    blocks = [i for i, item in enumerate(group.items) if not isinstance(item, str)]
+    gone = {i for i in blocks if not isinstance(group.items[i], Text) and emitted(group.items[i])}
+    if not gone:  # nothing emitted: the group exactly as written
+        return [(group.open + "".join(text_of(item) for item in group.items) + group.close, True)]
+    kept = [i for i in blocks if i not in gone]
+    if all(isinstance(group.items[i], Text) for i in kept):  # every call emitted: only the stray text stays
+        return [(group.items[i].text, False) for i in kept]
+
+    def markup(start: int, stop: int) -> str:
+        return "".join(item for item in group.items[start:stop] if isinstance(item, str))
+
+    # Some calls emitted: the rest inside the group's markup, each followed by the markup that followed it.
+    bounds = [*blocks, len(group.items)]
+    after = {i: markup(i + 1, bounds[n + 1]) for n, i in enumerate(blocks)}
+    out = group.open + markup(0, blocks[0])
+    for n, i in enumerate(kept):
+        out += text_of(group.items[i]) + (after[i] if n + 1 < len(kept) else "")
+    out += markup(blocks[-1] + 1, len(group.items)) + group.close
+    return [(out, True)]
+
+
+def _strip_pieces(pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """Strip whitespace off the visible text at both ends; a block's text stops the stripping."""
+    pieces = list(pieces)
+    for index in range(len(pieces)):
+        text, written = pieces[index]
+        if written:
+            break
+        pieces[index] = (text.lstrip(), False)
+        if pieces[index][0]:
+            break
+    for index in range(len(pieces) - 1, -1, -1):
+        text, written = pieces[index]
+        if written:
+            break
+        pieces[index] = (text.rstrip(), False)
+        if pieces[index][0]:
+            break
+    return pieces
 
 
 def mint_tool_call_id() -> str:
@@ -615,10 +779,11 @@ class Renderer(ABC):
     def parse_completion(self, tokens: Sequence[int], stop_reason: str) -> ParsedCompletion:
         """Sampled ids and the sampler's stop reason as an OpenAI assistant message.
 
-        Tool calls are emitted only when a stop token was sampled and the stop reason is not `length`; the raw
-        text of tool blocks that were not emitted (unparsed, or parsed but not emitted) is appended to the
-        content. Nothing the model wrote makes this raise: a parser failure makes the whole text one unparsed
-        call.
+        Tool calls are emitted only when a stop token was sampled and the stop reason is not `length`. The content
+        is the sampled text with the reasoning and the emitted tool blocks taken out: a block that is not emitted
+        (unparsed, or parsed but not emitted) stays where the model wrote it, as written (renderers that give no
+        segments append it instead). Nothing the model wrote makes this raise: a parser failure makes the whole
+        text one unparsed call.
         """
         tokens = [int(t) for t in tokens]
         stops = set(self.stop_token_ids())
@@ -632,26 +797,21 @@ class Renderer(ABC):
         except Exception as exc:  # a parser bug must not fail the model call
             log.warning("the %s renderer could not parse a completion: %s", type(self).__name__, exc)
             text = str(self.tokenizer.decode(tokens[:cut] if cut is not None else tokens))
-            parts, ok = (
-                CompletionParts(calls=[UnparsedToolCall(text, f"parser error: {exc}")]),
-                cut is not None,
-            )
+            unparsed = UnparsedToolCall(text, f"parser error: {exc}")
+            parts, ok = CompletionParts(calls=[unparsed], segments=[unparsed]), cut is not None
         emit = ok and stop_reason != "length"
-        content = parts.content
         tool_calls: list[dict[str, Any]] = []
-        for call in parts.calls:
-            if isinstance(call, UnparsedToolCall):
-                content += call.raw_text
-            elif emit:
-                tool_calls.append(
-                    {
-                        "id": call.id or mint_tool_call_id(),
-                        "type": "function",
-                        "function": {"name": call.function.name, "arguments": call.function.arguments},
-                    }
-                )
-            else:
-                content += call.raw_text if call.raw_text is not None else self._tool_call_text(call)
+        if emit:
+            tool_calls = [
+                {
+                    "id": call.id or mint_tool_call_id(),
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+                for call in parts.tool_calls
+            ]
+        unemitted = self._visible_content(parts, emitted=False)
+        content = self._visible_content(parts, emitted=True) if tool_calls else unemitted
         if tool_calls:
             finish_reason = "tool_calls"
         elif stop_reason == "length":
@@ -672,7 +832,24 @@ class Renderer(ABC):
             emitted_tool_calls=len(tool_calls),
             recovered_tool_calls=parts.recovered,
             unparsed_tool_calls=len(parts.unparsed),
+            unemitted_content=unemitted,
         )
+
+    def _visible_content(self, parts: CompletionParts, *, emitted: bool) -> str:
+        """The content the agent sees when the parsed calls are emitted (or not): blocks not emitted as written."""
+
+        def is_emitted(block: Any) -> bool:
+            return emitted and isinstance(block, ToolCall)
+
+        if parts.segments is not None:
+            return assemble_text(parts.segments, is_emitted, self._block_text, strip=parts.strip_content)
+        # A renderer without segments: the text of the blocks that are not emitted follows the content.
+        return parts.content + "".join(self._block_text(c) for c in parts.calls if not is_emitted(c))
+
+    def _block_text(self, block: ToolCall | UnparsedToolCall) -> str:
+        if isinstance(block, UnparsedToolCall):
+            return block.raw_text
+        return block.raw_text if block.raw_text is not None else self._tool_call_text(block)
 
     def _tool_call_text(self, call: ToolCall) -> str:
         """The text of a parsed call that was not emitted, when the parser kept no raw text."""

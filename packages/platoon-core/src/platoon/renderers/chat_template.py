@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from platoon.renderers.base import (
+    CallGroup,
     CompletionParts,
     FunctionBody,
     Message,
@@ -290,7 +291,8 @@ class ChatTemplateRenderer(Renderer):
         content: list[dict[str, Any]] = []
         if parts.reasoning:
             content.append({"type": "thinking", "thinking": parts.reasoning})
-        text = parts.content + "".join(c.raw_text for c in parts.unparsed)
+        # Unparsed blocks stay where the model wrote them (they are listed in `unparsed_tool_calls` too).
+        text = self._visible_content(parts, emitted=True)
         if text:
             content.append({"type": "text", "text": text})
         message: Message = {"role": "assistant", "content": content}
@@ -302,17 +304,31 @@ class ChatTemplateRenderer(Renderer):
 
 
 def _parts_from_result(result: Any) -> CompletionParts:
-    from platoon.renderers.tool_parsers import ParseResult
+    from platoon.renderers.tool_parsers import ParsedToolCall, ParseResult
     from platoon.renderers.tool_parsers._common import dumps_arguments
 
     if not isinstance(result, ParseResult):
         raise TypeError(f"the parser returned {type(result).__name__}, not a ParseResult")
-    parts = CompletionParts(content=result.content or "", reasoning=result.reasoning or "")
-    for call in result.tool_calls:
-        encoded = dumps_arguments(call.arguments)  # NaN/Infinity raise: the whole text becomes unparsed
-        parts.calls.append(ToolCall(FunctionBody(call.name, encoded), call.id, raw_text=call.raw_text))
-        parts.recovered += int(bool(call.recovered))
-    parts.calls.extend(result.unparsed)
+    recovered = 0
+
+    def convert(block: Any) -> Any:
+        nonlocal recovered
+        if isinstance(block, ParsedToolCall):
+            encoded = dumps_arguments(block.arguments)  # NaN/Infinity raise: the whole text becomes unparsed
+            recovered += int(bool(block.recovered))
+            return ToolCall(FunctionBody(block.name, encoded), block.id, raw_text=block.raw_text)
+        if isinstance(block, CallGroup):
+            return CallGroup(block.open, [convert(item) for item in block.items], block.close)
+        return block
+
+    if result.segments is None:  # a user's parser: its unparsed blocks follow the content
+        segments = [result.content or "", *result.tool_calls, *result.unparsed]
+    else:
+        segments = list(result.segments)
+    parts = CompletionParts.from_segments(
+        [convert(s) for s in segments], result.reasoning or "", strip_content=True
+    )
+    parts.recovered = recovered
     return parts
 
 

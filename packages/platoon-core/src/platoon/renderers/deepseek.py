@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from platoon.renderers.base import (
+    CallGroup,
     CompletionParts,
     FunctionBody,
     Message,
@@ -22,6 +24,7 @@ from platoon.renderers.base import (
     ToolCall,
     ToolSpec,
     UnparsedToolCall,
+    group_items,
     parse_response_for_stop_token,
     parse_think_blocks,
 )
@@ -202,16 +205,7 @@ class _DeepSeekV3Renderer(Renderer):
         section = _CALLS_SECTION.search(content)
         if not section:
             return []
-        calls: list[ToolCall | UnparsedToolCall] = []
-        for match in _CALL.finditer(section.group(1)):
-            raw_text, name, arguments = match.group(0), match.group(1), match.group(2).strip()
-            try:
-                json.loads(arguments)
-            except json.JSONDecodeError as exc:
-                calls.append(UnparsedToolCall(raw_text, f"Invalid JSON: {exc}"))
-                continue
-            calls.append(ToolCall(FunctionBody(name, arguments), None, raw_text=raw_text))
-        return calls
+        return [self._section_call(match) for match in _CALL.finditer(section.group(1))]
 
     def parse_response(self, response: list[int]) -> tuple[Message, bool]:
         """Content (thinking and text parts when there is a `<think>`) and tool calls, when the turn ended."""
@@ -238,33 +232,68 @@ class _DeepSeekV3Renderer(Renderer):
 
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:
         """Content, reasoning and tool calls for the gateway; a truncated turn is read the same way (its calls are
-        then not emitted), and an unclosed `<think>` makes the rest reasoning."""
+        then not emitted), and an unclosed `<think>` makes the rest reasoning.
+
+        Every tool-calls section is read (the cookbook's parse reads the first); each is a `CallGroup`, so a
+        section whose calls are not emitted reaches the agent as written, markers and whitespace included. A
+        section with no call in it, or one never closed, is one unparsed block."""
         end = self._end_message_token
         ok = end in tokens
         text = self._completion_text(
             str(self.tokenizer.decode(tokens[: tokens.index(end)] if ok else tokens))
         )
-        parts = CompletionParts(calls=self._parse_tool_calls(text))
-        if parts.calls:
-            text = _CALLS_SECTION_WITH_SPACE.sub("", text).strip()
-        elif TOOL_CALLS_BEGIN in text:
-            start = text.index(TOOL_CALLS_BEGIN)
-            parts.calls.append(UnparsedToolCall(text[start:], "Unterminated tool-calls section"))
-            text = text[:start]
-        content: list[str] = []
+        segments: list[Any] = []
+        parsed_any = False
         pos = 0
-        for match in _THINK.finditer(text):
-            content.append(text[pos : match.start()])
-            parts.reasoning += match.group(1)
-            pos = match.end()
+        for section in _CALLS_SECTION_WITH_SPACE.finditer(text):
+            segments.append(text[pos : section.start()])
+            pos = section.end()
+            inner_at = text.index(TOOL_CALLS_BEGIN, section.start()) + len(TOOL_CALLS_BEGIN)
+            inner = text[inner_at : section.end() - len(TOOL_CALLS_END)]
+            blocks = [(m.start(), m.end(), self._section_call(m)) for m in _CALL.finditer(inner)]
+            if not blocks and inner.strip():
+                segments.append(UnparsedToolCall(section.group(0), "No tool call in the tool-calls section"))
+                continue
+            parsed_any = parsed_any or any(isinstance(b, ToolCall) for _, _, b in blocks)
+            opener, closer = text[section.start() : inner_at], TOOL_CALLS_END
+            segments.append(CallGroup(opener, group_items(inner, blocks), closer))
         rest = text[pos:]
-        if "<think>" in rest:
-            content.append(rest[: rest.index("<think>")])
-            parts.reasoning += rest[rest.index("<think>") + len("<think>") :]
+        if TOOL_CALLS_BEGIN in rest:
+            start = rest.index(TOOL_CALLS_BEGIN)
+            segments.extend((rest[:start], UnparsedToolCall(rest[start:], "Unterminated tool-calls section")))
         else:
-            content.append(rest)
-        parts.content = "".join(content)
-        return parts, ok
+            segments.append(rest)
+        # Reasoning: closed <think> blocks in the text, and an unclosed one runs to the end of the text.
+        reasoning: list[str] = []
+        visible: list[Any] = []
+        in_think = False
+        for segment in segments:
+            if not isinstance(segment, str):
+                visible.append(segment)
+                continue
+            while segment:
+                if in_think:
+                    close = segment.find("</think>")
+                    reasoning.append(segment if close < 0 else segment[:close])
+                    segment = "" if close < 0 else segment[close + len("</think>") :]
+                    in_think = close < 0
+                    continue
+                opened = segment.find("<think>")
+                if opened < 0:
+                    visible.append(segment)
+                    break
+                visible.append(segment[:opened])
+                segment, in_think = segment[opened + len("<think>") :], True
+        return CompletionParts.from_segments(visible, "".join(reasoning), strip_content=parsed_any), ok
+
+    @staticmethod
+    def _section_call(match: re.Match[str]) -> ToolCall | UnparsedToolCall:
+        raw_text, name, arguments = match.group(0), match.group(1), match.group(2).strip()
+        try:
+            json.loads(arguments)
+        except (ValueError, RecursionError) as exc:
+            return UnparsedToolCall(raw_text, f"Invalid JSON: {exc}")
+        return ToolCall(FunctionBody(name, arguments), None, raw_text=raw_text)
 
 
 class DeepSeekV3DisableThinkingRenderer(_DeepSeekV3Renderer):

@@ -312,18 +312,41 @@ class GptOssRenderer(Renderer):
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:
         """Reasoning from `analysis`, content from `final`/`commentary`, calls from `functions.*` recipients; text
         outside any channel message (no `<|message|>` at all) is the content. A truncated turn is read the same
-        way, so its reasoning is not shown as content."""
+        way, so its reasoning is not shown as content. The calls keep their place among the content messages (a
+        call that is not emitted reaches the agent where it was written), and a call message with an empty body
+        is unparsed rather than dropped."""
         stops = [t for t in (self._return_token, self._call_token) if t in tokens]
         ok = bool(stops)
         text = str(self.tokenizer.decode(tokens[: min(tokens.index(t) for t in stops)] if ok else tokens))
-        parts = CompletionParts()
         if "<|message|>" not in text:
-            parts.content = text
-            return parts, ok
-        content_parts, parts.calls = self._parse_harmony_output(text)
-        parts.content = "".join(p["text"] for p in content_parts if p["type"] == "text")
-        parts.reasoning = "".join(p["thinking"] for p in content_parts if p["type"] == "thinking")
-        return parts, ok
+            return CompletionParts.from_segments([text]), ok
+        segments: list[Any] = []
+        reasoning: list[str] = []
+        for msg in _parse_harmony_messages(text):
+            body, recipient = msg["content"], msg["recipient"]
+            if recipient and recipient.startswith("functions."):
+                if not body.strip():
+                    segments.append(UnparsedToolCall(msg["raw_text"], "a tool call without arguments"))
+                else:
+                    segments.extend(self._harmony_call(msg))
+            elif not body.strip():
+                continue
+            elif msg["channel"] == "analysis":
+                reasoning.append(body)
+            elif msg["channel"] in ("final", "commentary"):
+                segments.append(body)
+        return CompletionParts.from_segments(segments, "".join(reasoning)), ok
+
+    @staticmethod
+    def _harmony_call(msg: dict[str, Any]) -> list[ToolCall | UnparsedToolCall]:
+        body = msg["content"]
+        name = msg["recipient"].split("functions.", 1)[1]
+        try:
+            json.loads(body)
+        except json.JSONDecodeError as exc:
+            return [UnparsedToolCall(msg["raw_text"], f"Invalid JSON: {exc}")]
+        # Harmony has no call ids.
+        return [ToolCall(FunctionBody(name, body.strip()), None, raw_text=msg["raw_text"])]
 
     def _parse_harmony_output(self, text: str) -> tuple[list[ContentPart], list[ToolCall | UnparsedToolCall]]:
         parts: list[ContentPart] = []
@@ -334,14 +357,7 @@ class GptOssRenderer(Renderer):
                 continue
             recipient = msg["recipient"]
             if recipient and recipient.startswith("functions."):
-                name = recipient.split("functions.", 1)[1]
-                try:
-                    json.loads(body)
-                except json.JSONDecodeError as exc:
-                    calls.append(UnparsedToolCall(msg["raw_text"], f"Invalid JSON: {exc}"))
-                    continue
-                # Harmony has no call ids.
-                calls.append(ToolCall(FunctionBody(name, body.strip()), None, raw_text=msg["raw_text"]))
+                calls.extend(self._harmony_call(msg))
                 continue
             if msg["channel"] == "analysis":
                 parts.append({"type": "thinking", "thinking": body})

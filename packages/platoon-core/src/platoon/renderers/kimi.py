@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from platoon.renderers.base import (
+    CallGroup,
     CompletionParts,
     ContentPart,
     FunctionBody,
@@ -28,6 +29,7 @@ from platoon.renderers.base import (
     ToolSpec,
     TrainOnWhat,
     UnparsedToolCall,
+    group_items,
     parse_response_for_stop_token,
     parse_think_blocks,
 )
@@ -44,6 +46,18 @@ _CALL = re.compile(
     r"<\|tool_call_begin\|>\s*([^<]+:\d+)\s*<\|tool_call_argument_begin\|>\s*(.*?)\s*<\|tool_call_end\|>",
     re.DOTALL,
 )
+
+
+# An id that names a function: `functions.NAME:N` or `NAME:N` (the gateway's reading; the cookbook's takes any id).
+_VALID_ID = re.compile(r"(?:functions\.)?[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*:\d+")
+
+
+def _section_call(match: re.Match[str]) -> ToolCall | UnparsedToolCall:
+    """One call of a section for the gateway: as the cookbook reads it, and unparsed when its id names no
+    function (a call named `0` or `invalid.0` must not run)."""
+    if not _VALID_ID.fullmatch(match.group(1).strip()):
+        return UnparsedToolCall(match.group(0), f"the call id {match.group(1).strip()!r} names no function")
+    return _parse_section(match.group(0))[0]
 
 
 def _parse_section(section: str) -> list[ToolCall | UnparsedToolCall]:
@@ -291,42 +305,57 @@ class KimiK2Renderer(Renderer):
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:
         """Content, reasoning and tool calls for the gateway, keeping what the cookbook's parse drops.
 
-        Text after the tool-calls section stays content; a section none of whose calls matches, or one never
-        closed, is one unparsed block. With K2.5's `<think>` prefill a truncated completion that never closed
-        its think block is all reasoning.
+        Text after the tool-calls section stays content; every section is read, each a `CallGroup` (a section
+        whose calls are not emitted reaches the agent as written, markers and whitespace included); a section
+        none of whose calls matches, or one never closed, is one unparsed block; a call whose id names no
+        function (`functions.NAME:N` or `NAME:N`) is unparsed. With K2.5's `<think>` prefill a truncated
+        completion that never closed its think block is all reasoning.
         """
         end = self._end_message_token
         ok = end in tokens
         body = self._normalize_response_tokens(tokens[: tokens.index(end)] if ok else list(tokens))
         text = str(self.tokenizer.decode(body))
-        parts = CompletionParts()
         if not ok and self._opens_thinking() and "<think>" not in text:
-            parts.reasoning = text
-            return parts, False
-        tail = ""
-        match = _SECTION.search(text)
-        if match:
-            section = match.group(1) if match.group(1) is not None else match.group(2)
-            parts.calls = _parse_section(section)
-            if not parts.calls and section.strip():
-                parts.calls = [UnparsedToolCall(match.group(0), "No tool call in the tool-calls section")]
-            text, tail = text[: match.start()], text[match.end() :]
-        elif (opened := _SECTION_OPEN.search(text)) is not None:
-            parts.calls = [UnparsedToolCall(text[opened.start() :], "Unterminated tool-calls section")]
-            text = text[: opened.start()]
+            return CompletionParts(reasoning=text), False
+        blocks: list[Any] = []  # the sections and what follows the first
+        first: int | None = None
+        pos = 0
+        for match in _SECTION.finditer(text):
+            if first is None:
+                first = match.start()
+            else:
+                blocks.append(text[pos : match.start()])
+            pos = match.end()
+            inner_group = 1 if match.group(1) is not None else 2
+            inner, inner_at = match.group(inner_group), match.start(inner_group)
+            calls = [(m.start(), m.end(), _section_call(m)) for m in _CALL.finditer(inner)]
+            if not calls and inner.strip():
+                blocks.append(UnparsedToolCall(match.group(0), "No tool call in the tool-calls section"))
+                continue
+            opener, closer = text[match.start() : inner_at], text[inner_at + len(inner) : match.end()]
+            blocks.append(CallGroup(opener, group_items(inner, calls), closer))
+        if (opened := _SECTION_OPEN.search(text, pos)) is not None:
+            if first is None:
+                first = opened.start()
+            else:
+                blocks.append(text[pos : opened.start()])
+            blocks.append(UnparsedToolCall(text[opened.start() :], "Unterminated tool-calls section"))
+        elif first is not None:
+            blocks.append(text[pos:])
+        if first is None:
+            first = len(text)
+        text = text[:first]
+        reasoning = ""
         pieces = parse_think_blocks(text)
-        if pieces is None:
-            parts.content = text
-        else:
-            parts.reasoning = "".join(p["thinking"] for p in pieces if p["type"] == "thinking")
-            parts.content = "".join(p["text"] for p in pieces if p["type"] == "text")
+        if pieces is not None:
+            reasoning = "".join(p["thinking"] for p in pieces if p["type"] == "thinking")
+            text = "".join(p["text"] for p in pieces if p["type"] == "text")
             # An unclosed `<think>` (a truncated completion) is reasoning, not content.
-            opened_at = parts.content.rfind("<think>")
-            if opened_at >= 0 and "</think>" not in parts.content[opened_at:]:
-                parts.reasoning += parts.content[opened_at + len("<think>") :]
-                parts.content = parts.content[:opened_at]
-        parts.content += tail
-        return parts, ok
+            opened_at = text.rfind("<think>")
+            if opened_at >= 0 and "</think>" not in text[opened_at:]:
+                reasoning += text[opened_at + len("<think>") :]
+                text = text[:opened_at]
+        return CompletionParts.from_segments([text, *blocks], reasoning), ok
 
     def _tool_call_text(self, call: ToolCall) -> str:
         call_id = call.id or f"functions.{call.function.name}:0"

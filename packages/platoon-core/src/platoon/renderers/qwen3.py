@@ -182,39 +182,37 @@ class Qwen3Renderer(Renderer):
         The renderer writes `content + "\\n" + "\\n".join(blocks)`, so the newline written before each parsed
         `<tool_call>` is markup, not content: it moves into that call's raw text (shown if the call is not
         emitted). Truncated text is read the same way; an unclosed `<think>` makes the rest reasoning and an
-        unclosed `<tool_call>` makes the rest one unparsed block.
+        unclosed `<tool_call>` makes the rest one unparsed block. The segments keep the blocks in place, so a
+        block that is not emitted reaches the agent where it was written.
         """
         end = self._end_message_token
         ok = end in tokens
         text = str(self.tokenizer.decode(tokens[: tokens.index(end)] if ok else tokens))
         parts = CompletionParts()
-        content: list[str] = []
+        segments: list[Any] = []
         pos = 0
         for match in BLOCK_PATTERN.finditer(text):
             before = text[pos : match.start()]
             pos = match.end()
             if match.group(1) is not None:
-                content.append(before)
+                segments.append(before)
                 parts.reasoning += match.group(1)
                 continue
             call = parse_tool_call_json(match.group(2), match.group(0))
             if isinstance(call, ToolCall) and before.endswith("\n"):
                 before = before[:-1]
                 call = ToolCall(call.function, call.id, raw_text="\n" + match.group(0))
-            content.append(before)
-            parts.calls.append(call)
+            segments.extend((before, call))
         rest = text[pos:]
         think, tool = rest.find("<think>"), rest.find("<tool_call>")
         if think >= 0 and (tool < 0 or think < tool):
-            content.append(rest[:think])
+            segments.append(rest[:think])
             parts.reasoning += rest[think + len("<think>") :]
         elif tool >= 0:
-            content.append(rest[:tool])
-            parts.calls.append(UnparsedToolCall(rest[tool:], "Unterminated <tool_call> block"))
+            segments.extend((rest[:tool], UnparsedToolCall(rest[tool:], "Unterminated <tool_call> block")))
         else:
-            content.append(rest)
-        parts.content = "".join(content)
-        return parts, ok
+            segments.append(rest)
+        return CompletionParts.from_segments(segments, parts.reasoning), ok
 
 
 class Qwen3DisableThinkingRenderer(Qwen3Renderer):

@@ -281,7 +281,8 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
 
         The newlines the renderer writes before (and, for Nemotron-3, after) each tool-call block are markup:
         they move into that call's raw text. With the `<think>\\n` prefill a truncated completion that never
-        closed its think block is all reasoning; an unclosed `<tool_call>` is one unparsed block.
+        closed its think block is all reasoning; an unclosed `<tool_call>` is one unparsed block. The segments
+        keep the blocks in place, so a block that is not emitted reaches the agent where it was written.
         """
         end = self._end_message_token
         ok = end in tokens
@@ -291,7 +292,7 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
         if not ok and self.generation_prefill == "<think>\n" and "<think>" not in text:
             parts.reasoning = text.strip()
             return parts, False
-        content: list[str] = []
+        segments: list[Any] = []
         after_think = False
         pos = 0
         suffix = self._call_suffix()
@@ -301,7 +302,7 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
                 before = self._strip_after_thinking(before)
                 after_think = False
             if match.group(1) is not None:
-                content.append(before)
+                segments.append(before)
                 parts.reasoning += match.group(1).strip()
                 after_think = True
                 pos = match.end()
@@ -317,23 +318,20 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
                     call.function, call.id, raw_text=before[len(kept) :] + text[match.start() : end_pos]
                 )
                 before = kept
-            content.append(before)
-            parts.calls.append(call)
+            segments.extend((before, call))
             pos = end_pos
         rest = text[pos:]
         if after_think:
             rest = self._strip_after_thinking(rest)
         think, tool = rest.find("<think>"), rest.find("<tool_call>")
         if think >= 0 and (tool < 0 or think < tool):
-            content.append(rest[:think])
+            segments.append(rest[:think])
             parts.reasoning += rest[think + len("<think>") :].strip()
         elif tool >= 0:
-            content.append(rest[:tool])
-            parts.calls.append(UnparsedToolCall(rest[tool:], "Unterminated <tool_call> block"))
+            segments.extend((rest[:tool], UnparsedToolCall(rest[tool:], "Unterminated <tool_call> block")))
         else:
-            content.append(rest)
-        parts.content = "".join(content)
-        return parts, ok
+            segments.append(rest)
+        return CompletionParts.from_segments(segments, parts.reasoning), ok
 
     @staticmethod
     def _parse_block(block: str) -> ToolCall | UnparsedToolCall:

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from platoon.errors import ConfigError
-from platoon.renderers.base import UnparsedToolCall
+from platoon.renderers.base import CallGroup, Text, UnparsedToolCall, iter_blocks, segments_text
 
 __all__ = [
+    "CallGroup",
     "ParseResult",
     "ParsedToolCall",
+    "Text",
     "ToolCallParser",
     "UnparsedToolCall",
     "builtin_parser_names",
@@ -43,20 +45,40 @@ class ParsedToolCall:
 
 @dataclass
 class ParseResult:
-    """What a parser read: reasoning and content (both stripped), tool calls and unparsed blocks, in order."""
+    """What a parser read: reasoning and content (both stripped), tool calls and unparsed blocks, in order.
+
+    `segments` (built-in parsers; None from a user's parser that gives none) is the text after the reasoning in
+    the order it was written: visible text (str), calls (`ParsedToolCall`/`UnparsedToolCall`) and `CallGroup`s of
+    calls inside the format's markup. The gateway builds the agent's content from them, so that a call it does not
+    emit stays where the model wrote it; `content` is their visible text, stripped.
+    """
 
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
     unparsed: list[UnparsedToolCall] = field(default_factory=list)
+    segments: list[Any] | None = None
+
+    @classmethod
+    def from_segments(cls, segments: list[Any], reasoning: str = "") -> ParseResult:
+        blocks = iter_blocks(segments)
+        return cls(
+            content=segments_text(segments).strip(),
+            reasoning=reasoning.strip(),
+            tool_calls=[b for b in blocks if isinstance(b, ParsedToolCall)],
+            unparsed=[b for b in blocks if isinstance(b, UnparsedToolCall)],
+            segments=segments,
+        )
 
 
 class ToolCallParser:
     """The base of every tool-call parser; subclass it and implement `parse_calls` (or override `parse`).
 
     `parse` splits the reasoning block at the start (tags `reasoning_tags`; None = no split) and hands the rest
-    to `parse_calls`, which returns (content, calls, unparsed). `call_start` says where a real call starts, so an
-    unclosed reasoning block ends there. A user parser is named in `tool_call_parser` as `package.module:attr`.
+    to `parse_segments`, which returns the text in order (visible text, calls, groups of calls); by default it
+    asks `parse_calls`, which returns (content, calls, unparsed) — the calls' text then follows the content.
+    `call_start` says where a real call starts, so an unclosed reasoning block ends there. A user parser is
+    named in `tool_call_parser` as `package.module:attr`.
     """
 
     #: the parser's registry name (and its aliases)
@@ -91,14 +113,27 @@ class ToolCallParser:
     ) -> ParseResult:
         """Read `text` (the sampled text before the stop token) into a `ParseResult`."""
         reasoning, rest = self.split_reasoning(text, in_reasoning)
-        content, calls, unparsed = self.parse_calls(rest, tools)
-        return ParseResult(content.strip(), reasoning.strip(), calls, unparsed)
+        return ParseResult.from_segments(self.parse_segments(rest, tools), reasoning)
+
+    def parse_segments(self, text: str, tools: Sequence[Any] | None) -> list[Any]:
+        """The text after the reasoning, in order: visible text, calls and `CallGroup`s (their text in place)."""
+        content, calls, unparsed = self.parse_calls(text, tools)
+        return [content, *calls, *unparsed]
 
     def parse_calls(
         self, text: str, tools: Sequence[Any] | None
     ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        """The text after the reasoning: (content, tool calls, unparsed blocks). The base finds no calls."""
-        return text, [], []
+        """The text after the reasoning: (content, tool calls, unparsed blocks). The base finds no calls; a parser
+        that implements `parse_segments` answers from its segments."""
+        if type(self).parse_segments is ToolCallParser.parse_segments:
+            return text, [], []
+        segments = self.parse_segments(text, tools)
+        blocks = iter_blocks(segments)
+        return (
+            segments_text(segments),
+            [b for b in blocks if isinstance(b, ParsedToolCall)],
+            [b for b in blocks if isinstance(b, UnparsedToolCall)],
+        )
 
     def call_start(self, text: str) -> int | None:
         """Where the first real tool call starts in `text` (None: none); ends an unclosed reasoning block."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from platoon.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
-from platoon.renderers.tool_parsers._common import ArgumentsError, loads, normalize_arguments
+from platoon.renderers.tool_parsers import CallGroup, ParsedToolCall, Text, ToolCallParser, UnparsedToolCall
+from platoon.renderers.tool_parsers._common import ArgumentsError, NextFind, loads, normalize_arguments
 
 
 class SectionedCallsParser(ToolCallParser):
@@ -23,46 +23,48 @@ class SectionedCallsParser(ToolCallParser):
         starts = [i for i in (text.find(self.SECTION_BEGIN), text.find(self.CALL_BEGIN)) if i >= 0]
         return min(starts) if starts else None
 
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
+    def parse_segments(self, text: str, tools: Sequence[Any] | None) -> list[Any]:
+        """Each section (or run of lone calls) is one `CallGroup`: its markers and the whitespace between calls are
+        the format's markup, anything else the model wrote there is kept as stray text."""
+        segments: list[Any] = []
+        section_begin, section_end = NextFind(text, self.SECTION_BEGIN), NextFind(text, self.SECTION_END)
+        call_begin, call_end = NextFind(text, self.CALL_BEGIN), NextFind(text, self.CALL_END)
         pos = 0
-        while (start := self.call_start(text[pos:])) is not None:
-            start += pos
-            content.append(text[pos:start])
-            end = text.find(self.SECTION_END, start)
+        while starts := [i for i in (section_begin(pos), call_begin(pos)) if i >= 0]:
+            start = min(starts)
+            segments.append(text[pos:start])
+            end = section_end(start)
             stop = end if end >= 0 else len(text)
-            pos = end + len(self.SECTION_END) if end >= 0 else len(text)
-            section = text[start:stop].removeprefix(self.SECTION_BEGIN)
+            opener = self.SECTION_BEGIN if text.startswith(self.SECTION_BEGIN, start) else ""
+            items: list[Any] = []
             # Each call runs from its begin marker to its end marker (or the next call, or the section's end).
-            cursor = 0
-            while (begin := section.find(self.CALL_BEGIN, cursor)) >= 0:
-                content.append(_stray(section[cursor:begin]))
+            cursor = start + len(opener)
+            while 0 <= (begin := call_begin(cursor)) < stop:
+                items.extend(_between(text[cursor:begin]))
                 body_start = begin + len(self.CALL_BEGIN)
-                close = section.find(self.CALL_END, body_start)
-                following = section.find(self.CALL_BEGIN, body_start)
-                closed = close >= 0 and (following < 0 or close < following)
-                body_end = close if closed else (following if following >= 0 else len(section))
+                close = call_end(body_start)
+                following = call_begin(body_start)
+                following = following if 0 <= following < stop else stop
+                closed = 0 <= close < following
+                body_end = close if closed else following
                 cursor = close + len(self.CALL_END) if closed else body_end
-                call = self._read_call(section[body_start:body_end], section[begin:cursor], closed)
-                if isinstance(call, ParsedToolCall):
-                    calls.append(call)
-                else:
-                    unparsed.append(call)
-            content.append(_stray(section[cursor:]))
-        content.append(text[pos:])
-        return "".join(content), calls, unparsed
+                items.append(self._read_call(text[body_start:body_end], text[begin:cursor], closed))
+            items.extend(_between(text[cursor:stop]))
+            closer = self.SECTION_END if end >= 0 else ""
+            segments.append(CallGroup(opener, items, closer))
+            pos = stop + len(closer)
+        segments.append(text[pos:])
+        return segments
 
     def _read_call(self, body: str, raw: str, closed: bool) -> ParsedToolCall | UnparsedToolCall:
         raise NotImplementedError
 
 
-def _stray(text: str) -> str:
-    # Whitespace between calls is the template's; anything else the model wrote there stays visible.
-    return text if text.strip() else ""
+def _between(text: str) -> list[Any]:
+    # Whitespace between calls is the template's markup; anything else the model wrote there stays visible.
+    if not text:
+        return []
+    return [text] if not text.strip() else [Text(text)]
 
 
 def read_arguments(payload: str, raw: str) -> tuple[dict[str, Any], bool] | UnparsedToolCall:

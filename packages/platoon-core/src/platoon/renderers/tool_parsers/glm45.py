@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from platoon.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
-from platoon.renderers.tool_parsers._common import schema_types, tool_parameters, type_value
+from platoon.renderers.tool_parsers._common import NextFind, schema_types, tool_parameters, type_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[^\s<>{}\[\]\"']+")
@@ -26,29 +26,23 @@ class Glm45Parser(ToolCallParser):
         start = text.find(OPEN)
         return start if start >= 0 else None
 
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
+    def parse_segments(self, text: str, tools: Sequence[Any] | None) -> list[Any]:
+        segments: list[Any] = []
+        next_close = NextFind(text, CLOSE)
         pos = 0
         while (start := text.find(OPEN, pos)) >= 0:
-            content.append(text[pos:start])
-            end = text.find(CLOSE, start + len(OPEN))
+            segments.append(text[pos:start])
+            end = next_close(start + len(OPEN))
             following = text.find(OPEN, start + len(OPEN))
             closed = end >= 0 and (following < 0 or end < following)
             stop = end if closed else (following if following >= 0 else len(text))
             pos = end + len(CLOSE) if closed else stop
             call = self._read_call(text[start + len(OPEN) : stop], text[start:pos], tools)
-            if isinstance(call, ParsedToolCall):
-                if not closed:
-                    call = ParsedToolCall(call.name, call.arguments, call.id, True, call.raw_text)
-                calls.append(call)
-            else:
-                unparsed.append(call)
-        content.append(text[pos:])
-        return "".join(content), calls, unparsed
+            if isinstance(call, ParsedToolCall) and not closed:
+                call = ParsedToolCall(call.name, call.arguments, call.id, True, call.raw_text)
+            segments.append(call)
+        segments.append(text[pos:])
+        return segments
 
     def _read_call(
         self, body: str, raw: str, tools: Sequence[Any] | None
@@ -61,11 +55,12 @@ class Glm45Parser(ToolCallParser):
         arguments: dict[str, Any] = {}
         recovered = False
         pos = cut
+        value_close, key_open = NextFind(body, "</arg_value>"), NextFind(body, "<arg_key>")
         while (pair := _KEY.match(body, pos)) is not None:
             key = pair.group(1).strip()
             value_start = pair.end()
-            end = body.find("</arg_value>", value_start)
-            next_key = body.find("<arg_key>", value_start)
+            end = value_close(value_start)
+            next_key = key_open(value_start)
             if end >= 0 and (next_key < 0 or end < next_key):
                 value, pos = body[value_start:end], end + len("</arg_value>")
             else:  # a missing </arg_value>: the value ends at the next key or the end of the block

@@ -13,6 +13,7 @@ from typing import Any
 from platoon.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
 from platoon.renderers.tool_parsers._common import (
     ArgumentsError,
+    NextFind,
     normalize_arguments,
     raw_decode,
 )
@@ -74,17 +75,14 @@ class HermesParser(ToolCallParser):
         match = _START.search(text)
         return match.start() if match else None
 
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
+    def parse_segments(self, text: str, tools: Sequence[Any] | None) -> list[Any]:
+        segments: list[Any] = []
+        next_close = NextFind(text, CLOSE)
         pos = 0
         while (match := _START.search(text, pos)) is not None:
-            content.append(text[pos : match.start()])
+            segments.append(text[pos : match.start()])
             body_start = match.end()
-            end = text.find(CLOSE, body_start)
+            end = next_close(body_start)
             # Without a close tag the block runs to the next block or the end of the text (recovered).
             following = _START.search(text, body_start)
             closed = end >= 0 and (following is None or end < following.start())
@@ -92,12 +90,9 @@ class HermesParser(ToolCallParser):
             after = end + len(CLOSE) if closed else stop
             raw = text[match.start() : after]
             for call in read_json_calls(text[body_start:stop], raw):
-                if isinstance(call, ParsedToolCall):
-                    if not closed:
-                        call = ParsedToolCall(call.name, call.arguments, call.id, True, call.raw_text)
-                    calls.append(call)
-                else:
-                    unparsed.append(call)
+                if isinstance(call, ParsedToolCall) and not closed:
+                    call = ParsedToolCall(call.name, call.arguments, call.id, True, call.raw_text)
+                segments.append(call)
             pos = after
-        content.append(text[pos:])
-        return "".join(content), calls, unparsed
+        segments.append(text[pos:])
+        return segments

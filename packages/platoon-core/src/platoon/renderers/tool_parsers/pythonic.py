@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from platoon.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
+from platoon.renderers.tool_parsers import CallGroup, ParsedToolCall, ToolCallParser, UnparsedToolCall
 from platoon.renderers.tool_parsers._common import literal_to_json
 
 PY_START, PY_END = "<|python_start|>", "<|python_end|>"
@@ -29,32 +29,43 @@ class PythonicParser(ToolCallParser):
         starts = [i for i in (tag, match.start() if match else -1) if i >= 0]
         return min(starts) if starts else None
 
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
+    def parse_segments(self, text: str, tools: Sequence[Any] | None) -> list[Any]:
         match = _LIST_START.search(text)
         if match is None:
-            return text, [], []
+            return [text]
         start = match.start()
-        before = text[:start]
-        if before.rstrip().endswith(PY_START):
-            before = before.rstrip()[: -len(PY_START)]
         spans, end, closed = _scan_list(text, start)
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
+        if not closed and not spans:
+            return [text]
+        # The list's brackets, commas and whitespace (and the python tags around it) are the format's markup.
+        open_at = start
+        before = text[:start].rstrip()
+        if before.endswith(PY_START):
+            open_at = len(before) - len(PY_START)
+        items: list[Any] = []
         for span_start, span_end, complete in spans:
             raw = text[span_start:span_end]
-            if not complete:
-                unparsed.append(UnparsedToolCall(raw, "an unclosed call in a truncated list"))
+            source = raw.strip()
+            lead = raw[: len(raw) - len(raw.lstrip())]
+            trail = raw[len(lead) + len(source) :] + ("," if text.startswith(",", span_end) else "")
+            if not source:
+                items.append(lead + trail)
                 continue
-            call = _read_call(raw.strip())
-            (calls if isinstance(call, ParsedToolCall) else unparsed).append(call)  # type: ignore[arg-type]
-        after = text[end:]
-        if after.lstrip().startswith(PY_END):
-            after = after.lstrip()[len(PY_END) :]
-        if not closed and not calls and not unparsed:
-            return text, [], []
-        return before + after, calls, unparsed
+            if lead:
+                items.append(lead)
+            if complete:
+                items.append(_read_call(source))
+            else:
+                items.append(UnparsedToolCall(source, "an unclosed call in a truncated list"))
+            if trail:
+                items.append(trail)
+        close_at = end
+        if closed:
+            after = text[end:]
+            if after.lstrip().startswith(PY_END):
+                close_at = end + len(after) - len(after.lstrip()) + len(PY_END)
+        close = text[end - 1 : close_at] if closed else ""
+        return [text[:open_at], CallGroup(text[open_at : start + 1], items, close), text[close_at:]]
 
 
 def _scan_list(text: str, start: int) -> tuple[list[tuple[int, int, bool]], int, bool]:

@@ -7,11 +7,11 @@ text typed by the tool's JSON schema. A close tag ends a value only when the str
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from platoon.renderers.tool_parsers import ParsedToolCall, ToolCallParser, UnparsedToolCall
-from platoon.renderers.tool_parsers._common import schema_types, tool_parameters, type_value
+from platoon.renderers.tool_parsers._common import NextFind, schema_types, tool_parameters, type_value
 
 _BLOCK_START = re.compile(r"<tool_call>(?=\s*<function=)|(?:^|(?<=\n))<tool_call>|(?:^|(?<=\n))<function=")
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
@@ -31,27 +31,22 @@ class Qwen3CoderParser(ToolCallParser):
         match = _BLOCK_START.search(text)
         return match.start() if match else None
 
-    def parse_calls(
-        self, text: str, tools: Sequence[Any] | None
-    ) -> tuple[str, list[ParsedToolCall], list[UnparsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        unparsed: list[UnparsedToolCall] = []
+    def parse_segments(self, text: str, tools: Sequence[Any] | None) -> list[Any]:
+        segments: list[Any] = []
+        scan = _Scanner(text)
         pos = 0
         while (match := _BLOCK_START.search(text, pos)) is not None:
-            content.append(text[pos : match.start()])
-            call, pos = self._read_block(text, match.start(), tools)
-            if isinstance(call, ParsedToolCall):
-                calls.append(call)
-            else:
-                unparsed.append(call)
-        content.append(text[pos:])
-        return "".join(content), calls, unparsed
+            segments.append(text[pos : match.start()])
+            call, pos = self._read_block(scan, match.start(), tools)
+            segments.append(call)
+        segments.append(text[pos:])
+        return segments
 
     def _read_block(
-        self, text: str, start: int, tools: Sequence[Any] | None
+        self, scan: _Scanner, start: int, tools: Sequence[Any] | None
     ) -> tuple[ParsedToolCall | UnparsedToolCall, int]:
         """One call from `start`: (the call or the unparsed block, the position after it)."""
+        text = scan.text
         recovered = False
         pos = start
         if text.startswith("<tool_call>", pos):
@@ -60,9 +55,7 @@ class Qwen3CoderParser(ToolCallParser):
             recovered = True  # a line-starting <function= without its <tool_call>
         function = _FUNCTION.match(text, pos)
         if function is None:
-            end = text.find("</tool_call>", pos)
-            stop = end + len("</tool_call>") if end >= 0 else len(text)
-            return UnparsedToolCall(text[start:stop], "expected <function=NAME> after <tool_call>"), stop
+            return self._unparsed(scan, start, pos, "expected <function=NAME> after <tool_call>")
         name = function.group(1).strip()
         pos = function.end()
         declared = tool_parameters(tools, name)
@@ -75,7 +68,10 @@ class Qwen3CoderParser(ToolCallParser):
             if opened is None:
                 break
             key = opened.group(1).strip()
-            value, pos, lenient = self._read_value(text, opened.end(), arguments, declared)
+            read = self._read_value(scan, opened.end(), key, arguments, declared)
+            if read is None:  # the value holds another parameter's markup mid-line: no honest split
+                return self._unparsed(scan, start, opened.end(), f"parameter {key!r} swallowed another")
+            value, pos, lenient = read
             recovered = recovered or lenient or key in arguments  # a duplicated parameter: the last wins
             arguments[key] = self._type(value, key, declared)
         rest = text[pos:]
@@ -87,9 +83,7 @@ class Qwen3CoderParser(ToolCallParser):
             recovered = True
             if stripped and not stripped.startswith("</tool_call>"):
                 # Stray text inside the block: the call is not what the format says, show it as written.
-                end = text.find("</tool_call>", pos)
-                stop = end + len("</tool_call>") if end >= 0 else len(text)
-                return UnparsedToolCall(text[start:stop], "unexpected text inside <function>"), stop
+                return self._unparsed(scan, start, pos, "unexpected text inside <function>")
         rest = text[pos:]
         stripped = rest.lstrip()
         if stripped.startswith("</tool_call>"):
@@ -98,30 +92,46 @@ class Qwen3CoderParser(ToolCallParser):
             recovered = True
         return ParsedToolCall(name, arguments, None, recovered, text[start:pos]), pos
 
+    @staticmethod
+    def _unparsed(scan: _Scanner, start: int, pos: int, error: str) -> tuple[UnparsedToolCall, int]:
+        """The block from `start` to its `</tool_call>` (or the end of the text) as unparsed."""
+        end = scan.call_close(pos)
+        stop = end + len("</tool_call>") if end >= 0 else len(scan.text)
+        return UnparsedToolCall(scan.text[start:stop], error), stop
+
     def _read_value(
-        self, text: str, pos: int, given: dict[str, Any], declared: dict[str, Any] | None
-    ) -> tuple[str, int, bool]:
-        """A parameter value from `pos`: (value text, the position after its close tag, recovered)."""
-        search = pos
-        while (close := text.find(_CLOSE_PARAM, search)) >= 0:
-            if _AFTER_PARAM.match(text, close + len(_CLOSE_PARAM)):
+        self, scan: _Scanner, pos: int, key: str, given: dict[str, Any], declared: dict[str, Any] | None
+    ) -> tuple[str, int, bool] | None:
+        """A parameter value from `pos`: (value text, the position after its close tag, recovered), or None when
+        the value would swallow another parameter that does not open a line (the block is then unparsed).
+
+        The value ends at the first `</parameter>` the structure after it confirms, or, without one, at the end of
+        the function or call. Either way, a new, not-yet-given declared parameter opening on a new line before
+        that end means this value lost its close tag: it ends there (recovered), so it never swallows it. Without
+        a schema any key not given yet counts as a parameter.
+        """
+        text = scan.text
+
+        def opens_another(other: str) -> bool:
+            return other != key and other not in given and (declared is None or other in declared)
+
+        close = scan.param_close(pos)
+        if close >= 0:
+            split = scan.param_open(pos, close, opens_another)
+            if split is None:
+                return None
+            if split < 0:
                 return self._trim(text[pos:close]), close + len(_CLOSE_PARAM), False
-            search = close + len(_CLOSE_PARAM)  # literal markup inside the value
-        # No confirmed close tag: the value ends where a new, not-yet-given declared parameter opens on a new
-        # line, or at the end of the function or call.
-        for opened in _PARAM_OPEN.finditer(text, pos):
-            key = opened.group(1).strip()
-            if (
-                text[opened.start() - 1 : opened.start()] == "\n"
-                and key not in given
-                and (declared is None or key in declared)
-            ):
-                return self._trim(text[pos : opened.start()]), opened.start(), True
-        for marker in ("</function>", "</tool_call>"):
-            end = text.find(marker, pos)
-            if end >= 0:
-                return self._trim(text[pos:end]), end, True
-        return self._trim(text[pos:]), len(text), True
+            return self._trim(text[pos:split]), split, True
+        # No confirmed close tag: the value ends at the end of the function or call (recovered).
+        ends = [e for e in (scan.function_close(pos), scan.call_close(pos)) if e >= 0]
+        end = min(ends) if ends else len(text)
+        split = scan.param_open(pos, end, opens_another)
+        if split is None:
+            return None
+        if split >= 0:
+            end = split
+        return self._trim(text[pos:end]), end, True
 
     @staticmethod
     def _trim(value: str) -> str:
@@ -136,3 +146,47 @@ class Qwen3CoderParser(ToolCallParser):
         if declared is None or key not in declared:
             return type_value(value, None) if self.type_undeclared else value
         return type_value(value, schema_types(declared[key]))
+
+
+class _Scanner:
+    """The markers of one response, found left to right in linear time overall (positions only move forward).
+
+    `param_close` finds the next `</parameter>` the structure after it confirms, remembering the answer so the
+    literal close tags inside a long value are not checked again for every later position; `param_open` walks the
+    `<parameter=` tags once, in order.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.call_close = NextFind(text, "</tool_call>")
+        self.function_close = NextFind(text, "</function>")
+        self._closes = NextFind(text, _CLOSE_PARAM)
+        self._close_from, self._close_at = len(text) + 1, -1
+        self._opens = _PARAM_OPEN.finditer(text)
+        self._open: re.Match[str] | None = next(self._opens, None)
+
+    def param_close(self, pos: int) -> int:
+        if pos < self._close_from or (self._close_at != -1 and self._close_at < pos):
+            self._close_from, self._close_at = pos, -1
+            search = pos
+            while (close := self._closes(search)) >= 0:
+                if _AFTER_PARAM.match(self.text, close + len(_CLOSE_PARAM)):
+                    self._close_at = close
+                    break
+                search = close + len(_CLOSE_PARAM)  # literal markup inside the value
+        return self._close_at
+
+    def param_open(self, pos: int, end: int, accept: Callable[[str], bool]) -> int | None:
+        """Where the first accepted `<parameter=KEY>` in [pos, end) opens a line (-1: none); None when an accepted
+        one comes first in the middle of a line (no honest place to split the value)."""
+        while self._open is not None and self._open.start() < pos:
+            self._open = next(self._opens, None)
+        # Tags before `end` that are not accepted are passed for good: the next value starts beyond them.
+        while self._open is not None and self._open.start() < end:
+            opened = self._open
+            if accept(opened.group(1).strip()):
+                if opened.start() > 0 and self.text[opened.start() - 1] == "\n":
+                    return opened.start()
+                return None
+            self._open = next(self._opens, None)
+        return -1

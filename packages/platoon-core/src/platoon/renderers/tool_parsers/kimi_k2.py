@@ -13,7 +13,9 @@ from platoon.renderers.tool_parsers._sections import SectionedCallsParser, read_
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGS_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
-_ID = re.compile(r"(?:functions\.)?(?P<name>.*?)(?::\d+)?")
+# `functions.NAME:N` or `NAME:N`, NAME an identifier (dotted parts, dashes allowed): an id like `invalid.0` or
+# `functions.0:1` names no function, so its call is unparsed rather than run under a made-up name.
+_ID = re.compile(r"(?:functions\.)?(?P<name>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*):\d+")
 
 
 class KimiK2Parser(SectionedCallsParser):
@@ -26,9 +28,9 @@ class KimiK2Parser(SectionedCallsParser):
         if not sep:
             return UnparsedToolCall(raw, "expected <|tool_call_argument_begin|> after the call id")
         match = _ID.fullmatch(call_id)
-        name = match.group("name").strip() if match else ""
-        if not name:
-            return UnparsedToolCall(raw, f"the call id {call_id!r} has no function name")
+        if match is None:
+            return UnparsedToolCall(raw, f"the call id {call_id!r} is not functions.NAME:N or NAME:N")
+        name = match.group("name")
         read = read_arguments(payload, raw)
         if isinstance(read, UnparsedToolCall):
             return read

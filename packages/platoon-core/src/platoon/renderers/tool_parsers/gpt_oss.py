@@ -17,7 +17,7 @@ from platoon.renderers.tool_parsers import (
     ToolCallParser,
     UnparsedToolCall,
 )
-from platoon.renderers.tool_parsers._common import ArgumentsError, loads, normalize_arguments
+from platoon.renderers.tool_parsers._common import ArgumentsError, NextFind, loads, normalize_arguments
 
 START, MESSAGE, CHANNEL = "<|start|>", "<|message|>", "<|channel|>"
 _TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
@@ -34,50 +34,58 @@ class GptOssParser(ToolCallParser):
         self, text: str, *, tools: Sequence[Any] | None = None, in_reasoning: bool = False
     ) -> ParseResult:
         if MESSAGE not in text:
-            return ParseResult(content=text.strip())
-        result = ParseResult()
+            return ParseResult.from_segments([text])
         reasoning: list[str] = []
-        content: list[str] = []
-        for segment in _segments(text):
-            header, sep, rest = segment.partition(MESSAGE)
-            if not sep:
-                if segment.strip():
-                    content.append(segment)
-                continue
-            body, trailing = _cut(rest)
+        segments: list[Any] = []
+        shown = False  # visible pieces are joined by newlines
+
+        def show(piece: str) -> None:
+            nonlocal shown
+            if piece.strip():
+                segments.append(("\n" if shown else "") + piece.strip())
+                shown = True
+
+        for before, header, body, raw in _messages(text):
+            show(before)
+            recipient_match = _RECIPIENT.search(header)
             channel_match = _CHANNEL.search(header)
             channel = channel_match.group(1) if channel_match else ""
-            recipient_match = _RECIPIENT.search(header)
             if recipient_match:
-                call = _read_call(recipient_match.group(1), body, segment)
-                if isinstance(call, ParsedToolCall):
-                    result.tool_calls.append(call)
-                else:
-                    result.unparsed.append(call)
+                segments.append(_read_call(recipient_match.group(1), body, raw))
             elif channel == "analysis":
-                reasoning.append(body)
+                if body.strip():
+                    reasoning.append(body.strip())
             else:  # final, recipient-less commentary, or no channel at all
-                content.append(body)
-            if trailing.strip():
-                content.append(trailing)
-        result.reasoning = "\n".join(r.strip() for r in reasoning if r.strip())
-        result.content = "\n".join(c.strip() for c in content if c.strip())
-        return result
+                show(body)
+        return ParseResult.from_segments(segments, "\n".join(reasoning))
 
 
-def _segments(text: str) -> list[str]:
-    """The messages: the first continues the prompt's `<|start|>assistant`, the rest open with `<|start|>`."""
-    pieces = text.split(START)
-    return [pieces[0], *(START + piece for piece in pieces[1:])]
+def _messages(text: str) -> list[tuple[str, str, str, str]]:
+    """The messages as (text before the header, header, body, raw message), and the text after the last one.
 
-
-def _cut(rest: str) -> tuple[str, str]:
-    """(the message body, what follows its terminator)."""
-    ends = [(rest.find(t), t) for t in _TERMINATORS if rest.find(t) >= 0]
-    if not ends:
-        return rest, ""
-    at, terminator = min(ends)
-    return rest[:at], rest[at + len(terminator) :]
+    A message ends at its terminator; the next one starts there, with `<|start|>` or (as models often write it)
+    straight with `<|channel|>`. The first continues the prompt's `<|start|>assistant`.
+    """
+    out: list[tuple[str, str, str, str]] = []
+    ends = [NextFind(text, t) for t in _TERMINATORS]
+    pos = 0
+    while (at := text.find(MESSAGE, pos)) >= 0:
+        region = text[pos:at]
+        opened = region.rfind(START)
+        if opened < 0:
+            # Without <|start|>, text before the first <|channel|> that is no header of its own is the model's.
+            channel = region.find(CHANNEL)
+            lead = region[: max(channel, 0)]
+            opened = channel if channel > 0 and "to=" not in lead and lead.strip() != "assistant" else 0
+        body_start = at + len(MESSAGE)
+        found = [(e(body_start), t) for e, t in zip(ends, _TERMINATORS, strict=True)]
+        stop, terminator = min(((i, t) for i, t in found if i >= 0), default=(len(text), ""))
+        pos = stop + len(terminator)
+        out.append(
+            (region[:opened], region[opened:], text[body_start:stop], text[at - len(region) + opened : pos])
+        )
+    out.append((text[pos:], "", "", ""))
+    return out
 
 
 def _read_call(recipient: str, body: str, raw: str) -> ParsedToolCall | UnparsedToolCall:

@@ -66,6 +66,33 @@ def raw_decode(text: str, pos: int = 0) -> tuple[Any, int, bool]:
     return _decode(text, raw=True, pos=pos)
 
 
+#: the first window `decode_at` reads, and the characters before a window's end where a value may have been cut
+_WINDOW, _CUT_MARGIN = 512, 10
+
+
+def decode_at(text: str, pos: int) -> tuple[Any, int, bool]:
+    """`raw_decode` of the object or list at `pos` of a long text, costing what the value's length costs.
+
+    A failed decode in place costs the whole text before `pos` (the JSON error counts the lines before it), so a
+    parser trying many places of a long response would take quadratic time. This reads a window from `pos`,
+    doubling it while the value runs past the window's end. Only for values that open with `{` or `[`, which a cut
+    window can never decode to a wrong value.
+    """
+    size = _WINDOW
+    while True:
+        stop = min(len(text), pos + size)
+        window = text[pos:stop]
+        try:
+            value, end, recovered = _decode(window, raw=True)
+        except ArgumentsError as exc:
+            cut = exc.pos is not None and exc.pos >= len(window) - _CUT_MARGIN
+            if stop < len(text) and (cut or "Unterminated string" in str(exc)):
+                size *= 2
+                continue
+            raise ArgumentsError(str(exc), None if exc.pos is None else pos + exc.pos) from exc
+        return value, pos + end, recovered
+
+
 def _decode(text: str, *, raw: bool, pos: int = 0) -> tuple[Any, int, bool]:
     errors = []
     for decoder, recovered in ((_STRICT, False), (_LENIENT, True)):

@@ -15,11 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from platoon.renderers.tool_parsers import CallGroup, ParsedToolCall, ToolCallParser, UnparsedToolCall
-from platoon.renderers.tool_parsers._common import (
-    ArgumentsError,
-    normalize_arguments,
-    raw_decode,
-)
+from platoon.renderers.tool_parsers._common import ArgumentsError, decode_at, normalize_arguments
 
 PYTHON_TAG = "<|python_tag|>"
 # Where an object with a key starts: the only places a call can start.
@@ -104,12 +100,14 @@ def _find_calls(text: str) -> list[tuple[int, int, ParsedToolCall | UnparsedTool
         if start < pos:
             continue
         try:
-            value, end, recovered = raw_decode(text, start)
+            value, end, recovered = decode_at(text, start)
         except ArgumentsError as exc:
-            stopped = exc.pos if exc.pos is not None and exc.pos > start else start + 1
             if braces is None:
                 braces, name_keys = _match_braces(text), [m.start() for m in _NAME_KEY.finditer(text)]
             assert name_keys is not None
+            # The decode resumes where it stopped; one that says nothing of where (nesting too deep, NaN) skips
+            # the object whole, so a deep unclosed one is not decoded again from each of its inner objects.
+            stopped = exc.pos if exc.pos is not None and exc.pos > start else braces.get(start, len(text))
             # The broken object runs to its matching brace, else to where the decode stopped.
             extent = braces.get(start, stopped)
             keys_at = bisect.bisect_left(name_keys, start)

@@ -22,8 +22,8 @@ from platoon.renderers.tool_parsers import (
 from platoon.renderers.tool_parsers._common import (
     ArgumentsError,
     NextFind,
+    decode_at,
     normalize_arguments,
-    raw_decode,
 )
 from platoon.renderers.tool_parsers.hermes import read_call_object
 
@@ -99,10 +99,10 @@ class MistralParser(ToolCallParser):
     ) -> tuple[list[Any], int]:
         """A JSON list of call objects (or one object) at `pos`; any invalid one leaves the block unparsed.
 
-        The JSON may run past `limit` (a string holding the marker's text); it is decoded in place, not sliced,
-        so a long run of markers costs linear time."""
+        The JSON may run past `limit` (a string holding the marker's text): it is read from the text itself, in
+        windows that grow with the value, so a long run of markers costs linear time."""
         try:
-            value, end, lenient = raw_decode(text, pos)
+            value, end, lenient = decode_at(text, pos)
         except ArgumentsError as exc:
             return [UnparsedToolCall(text[start:limit], str(exc))], limit
         raw = text[start:end]
@@ -125,7 +125,7 @@ class MistralParser(ToolCallParser):
         while pos < limit and text[pos].isspace():
             pos += 1
         try:
-            value, end, recovered = raw_decode(text, pos)
+            value, end, recovered = decode_at(text, pos)
             arguments, lenient = normalize_arguments(value)
         except ArgumentsError as exc:
             return [UnparsedToolCall(text[start:limit], str(exc))], limit

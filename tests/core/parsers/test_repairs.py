@@ -166,6 +166,17 @@ def test_llama3_an_invalid_object_before_a_valid_one() -> None:
     assert result.content == "{not json}" and not result.unparsed  # not call-like: prose
 
 
+def test_llama3_and_mistral_read_long_values_and_markers_inside_strings() -> None:
+    # Objects are read in windows that grow with the value: long values and escapes at any offset decode whole.
+    long_text = 'x\\"y' * 3000 + "\u00e9" * 500  # escaped backslashes, quotes and \u escapes in the JSON
+    call = json.dumps({"name": "write", "parameters": {"text": long_text, "n": 1}})
+    result = get_parser("llama3").parse("Writing. " + call + " Done.")
+    assert calls(result) == [("write", {"text": long_text, "n": 1})]
+    assert result.content == "Writing.  Done."
+    marker = get_parser("mistral").parse('[TOOL_CALLS]echo{"text": "[TOOL_CALLS] is a marker"}')
+    assert calls(marker) == [("echo", {"text": "[TOOL_CALLS] is a marker"})]
+
+
 def test_llama3_objects_that_are_not_calls_stay_content() -> None:
     for text in ('{"name": "Bob"}', 'The answer is {"x": 1}.', "Use <|python_tag|> then code."):
         result = get_parser("llama3").parse(text)

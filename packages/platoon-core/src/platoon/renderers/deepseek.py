@@ -117,7 +117,7 @@ class _DeepSeekV3Renderer(Renderer):
 
     @property
     def history_turn_end_ids(self) -> list[int]:
-        """A turn of tool calls without content ends at `<｜tool▁calls▁end｜>` in history (no end of sentence):
+        """A turn of tool calls without content ends at the calls' section end in history (no end of sentence):
         where token-in history finds the end of such a turn."""
         tokens = self._encode(TOOL_CALLS_END)
         return tokens if len(tokens) == 1 else []

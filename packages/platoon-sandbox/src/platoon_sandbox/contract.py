@@ -1,0 +1,160 @@
+"""The sandbox provider contract (harness.md 5.1): what a task sandbox is asked for, and what it answers.
+
+A *provider* (`process`, `docker`, `singularity`, `enroot`, or a user's `module:Class`) starts *sandboxes* from a
+`SandboxSpec`. Every method that waits on the sandbox is async: a rollout runs many sandboxes at once on one event
+loop. This module is the whole contract and imports nothing beyond the standard library, so a third-party provider
+can implement it without importing any built-in provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "CAPABILITIES",
+    "OUTPUT_CAP_BYTES",
+    "ExecResult",
+    "Mount",
+    "Sandbox",
+    "SandboxError",
+    "SandboxProvider",
+    "SandboxSpec",
+]
+
+#: The capabilities a provider may declare.
+CAPABILITIES = frozenset(("snapshot", "network_none", "gpu", "isolation", "routes", "host_loopback"))
+
+#: Each captured stream of a command keeps at most this many bytes; the rest is counted and dropped.
+OUTPUT_CAP_BYTES = 8 * 1024 * 1024
+
+Network = Literal["host", "none"]
+
+
+class SandboxError(RuntimeError):
+    """A sandbox that cannot start, or that failed under a command (not the command's own failure)."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path made visible inside the sandbox at `target` (read-only unless said otherwise)."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is started from.
+
+    `image`: `docker://repo:tag`, a `.sif`/`.sqsh` path, or `local` (the process provider). `network`: `host`, or
+    `none` (no network; Unix-socket `upstreams` still reach their services through a forwarder, harness.md 5.6).
+    `upstreams`: name -> `unix:///abs/dir/x.sock` or `http(s)://host:port`; each gets a route usable inside.
+    `labels`: merged with the process's labels (the run and worker labels) before the sandbox is registered.
+    """
+
+    image: str = "local"
+    workdir: str = "/app"
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: Sequence[Mount] = ()
+    network: Network = "host"
+    cpus: float | None = None
+    memory_mb: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    upstreams: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.network not in ("host", "none"):
+            raise ValueError(f"SandboxSpec.network must be 'host' or 'none'; got {self.network!r}")
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"SandboxSpec.workdir must be an absolute path; got {self.workdir!r}")
+        for mount in self.mounts:
+            if not mount.target.startswith("/"):
+                raise ValueError(f"a mount target must be an absolute path; got {mount.target!r}")
+        for name, url in self.upstreams.items():
+            if not url.startswith(("unix:///", "http://", "https://")):
+                raise ValueError(
+                    f"upstream {name!r} must be unix:///abs/path.sock or http(s)://host:port; got {url!r}"
+                )
+            if self.network == "none" and not url.startswith("unix://"):
+                raise ValueError(
+                    f"upstream {name!r} is TCP ({url}): a network: none sandbox reaches only Unix-socket upstreams"
+                )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished command: its exit code, its captured output, and whether it was killed at its timeout.
+
+    The exit code after a timeout is the provider's (a killed process's code, usually 137 or -9).
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One started sandbox. `stop()` is idempotent; every other method needs a sandbox that has not stopped."""
+
+    @property
+    def routes(self) -> Mapping[str, str]:
+        """Upstream name -> a URL usable inside the sandbox."""
+
+    async def ensure_routes(self) -> None:
+        """Restart the forwarders of routes that died (called before every harness launch)."""
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        """Run a command (a string runs under `bash -c`; a list is argv); at `timeout_s` it is killed, with every
+        process it started, and `timed_out` is set."""
+
+    async def upload(self, src: str | Path, dst: str) -> None:
+        """Copy a host file to `dst`, or a host directory's *contents* into `dst`."""
+
+    async def download(self, src: str, dst: str | Path) -> Any:
+        """Copy `src` out to the host (`FileNotFoundError` when missing); may return a report of dropped
+        symlinks."""
+
+    async def snapshot(self) -> Any:
+        """The sandbox's filesystem, to `restore` later (providers with the `snapshot` capability)."""
+
+    async def kill_processes(self) -> None:
+        """SIGKILL every process commands started and keep the sandbox; raise if one survives, or if the sandbox's
+        own processes cannot be told apart from them."""
+
+    async def stop(self) -> None:
+        """Stop the sandbox and remove what it holds; a second call does nothing."""
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """Starts sandboxes. `isolates`: whether a sandbox is isolated from the host (a site profile may choose only
+    isolating providers). Optional class methods: `unavailable(options) -> str | None` (why this node cannot run
+    it), `network_none_refusal(options)`, `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[str]]
+    isolates: ClassVar[bool]
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        """A started sandbox (registered under its labels before it starts; a failed start leaks nothing)."""
+
+    async def restore(self, snapshot: Any, spec: SandboxSpec) -> Sandbox:
+        """A sandbox started from a snapshot of another."""

@@ -1,0 +1,481 @@
+"""The `docker` sandbox provider (harness.md 5.3): one long-lived container per sandbox, driven by the docker CLI.
+
+Why the CLI and not the `docker` Python SDK: the spec's behaviour is the CLI's (`docker cp` semantics, `commit`,
+label filters), the binary is swappable through `PLATOON_DOCKER` (podman speaks the same CLI but only part of the
+Engine API the SDK assumes), and the SDK is synchronous (every call would need a thread) and heavy to import. A CLI
+call costs a process start (tens of milliseconds), which the benchmark measures.
+
+Each sandbox is a detached `sleep infinity` container named `platoon-<12hex>` (under `--init`, so orphaned children
+are reaped and the container's own processes are an init and a keep-alive). Commands run through `docker exec`
+carrying `PLATOON_EXEC=<uuid>`: killing the `docker exec` client does not stop the command inside, so a timeout or a
+cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the marker.
+
+Registration (harness.md 5.5) is a seam: the provider takes optional `register(record)` / `unregister(record)`
+callables, called before the container starts and after it is removed. TODO(merge): wire these to the registry
+(labels merged with the process labels, the mirror file, refusal after shut-down) when it lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from platoon_sandbox.contract import OUTPUT_CAP_BYTES, ExecResult, SandboxError, SandboxSpec
+
+__all__ = ["DockerProvider", "DockerSandbox", "DockerSnapshot"]
+
+#: Every CLI call except `exec` (which has the caller's timeout) may take this long: pulls, copies, commits.
+CLI_TIMEOUT_S = 600.0
+#: After a command exits, its pipes get this long to drain (background children holding them are ignored).
+DRAIN_S = 1.0
+SNAPSHOT_REPO = "platoon-snapshot"
+
+# Runs inside the container (POSIX sh: busybox and Debian both have it): SIGKILL every process whose environment
+# holds the marker, in passes until none is left (a pass can race a fork). Builtins only in the loop, so the
+# script's own children never show up in /proc while it scans.
+_KILL_MARKER = r"""
+m="$1"; me=$$
+pass=0
+while [ $pass -lt 50 ]; do
+  pass=$((pass + 1)); found=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$me" ] && continue
+    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF "$m"; then
+      kill -9 "$p" 2>/dev/null && found=1
+    fi
+  done
+  [ $found = 0 ] && exit 0
+done
+exit 1
+"""
+
+# Lists the container's own processes (pid:starttime, one a line) except this script and its children, then the
+# PID namespace of this script (to refuse kill_processes in a sandbox sharing the caller's namespace).
+_LIST_OWN = r"""
+me=$$
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  [ "$p" = "$me" ] && continue
+  read -r s < "$d/stat" 2>/dev/null || continue
+  s=${s##*) }
+  set -- $s
+  [ "$2" = "$me" ] && continue
+  echo "$p:${20}"
+done
+echo "ns:$(readlink /proc/self/ns/pid)"
+"""
+
+# Freezes every process, SIGKILLs all but the recorded own ones (pid:starttime in $1) in passes, continues the
+# survivors; exit 1 when something other than the own processes survives. Builtins only while processes are
+# frozen (a forked helper would be a process this script must not wait on).
+_KILL_ALL = r"""
+keep=" $1 "; me=$$
+kill -STOP -1 2>/dev/null
+pass=0; left=1
+while [ $pass -lt 20 ]; do
+  pass=$((pass + 1)); left=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$me" ] && continue
+    read -r s < "$d/stat" 2>/dev/null || continue
+    s=${s##*) }
+    set -- $s
+    [ "$1" = Z ] && continue
+    case "$keep" in *" $p:${20} "*) continue ;; esac
+    kill -9 "$p" 2>/dev/null
+    left=1
+  done
+  [ $left = 0 ] && break
+done
+kill -CONT -1 2>/dev/null
+[ $left = 0 ]
+"""
+
+# Enters the working directory (exit 126 with one line when it cannot), then runs the command.
+_ENTER = 'cd -- "$1" 2>/dev/null || { echo "platoon-sandbox: cannot enter the working directory $1" >&2; exit 126; }; shift; exec "$@"'
+
+
+def docker_binary() -> str:
+    """The CLI to drive: `PLATOON_DOCKER` (podman works), else `docker`."""
+    return os.environ.get("PLATOON_DOCKER") or "docker"
+
+
+def _image_ref(image: str) -> str:
+    if image.startswith("docker://"):
+        return image.removeprefix("docker://")
+    if image == "local" or image.endswith((".sif", ".sqsh")) or "://" in image:
+        raise SandboxError(f"the docker provider runs docker://repo:tag images; got {image!r}")
+    return image
+
+
+@dataclass
+class _Captured:
+    data: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def text(self) -> str:
+        out = self.data.decode("utf-8", errors="replace")
+        if self.dropped:
+            out += f"[{self.dropped} bytes of output dropped]"
+        return out
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, into: _Captured) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        room = OUTPUT_CAP_BYTES - len(into.data)
+        if room > 0:
+            into.data += chunk[:room]
+        into.dropped += max(0, len(chunk) - max(room, 0))
+
+
+async def _cli(
+    docker: str, *args: str, timeout_s: float = CLI_TIMEOUT_S, stdin: bytes | None = None, check: bool = True
+) -> tuple[int, str, str]:
+    """Run one docker CLI command; `check` turns a non-zero exit into a SandboxError naming the command."""
+    proc = await asyncio.create_subprocess_exec(
+        docker,
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
+    rc = proc.returncode if proc.returncode is not None else -1
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    if check and rc != 0:
+        raise SandboxError(
+            f"{docker} {' '.join(args[:2])} failed (exit {rc}): {stderr.strip() or stdout.strip()}"
+        )
+    return rc, stdout, stderr
+
+
+@dataclass(frozen=True)
+class DockerSnapshot:
+    """A committed image of a sandbox's filesystem; removed when that sandbox stops."""
+
+    image: str
+
+
+class DockerSandbox:
+    """One container; see the module docstring. Build it with `DockerProvider.start`."""
+
+    def __init__(
+        self,
+        provider: DockerProvider,
+        name: str,
+        spec: SandboxSpec,
+        record: Mapping[str, Any],
+    ) -> None:
+        self._provider = provider
+        self._docker = provider.docker
+        self.name = name
+        self.spec = spec
+        self._record = record
+        self._own: list[str] = []
+        self._shares_pid_ns = False
+        self._snapshots: list[str] = []
+        self._stopped = False
+        # TCP upstreams are their own route; Unix-socket upstreams need the 5.6 forwarder (not built yet, refused
+        # at start for network: none; host-network sandboxes reach the gateway on loopback, so no route).
+        self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
+
+    @property
+    def routes(self) -> Mapping[str, str]:
+        return dict(self._routes)
+
+    async def ensure_routes(self) -> None:
+        # TCP routes need no forwarder; nothing to restart until the 5.6 forwarder exists.
+        return None
+
+    async def _record_own_processes(self) -> None:
+        rc, out, err = await _cli(
+            self._docker, "exec", self.name, "sh", "-c", _LIST_OWN, "platoon-list", check=False
+        )
+        if rc != 0:
+            raise SandboxError(f"cannot list the processes of {self.name} (exit {rc}): {err.strip()}")
+        own = []
+        for line in out.splitlines():
+            if line.startswith("ns:"):
+                with contextlib.suppress(OSError):
+                    self._shares_pid_ns = line[3:] == os.readlink("/proc/self/ns/pid")
+            elif line.strip():
+                own.append(line.strip())
+        self._own = own
+
+    def _check_live(self) -> None:
+        if self._stopped:
+            raise SandboxError(f"sandbox {self.name} has stopped")
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        self._check_live()
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise ValueError("exec needs a command")
+        marker = f"PLATOON_EXEC={uuid.uuid4().hex}"
+        args = ["exec", "--workdir", "/", "--env", marker]
+        for key, value in (env or {}).items():
+            args += ["--env", f"{key}={value}"]
+        if stdin is not None:
+            args.append("--interactive")
+        args += [self.name, "sh", "-c", _ENTER, "platoon-exec", cwd or self.spec.workdir, *argv]
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        proc = await asyncio.create_subprocess_exec(
+            self._docker,
+            *args,
+            stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = _Captured(), _Captured()
+        readers = [
+            asyncio.ensure_future(_read_capped(proc.stdout, out)),
+            asyncio.ensure_future(_read_capped(proc.stderr, err)),
+        ]
+        feeder = asyncio.ensure_future(self._feed(proc, data))
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                await self._kill_marker(marker)
+                await self._reap_client(proc)
+        except BaseException:
+            # Cancelled (or failed) while the command runs: it must not outlive the caller.
+            await asyncio.shield(self._kill_marker(marker))
+            await asyncio.shield(self._reap_client(proc))
+            for task in (*readers, feeder):
+                task.cancel()
+            raise
+        # The pipes get DRAIN_S to drain; a background child still holding them is ignored.
+        _done, pending = await asyncio.wait([*readers, feeder], timeout=DRAIN_S)
+        for task in pending:
+            task.cancel()
+        code = proc.returncode if proc.returncode is not None else -9
+        return ExecResult(code, out.text(), err.text(), timed_out=timed_out)
+
+    @staticmethod
+    async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
+        if data is None or proc.stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+        proc.stdin.close()
+
+    async def _kill_marker(self, marker: str) -> None:
+        rc, _out, err = await _cli(
+            self._docker, "exec", self.name, "sh", "-c", _KILL_MARKER, "platoon-kill", marker, check=False
+        )
+        if rc != 0 and not self._stopped:
+            raise SandboxError(f"could not kill the processes of {marker} in {self.name}: {err.strip()}")
+
+    @staticmethod
+    async def _reap_client(proc: asyncio.subprocess.Process) -> None:
+        # The command inside is dead, so the client ends on its own; give it a moment, then kill it.
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def _sh(self, script: str, *args: str) -> int:
+        rc, _out, _err = await _cli(
+            self._docker, "exec", self.name, "sh", "-c", script, "platoon", *args, check=False
+        )
+        return rc
+
+    async def upload(self, src: str | Path, dst: str) -> None:
+        self._check_live()
+        source = Path(src)
+        if not source.exists() and not source.is_symlink():
+            raise FileNotFoundError(f"upload source {source} does not exist")
+        if source.is_dir() and not source.is_symlink():
+            await _cli(self._docker, "exec", self.name, "mkdir", "-p", dst)
+            await _cli(self._docker, "cp", f"{source}/.", f"{self.name}:{dst}")
+        else:
+            await _cli(
+                self._docker, "exec", self.name, "mkdir", "-p", os.path.dirname(dst.rstrip("/")) or "/"
+            )
+            await _cli(self._docker, "cp", str(source), f"{self.name}:{dst}")
+
+    async def download(self, src: str, dst: str | Path) -> None:
+        self._check_live()
+        kind = await self._sh(
+            'if [ -d "$1" ]; then exit 10; elif [ -e "$1" ] || [ -L "$1" ]; then exit 0; fi; exit 1', src
+        )
+        if kind == 1:
+            raise FileNotFoundError(f"{src} does not exist in sandbox {self.name}")
+        target = Path(dst)
+        if kind == 10:
+            target.mkdir(parents=True, exist_ok=True)
+            await _cli(self._docker, "cp", f"{self.name}:{src.rstrip('/')}/.", str(target))
+        elif kind == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await _cli(self._docker, "cp", f"{self.name}:{src}", str(target))
+        else:
+            raise SandboxError(f"cannot inspect {src} in sandbox {self.name} (exit {kind})")
+
+    async def snapshot(self) -> DockerSnapshot:
+        self._check_live()
+        image = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
+        self._snapshots.append(image)  # before commit: a commit that half-succeeded is still removed at stop
+        await _cli(self._docker, "commit", self.name, image)
+        return DockerSnapshot(image)
+
+    async def kill_processes(self) -> None:
+        self._check_live()
+        if self._shares_pid_ns:
+            raise SandboxError(
+                f"sandbox {self.name} shares this process's PID namespace: its processes cannot be told apart"
+            )
+        if not self._own:
+            raise SandboxError(f"the own processes of sandbox {self.name} were not recorded at start")
+        if await self._sh(_KILL_ALL, " ".join(self._own)) != 0:
+            raise SandboxError(f"processes survived SIGKILL in sandbox {self.name}")
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        rc, _out, err = await _cli(self._docker, "rm", "--force", self.name, check=False)
+        if self._snapshots:
+            await _cli(self._docker, "rmi", "--force", *self._snapshots, check=False)
+        gone = rc == 0 or "no such container" in err.lower()
+        if not gone:
+            # Still there: it stays registered so a reap by label removes it later.
+            raise SandboxError(f"could not remove container {self.name}: {err.strip()}")
+        if self._provider.unregister is not None:
+            self._provider.unregister(self._record)
+
+
+class DockerProvider:
+    """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`). `register` /
+    `unregister`: the registration seam of harness.md 5.5 (see the module docstring)."""
+
+    name: ClassVar[str] = "docker"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
+    )
+    isolates: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        register: Callable[[Mapping[str, Any]], None] | None = None,
+        unregister: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> None:
+        self.docker = binary or docker_binary()
+        self.register = register
+        self.unregister = unregister
+
+    @classmethod
+    def unavailable(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        binary = (options or {}).get("binary") or docker_binary()
+        if shutil.which(binary) is None:
+            return f"the docker provider needs the {binary!r} CLI on PATH (or PLATOON_DOCKER naming one)"
+        return None
+
+    @classmethod
+    def network_none_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        return None
+
+    def _run_args(self, name: str, spec: SandboxSpec, image: str) -> list[str]:
+        args = [
+            "run",
+            "--detach",
+            "--init",
+            "--name",
+            name,
+            "--workdir",
+            spec.workdir,
+            "--network",
+            spec.network,
+        ]
+        for key, value in spec.env.items():
+            args += ["--env", f"{key}={value}"]
+        for key, value in spec.labels.items():
+            args += ["--label", f"{key}={value}"]
+        for mount in spec.mounts:
+            args += ["--volume", f"{mount.source}:{mount.target}{':ro' if mount.read_only else ''}"]
+        if spec.cpus is not None:
+            args += ["--cpus", f"{spec.cpus:g}"]
+        if spec.memory_mb is not None:
+            args += ["--memory", f"{int(spec.memory_mb)}m"]
+        return [*args, "--entrypoint", "sleep", image, "infinity"]
+
+    async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        return await self._start(spec, _image_ref(spec.image))
+
+    async def restore(self, snapshot: Any, spec: SandboxSpec) -> DockerSandbox:
+        image = snapshot.image if isinstance(snapshot, DockerSnapshot) else str(snapshot)
+        return await self._start(spec, _image_ref(image))
+
+    async def _start(self, spec: SandboxSpec, image: str) -> DockerSandbox:
+        unix = sorted(k for k, v in spec.upstreams.items() if v.startswith("unix://"))
+        if unix and spec.network == "none":
+            # TODO(5.6): the in-sandbox forwarder for Unix-socket upstreams; refused until it exists.
+            raise SandboxError(f"upstreams {unix} need the route forwarder (harness.md 5.6), not built yet")
+        name = f"platoon-{uuid.uuid4().hex[:12]}"
+        record = {
+            "provider": "platoon_sandbox.docker:DockerProvider",
+            "name": name,
+            "labels": dict(spec.labels),
+        }
+        if self.register is not None:
+            self.register(record)
+        sandbox = DockerSandbox(self, name, spec, record)
+        try:
+            await _cli(self.docker, *self._run_args(name, spec, image))
+            await sandbox._record_own_processes()
+        except BaseException:
+            # Failed or cancelled: remove the container by name; if even that fails it stays registered, so a
+            # later reap by label finds it.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(sandbox.stop())
+            raise
+        return sandbox
+
+    async def reap(self, labels: Mapping[str, str]) -> int:
+        """Remove every container (and snapshot image) carrying all `labels`: docker cannot tell which process
+        owns a container, so all of them go. An empty label set is refused."""
+        if not labels:
+            raise ValueError("reaping with an empty label set is refused: it would match every container")
+        filters = [arg for key, value in labels.items() for arg in ("--filter", f"label={key}={value}")]
+        _, out, _ = await _cli(self.docker, "ps", "--all", "--quiet", "--no-trunc", *filters)
+        ids = out.split()
+        if ids:
+            await _cli(self.docker, "rm", "--force", *ids)
+        _, out, _ = await _cli(
+            self.docker, "images", "--quiet", "--no-trunc", "--filter", f"reference={SNAPSHOT_REPO}", *filters
+        )
+        images = sorted(set(out.split()))
+        if images:
+            await _cli(self.docker, "rmi", "--force", *images, check=False)
+        return len(ids)

@@ -1,0 +1,340 @@
+"""The `docker` provider (harness.md 5.3) against a real Docker engine.
+
+CI starts the engine and builds the images first (`.ci/docker-engine start`, then source the env file it prints):
+these tests never skip, so a machine without an engine fails them with one line saying so. Every container they
+start carries a per-session label, and the session ends by checking that none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxSpec
+from platoon_sandbox.docker import DockerProvider, DockerSandbox, docker_binary
+
+PYTHON_IMAGE = "docker://platoon-test/python:bookworm"
+BUSYBOX_IMAGE = "docker://platoon-test/busybox"
+SESSION_LABEL = {"platoon.test": f"docker-{uuid.uuid4().hex[:12]}"}
+
+
+def run[T](coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(
+        [docker_binary(), *args], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+
+
+def containers(**labels: str) -> list[str]:
+    filters = [a for k, v in labels.items() for a in ("--filter", f"label={k}={v}")]
+    return docker("ps", "--all", "--quiet", *filters).split()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine() -> Iterator[None]:
+    binary = docker_binary()
+    host = os.environ.get("DOCKER_HOST", "(unset)")
+    reachable = shutil.which(binary) is not None and (
+        subprocess.run([binary, "info"], capture_output=True, timeout=60).returncode == 0
+    )
+    if not reachable:
+        pytest.fail(
+            f"no Docker engine answers at DOCKER_HOST={host}: run `.ci/docker-engine start` and source the env "
+            "file it prints",
+            pytrace=False,
+        )
+    for image in (PYTHON_IMAGE, BUSYBOX_IMAGE):
+        ref = image.removeprefix("docker://")
+        if subprocess.run([binary, "image", "inspect", ref], capture_output=True).returncode != 0:
+            pytest.fail(f"image {ref} is missing: `.ci/docker-engine start` builds it", pytrace=False)
+    yield
+    left = containers(**SESSION_LABEL)
+    if left:
+        docker("rm", "--force", *left)
+        pytest.fail(f"the tests left {len(left)} container(s) behind", pytrace=False)
+
+
+def spec(**kwargs: Any) -> SandboxSpec:
+    labels = {**SESSION_LABEL, **kwargs.pop("labels", {})}
+    return SandboxSpec(image=kwargs.pop("image", PYTHON_IMAGE), labels=labels, **kwargs)
+
+
+async def started(**kwargs: Any) -> DockerSandbox:
+    return await DockerProvider().start(spec(**kwargs))
+
+
+def processes(sandbox: DockerSandbox) -> list[str]:
+    """The command lines of the processes running in the sandbox (excluding the lister)."""
+
+    async def go() -> ExecResult:
+        return await sandbox.exec(
+            "for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] || tr '\\0' ' ' < $d/cmdline; echo; done"
+        )
+
+    return [line.strip() for line in run(go()).stdout.splitlines() if line.strip()]
+
+
+def test_the_entry_point_names_the_provider() -> None:
+    from platoon.plugins import get_sandbox_runtime, resolve_target
+
+    runtime = get_sandbox_runtime("docker")
+    assert resolve_target(runtime.provider) is DockerProvider
+    assert DockerProvider.isolates
+    assert DockerProvider.capabilities == {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
+
+
+def test_exec_strings_run_under_bash_with_env_cwd_and_stdin() -> None:
+    async def go() -> None:
+        sandbox = await started(env={"FROM_SPEC": "a"})
+        try:
+            result = await sandbox.exec(
+                'echo "$FROM_SPEC $FROM_EXEC $(pwd)"; [[ -n $PLATOON_EXEC ]] && echo marked; cat; echo e >&2; exit 3',
+                env={"FROM_EXEC": "b"},
+                stdin="in",
+            )
+            assert result == ExecResult(3, "a b /app\nmarked\nin", "e\n")
+            listed = await sandbox.exec(["ls", "/"], cwd="/etc/..")
+            assert "bin" in listed.stdout.split()
+            missing = await sandbox.exec("true", cwd="/no/such/dir")
+            assert missing.exit_code == 126
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_output_is_capped_at_8_mib_per_stream() -> None:
+    async def go() -> None:
+        sandbox = await started()
+        try:
+            result = await sandbox.exec("head -c 9437184 /dev/zero | tr '\\0' a")
+            assert result.stdout == "a" * (8 << 20) + "[1048576 bytes of output dropped]"
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_memory_limit_kills_with_137() -> None:
+    async def go() -> None:
+        sandbox = await started(memory_mb=64)
+        try:
+            result = await sandbox.exec(
+                ["python3", "-c", "b = bytearray(300 * 1024 * 1024); print('survived')"]
+            )
+            assert result.exit_code == 137 and not result.timed_out
+            assert "survived" not in result.stdout
+            assert (await sandbox.exec("echo still here")).stdout == "still here\n"
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_network_none_cannot_reach_a_host_listener_but_host_network_can() -> None:
+    probe = (
+        "import socket, sys\n"
+        "try:\n"
+        "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).close()\n"
+        "    print('connected')\n"
+        "except OSError as e:\n"
+        "    print('refused', e)\n"
+    )
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = str(listener.getsockname()[1])
+
+        async def go() -> None:
+            isolated, shared = await asyncio.gather(started(network="none"), started(network="host"))
+            try:
+                assert (await isolated.exec(["python3", "-c", probe, port])).stdout.startswith("refused")
+                assert (await shared.exec(["python3", "-c", probe, port])).stdout == "connected\n"
+            finally:
+                await asyncio.gather(isolated.stop(), shared.stop())
+
+        run(go())
+
+
+def test_exec_timeout_kills_the_whole_tree() -> None:
+    async def go() -> DockerSandbox:
+        sandbox = await started()
+        # A grandchild in its own session, detached from the shell, still carries the exec's marker.
+        result = await sandbox.exec("setsid sleep 301 & (sleep 302 &); sleep 303", timeout_s=1)
+        assert result.timed_out and result.exit_code != 0
+        return sandbox
+
+    sandbox = run(go())
+    try:
+        assert not [p for p in processes(sandbox) if p.startswith("sleep 30")]
+    finally:
+        run(sandbox.stop())
+
+
+def test_a_cancelled_exec_kills_its_tree() -> None:
+    async def go() -> DockerSandbox:
+        sandbox = await started()
+        task = asyncio.ensure_future(sandbox.exec("(sleep 304 &); sleep 305"))
+        await asyncio.sleep(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return sandbox
+
+    sandbox = run(go())
+    try:
+        assert not [p for p in processes(sandbox) if p.startswith("sleep 30")]
+    finally:
+        run(sandbox.stop())
+
+
+def test_copy_round_trips(tmp_path: Path) -> None:
+    source = tmp_path / "in"
+    (source / "nested" / "deeper").mkdir(parents=True)
+    (source / "nested" / "deeper" / "file.txt").write_text("deep\n")
+    (source / "top.txt").write_text("top\n")
+    (source / "link").symlink_to("top.txt")
+    (source / "dirlink").symlink_to("nested")
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(50 * 1024 * 1024))
+    single = tmp_path / "single.txt"
+    single.write_text("one file\n")
+
+    async def go() -> None:
+        sandbox = await started()
+        try:
+            await sandbox.upload(source, "/work/tree")
+            await sandbox.upload(single, "/elsewhere/deep/single.txt")
+            await sandbox.upload(big, "/data/big.bin")
+            listed = await sandbox.exec(
+                "cd /work/tree && readlink link dirlink && cat nested/deeper/file.txt"
+            )
+            assert listed.stdout == "top.txt\nnested\ndeep\n"
+            await sandbox.exec("echo changed > /work/tree/nested/new.txt")
+
+            out = tmp_path / "out"
+            await sandbox.download("/work/tree", out / "tree")
+            await sandbox.download("/elsewhere/deep/single.txt", out / "single.txt")
+            await sandbox.download("/data/big.bin", out / "big.bin")
+            with pytest.raises(FileNotFoundError):
+                await sandbox.download("/no/such/file", out / "missing")
+        finally:
+            await sandbox.stop()
+
+    run(go())
+    tree = tmp_path / "out" / "tree"
+    assert (tree / "top.txt").read_text() == "top\n"
+    assert (tree / "nested" / "deeper" / "file.txt").read_text() == "deep\n"
+    assert (tree / "nested" / "new.txt").read_text() == "changed\n"
+    assert os.readlink(tree / "link") == "top.txt" and os.readlink(tree / "dirlink") == "nested"
+    assert (tmp_path / "out" / "single.txt").read_text() == "one file\n"
+    digest = hashlib.sha256(big.read_bytes()).hexdigest()
+    assert hashlib.sha256((tmp_path / "out" / "big.bin").read_bytes()).hexdigest() == digest
+
+
+def test_read_only_mounts(tmp_path: Path) -> None:
+    (tmp_path / "shared.txt").write_text("from the host\n")
+
+    async def go() -> None:
+        sandbox = await started(mounts=[Mount(str(tmp_path), "/mnt/host")])
+        try:
+            assert (await sandbox.exec("cat /mnt/host/shared.txt")).stdout == "from the host\n"
+            assert (await sandbox.exec("touch /mnt/host/x")).exit_code != 0
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_kill_processes_keeps_the_container() -> None:
+    async def go() -> DockerSandbox:
+        sandbox = await started()
+        await sandbox.exec("(sleep 306 &); (setsid sleep 307 &); nohup sleep 308 >/dev/null 2>&1 &")
+        await sandbox.kill_processes()
+        return sandbox
+
+    sandbox = run(go())
+    try:
+        left = processes(sandbox)
+        assert not [p for p in left if p.startswith("sleep 30")]
+        assert "sleep infinity" in left  # the keep-alive, spared
+        assert run(sandbox.exec("echo alive")).stdout == "alive\n"
+    finally:
+        run(sandbox.stop())
+
+
+def test_snapshot_restore_and_stop_removes_container_and_images() -> None:
+    async def go() -> None:
+        provider = DockerProvider()
+        sandbox = await provider.start(spec())
+        await sandbox.exec("echo saved > /app/state.txt")
+        snap = await sandbox.snapshot()
+        assert docker("images", "--quiet", snap.image).strip()
+        restored = await provider.restore(snap, spec())
+        try:
+            assert (await restored.exec("cat /app/state.txt")).stdout == "saved\n"
+        finally:
+            await restored.stop()
+        await sandbox.stop()
+        await sandbox.stop()  # idempotent
+        assert not docker("ps", "--all", "--quiet", "--filter", f"name=^{sandbox.name}$").strip()
+        assert not docker("images", "--quiet", snap.image).strip()
+        with pytest.raises(SandboxError):
+            await sandbox.exec("true")
+
+    run(go())
+
+
+def test_a_failed_start_leaks_no_container() -> None:
+    label = {"platoon.case": uuid.uuid4().hex}
+    registered: list[Any] = []
+    unregistered: list[Any] = []
+
+    async def go() -> None:
+        provider = DockerProvider(register=registered.append, unregister=unregistered.append)
+        with pytest.raises(SandboxError):
+            await provider.start(spec(image="docker://platoon-test/no-such-image:1", labels=label))
+        with pytest.raises(SandboxError, match="docker://"):
+            await provider.start(spec(image="/images/task.sif", labels=label))
+
+    run(go())
+    assert containers(**label) == []
+    assert len(registered) == 1 and registered == unregistered  # the refused .sif never got as far
+
+
+def test_reap_removes_exactly_the_labelled_containers() -> None:
+    run_a = {"platoon.run": f"/runs/a-{uuid.uuid4().hex}"}
+    run_b = {"platoon.run": f"/runs/b-{uuid.uuid4().hex}"}
+
+    async def go() -> None:
+        provider = DockerProvider()
+        a1, a2, b = await asyncio.gather(
+            provider.start(spec(image=BUSYBOX_IMAGE, labels=run_a)),
+            provider.start(spec(image=BUSYBOX_IMAGE, labels=run_a)),
+            provider.start(spec(image=BUSYBOX_IMAGE, labels=run_b)),
+        )
+        snap = await a1.snapshot()
+        with pytest.raises(ValueError):
+            await provider.reap({})
+        assert await provider.reap(run_a) == 2
+        assert containers(**run_a) == []
+        assert not docker("images", "--quiet", snap.image).strip()
+        assert containers(**run_b) != []
+        assert (await b.exec(["echo", "survivor"])).stdout == "survivor\n"
+        await asyncio.gather(a1.stop(), a2.stop(), b.stop())  # stopping what a reap removed is fine
+
+    run(go())
+    assert containers(**run_b) == []

@@ -81,7 +81,11 @@ def processes(sandbox: DockerSandbox) -> list[str]:
 
     async def go() -> ExecResult:
         return await sandbox.exec(
-            "for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] || tr '\\0' ' ' < $d/cmdline; echo; done"
+            [
+                "sh",
+                "-c",
+                "for d in /proc/[0-9]*; do [ ${d#/proc/} = $$ ] || tr '\\0' ' ' < $d/cmdline; echo; done",
+            ]
         )
 
     return [line.strip() for line in run(go()).stdout.splitlines() if line.strip()]
@@ -169,11 +173,12 @@ def test_network_none_cannot_reach_a_host_listener_but_host_network_can() -> Non
         run(go())
 
 
-def test_exec_timeout_kills_the_whole_tree() -> None:
+@pytest.mark.parametrize("image", [PYTHON_IMAGE, BUSYBOX_IMAGE])
+def test_exec_timeout_kills_the_whole_tree(image: str) -> None:
     async def go() -> DockerSandbox:
-        sandbox = await started()
+        sandbox = await started(image=image)
         # A grandchild in its own session, detached from the shell, still carries the exec's marker.
-        result = await sandbox.exec("setsid sleep 301 & (sleep 302 &); sleep 303", timeout_s=1)
+        result = await sandbox.exec(["sh", "-c", "setsid sleep 301 & (sleep 302 &); sleep 303"], timeout_s=1)
         assert result.timed_out and result.exit_code != 0
         return sandbox
 
@@ -259,10 +264,13 @@ def test_read_only_mounts(tmp_path: Path) -> None:
     run(go())
 
 
-def test_kill_processes_keeps_the_container() -> None:
+@pytest.mark.parametrize("image", [PYTHON_IMAGE, BUSYBOX_IMAGE])
+def test_kill_processes_keeps_the_container(image: str) -> None:
     async def go() -> DockerSandbox:
-        sandbox = await started()
-        await sandbox.exec("(sleep 306 &); (setsid sleep 307 &); nohup sleep 308 >/dev/null 2>&1 &")
+        sandbox = await started(image=image)
+        await sandbox.exec(
+            ["sh", "-c", "(sleep 306 &); (setsid sleep 307 &); nohup sleep 308 >/dev/null 2>&1 &"]
+        )
         await sandbox.kill_processes()
         return sandbox
 
@@ -271,7 +279,7 @@ def test_kill_processes_keeps_the_container() -> None:
         left = processes(sandbox)
         assert not [p for p in left if p.startswith("sleep 30")]
         assert "sleep infinity" in left  # the keep-alive, spared
-        assert run(sandbox.exec("echo alive")).stdout == "alive\n"
+        assert run(sandbox.exec(["echo", "alive"])).stdout == "alive\n"
     finally:
         run(sandbox.stop())
 
@@ -313,6 +321,24 @@ def test_a_failed_start_leaks_no_container() -> None:
     run(go())
     assert containers(**label) == []
     assert len(registered) == 1 and registered == unregistered  # the refused .sif never got as far
+
+
+@pytest.mark.parametrize("delay_s", [0.02, 0.1, 0.2])
+def test_a_cancelled_start_leaks_no_container(delay_s: float) -> None:
+    label = {"platoon.case": uuid.uuid4().hex}
+
+    async def go() -> None:
+        task = asyncio.ensure_future(DockerProvider().start(spec(labels=label)))
+        await asyncio.sleep(delay_s)  # somewhere inside the start: before, during or after `docker run`
+        task.cancel()
+        try:
+            sandbox = await task
+        except asyncio.CancelledError:
+            return
+        await sandbox.stop()  # the start finished before the cancel landed
+
+    run(go())
+    assert containers(**label) == []
 
 
 def test_reap_removes_exactly_the_labelled_containers() -> None:

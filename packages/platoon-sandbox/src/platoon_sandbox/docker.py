@@ -38,8 +38,8 @@ DRAIN_S = 1.0
 SNAPSHOT_REPO = "platoon-snapshot"
 
 # Runs inside the container (POSIX sh: busybox and Debian both have it): SIGKILL every process whose environment
-# holds the marker, in passes until none is left (a pass can race a fork). Builtins only in the loop, so the
-# script's own children never show up in /proc while it scans.
+# holds the marker, in passes until none is left (a pass can race a fork). The script runs without the marker, so
+# its own helpers (tr, grep) never match.
 _KILL_MARKER = r"""
 m="$1"; me=$$
 pass=0
@@ -48,7 +48,7 @@ while [ $pass -lt 50 ]; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$me" ] && continue
-    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF "$m"; then
+    if tr '\0' '\n' 2>/dev/null < "$d/environ" | grep -qxF "$m"; then
       kill -9 "$p" 2>/dev/null && found=1
     fi
   done
@@ -64,7 +64,7 @@ me=$$
 for d in /proc/[0-9]*; do
   p=${d#/proc/}
   [ "$p" = "$me" ] && continue
-  read -r s < "$d/stat" 2>/dev/null || continue
+  read -r s 2>/dev/null < "$d/stat" || continue
   s=${s##*) }
   set -- $s
   [ "$2" = "$me" ] && continue
@@ -78,14 +78,14 @@ echo "ns:$(readlink /proc/self/ns/pid)"
 # frozen (a forked helper would be a process this script must not wait on).
 _KILL_ALL = r"""
 keep=" $1 "; me=$$
-kill -STOP -1 2>/dev/null
+kill -s STOP -1 2>/dev/null
 pass=0; left=1
 while [ $pass -lt 20 ]; do
   pass=$((pass + 1)); left=0
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$me" ] && continue
-    read -r s < "$d/stat" 2>/dev/null || continue
+    read -r s 2>/dev/null < "$d/stat" || continue
     s=${s##*) }
     set -- $s
     [ "$1" = Z ] && continue
@@ -95,7 +95,7 @@ while [ $pass -lt 20 ]; do
   done
   [ $left = 0 ] && break
 done
-kill -CONT -1 2>/dev/null
+kill -s CONT -1 2>/dev/null
 [ $left = 0 ]
 """
 
@@ -265,9 +265,12 @@ class DockerSandbox:
                 await self._kill_marker(marker)
                 await self._reap_client(proc)
         except BaseException:
-            # Cancelled (or failed) while the command runs: it must not outlive the caller.
-            await asyncio.shield(self._kill_marker(marker))
-            await asyncio.shield(self._reap_client(proc))
+            # Cancelled (or failed) while the command runs: it must not outlive the caller. The original
+            # exception is what the caller sees, whatever the cleanup meets.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._kill_marker(marker))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._reap_client(proc))
             for task in (*readers, feeder):
                 task.cancel()
             raise
@@ -451,12 +454,18 @@ class DockerProvider:
         if self.register is not None:
             self.register(record)
         sandbox = DockerSandbox(self, name, spec, record)
+        # The run call is shielded: killing its client would not stop the engine from creating the container
+        # after the removal below had already found nothing.
+        run = asyncio.ensure_future(_cli(self.docker, *self._run_args(name, spec, image)))
         try:
-            await _cli(self.docker, *self._run_args(name, spec, image))
+            await asyncio.shield(run)
             await sandbox._record_own_processes()
         except BaseException:
-            # Failed or cancelled: remove the container by name; if even that fails it stays registered, so a
-            # later reap by label finds it.
+            # Failed or cancelled: let the run call finish, then remove the container by name; if even that fails
+            # it stays registered, so a later reap by label finds it.
+            if not run.done():
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(run)
             with contextlib.suppress(Exception):
                 await asyncio.shield(sandbox.stop())
             raise

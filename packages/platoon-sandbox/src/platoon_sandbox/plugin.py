@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from platoon.hookspecs import CommandGroup, hookimpl
+from platoon.hookspecs import CommandGroup, SandboxRuntime, hookimpl
+
+#: name -> (summary, the provider class as an import string)
+RUNTIMES = {
+    "process": (
+        "host processes in a private directory; no isolation (tests and laptops)",
+        "platoon_sandbox.process:ProcessProvider",
+    ),
+}
 
 
 @hookimpl
 def platoon_register_commands(name: str) -> CommandGroup | None:
     if name == "sandbox":
         return CommandGroup("sandbox", "sandbox reaping", "platoon_sandbox.cli:app")
+    return None
+
+
+@hookimpl
+def platoon_register_sandbox_runtimes(name: str) -> SandboxRuntime | None:
+    if name in RUNTIMES:
+        summary, provider = RUNTIMES[name]
+        return SandboxRuntime(name, summary, provider)
     return None

@@ -277,3 +277,47 @@ def test_routes_tcp_upstreams_are_their_own_and_unix_ones_on_the_host_network_ge
         assert stat.S_IMODE(os.stat(sandbox.root.parent).st_mode) == 0o700
 
     run(main())
+
+
+CLIENT = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"ping"); s.shutdown(socket.SHUT_WR)
+print(s.recv(100).decode())
+"""
+
+
+def test_a_network_none_sandbox_reaches_a_unix_socket_upstream_through_a_forwarder(tmp_path: Path):
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"pong:" + await reader.read())
+            await writer.drain()
+            writer.close()
+
+        sock_dir = tmp_path / "gw"
+        sock_dir.mkdir()
+        server = await asyncio.start_unix_server(echo, path=str(sock_dir / "gw.sock"))
+        sandbox = await started(
+            tmp_path / "s", network="none", upstreams={"model": f"unix://{sock_dir}/gw.sock"}
+        )
+        try:
+            route = sandbox.routes["model"]
+            assert route.startswith("http://127.0.0.1:")
+            port = route.rsplit(":", 1)[1]
+            assert os.readlink(sandbox.fs / "run" / "platoon" / "model") == str(sock_dir)
+            assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
+            await sandbox.kill_processes()  # spares the forwarder
+            assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
+            forwarder = int((sandbox.fs / "tmp" / "platoon-route" / "model.pid").read_text())
+            os.kill(forwarder, 9)
+            await asyncio.sleep(0.1)
+            await sandbox.ensure_routes()  # restarted on the same port
+            assert sandbox.routes["model"] == route
+            assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
+            forwarder = int((sandbox.fs / "tmp" / "platoon-route" / "model.pid").read_text())
+        finally:
+            await sandbox.stop()
+            server.close()
+        assert gone(forwarder) and not leftovers(sandbox)
+
+    run(main())

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from platoon_sandbox import procs
 from platoon_sandbox.contract import OUTPUT_CAP_BYTES, ExecResult, SandboxError, SandboxSpec
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
+from platoon_sandbox.routes import Forwarder, find_python
 
 __all__ = ["ProcessProvider", "ProcessSandbox", "ProcessSnapshot", "node_scratch"]
 
@@ -80,10 +81,12 @@ class ProcessProvider:
         labels = merge_labels(spec.labels)
         entry = registry().register(class_path(self), self.options, labels)  # before anything exists to leak
         root = self.base / f"process-{uuid.uuid4().hex[:12]}"
+        sandbox = ProcessSandbox(root, spec, labels, entry)  # makes nothing yet
         try:
-            sandbox = ProcessSandbox(root, spec, labels, entry)
             sandbox._create()
+            await sandbox._start_routes()
         except BaseException:
+            await sandbox._stop_routes()
             shutil.rmtree(root, ignore_errors=True)
             registry().unregister(entry)
             raise
@@ -134,7 +137,7 @@ class ProcessProvider:
                 continue
             if ours:
                 _forget(root)
-            _kill_all(root / "fs", _groups(root))
+            _kill_all(root / "fs", _groups(root), spare_routes=False)
             shutil.rmtree(root, ignore_errors=True)
             reaped += 1
         return reaped
@@ -162,15 +165,15 @@ def _groups(root: Path) -> list[tuple[int, int | None]]:
     return groups
 
 
-def _kill_all(fs: Path, groups: Sequence[tuple[int, int | None]]) -> list[int]:
+def _kill_all(fs: Path, groups: Sequence[tuple[int, int | None]], *, spare_routes: bool) -> list[int]:
     """Kill the groups, then every process still carrying this sandbox's root, pass after pass (a process may fork
-    while we scan). Returns the survivors of the last pass."""
+    while we scan); the route forwarders only when not `spare_routes`. Returns the survivors of the last pass."""
     for pgid, started in groups:
         procs.kill_group(pgid, started)
     marker = f"{ROOT_ENV}={fs}".encode()
     survivors: list[int] = []
     for _ in range(KILL_PASSES):
-        survivors = procs.pids_with_marker([marker], spare=INFRA_MARKER)
+        survivors = procs.pids_with_marker([marker], spare=INFRA_MARKER if spare_routes else None)
         if not survivors:
             break
         procs.kill_pids(survivors)
@@ -193,7 +196,9 @@ class ProcessSandbox:
         # Longest first, so /app/sub (a mount) wins over /app; a root is a path only at a path boundary.
         alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
         self._pattern = re.compile(rf"(?<![\w./-])({alternatives})(?=/|$|[^\w.-])")
+        # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
+        self._forwarders: dict[str, Forwarder] = {}
 
     # -- setup -------------------------------------------------------------------------------------------------
 
@@ -235,12 +240,38 @@ class ProcessSandbox:
 
     # -- the contract ------------------------------------------------------------------------------------------
 
+    async def _start_routes(self) -> None:
+        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6). On the host
+        network there is nothing to forward: the sandbox reaches the socket itself."""
+        unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
+        if self.spec.network != "none" or not unix:
+            return
+        python = await find_python([m.source for m in self.spec.mounts if m.read_only])
+        env = {**os.environ, ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
+        for name, url in unix:
+            socket_path = Path(url[len("unix://") :])
+            # the socket's *directory* at /run/platoon/<name>: the socket may appear there later
+            link = self.fs / "run" / "platoon" / name  # /run is not a mapped root: never _host()
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(socket_path.parent)
+            forwarder = Forwarder(
+                name, link / socket_path.name, self._host("/tmp/platoon-route"), python, env
+            )
+            self._forwarders[name] = forwarder
+            await forwarder.start()
+
+    async def _stop_routes(self) -> None:
+        for forwarder in self._forwarders.values():
+            await forwarder.stop()
+
     @property
     def routes(self) -> Mapping[str, str]:
-        return dict(self._routes)
+        return {**self._routes, **{name: f.url for name, f in self._forwarders.items()}}
 
     async def ensure_routes(self) -> None:
         self._check()
+        for forwarder in self._forwarders.values():
+            await forwarder.ensure()
 
     async def exec(
         self,
@@ -356,7 +387,7 @@ class ProcessSandbox:
 
     async def kill_processes(self) -> None:
         self._check()
-        survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root))
+        survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=True)
         if survivors:
             raise SandboxError(
                 f"processes {survivors} of sandbox {self.root.name} survived {KILL_PASSES} kills"
@@ -367,7 +398,8 @@ class ProcessSandbox:
             return
         self._stopped = True
         try:
-            survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root))
+            await self._stop_routes()
+            survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
             await asyncio.to_thread(shutil.rmtree, self.root, True)
             if survivors:
                 raise SandboxError(

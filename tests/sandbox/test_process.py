@@ -321,3 +321,15 @@ def test_a_network_none_sandbox_reaches_a_unix_socket_upstream_through_a_forward
         assert gone(forwarder) and not leftovers(sandbox)
 
     run(main())
+
+
+def test_a_command_that_never_reads_a_large_stdin_still_times_out(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            result = await sandbox.exec("sleep 300", stdin=b"x" * (4 * 1024 * 1024), timeout_s=1)
+            assert result.timed_out and not leftovers(sandbox)
+        finally:
+            await sandbox.stop()
+
+    run(main())

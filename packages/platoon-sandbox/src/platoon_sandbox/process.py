@@ -327,14 +327,19 @@ class ProcessSandbox:
             groups.write(f"{proc.pid} {procs.start_time(proc.pid) or '-'}\n")
         readers = [asyncio.ensure_future(out.read()), asyncio.ensure_future(err.read())]
         timed_out = False
-        try:
+
+        async def feed_and_wait() -> None:
+            # stdin inside the timeout too: a command that never reads it must not hang the exec
             if data is not None:
                 assert proc.stdin is not None
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     proc.stdin.write(data)
                     await proc.stdin.drain()
                 proc.stdin.close()
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            await proc.wait()
+
+        try:
+            await asyncio.wait_for(feed_and_wait(), timeout_s)
         except TimeoutError:
             timed_out = True
         finally:

@@ -104,7 +104,11 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="platoon-bench-sandbox-") as tmp:
         scratch = Path(tmp)
         for name in names:
-            provider = make_provider(name, scratch)
+            try:
+                provider = make_provider(name, scratch)
+            except Exception as exc:  # a provider not installed here: the other columns still print
+                print(f"{name}: skipped ({type(exc).__name__}: {exc})")
+                continue
             await cycles(provider, spec, 5, 1)  # warm-up: imports, first fork
             for concurrency in (1, 8):
                 row = await cycles(provider, spec, args.cycles, concurrency)

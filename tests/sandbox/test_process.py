@@ -86,10 +86,13 @@ def test_exec_strings_argv_env_cwd_and_stdin_with_paths_translated(tmp_path: Pat
             assert (await sandbox.exec(["cat"], stdin=b"bytes")).stdout == "bytes"
             failed = await sandbox.exec("echo oops >&2; exit 3")
             assert (failed.exit_code, failed.stderr, failed.ok) == (3, "oops\n", False)
-            # a path that only starts like a mapped root is not one
+            # a path that only starts like a mapped root is not one, nor one after ~, a variable or a URL's host
+            kept = ["/application", "/usr/bin", "~/app", "${X}/app", "http://h/app", "/app.txt"]
+            assert (await sandbox.exec(["echo", *kept])).stdout == " ".join(kept) + "\n"
             assert (
-                await sandbox.exec(["echo", "/application", "/usr/bin"])
-            ).stdout == "/application /usr/bin\n"
+                sandbox.translate("A=/app:/tests/b '/logs'")
+                == f"A={sandbox.fs}/app:{sandbox.fs}/tests/b '{sandbox.fs}/logs'"
+            )
             assert (await sandbox.exec(["no-such-program-xyz"])).exit_code == 127
         finally:
             await sandbox.stop()

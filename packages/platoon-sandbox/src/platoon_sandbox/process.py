@@ -193,9 +193,10 @@ class ProcessSandbox:
         self._stopped = False
         targets = {*MAPPED_ROOTS, spec.workdir, *(m.target for m in spec.mounts)}
         targets.discard("/")
-        # Longest first, so /app/sub (a mount) wins over /app; a root is a path only at a path boundary.
+        # Longest first, so /app/sub (a mount) wins over /app. A root is a path only where a path can start: not
+        # inside a word, a URL or a longer path, nor after `~`, `}` or `)` (`~/app`, `${DIR}/app`, `$(pwd)/app`).
         alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
-        self._pattern = re.compile(rf"(?<![\w./-])({alternatives})(?=/|$|[^\w.-])")
+        self._pattern = re.compile(rf"(?<![\w./~}})-])({alternatives})(?=/|$|[^\w.-])")
         # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
         self._forwarders: dict[str, Forwarder] = {}

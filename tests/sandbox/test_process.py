@@ -106,6 +106,8 @@ def test_a_cwd_that_cannot_be_entered_raises_the_oserror(tmp_path: Path):
         try:
             with pytest.raises(FileNotFoundError):
                 await sandbox.exec("true", cwd="/app/missing")
+            await sandbox.exec("mkdir -p /app/sub")
+            assert (await sandbox.exec("pwd", cwd="sub")).stdout == f"{sandbox.fs}/app/sub\n"  # the workdir's
         finally:
             await sandbox.stop()
 

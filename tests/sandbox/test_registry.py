@@ -203,3 +203,8 @@ def test_the_entry_point_finds_process():
     runtime = plugins.get_sandbox_runtime("process")
     assert runtime.provider == "platoon_sandbox.process:ProcessProvider"
     assert plugins.resolve_target(runtime.provider) is ProcessProvider
+
+
+def test_an_empty_process_label_is_refused():
+    with pytest.raises(ValueError, match="must be non-empty text"):
+        set_process_labels({"platoon.run": ""})

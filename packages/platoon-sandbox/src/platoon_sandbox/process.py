@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import posixpath
 import re
 import shutil
 import time
@@ -289,13 +290,15 @@ class ProcessSandbox:
         )
         if not argv:
             raise ValueError("exec needs a command; got an empty argv")
-        workdir = self.translate(cwd or self.spec.workdir)
+        # a relative cwd is the workdir's, never platoon's own working directory
+        where = posixpath.join(self.spec.workdir, cwd) if cwd else self.spec.workdir
+        workdir = self.translate(where)
         # Entering the directory ourselves first makes "cannot enter the cwd" its own OSError (harness.md 5.1),
         # never confused with a missing executable.
         if not os.path.isdir(workdir):
-            raise FileNotFoundError(2, "cannot enter the working directory", cwd or self.spec.workdir)
+            raise FileNotFoundError(2, "cannot enter the working directory", where)
         if not os.access(workdir, os.X_OK):
-            raise PermissionError(13, "cannot enter the working directory", cwd or self.spec.workdir)
+            raise PermissionError(13, "cannot enter the working directory", where)
         full_env = dict(os.environ)
         for key, value in {**self.spec.env, **(env or {})}.items():
             full_env[key] = self.translate(value)

@@ -118,6 +118,31 @@ class ProcessProvider:
             )
         return await asyncio.to_thread(self._reap, dict(labels))
 
+    async def labelled(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The sandboxes carrying all of `labels` (`platoon sandbox list`): id, owner pid, whether the owner is
+        alive, where. An empty label set is refused, as for `reap`."""
+        if not labels:
+            raise SandboxError("listing with an empty label set is refused: give the run's label")
+        return await asyncio.to_thread(self._labelled, dict(labels))
+
+    def _labelled(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        try:
+            roots = sorted(p for p in self.base.iterdir() if p.name.startswith("process-"))
+        except FileNotFoundError:
+            return found
+        for root in roots:
+            try:
+                meta = json.loads((root / "sandbox.json").read_text())
+            except (OSError, ValueError):
+                continue  # mid-start or mid-stop
+            if any(meta.get("labels", {}).get(k) != v for k, v in labels.items()):
+                continue
+            owner, started = meta.get("owner_pid"), meta.get("owner_start")
+            state = "owner running" if procs.alive(owner, started) else "owner gone"
+            found.append({"id": root.name, "owner_pid": owner, "state": state, "path": str(root)})
+        return found
+
     def _reap(self, labels: dict[str, str]) -> int:
         reaped = 0
         try:

@@ -22,12 +22,14 @@ from typing import Any
 from platoon_sandbox.contract import Sandbox, SandboxError
 
 __all__ = [
+    "LABELS_ENV",
     "MIRROR_ENV",
     "RUN_LABEL",
     "WORKER_LABEL",
     "Registration",
     "SandboxRegistry",
     "clear_process_labels",
+    "environment_labels",
     "merge_labels",
     "process_labels",
     "read_mirror",
@@ -42,6 +44,9 @@ RUN_LABEL = "platoon.run"
 WORKER_LABEL = "platoon.worker"
 #: Where the process's registry mirrors its records, when whoever runs the process did not say otherwise.
 MIRROR_ENV = "PLATOON_SANDBOX_MIRROR"
+#: The labels whoever started this process gave it (a JSON object): train and eval set `platoon.run` here (core
+#: `platoon.sandbox_runs`, which must not import this package), and a rollout worker adds `platoon.worker`.
+LABELS_ENV = "PLATOON_SANDBOX_LABELS"
 
 _process_labels: dict[str, str] = {}
 
@@ -60,13 +65,30 @@ def clear_process_labels() -> None:
     _process_labels.clear()
 
 
+def environment_labels() -> dict[str, str]:
+    """The labels `$PLATOON_SANDBOX_LABELS` gives (read each time: a worker sets it once its request is known).
+    A malformed value gives none, with a warning; empty values are dropped."""
+    text = os.environ.get(LABELS_ENV)
+    if not text:
+        return {}
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        loaded = None
+    if not isinstance(loaded, dict):
+        log.warning("$%s is not a JSON object of labels; ignoring it", LABELS_ENV)
+        return {}
+    return {str(k): v for k, v in loaded.items() if isinstance(v, str) and v}
+
+
 def process_labels() -> dict[str, str]:
-    return dict(_process_labels)
+    """The labels of every sandbox this process starts: the environment's, then those set here on top."""
+    return {**environment_labels(), **_process_labels}
 
 
 def merge_labels(spec_labels: Mapping[str, str]) -> dict[str, str]:
     """A sandbox's labels: its spec's, with the process's on top (a spec cannot pose as another run)."""
-    return {**spec_labels, **_process_labels}
+    return {**spec_labels, **process_labels()}
 
 
 def class_path(obj: Any) -> str:

@@ -23,6 +23,10 @@ def _isolated_site(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         "PLATOON_IGNORE_EXTENSION_REQUIREMENTS",
     ):
         monkeypatch.delenv(name, raising=False)
+    # A run sets its sandbox labels in os.environ (platoon.sandbox_runs): set-then-delete makes the teardown
+    # remove one a test's in-process run set, so it never labels a later test's sandboxes.
+    monkeypatch.setenv("PLATOON_SANDBOX_LABELS", "{}")
+    monkeypatch.delenv("PLATOON_SANDBOX_LABELS")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,22 +1,20 @@
-"""`platoon sandbox`: found through platoon-sandbox's entry point."""
+"""`platoon sandbox`: found through platoon-sandbox's entry point (its commands are tested in test_run_reaping)."""
 
 from __future__ import annotations
 
 from platoon.cli import main
 
 
-def test_sandbox_reap_says_it_is_not_available_yet(capsys):
+def test_sandbox_group_shows_list_and_reap_and_refuses_unknown_subcommands(capsys):
     assert main(["--help"]) == 0
     assert "\n  sandbox " in capsys.readouterr().out
-    assert main(["sandbox", "reap", "runs/x"]) == 1
-    assert capsys.readouterr().err == (
-        "platoon: `platoon sandbox reap` is not available yet in this build; it arrives with the sandbox providers\n"
-    )
-
-
-def test_sandbox_group_shows_reap_and_refuses_unknown_subcommands(capsys):
-    # a group with one subcommand stays a group: `reap` is listed, and an unknown name is not run as `reap`
     assert main(["sandbox", "--help"]) == 0
-    assert "Commands:\n  reap " in capsys.readouterr().out
+    help_text = capsys.readouterr().out
+    assert "Commands:\n  list " in help_text and "\n  reap " in help_text
     assert main(["sandbox", "bogus"]) == 64
     assert "No such command 'bogus'" in capsys.readouterr().err
+
+
+def test_reap_needs_a_run_dir(capsys):
+    assert main(["sandbox", "reap"]) == 64
+    assert "Missing argument 'RUN_DIR'" in capsys.readouterr().err

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from platoon.hookspecs import CommandGroup, SandboxRuntime, hookimpl
 
+#: name -> (summary, the provider class as an import string: a provider module loads only when a run picks it)
+RUNTIMES = {
+    "process": (
+        "host processes in a private directory; no isolation (tests and laptops)",
+        "platoon_sandbox.process:ProcessProvider",
+    ),
+    "docker": (
+        "one container per sandbox through the docker CLI",
+        "platoon_sandbox.docker:DockerProvider",
+    ),
+}
+
 
 @hookimpl
 def platoon_register_commands(name: str) -> CommandGroup | None:
@@ -14,11 +26,7 @@ def platoon_register_commands(name: str) -> CommandGroup | None:
 
 @hookimpl
 def platoon_register_sandbox_runtimes(name: str) -> SandboxRuntime | None:
-    # Import strings: the provider modules load only when a run picks them.
-    if name == "docker":
-        return SandboxRuntime(
-            "docker",
-            "one container per sandbox through the docker CLI",
-            "platoon_sandbox.docker:DockerProvider",
-        )
+    if name in RUNTIMES:
+        summary, provider = RUNTIMES[name]
+        return SandboxRuntime(name, summary, provider)
     return None

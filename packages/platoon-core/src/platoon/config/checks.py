@@ -150,5 +150,9 @@ def component_problems(config: Any) -> list[str]:
                 resolve(ref)
             except (ExtensionError, ValueError, TypeError, ImportError, AttributeError) as exc:
                 problems.append(f"{where}.{key}: {exc}")
+    from platoon.sandbox_runs import provider_problems
+
+    # a sandbox provider no installed distribution provides (e.g. platoon-sandbox is missing): what to install
+    problems += provider_problems(_entries(config))
     # after the entries' packages are imported: they may register renderers
     return problems + renderer_problems(config)

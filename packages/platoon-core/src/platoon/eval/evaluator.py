@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError, PlatoonError
+from platoon.sandbox_runs import reap_run, set_run_label
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -602,6 +603,7 @@ async def evaluate(
     say(choice.line if output_dir == choice.path else choice.line.replace(str(choice.path), str(output_dir)))
     snapshot = _snapshot(loaded, output_dir)
     records.hold_run_dir(output_dir, label=EVAL_LABEL)
+    set_run_label(output_dir)  # every sandbox of this evaluation, in workers too, carries its run label
     try:
         records.write_resolved_config(output_dir, snapshot)
         records.write_lock(output_dir, snapshot, component_records(config, split=config.split))
@@ -663,7 +665,15 @@ async def evaluate(
         _after_failure(output_dir, made_here=choice.fresh, say=say)
         raise
     finally:
+        _reap_sandboxes(output_dir, snapshot, say)
         _release(output_dir)
+
+
+def _reap_sandboxes(output_dir: Path, snapshot: LoadedConfig, say: Say) -> None:
+    """At exit: stop what this evaluation's label still has (harness.md 5.5); never raises."""
+    reaped = reap_run(output_dir, snapshot.data, snapshot.site)
+    if reaped:
+        say(f"reaped {reaped} sandbox(es) of {output_dir}")
 
 
 def _release(output_dir: Path) -> None:

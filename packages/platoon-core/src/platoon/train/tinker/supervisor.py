@@ -195,3 +195,14 @@ def supervise(
             _say(
                 f"training exited with {code}; starting again {where} (restart {restarts} of {max_restarts})"
             )
+            _reap_sandboxes(
+                run_dir
+            )  # what the dead start's rollouts left, before the next start adds its own
+
+
+def _reap_sandboxes(run_dir: Path) -> None:
+    from platoon.sandbox_runs import reap_run
+
+    reaped = reap_run(run_dir)
+    if reaped:
+        _say(f"reaped {reaped} sandbox(es) of {run_dir}")

@@ -423,6 +423,7 @@ async def _train(
         withheld_from_environment,
     )
     from platoon.rollouts import records
+    from platoon.sandbox_runs import set_run_label
     from platoon.train.tinker.loop import Trainer, stopped_before_training
     from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
     from platoon.train.tinker.watchdog import ServiceMonitor
@@ -442,6 +443,7 @@ async def _train(
     supervised = hold_for_trainer(run_dir)
     if not supervised:
         records.hold_run_dir(run_dir)
+    set_run_label(run_dir)  # every sandbox of this run, in workers too, carries its run label
     stop_server: Callable[[], None] | None = None
     base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or None
     try:
@@ -464,6 +466,7 @@ async def _train(
             excluded_tasks={pool.label: dict(pool.excluded) for pool in pools if pool.excluded},
         )
         reap_orphans(run_dir)  # what a killed start left behind, before this start adds its own
+        reap_sandboxes(run_dir, loaded)
         start_step = resume.start_batch if resume is not None else 0
         if stop_requested():  # a SIGINT/SIGTERM while preparing: nothing opens, nothing trains
             return stopped_before_training(start_step)
@@ -507,6 +510,7 @@ async def _train(
         if stop_server is not None:
             await asyncio.to_thread(stop_server)
         reap_orphans(run_dir)
+        reap_sandboxes(run_dir, loaded)
         if not supervised:
             (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)
 
@@ -552,6 +556,18 @@ def reap_orphans(run_dir: Path) -> int:
     if killed:
         say(f"stopped {killed} orphaned rollout worker(s) of trainers that are gone")
     return killed
+
+
+def reap_sandboxes(run_dir: Path, loaded: LoadedConfig | None) -> int:
+    """Stop the sandboxes this run's label still has (harness.md 5.5: at start, before each supervised restart
+    and at exit), through the providers the run could have used; says how many, never raises."""
+    from platoon.sandbox_runs import reap_run
+
+    # without a loaded config (a library call), the resolved config the start wrote is in the run dir
+    reaped = reap_run(run_dir, loaded.data, loaded.site) if loaded is not None else reap_run(run_dir)
+    if reaped:
+        say(f"reaped {reaped} sandbox(es) of {run_dir}")
+    return reaped
 
 
 async def training_client(

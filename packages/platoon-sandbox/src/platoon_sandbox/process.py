@@ -1,0 +1,500 @@
+"""The `process` provider (harness.md 5.2): a directory on the host standing in for a container. NOT isolated.
+
+Commands run as ordinary host processes, as the user running platoon, on the host network, with the host's files
+in reach. What it gives: sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the workdir, mount
+targets) translated to a private directory, every command in its own process group, timeouts that kill the whole
+tree, and a stop or reap that leaves no process and no directory behind. For tests and laptops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from platoon_sandbox import procs
+from platoon_sandbox.contract import OUTPUT_CAP_BYTES, ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
+from platoon_sandbox.routes import Forwarder, find_python
+
+__all__ = ["ProcessProvider", "ProcessSandbox", "ProcessSnapshot", "node_scratch"]
+
+#: The sandbox paths every process sandbox maps, besides its workdir and mount targets.
+MAPPED_ROOTS = ("/app", "/tests", "/logs", "/solution", "/tmp")
+ROOT_ENV = "PLATOON_SANDBOX_ROOT"
+#: The route forwarder carries this and is spared by `kill_processes` (harness.md 5.6).
+INFRA_MARKER = b"PLATOON_INFRA=route"
+SCRATCH_VARIABLES = ("PLATOON_NODE_SCRATCH", "PBS_LOCALDIR", "SLURM_TMPDIR", "TMPDIR")
+#: After a command exits, its pipes get this long to drain (a background child may hold them open forever).
+DRAIN_S = 1.0
+KILL_PASSES = 50
+
+
+def node_scratch() -> Path:
+    """`$PLATOON_NODE_SCRATCH`, `$PBS_LOCALDIR`, `$SLURM_TMPDIR`, `$TMPDIR`, else `/tmp` (harness.md 4)."""
+    for name in SCRATCH_VARIABLES:
+        if os.environ.get(name):
+            return Path(os.environ[name])
+    return Path("/tmp")
+
+
+@dataclass(frozen=True)
+class ProcessSnapshot:
+    """A copy of a sandbox's filesystem; `discard()` deletes it once no restore needs it."""
+
+    path: Path
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class ProcessProvider:
+    """Starts process sandboxes under `<scratch_root>/platoon-sandboxes-<uid>/` (scratch_root: the node scratch
+    unless given)."""
+
+    name: ClassVar[str] = "process"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"snapshot", "routes", "host_loopback"})
+    isolates: ClassVar[bool] = False
+
+    def __init__(self, scratch_root: str | None = None) -> None:
+        self.options: dict[str, Any] = {"scratch_root": scratch_root} if scratch_root else {}
+        self.base = Path(scratch_root or node_scratch()) / f"platoon-sandboxes-{os.getuid()}"
+
+    @classmethod
+    def unavailable(cls, options: Mapping[str, Any]) -> str | None:
+        if not os.path.isdir("/proc/self"):
+            return "the process provider needs Linux's /proc to find and kill what its commands started"
+        if shutil.which("bash") is None:
+            return "the process provider runs string commands under bash, and bash is not on PATH"
+        return None
+
+    async def start(self, spec: SandboxSpec) -> ProcessSandbox:
+        labels = merge_labels(spec.labels)
+        entry = registry().register(class_path(self), self.options, labels)  # before anything exists to leak
+        root = self.base / f"process-{uuid.uuid4().hex[:12]}"
+        sandbox = ProcessSandbox(root, spec, labels, entry)  # makes nothing yet
+        try:
+            sandbox._create()
+            await sandbox._start_routes()
+        except BaseException:
+            await sandbox._stop_routes()
+            shutil.rmtree(root, ignore_errors=True)
+            registry().unregister(entry)
+            raise
+        registry().attach(entry, sandbox)
+        return sandbox
+
+    async def restore(self, snapshot: Any, spec: SandboxSpec) -> ProcessSandbox:
+        if not isinstance(snapshot, ProcessSnapshot):
+            raise SandboxError(
+                f"the process provider restores only its own snapshots; got {type(snapshot).__name__}"
+            )
+        sandbox = await self.start(spec)
+        try:
+            await asyncio.to_thread(
+                shutil.copytree, snapshot.path, sandbox.fs, symlinks=True, dirs_exist_ok=True
+            )
+        except BaseException:
+            await sandbox.stop()
+            raise
+        return sandbox
+
+    async def reap(self, labels: Mapping[str, str]) -> int:
+        """Stop the sandboxes carrying all of `labels` whose owner is this process or dead; never another live
+        process's. An empty label set is refused."""
+        if not labels:
+            raise SandboxError(
+                "reaping with an empty label set is refused: it would reap every run's sandboxes"
+            )
+        return await asyncio.to_thread(self._reap, dict(labels))
+
+    async def labelled(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The sandboxes carrying all of `labels` (`platoon sandbox list`): id, owner pid, whether the owner is
+        alive, where. An empty label set is refused, as for `reap`."""
+        if not labels:
+            raise SandboxError("listing with an empty label set is refused: give the run's label")
+        return await asyncio.to_thread(self._labelled, dict(labels))
+
+    def _labelled(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        try:
+            roots = sorted(p for p in self.base.iterdir() if p.name.startswith("process-"))
+        except FileNotFoundError:
+            return found
+        for root in roots:
+            try:
+                meta = json.loads((root / "sandbox.json").read_text())
+            except (OSError, ValueError):
+                continue  # mid-start or mid-stop
+            if any(meta.get("labels", {}).get(k) != v for k, v in labels.items()):
+                continue
+            owner, started = meta.get("owner_pid"), meta.get("owner_start")
+            state = "owner running" if procs.alive(owner, started) else "owner gone"
+            found.append({"id": root.name, "owner_pid": owner, "state": state, "path": str(root)})
+        return found
+
+    def _reap(self, labels: dict[str, str]) -> int:
+        reaped = 0
+        try:
+            roots = [p for p in self.base.iterdir() if p.name.startswith("process-")]
+        except FileNotFoundError:
+            return 0
+        me, my_start = os.getpid(), procs.start_time(os.getpid())
+        for root in roots:
+            try:
+                meta = json.loads((root / "sandbox.json").read_text())
+            except (OSError, ValueError):
+                continue  # mid-start or mid-stop: its owner is at work on it
+            if any(meta.get("labels", {}).get(k) != v for k, v in labels.items()):
+                continue
+            owner, started = meta.get("owner_pid"), meta.get("owner_start")
+            ours = owner == me and started == my_start
+            if not ours and procs.alive(owner, started):
+                continue
+            if ours:
+                _forget(root)
+            _kill_all(root / "fs", _groups(root), spare_routes=False)
+            shutil.rmtree(root, ignore_errors=True)
+            reaped += 1
+        return reaped
+
+
+def _forget(root: Path) -> None:
+    """A sandbox of this very process is being reaped: its live object stops answering and leaves the registry."""
+    for entry in registry().live:
+        if isinstance(entry.sandbox, ProcessSandbox) and entry.sandbox.root == root:
+            entry.sandbox._stopped = True
+            registry().unregister(entry)
+
+
+def _groups(root: Path) -> list[tuple[int, int | None]]:
+    """The process groups a sandbox's commands ran in, with their leaders' start times."""
+    try:
+        lines = (root / "process-groups").read_text().split("\n")
+    except FileNotFoundError:
+        return []
+    groups = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2:
+            groups.append((int(parts[0]), int(parts[1]) if parts[1] != "-" else None))
+    return groups
+
+
+def _kill_all(fs: Path, groups: Sequence[tuple[int, int | None]], *, spare_routes: bool) -> list[int]:
+    """Kill the groups, then every process still carrying this sandbox's root, pass after pass (a process may fork
+    while we scan); the route forwarders only when not `spare_routes`. Returns the survivors of the last pass."""
+    for pgid, started in groups:
+        procs.kill_group(pgid, started)
+    marker = f"{ROOT_ENV}={fs}".encode()
+    survivors: list[int] = []
+    for _ in range(KILL_PASSES):
+        survivors = procs.pids_with_marker([marker], spare=INFRA_MARKER if spare_routes else None)
+        if not survivors:
+            break
+        procs.kill_pids(survivors)
+        time.sleep(0.01)
+    return survivors
+
+
+class ProcessSandbox:
+    """One process sandbox: `root/fs` is its filesystem, `root/sandbox.json` its record."""
+
+    def __init__(self, root: Path, spec: SandboxSpec, labels: dict[str, str], entry: Registration) -> None:
+        self.root = root
+        self.fs = root / "fs"
+        self.spec = spec
+        self.labels = labels
+        self._entry = entry
+        self._stopped = False
+        targets = {*MAPPED_ROOTS, spec.workdir, *(m.target for m in spec.mounts)}
+        targets.discard("/")
+        # Longest first, so /app/sub (a mount) wins over /app. A root is a path only where a path can start: not
+        # inside a word, a URL or a longer path, nor after `~`, `}` or `)` (`~/app`, `${DIR}/app`, `$(pwd)/app`).
+        alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
+        self._pattern = re.compile(rf"(?<![\w./~}})-])({alternatives})(?=/|$|[^\w.-])")
+        # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
+        self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
+        self._forwarders: dict[str, Forwarder] = {}
+
+    # -- setup -------------------------------------------------------------------------------------------------
+
+    def _create(self) -> None:
+        self.base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700)
+        for target in (*MAPPED_ROOTS, self.spec.workdir):
+            self._host(target).mkdir(parents=True, exist_ok=True)
+        for mount in self.spec.mounts:
+            link = self._host(mount.target)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_dir() and not link.is_symlink():
+                link.rmdir()  # an empty mapped root (say /tests) replaced by the mount
+            link.symlink_to(os.path.abspath(mount.source))
+        meta = {
+            "labels": self.labels,
+            "owner_pid": os.getpid(),
+            "owner_start": procs.start_time(os.getpid()),
+            "created": time.time(),
+            "workdir": self.spec.workdir,
+        }
+        # written last and atomically: a reaper skips a root without it, so a half-made sandbox is its owner's
+        tmp = self.root / ".sandbox.json"
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(self.root / "sandbox.json")
+
+    @property
+    def base_dir(self) -> Path:
+        return self.root.parent
+
+    def _host(self, path: str) -> Path:
+        """A sandbox path's host path (untranslated when outside the mapped roots)."""
+        return Path(self.translate(path))
+
+    def translate(self, text: str) -> str:
+        """Sandbox paths under the mapped roots, wherever they appear in `text`, as host paths."""
+        fs = str(self.fs)
+        return self._pattern.sub(lambda m: fs + m.group(1), text)
+
+    # -- the contract ------------------------------------------------------------------------------------------
+
+    async def _start_routes(self) -> None:
+        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6). On the host
+        network there is nothing to forward: the sandbox reaches the socket itself."""
+        unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
+        if self.spec.network != "none" or not unix:
+            return
+        python = await find_python([m.source for m in self.spec.mounts if m.read_only])
+        env = {**os.environ, ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
+        for name, url in unix:
+            socket_path = Path(url[len("unix://") :])
+            # the socket's *directory* at /run/platoon/<name>: the socket may appear there later
+            link = self.fs / "run" / "platoon" / name  # /run is not a mapped root: never _host()
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(socket_path.parent)
+            forwarder = Forwarder(
+                name, link / socket_path.name, self._host("/tmp/platoon-route"), python, env
+            )
+            self._forwarders[name] = forwarder
+            await forwarder.start()
+
+    async def _stop_routes(self) -> None:
+        for forwarder in self._forwarders.values():
+            await forwarder.stop()
+
+    @property
+    def routes(self) -> Mapping[str, str]:
+        return {**self._routes, **{name: f.url for name, f in self._forwarders.items()}}
+
+    async def ensure_routes(self) -> None:
+        self._check()
+        for forwarder in self._forwarders.values():
+            await forwarder.ensure()
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> ExecResult:
+        self._check()
+        argv = (
+            ["bash", "-c", self.translate(cmd)] if isinstance(cmd, str) else [self.translate(a) for a in cmd]
+        )
+        if not argv:
+            raise ValueError("exec needs a command; got an empty argv")
+        # a relative cwd is the workdir's, never platoon's own working directory
+        where = posixpath.join(self.spec.workdir, cwd) if cwd else self.spec.workdir
+        workdir = self.translate(where)
+        # Entering the directory ourselves first makes "cannot enter the cwd" its own OSError (harness.md 5.1),
+        # never confused with a missing executable.
+        if not os.path.isdir(workdir):
+            raise FileNotFoundError(2, "cannot enter the working directory", where)
+        if not os.access(workdir, os.X_OK):
+            raise PermissionError(13, "cannot enter the working directory", where)
+        full_env = dict(os.environ)
+        for key, value in {**self.spec.env, **(env or {})}.items():
+            full_env[key] = self.translate(value)
+        exec_marker = uuid.uuid4().hex
+        full_env.update({ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp"), "PLATOON_EXEC": exec_marker})
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        # Our own pipes, not asyncio's: its wait() also waits for the pipes to close, which a background child
+        # holding them would put off forever; here wait() is the exit, and the pipes get DRAIN_S after it.
+        out, err = _Capture(), _Capture()
+        out_fd, err_fd = out.open(), err.open()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+                stdout=out_fd,
+                stderr=err_fd,
+                cwd=workdir,
+                env=full_env,
+                start_new_session=True,  # its own process group (and session): the tree is killed as one
+            )
+        except (FileNotFoundError, PermissionError) as exc:
+            out.close()
+            err.close()
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            return ExecResult(code, "", f"{argv[0]}: {exc.strerror}\n")
+        finally:
+            os.close(out_fd)
+            os.close(err_fd)
+        with open(self.root / "process-groups", "a") as groups:
+            groups.write(f"{proc.pid} {procs.start_time(proc.pid) or '-'}\n")
+        readers = [asyncio.ensure_future(out.read()), asyncio.ensure_future(err.read())]
+        timed_out = False
+
+        async def feed_and_wait() -> None:
+            # stdin inside the timeout too: a command that never reads it must not hang the exec
+            if data is not None:
+                assert proc.stdin is not None
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    proc.stdin.write(data)
+                    await proc.stdin.drain()
+                proc.stdin.close()
+            await proc.wait()
+
+        try:
+            await asyncio.wait_for(feed_and_wait(), timeout_s)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if timed_out or proc.returncode is None:  # a timeout, or our caller cancelled us
+                # the group kill reaches the leader too; never proc.kill(): Popen polls first, reaping the exit
+                # status that asyncio's child watcher is waiting for (the code would then read 255)
+                self._kill_tree(proc.pid, exec_marker)
+                await asyncio.shield(proc.wait())
+        _, pending = await asyncio.wait(readers, timeout=DRAIN_S)
+        for reader in pending:
+            reader.cancel()  # a background child holds the pipe: what it writes from now on is not this result's
+        out.close()
+        err.close()
+        code = (
+            proc.returncode
+            if proc.returncode is not None and proc.returncode >= 0
+            else 128 - (proc.returncode or 0)
+        )
+        return ExecResult(code, out.text(), err.text(), timed_out)
+
+    def _kill_tree(self, pgid: int, exec_marker: str) -> None:
+        """The group, then whatever left it but still carries this command's marker."""
+        procs.kill_group(pgid)
+        for _ in range(KILL_PASSES):
+            left = procs.pids_with_marker([f"PLATOON_EXEC={exec_marker}".encode()])
+            if not left:
+                return
+            procs.kill_pids(left)
+
+    async def upload(self, src: str | Path, dst: str) -> None:
+        self._check()
+        await asyncio.to_thread(_copy, Path(src), self._host(dst))
+
+    async def download(self, src: str, dst: str | Path) -> None:
+        self._check()
+        source = self._host(src)
+        if not source.exists() and not source.is_symlink():
+            raise FileNotFoundError(2, "no such file in the sandbox", src)
+        await asyncio.to_thread(_copy, source, Path(dst))
+
+    async def snapshot(self) -> ProcessSnapshot:
+        self._check()
+        path = self.base_dir / f"snapshot-{uuid.uuid4().hex[:12]}"
+        try:
+            await asyncio.to_thread(shutil.copytree, self.fs, path, symlinks=True)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return ProcessSnapshot(path)
+
+    async def kill_processes(self) -> None:
+        self._check()
+        survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=True)
+        if survivors:
+            raise SandboxError(
+                f"processes {survivors} of sandbox {self.root.name} survived {KILL_PASSES} kills"
+            )
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self._stop_routes()
+            survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
+            await asyncio.to_thread(shutil.rmtree, self.root, True)
+            if survivors:
+                raise SandboxError(
+                    f"processes {survivors} of sandbox {self.root.name} survived {KILL_PASSES} kills"
+                )
+        finally:
+            registry().unregister(self._entry)
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise SandboxError(f"sandbox {self.root.name} has stopped")
+
+
+class _Capture:
+    """One output stream: the first OUTPUT_CAP_BYTES kept, the rest counted. Kept in an object rather than a
+    task's result so that what was read survives the drain window closing on a pipe a background child holds."""
+
+    def __init__(self) -> None:
+        self.kept = bytearray()
+        self.dropped = 0
+        self._read_fd = -1
+
+    def open(self) -> int:
+        """A new pipe; returns the write end for the child (the caller closes it once the child has it)."""
+        self._read_fd, write_fd = os.pipe()
+        return write_fd
+
+    async def read(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 16)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(self._read_fd, "rb", buffering=0)
+        )
+        self._read_fd = -1  # the transport owns it now
+        self._transport = transport
+        try:
+            while chunk := await reader.read(65536):
+                room = max(0, OUTPUT_CAP_BYTES - len(self.kept))
+                self.kept += chunk[:room]
+                self.dropped += len(chunk) - min(room, len(chunk))
+        finally:
+            transport.close()
+
+    def close(self) -> None:
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
+
+    def text(self) -> str:
+        text = self.kept.decode(errors="replace")
+        return text + f"\n[{self.dropped} bytes of output dropped]\n" if self.dropped else text
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """A file to `dst`; a directory's contents into `dst` (symlinks copied as symlinks)."""
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+        return
+    if not src.exists() and not src.is_symlink():
+        raise FileNotFoundError(2, "no such file", str(src))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.is_dir() and not dst.is_symlink():
+        dst = dst / src.name
+    shutil.copy2(src, dst, follow_symlinks=False)

@@ -1,0 +1,340 @@
+"""The process provider (harness.md 5.2), with real processes: exec, timeouts that kill the tree, output caps,
+copies, stop and a failed start leaving nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxSpec
+from platoon_sandbox.contract import OUTPUT_CAP_BYTES
+from platoon_sandbox.process import ProcessProvider, ProcessSandbox
+from platoon_sandbox.procs import pids_with_marker, start_time
+from platoon_sandbox.registry import clear_process_labels, registry
+
+
+@pytest.fixture(autouse=True)
+def _fresh_labels() -> Iterator[None]:
+    clear_process_labels()
+    yield
+    clear_process_labels()
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def gone(pid: int) -> bool:
+    """Gone, or a zombie nobody waited for (it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def leftovers(sandbox: ProcessSandbox) -> list[int]:
+    return pids_with_marker([f"PLATOON_SANDBOX_ROOT={sandbox.fs}".encode()])
+
+
+async def started(tmp_path: Path, **spec: object) -> ProcessSandbox:
+    return await ProcessProvider(scratch_root=str(tmp_path)).start(SandboxSpec(**spec))  # type: ignore[arg-type]
+
+
+def test_the_root_holds_fs_and_a_record_with_labels_owner_and_start_time(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path, labels={"platoon.task": "t1"})
+        assert sandbox.root.parent == tmp_path / f"platoon-sandboxes-{os.getuid()}"
+        assert sandbox.root.name.startswith("process-") and len(sandbox.root.name) == len("process-") + 12
+        meta = json.loads((sandbox.root / "sandbox.json").read_text())
+        assert meta["labels"] == {"platoon.task": "t1"}
+        assert (meta["owner_pid"], meta["owner_start"]) == (os.getpid(), start_time(os.getpid()))
+        for mapped in ("app", "tests", "logs", "solution", "tmp"):
+            assert (sandbox.fs / mapped).is_dir()
+        await sandbox.stop()
+
+    run(main())
+
+
+def test_exec_strings_argv_env_cwd_and_stdin_with_paths_translated(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path, env={"DATA": "/app/data.txt"})
+        try:
+            result = await sandbox.exec("echo hi > /app/x.txt && cat /app/x.txt && pwd")
+            assert result == ExecResult(0, f"hi\n{sandbox.fs}/app\n", "")
+            assert (sandbox.fs / "app" / "x.txt").read_text() == "hi\n"
+            argv = await sandbox.exec(
+                ["python3", "-c", "import sys, os; print(sys.argv[1], os.getcwd())", "/tmp/y"], cwd="/logs"
+            )
+            assert argv.stdout == f"{sandbox.fs}/tmp/y {sandbox.fs}/logs\n"
+            env = await sandbox.exec(
+                'echo "$DATA $EXTRA $PLATOON_SANDBOX_ROOT $TMPDIR"', env={"EXTRA": "/tests/a"}
+            )
+            assert env.stdout.split() == [
+                f"{sandbox.fs}/app/data.txt",
+                f"{sandbox.fs}/tests/a",
+                str(sandbox.fs),
+                f"{sandbox.fs}/tmp",
+            ]
+            assert (await sandbox.exec("cat", stdin="from stdin")).stdout == "from stdin"
+            assert (await sandbox.exec(["cat"], stdin=b"bytes")).stdout == "bytes"
+            failed = await sandbox.exec("echo oops >&2; exit 3")
+            assert (failed.exit_code, failed.stderr, failed.ok) == (3, "oops\n", False)
+            # a path that only starts like a mapped root is not one, nor one after ~, a variable or a URL's host
+            kept = ["/application", "/usr/bin", "~/app", "${X}/app", "http://h/app", "/app.txt"]
+            assert (await sandbox.exec(["echo", *kept])).stdout == " ".join(kept) + "\n"
+            assert (
+                sandbox.translate("A=/app:/tests/b '/logs'")
+                == f"A={sandbox.fs}/app:{sandbox.fs}/tests/b '{sandbox.fs}/logs'"
+            )
+            assert (await sandbox.exec(["no-such-program-xyz"])).exit_code == 127
+        finally:
+            await sandbox.stop()
+
+    run(main())
+
+
+def test_a_cwd_that_cannot_be_entered_raises_the_oserror(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            with pytest.raises(FileNotFoundError):
+                await sandbox.exec("true", cwd="/app/missing")
+            await sandbox.exec("mkdir -p /app/sub")
+            assert (await sandbox.exec("pwd", cwd="sub")).stdout == f"{sandbox.fs}/app/sub\n"  # the workdir's
+        finally:
+            await sandbox.stop()
+
+    run(main())
+
+
+def test_a_timeout_kills_the_whole_tree_even_a_grandchild_in_another_session(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            script = (
+                "sleep 300 & echo $! > /tmp/child; "
+                "setsid sleep 301 & echo $! > /tmp/escaped; "
+                'python3 -c \'import os, time; os.setsid(); open(os.environ["TMPDIR"] + "/grand", "w").write(str(os.getpid())); time.sleep(300)\' & '
+                "wait"
+            )
+            result = await sandbox.exec(script, timeout_s=1.5)
+            assert result.timed_out and result.exit_code == 137 and not result.ok
+            for name in ("child", "escaped", "grand"):
+                pid = int((sandbox.fs / "tmp" / name).read_text())
+                assert gone(pid), name
+        finally:
+            await sandbox.stop()
+
+    run(main())
+
+
+def test_output_is_capped_per_stream_with_a_note_and_background_pipes_are_not_waited_for(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            extra = 12345
+            result = await sandbox.exec(
+                f"head -c {OUTPUT_CAP_BYTES + extra} /dev/zero | tr '\\0' a; echo err >&2"
+            )
+            assert result.stdout == "a" * OUTPUT_CAP_BYTES + f"\n[{extra} bytes of output dropped]\n"
+            assert result.stderr == "err\n"
+            # a background child keeps stdout open: the command's result comes after the drain window anyway
+            held = await sandbox.exec("echo before; sleep 30 &")
+            assert (held.exit_code, held.stdout) == (0, "before\n")
+        finally:
+            await sandbox.stop()
+
+    run(main())
+
+
+def test_copies_round_trip_files_directories_symlinks_and_50_mb(tmp_path: Path):
+    async def main() -> None:
+        src = tmp_path / "src"
+        (src / "sub").mkdir(parents=True)
+        (src / "a.txt").write_text("a")
+        (src / "sub" / "b.bin").write_bytes(b"\0\1\2")
+        (src / "link").symlink_to("a.txt")
+        big = tmp_path / "big.bin"
+        big.write_bytes(os.urandom(50 * 1024 * 1024))
+        sandbox = await started(tmp_path / "scratch")
+        try:
+            await sandbox.upload(src, "/app/tree")
+            await sandbox.upload(big, "/app/big.bin")
+            await sandbox.upload(src / "a.txt", "/tests/one.txt")
+            listing = await sandbox.exec(
+                "cd /app/tree && find . | sort && readlink link && cmp /app/big.bin " + str(big)
+            )
+            assert listing.stdout == "./\n./a.txt\n./link\n./sub\n./sub/b.bin\na.txt\n".replace("./\n", ".\n")
+            out = tmp_path / "out"
+            await sandbox.download("/app/tree", out / "tree")
+            await sandbox.download("/app/big.bin", out / "big.bin")
+            await sandbox.download("/tests/one.txt", out / "one.txt")
+            assert (out / "tree" / "sub" / "b.bin").read_bytes() == b"\0\1\2"
+            assert os.readlink(out / "tree" / "link") == "a.txt"
+            assert (out / "big.bin").read_bytes() == big.read_bytes()
+            assert (out / "one.txt").read_text() == "a"
+            with pytest.raises(FileNotFoundError):
+                await sandbox.download("/app/missing", out / "missing")
+        finally:
+            await sandbox.stop()
+
+    run(main())
+
+
+def test_mounts_are_symlinks_to_their_sources(tmp_path: Path):
+    async def main() -> None:
+        data = tmp_path / "data"
+        data.mkdir()
+        (data / "x").write_text("mounted")
+        sandbox = await started(tmp_path / "scratch", mounts=[Mount(str(data), "/opt/data")])
+        try:
+            assert (await sandbox.exec("cat /opt/data/x")).stdout == "mounted"
+            assert os.readlink(sandbox.fs / "opt" / "data") == str(data)
+        finally:
+            await sandbox.stop()
+        assert (data / "x").read_text() == "mounted"  # stopping removes the link, never the source
+
+    run(main())
+
+
+def test_stop_leaves_no_process_and_no_directory_and_is_idempotent(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        child = await sandbox.exec("sleep 300 >/dev/null 2>&1 & echo $!")
+        escaped = await sandbox.exec("setsid sleep 300 >/dev/null 2>&1 & echo $!")
+        assert leftovers(sandbox)
+        await sandbox.stop()
+        await sandbox.stop()
+        assert gone(int(child.stdout)) and gone(int(escaped.stdout))
+        assert not leftovers(sandbox) and not sandbox.root.exists()
+        assert sandbox not in [e.sandbox for e in registry().live]
+        with pytest.raises(SandboxError, match="has stopped"):
+            await sandbox.exec("true")
+
+    run(main())
+
+
+def test_kill_processes_keeps_the_sandbox(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            await sandbox.exec("echo kept > /app/f; sleep 300 >/dev/null 2>&1 &")
+            await sandbox.kill_processes()
+            assert not leftovers(sandbox)
+            assert (await sandbox.exec("cat /app/f")).stdout == "kept\n"
+        finally:
+            await sandbox.stop()
+
+    run(main())
+
+
+def test_a_start_that_fails_leaks_nothing(tmp_path: Path):
+    async def main() -> None:
+        before = len(registry().live)
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        # the second mount's parent is the first, a link to a file: the start fails half-way through
+        with pytest.raises(OSError):
+            await started(tmp_path, mounts=[Mount(str(blocker), "/tests"), Mount(str(tmp_path), "/tests/x")])
+        base = tmp_path / f"platoon-sandboxes-{os.getuid()}"
+        assert [p.name for p in base.iterdir()] == []
+        assert len(registry().live) == before
+
+    run(main())
+
+
+def test_snapshot_and_restore_copy_the_filesystem(tmp_path: Path):
+    async def main() -> None:
+        provider = ProcessProvider(scratch_root=str(tmp_path))
+        sandbox = await provider.start(SandboxSpec())
+        await sandbox.exec("echo state > /app/s")
+        snap = await sandbox.snapshot()
+        await sandbox.stop()
+        restored = await provider.restore(snap, SandboxSpec())
+        try:
+            assert (await restored.exec("cat /app/s")).stdout == "state\n"
+        finally:
+            await restored.stop()
+            snap.discard()
+
+    run(main())
+
+
+def test_routes_tcp_upstreams_are_their_own_and_unix_ones_on_the_host_network_get_none(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(
+            tmp_path, upstreams={"model": "http://127.0.0.1:9", "mcp": "unix:///x/y.sock"}
+        )
+        try:
+            assert sandbox.routes == {"model": "http://127.0.0.1:9"}
+            await sandbox.ensure_routes()
+        finally:
+            await sandbox.stop()
+        assert ProcessProvider.isolates is False
+        assert ProcessProvider.capabilities == {"snapshot", "routes", "host_loopback"}
+        assert stat.S_IMODE(os.stat(sandbox.root.parent).st_mode) == 0o700
+
+    run(main())
+
+
+CLIENT = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"ping"); s.shutdown(socket.SHUT_WR)
+print(s.recv(100).decode())
+"""
+
+
+def test_a_network_none_sandbox_reaches_a_unix_socket_upstream_through_a_forwarder(tmp_path: Path):
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"pong:" + await reader.read())
+            await writer.drain()
+            writer.close()
+
+        sock_dir = tmp_path / "gw"
+        sock_dir.mkdir()
+        server = await asyncio.start_unix_server(echo, path=str(sock_dir / "gw.sock"))
+        sandbox = await started(
+            tmp_path / "s", network="none", upstreams={"model": f"unix://{sock_dir}/gw.sock"}
+        )
+        try:
+            route = sandbox.routes["model"]
+            assert route.startswith("http://127.0.0.1:")
+            port = route.rsplit(":", 1)[1]
+            assert os.readlink(sandbox.fs / "run" / "platoon" / "model") == str(sock_dir)
+            assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
+            await sandbox.kill_processes()  # spares the forwarder
+            assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
+            forwarder = int((sandbox.fs / "tmp" / "platoon-route" / "model.pid").read_text())
+            os.kill(forwarder, 9)
+            await asyncio.sleep(0.1)
+            await sandbox.ensure_routes()  # restarted on the same port
+            assert sandbox.routes["model"] == route
+            assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
+            forwarder = int((sandbox.fs / "tmp" / "platoon-route" / "model.pid").read_text())
+        finally:
+            await sandbox.stop()
+            server.close()
+        assert gone(forwarder) and not leftovers(sandbox)
+
+    run(main())
+
+
+def test_a_command_that_never_reads_a_large_stdin_still_times_out(tmp_path: Path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            result = await sandbox.exec("sleep 300", stdin=b"x" * (4 * 1024 * 1024), timeout_s=1)
+            assert result.timed_out and not leftovers(sandbox)
+        finally:
+            await sandbox.stop()
+
+    run(main())

@@ -89,3 +89,28 @@ def test_reaping_never_raises_and_never_reaps_with_an_empty_label(tmp_path: Path
     assert reap_run(run_dir) == 0
     with pytest.raises(ValueError, match="empty label"):
         asyncio.run(reap_run_async([("process", {})], ""))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_site_profile_provider_that_is_not_installed_is_refused_by_validate_and_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    from platoon.cli import main
+    from platoon.sandbox_runs import provider_missing
+
+    # the built-in names a profile may choose; which of them are missing depends on what is installed
+    missing = next((name for name in ("enroot", "singularity", "docker") if provider_missing(name)), None)
+    if missing is None:
+        pytest.skip("every provider a site profile may name is installed here")
+    site = tmp_path / "site.yaml"
+    site.write_text(f"provider: {missing}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    config = str(REPO / "examples" / "bandit" / "train.yaml")
+    line = f"site profile {site}: provider: {missing}: sandbox provider {missing!r} is not "
+    assert main(["config", "validate", config, f"log_path={tmp_path / 'runs'}"]) == 78
+    assert f"\n  {line}" in capsys.readouterr().out
+    assert main(["train", config, f"log_path={tmp_path / 'runs'}"]) == 78
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"platoon: {line}")
+    assert not (tmp_path / "runs").exists()  # refused before anything was written

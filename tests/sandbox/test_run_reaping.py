@@ -199,9 +199,9 @@ from platoon.sandbox_runs import set_run_label
 from platoon_sandbox import SandboxSpec
 from platoon_sandbox.process import ProcessProvider
 
-run, scratch = Path(sys.argv[1]), sys.argv[2]
+run, scratch, always = Path(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["always"]
 first = run / "first-sandbox"
-if not first.exists():
+if always or not first.exists():
     set_run_label(run)
     async def main():
         sandbox = await ProcessProvider(scratch_root=scratch).start(SandboxSpec())
@@ -233,3 +233,18 @@ def test_a_trainer_killed_by_sigkill_is_reaped_before_the_supervised_restart(tmp
     finally:
         reap_run(other)
     assert not other_root.exists()
+
+
+def test_the_supervisor_reaps_at_exit_after_a_last_start_that_was_killed(tmp_path: Path, capsys):
+    from platoon.train.tinker.supervisor import supervise
+
+    scratch = tmp_path / "scratch"
+    run_dir = make_run(tmp_path, "a", scratch)
+    command = [sys.executable, "-c", KILLED_START, str(run_dir), str(scratch), "always"]
+    assert supervise(run_dir, max_restarts=1, command=command) == 137
+    last = Path((run_dir / "first-sandbox").read_text())  # the second start's, killed with no restart left
+    assert not last.exists()
+    assert not pids_with_marker([f"PLATOON_SANDBOX_ROOT={last / 'fs'}".encode()])
+    assert (
+        capsys.readouterr().err.count(f"reaped 1 sandbox(es) of {run_dir}") == 2
+    )  # before the restart, at exit

@@ -33,6 +33,7 @@ __all__ = [
     "run_label",
     "run_providers",
     "set_run_label",
+    "site_provider_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,18 @@ def provider_problems(entries: Any) -> list[str]:
         if isinstance(name, str) and name and (missing := provider_missing(name)) is not None:
             problems.append(f"environments.{index}.service_kwargs.provider: {missing}")
     return problems
+
+
+def site_provider_problem(site: Any) -> str | None:
+    """Why the site profile's `provider` cannot run here (no installed distribution provides it), quoting the
+    profile, or None. Commands that start sandboxes (train, eval, config validate) refuse it with exit 78."""
+    name = getattr(site, "provider", None)
+    if not isinstance(name, str) or not name or (missing := provider_missing(name)) is None:
+        return None
+    return (
+        f"site profile {site.path}: provider: {name}: {missing}; or set $PLATOON_SITE to another profile "
+        "(/dev/null for none)"
+    )
 
 
 def run_providers(

@@ -183,6 +183,7 @@ def _validate_one(
     """Print one file's verdict; returns whether it failed."""
     from platoon.config import load_config
     from platoon.config.checks import component_problems, output_problems, run_problems
+    from platoon.sandbox_runs import site_provider_problem
 
     try:
         loaded = load_config(path, overrides, kind=kind, schema=schema)
@@ -216,6 +217,8 @@ def _validate_one(
         report_only = getattr(loaded.config, "stage", None) == "report"
         if resolve and not report_only:
             problems += component_problems(loaded.config)
+    if resolve and (unavailable := site_provider_problem(loaded.site)) is not None:
+        problems.insert(0, unavailable)  # the profile's provider is refused before anything the run would do
     if tasks and not training:
         task_lines = ["tasks: only a training config's tasks are listed"]
     elif tasks and not resolve and not problems:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from platoon.cli.output import dump_json, err, out
-from platoon.errors import EX_CONFIG
+from platoon.errors import EX_CONFIG, ConfigError
 
 ConfigArg = Annotated[
     str, typer.Argument(metavar="CONFIG", help="The evaluation config file.", show_default=False)
@@ -38,6 +38,7 @@ def eval_(
     from platoon.config.site import describe_site
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.evaluator import evaluate, report_only
+    from platoon.sandbox_runs import site_provider_problem
 
     loaded = load_config(config, overrides or [], kind="eval")
     for line in deprecation_lines(loaded):
@@ -53,6 +54,8 @@ def eval_(
         return 0
     for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):
         err(line)
+    if (unavailable := site_provider_problem(loaded.site)) is not None:
+        raise ConfigError(unavailable)
     if prepare:
         from platoon.eval.policy import PolicySpec, check_policy_key
 

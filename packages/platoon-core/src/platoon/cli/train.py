@@ -40,6 +40,7 @@ def train(
     from platoon.config.site import describe_site
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.gateway.tinker_service import check_tinker_key
+    from platoon.sandbox_runs import site_provider_problem
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals
     from platoon.train.tinker.trainer import train as run_training
 
@@ -48,6 +49,8 @@ def train(
         err(line)
     for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):
         err(line)
+    if (unavailable := site_provider_problem(loaded.site)) is not None:
+        raise ConfigError(unavailable)
     resolved = loaded.config
     if not isinstance(resolved, PlatoonTinkerRLTrainerConfig):
         err(f"{config}: not a training config (its schema is {loaded.schema_name})")

@@ -149,10 +149,18 @@ def supervise(
 
     Restarts after any exit but 0, 78, 130, 143 or death by SIGINT/SIGTERM, never after this process was signalled,
     at most `max_restarts` times, and not after `MAX_STALLED_STARTS` consecutive starts that saved no new checkpoint.
+    Reaps the run's sandboxes (harness.md 5.5) before each restart and at exit.
     """
     run_dir = Path(run_dir)
     argv = list(command) if command is not None else child_command(run_dir)
     child_env = dict(os.environ if env is None else env)
+    try:
+        return _supervise(run_dir, argv, child_env, max_restarts)
+    finally:
+        _reap_sandboxes(run_dir)  # at exit: what a last start that was killed left
+
+
+def _supervise(run_dir: Path, argv: list[str], child_env: dict[str, str], max_restarts: int) -> int:
     restarts = stalled = 0
     code = 0
     with _Forwarder() as forwarder:

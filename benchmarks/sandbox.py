@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -87,6 +88,18 @@ def leftovers(scratch: Path) -> tuple[list[str], list[int]]:
     )
 
 
+def docker_leftovers(bench: str) -> list[str]:
+    """Containers of this benchmark still there (by its label)."""
+    docker = os.environ.get("PLATOON_DOCKER", "docker")
+    found = subprocess.run(
+        [docker, "ps", "--all", "--quiet", "--filter", f"label=platoon.bench={bench}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [f"container {cid}" for cid in found.stdout.split()]
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,10 +109,20 @@ async def main() -> int:
     )
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--execs", type=int, default=200)
+    parser.add_argument(
+        "--docker-image",
+        default="docker://platoon-test/busybox",
+        help="the docker column's image (.ci/docker-engine)",
+    )
     args = parser.parse_args()
     names = [n for n in args.provider.split(",") if n]
     # every command carries PLATOON_BENCH=1, so a process the benchmark left behind is found whatever its sandbox
-    spec = SandboxSpec(image="local", env={"PLATOON_BENCH": "1"})
+    bench = f"bench-{os.getpid()}"
+    specs = {
+        "process": SandboxSpec(image="local", env={"PLATOON_BENCH": "1"}),
+        # every container carries the benchmark's label, so one it left behind is found
+        "docker": SandboxSpec(image=args.docker_image, workdir="/", labels={"platoon.bench": bench}),
+    }
     rows: dict[tuple[str, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="platoon-bench-sandbox-") as tmp:
         scratch = Path(tmp)
@@ -109,12 +132,15 @@ async def main() -> int:
             except Exception as exc:  # a provider not installed here: the other columns still print
                 print(f"{name}: skipped ({type(exc).__name__}: {exc})")
                 continue
+            spec = specs.get(name, specs["process"])
             await cycles(provider, spec, 5, 1)  # warm-up: imports, first fork
             for concurrency in (1, 8):
                 row = await cycles(provider, spec, args.cycles, concurrency)
                 row.update(await execs(provider, spec, args.execs, concurrency))
                 rows[(name, concurrency)] = row
         dirs, pids = leftovers(scratch)
+    if "docker" in names:
+        dirs += docker_leftovers(bench)
     print(
         f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}, {os.cpu_count()} cpus"
     )
@@ -130,7 +156,7 @@ async def main() -> int:
             verdict = row["start p50"] <= start_target and row["exec p50"] <= exec_target
             print(f"{name}: target start p50 <= {start_target * 1000:.0f} ms, exec p50 <= {exec_target * 1000:.0f} ms"
                   f" at concurrency 1: {'met' if verdict else 'MISSED'}")  # fmt: skip
-    print(f"left behind: {len(dirs)} sandbox dir(s), {len(pids)} process(es)")
+    print(f"left behind: {len(dirs)} sandbox dir(s) or container(s), {len(pids)} process(es)")
     return 1 if dirs or pids else 0
 
 

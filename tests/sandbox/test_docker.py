@@ -22,6 +22,7 @@ import pytest
 
 from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxSpec
 from platoon_sandbox.docker import DockerProvider, DockerSandbox, docker_binary
+from platoon_sandbox.registry import clear_process_labels, registry, set_process_labels
 
 PYTHON_IMAGE = "docker://platoon-test/python:bookworm"
 BUSYBOX_IMAGE = "docker://platoon-test/busybox"
@@ -306,13 +307,11 @@ def test_snapshot_restore_and_stop_removes_container_and_images() -> None:
     run(go())
 
 
-def test_a_failed_start_leaks_no_container() -> None:
+def test_a_failed_start_leaks_no_container_and_no_registration() -> None:
     label = {"platoon.case": uuid.uuid4().hex}
-    registered: list[Any] = []
-    unregistered: list[Any] = []
 
     async def go() -> None:
-        provider = DockerProvider(register=registered.append, unregister=unregistered.append)
+        provider = DockerProvider()
         with pytest.raises(SandboxError):
             await provider.start(spec(image="docker://platoon-test/no-such-image:1", labels=label))
         with pytest.raises(SandboxError, match="docker://"):
@@ -320,7 +319,30 @@ def test_a_failed_start_leaks_no_container() -> None:
 
     run(go())
     assert containers(**label) == []
-    assert len(registered) == 1 and registered == unregistered  # the refused .sif never got as far
+    assert not [
+        entry for entry in registry().live if entry.labels.get("platoon.case") == label["platoon.case"]
+    ]
+
+
+def test_a_sandbox_is_registered_under_the_process_labels_while_it_lives() -> None:
+    run_label = {"platoon.run": f"/runs/{uuid.uuid4().hex}"}
+    set_process_labels(run_label)
+
+    async def go() -> None:
+        sandbox = await DockerProvider().start(spec(labels={"platoon.role": "verifier"}))
+        try:
+            (entry,) = [e for e in registry().live if e.sandbox is sandbox]
+            assert {**run_label, "platoon.role": "verifier"}.items() <= entry.labels.items()
+            assert containers(**run_label) != []  # the container carries the run label too
+        finally:
+            await sandbox.stop()
+        assert not [e for e in registry().live if e.sandbox is sandbox]
+
+    try:
+        run(go())
+    finally:
+        clear_process_labels()
+    assert containers(**run_label) == []
 
 
 @pytest.mark.parametrize("delay_s", [0.02, 0.1, 0.2])

@@ -10,9 +10,9 @@ are reaped and the container's own processes are an init and a keep-alive). Comm
 carrying `PLATOON_EXEC=<uuid>`: killing the `docker exec` client does not stop the command inside, so a timeout or a
 cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the marker.
 
-Registration (harness.md 5.5) is a seam: the provider takes optional `register(record)` / `unregister(record)`
-callables, called before the container starts and after it is removed. TODO(merge): wire these to the registry
-(labels merged with the process labels, the mirror file, refusal after shut-down) when it lands.
+Registration (harness.md 5.5): the process labels are merged into the spec's, the sandbox is registered (and
+mirrored) before its container is created, and unregistered once the container is gone; a container that could not
+be removed stays registered, so a reap by label finds it.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 from platoon_sandbox.contract import OUTPUT_CAP_BYTES, ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 
 __all__ = ["DockerProvider", "DockerSandbox", "DockerSnapshot"]
 
@@ -180,13 +181,13 @@ class DockerSandbox:
         provider: DockerProvider,
         name: str,
         spec: SandboxSpec,
-        record: Mapping[str, Any],
+        entry: Registration,
     ) -> None:
         self._provider = provider
         self._docker = provider.docker
         self.name = name
         self.spec = spec
-        self._record = record
+        self._entry = entry
         self._own: list[str] = []
         self._shares_pid_ns = False
         self._snapshots: list[str] = []
@@ -373,13 +374,11 @@ class DockerSandbox:
         if not gone:
             # Still there: it stays registered so a reap by label removes it later.
             raise SandboxError(f"could not remove container {self.name}: {err.strip()}")
-        if self._provider.unregister is not None:
-            self._provider.unregister(self._record)
+        registry().unregister(self._entry)
 
 
 class DockerProvider:
-    """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`). `register` /
-    `unregister`: the registration seam of harness.md 5.5 (see the module docstring)."""
+    """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`)."""
 
     name: ClassVar[str] = "docker"
     capabilities: ClassVar[frozenset[str]] = frozenset(
@@ -391,12 +390,9 @@ class DockerProvider:
         self,
         *,
         binary: str | None = None,
-        register: Callable[[Mapping[str, Any]], None] | None = None,
-        unregister: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
+        self.options: dict[str, Any] = {"binary": binary} if binary else {}
         self.docker = binary or docker_binary()
-        self.register = register
-        self.unregister = unregister
 
     @classmethod
     def unavailable(cls, options: Mapping[str, Any] | None = None) -> str | None:
@@ -446,14 +442,11 @@ class DockerProvider:
             # TODO(5.6): the in-sandbox forwarder for Unix-socket upstreams; refused until it exists.
             raise SandboxError(f"upstreams {unix} need the route forwarder (harness.md 5.6), not built yet")
         name = f"platoon-{uuid.uuid4().hex[:12]}"
-        record = {
-            "provider": "platoon_sandbox.docker:DockerProvider",
-            "name": name,
-            "labels": dict(spec.labels),
-        }
-        if self.register is not None:
-            self.register(record)
-        sandbox = DockerSandbox(self, name, spec, record)
+        spec = replace(spec, labels=merge_labels(spec.labels))
+        entry = registry().register(
+            class_path(self), self.options, spec.labels
+        )  # before the container exists
+        sandbox = DockerSandbox(self, name, spec, entry)
         # The run call is shielded: killing its client would not stop the engine from creating the container
         # after the removal below had already found nothing.
         run = asyncio.ensure_future(_cli(self.docker, *self._run_args(name, spec, image)))
@@ -469,6 +462,7 @@ class DockerProvider:
             with contextlib.suppress(Exception):
                 await asyncio.shield(sandbox.stop())
             raise
+        registry().attach(entry, sandbox)
         return sandbox
 
     async def reap(self, labels: Mapping[str, str]) -> int:

@@ -126,7 +126,7 @@ def test_output_is_capped_at_8_mib_per_stream() -> None:
         sandbox = await started()
         try:
             result = await sandbox.exec("head -c 9437184 /dev/zero | tr '\\0' a")
-            assert result.stdout == "a" * (8 << 20) + "[1048576 bytes of output dropped]"
+            assert result.stdout == "a" * (8 << 20) + "\n[1048576 bytes of output dropped]\n"
         finally:
             await sandbox.stop()
 

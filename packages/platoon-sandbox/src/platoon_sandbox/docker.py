@@ -23,19 +23,18 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import OUTPUT_CAP_BYTES, ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 
 __all__ = ["DockerProvider", "DockerSandbox", "DockerSnapshot"]
 
 #: Every CLI call except `exec` (which has the caller's timeout) may take this long: pulls, copies, commits.
 CLI_TIMEOUT_S = 600.0
-#: After a command exits, its pipes get this long to drain (background children holding them are ignored).
-DRAIN_S = 1.0
 SNAPSHOT_REPO = "platoon-snapshot"
 
 # Runs inside the container (POSIX sh: busybox and Debian both have it): SIGKILL every process whose environment
@@ -115,28 +114,6 @@ def _image_ref(image: str) -> str:
     if image == "local" or image.endswith((".sif", ".sqsh")) or "://" in image:
         raise SandboxError(f"the docker provider runs docker://repo:tag images; got {image!r}")
     return image
-
-
-@dataclass
-class _Captured:
-    data: bytearray = field(default_factory=bytearray)
-    dropped: int = 0
-
-    def text(self) -> str:
-        out = self.data.decode("utf-8", errors="replace")
-        if self.dropped:
-            out += f"[{self.dropped} bytes of output dropped]"
-        return out
-
-
-async def _read_capped(stream: asyncio.StreamReader | None, into: _Captured) -> None:
-    if stream is None:
-        return
-    while chunk := await stream.read(65536):
-        room = OUTPUT_CAP_BYTES - len(into.data)
-        if room > 0:
-            into.data += chunk[:room]
-        into.dropped += max(0, len(chunk) - max(room, 0))
 
 
 async def _cli(
@@ -251,10 +228,10 @@ class DockerSandbox:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = _Captured(), _Captured()
+        out, err = CappedOutput(), CappedOutput()
         readers = [
-            asyncio.ensure_future(_read_capped(proc.stdout, out)),
-            asyncio.ensure_future(_read_capped(proc.stderr, err)),
+            asyncio.ensure_future(out.read_from(proc.stdout)),
+            asyncio.ensure_future(err.read_from(proc.stderr)),
         ]
         feeder = asyncio.ensure_future(self._feed(proc, data))
         timed_out = False

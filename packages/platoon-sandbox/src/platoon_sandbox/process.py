@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from platoon_sandbox import procs
-from platoon_sandbox.contract import OUTPUT_CAP_BYTES, ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import Forwarder, find_python
 
@@ -35,8 +36,7 @@ ROOT_ENV = "PLATOON_SANDBOX_ROOT"
 #: The route forwarder carries this and is spared by `kill_processes` (harness.md 5.6).
 INFRA_MARKER = b"PLATOON_INFRA=route"
 SCRATCH_VARIABLES = ("PLATOON_NODE_SCRATCH", "PBS_LOCALDIR", "SLURM_TMPDIR", "TMPDIR")
-#: After a command exits, its pipes get this long to drain (a background child may hold them open forever).
-DRAIN_S = 1.0
+#: Kill passes over the leftover processes at stop.
 KILL_PASSES = 50
 
 
@@ -447,13 +447,11 @@ class ProcessSandbox:
             raise SandboxError(f"sandbox {self.root.name} has stopped")
 
 
-class _Capture:
-    """One output stream: the first OUTPUT_CAP_BYTES kept, the rest counted. Kept in an object rather than a
-    task's result so that what was read survives the drain window closing on a pipe a background child holds."""
+class _Capture(CappedOutput):
+    """One output stream read from a pipe of our own (the child gets its write end)."""
 
     def __init__(self) -> None:
-        self.kept = bytearray()
-        self.dropped = 0
+        super().__init__()
         self._read_fd = -1
 
     def open(self) -> int:
@@ -470,10 +468,7 @@ class _Capture:
         self._read_fd = -1  # the transport owns it now
         self._transport = transport
         try:
-            while chunk := await reader.read(65536):
-                room = max(0, OUTPUT_CAP_BYTES - len(self.kept))
-                self.kept += chunk[:room]
-                self.dropped += len(chunk) - min(room, len(chunk))
+            await self.read_from(reader)
         finally:
             transport.close()
 
@@ -481,10 +476,6 @@ class _Capture:
         if self._read_fd >= 0:
             os.close(self._read_fd)
             self._read_fd = -1
-
-    def text(self) -> str:
-        text = self.kept.decode(errors="replace")
-        return text + f"\n[{self.dropped} bytes of output dropped]\n" if self.dropped else text
 
 
 def _copy(src: Path, dst: Path) -> None:

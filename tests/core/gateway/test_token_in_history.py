@@ -201,6 +201,20 @@ def test_reasoning_the_renderer_drops_from_history_starts_a_new_segment(qwen3_to
     assert prompt == gateway.renderer.render_prompt(sent, tools=TOOLS)
 
 
+def test_a_prefill_history_does_not_keep_starts_a_segment_named_for_it(qwen3_tokenizer):
+    # qwen3_disable_thinking prefills an empty think block that history does not keep: every later call is a new
+    # segment, and the record says why (not "history_rerendered": the earlier messages render as they did).
+    gateway, _rollout, agent = gateway_over(
+        qwen3_tokenizer, [FORMS["compact_json"], "Sunny.", "Bye."], renderer="qwen3_disable_thinking"
+    )
+    converse(gateway, agent)
+    assert [call.generation["history"]["segment"] for call in agent.calls] == [
+        "first_call",
+        "prefill_dropped",
+        "prefill_dropped",
+    ]
+
+
 def test_a_turn_cut_at_the_completion_budget_is_not_reused(qwen3_tokenizer):
     gateway, rollout, agent = gateway_over(qwen3_tokenizer, ["a long answer that is cut", "Done."])
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Talk."}]

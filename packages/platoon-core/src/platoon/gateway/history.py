@@ -26,7 +26,7 @@ import hashlib
 import json
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["SEGMENT_REASONS", "AgentHistory", "PromptBuild", "Turn", "build_prompt"]
@@ -159,13 +159,13 @@ def build_prompt(
     tokens, reason = _splice(renderer, turn, rendered, ends)
     if tokens is None:
         return _segment(plain, reason, turn)
-    return PromptBuild(
-        tokens,
-        {"extends": turn.call_id, "reused_tokens": len(turn.prompt) + len(turn.sampled), "segment": None},
-        request_digest=plain.request_digest,
-        rendered_length=plain.rendered_length,
-        rendered_digest=plain.rendered_digest,
-    )
+    # The plain render's digests stay: a later call matches against what a plain render of this request gave.
+    history_record = {
+        "extends": turn.call_id,
+        "reused_tokens": len(turn.prompt) + len(turn.sampled),
+        "segment": None,
+    }
+    return replace(plain, tokens=tokens, history=history_record)
 
 
 def _end_ids(renderer: Any) -> set[int]:

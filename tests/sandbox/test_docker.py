@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.server
 import os
 import shutil
 import socket
+import socketserver
 import subprocess
+import threading
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -386,3 +389,146 @@ def test_reap_removes_exactly_the_labelled_containers() -> None:
 
     run(go())
     assert containers(**run_b) == []
+
+
+# -- routes (harness.md 5.6) -------------------------------------------------------------------------------------
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello from the host: {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def address_string(self) -> str:  # a Unix peer has no host/port pair
+        return "unix"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def unix_upstream(tmp_path: Path) -> Iterator[str]:
+    """An HTTP server on a Unix socket in a host directory (standing in for the model gateway)."""
+    sock = tmp_path / "gw" / "gw.sock"
+    sock.parent.mkdir()
+    server = _UnixHTTPServer(str(sock), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"unix://{sock}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+_GET = (
+    "import sys, urllib.request\n"
+    "print(urllib.request.urlopen(sys.argv[1] + '/v1/models', timeout=10).read().decode())\n"
+)
+
+
+def test_a_network_none_sandbox_reaches_a_unix_upstream_through_its_route_and_nothing_else(
+    unix_upstream: str,
+) -> None:
+    probe = (
+        "import socket, sys\n"
+        "try:\n"
+        "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).close()\n"
+        "    print('connected')\n"
+        "except OSError as e:\n"
+        "    print('refused', e)\n"
+    )
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = str(listener.getsockname()[1])
+
+        async def go() -> None:
+            sandbox = await started(network="none", upstreams={"model": unix_upstream, "mcp": unix_upstream})
+            try:
+                # name order: "mcp" first, "model" second
+                assert sandbox.routes == {"mcp": "http://127.0.0.1:18080", "model": "http://127.0.0.1:18081"}
+                got = await sandbox.exec(["python3", "-c", _GET, sandbox.routes["model"]])
+                assert got.stdout == "hello from the host: /v1/models\n", got.stderr
+                assert (await sandbox.exec(["python3", "-c", probe, port])).stdout.startswith("refused")
+                # the socket's directory is bound read-only
+                assert (await sandbox.exec("touch /run/platoon/model/x")).exit_code != 0
+                state = await sandbox.exec("ls /tmp/platoon-route")
+                assert set(state.stdout.split()) >= {"forwarder.py", "model.pid", "model.port", "model.log"}
+            finally:
+                await sandbox.stop()
+
+        run(go())
+
+
+def test_host_network_sandboxes_get_no_route_for_unix_upstreams(unix_upstream: str) -> None:
+    async def go() -> None:
+        sandbox = await started(
+            network="host", upstreams={"model": unix_upstream, "judge": "http://127.0.0.1:9"}
+        )
+        try:
+            assert sandbox.routes == {"judge": "http://127.0.0.1:9"}
+            await sandbox.ensure_routes()
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def _forwarders(sandbox: DockerSandbox) -> list[str]:
+    return [p for p in processes(sandbox) if "/tmp/platoon-route/forwarder.py" in p]
+
+
+def test_kill_processes_spares_the_forwarder_and_ensure_routes_restarts_it(unix_upstream: str) -> None:
+    async def go() -> None:
+        sandbox = await started(network="none", upstreams={"model": unix_upstream})
+        try:
+            route = sandbox.routes["model"]
+            await sandbox.exec(["sh", "-c", "(setsid sleep 309 &); nohup sleep 310 >/dev/null 2>&1 &"])
+            await sandbox.kill_processes()
+            left = await asyncio.to_thread(processes, sandbox)
+            assert not [p for p in left if p.startswith("sleep 3")]
+            assert len(await asyncio.to_thread(_forwarders, sandbox)) == 1
+            assert (await sandbox.exec(["python3", "-c", _GET, route])).exit_code == 0
+
+            # an exec timeout's marker kill spares it too
+            slow = await sandbox.exec(["sleep", "30"], timeout_s=0.5)
+            assert slow.timed_out
+            assert len(await asyncio.to_thread(_forwarders, sandbox)) == 1
+
+            pid = (await sandbox.exec("cat /tmp/platoon-route/model.pid")).stdout.strip()
+            assert (await sandbox.exec(["sh", "-c", 'kill -9 "$1"', "sh", pid])).exit_code == 0
+            assert (await sandbox.exec(["python3", "-c", _GET, route])).exit_code != 0
+            await sandbox.ensure_routes()
+            assert sandbox.routes["model"] == route  # the same port
+            got = await sandbox.exec(["python3", "-c", _GET, route])
+            assert got.stdout == "hello from the host: /v1/models\n", got.stderr
+            assert (await sandbox.exec("cat /tmp/platoon-route/model.pid")).stdout.strip() != pid
+            await sandbox.ensure_routes()  # healthy: nothing restarted
+            assert len(await asyncio.to_thread(_forwarders, sandbox)) == 1
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_a_sandbox_without_python_for_its_forwarder_fails_to_start_and_leaks_no_container(
+    unix_upstream: str,
+) -> None:
+    label = {"platoon.case": uuid.uuid4().hex}
+
+    async def go() -> None:
+        with pytest.raises(SandboxError, match=r"no Python 3\.6 or newer.*python3, python"):
+            await DockerProvider().start(
+                spec(image=BUSYBOX_IMAGE, network="none", upstreams={"model": unix_upstream}, labels=label)
+            )
+
+    run(go())
+    assert containers(**label) == []

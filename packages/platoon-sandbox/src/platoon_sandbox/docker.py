@@ -10,6 +10,11 @@ are reaped and the container's own processes are an init and a keep-alive). Comm
 carrying `PLATOON_EXEC=<uuid>`: killing the `docker exec` client does not stop the command inside, so a timeout or a
 cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the marker.
 
+Routes (harness.md 5.6): a `network: none` container reaches each Unix-socket upstream through a forwarder inside it
+(`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
+listens on 127.0.0.1:18080 (18081, ... in name order). It is started by its own `docker exec` (so no exec marker
+reaches it) and `kill_processes` spares it by pid and start time, like the container's own processes.
+
 Registration (harness.md 5.5): the process labels are merged into the spec's, the sandbox is registered (and
 mirrored) before its container is created, and unregistered once the container is gone; a container that could not
 be removed stays registered, so a reap by label finds it.
@@ -30,6 +35,7 @@ from typing import Any, ClassVar
 from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
+from platoon_sandbox.routes import ContainerForwarders
 
 __all__ = ["DockerProvider", "DockerSandbox", "DockerSnapshot"]
 
@@ -169,17 +175,32 @@ class DockerSandbox:
         self._shares_pid_ns = False
         self._snapshots: list[str] = []
         self._stopped = False
-        # TCP upstreams are their own route; Unix-socket upstreams need the 5.6 forwarder (not built yet, refused
-        # at start for network: none; host-network sandboxes reach the gateway on loopback, so no route).
+        # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network (5.6): a
+        # host-network sandbox reaches the gateway on loopback, so no route.
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
+        self._forwarders = ContainerForwarders(
+            spec.upstreams if spec.network == "none" else {},
+            [m.target for m in spec.mounts if m.read_only],
+            self._route_shell,
+        )
 
     @property
     def routes(self) -> Mapping[str, str]:
-        return dict(self._routes)
+        return {**self._routes, **self._forwarders.routes}
 
     async def ensure_routes(self) -> None:
-        # TCP routes need no forwarder; nothing to restart until the 5.6 forwarder exists.
-        return None
+        """Restart a dead forwarder on its port (the runner calls this before every harness launch)."""
+        self._check_live()
+        await self._forwarders.ensure()
+
+    async def _route_shell(
+        self, script: str, args: Sequence[str], env: Mapping[str, str]
+    ) -> tuple[int, str, str]:
+        # A plain `docker exec`, never `exec()`: the forwarder must not carry an exec marker.
+        extra = [a for key, value in env.items() for a in ("--env", f"{key}={value}")]
+        return await _cli(
+            self._docker, "exec", *extra, self.name, "sh", "-c", script, "platoon-route", *args, check=False
+        )
 
     async def _record_own_processes(self) -> None:
         rc, out, err = await _cli(
@@ -337,7 +358,7 @@ class DockerSandbox:
             )
         if not self._own:
             raise SandboxError(f"the own processes of sandbox {self.name} were not recorded at start")
-        if await self._sh(_KILL_ALL, " ".join(self._own)) != 0:
+        if await self._sh(_KILL_ALL, " ".join([*self._own, *self._forwarders.keep])) != 0:
             raise SandboxError(f"processes survived SIGKILL in sandbox {self.name}")
 
     async def stop(self) -> None:
@@ -400,6 +421,9 @@ class DockerProvider:
             args += ["--label", f"{key}={value}"]
         for mount in spec.mounts:
             args += ["--volume", f"{mount.source}:{mount.target}{':ro' if mount.read_only else ''}"]
+        if spec.network == "none":
+            for source, target in ContainerForwarders.binds(spec.upstreams):
+                args += ["--volume", f"{source}:{target}:ro"]
         if spec.cpus is not None:
             args += ["--cpus", f"{spec.cpus:g}"]
         if spec.memory_mb is not None:
@@ -414,10 +438,6 @@ class DockerProvider:
         return await self._start(spec, _image_ref(image))
 
     async def _start(self, spec: SandboxSpec, image: str) -> DockerSandbox:
-        unix = sorted(k for k, v in spec.upstreams.items() if v.startswith("unix://"))
-        if unix and spec.network == "none":
-            # TODO(5.6): the in-sandbox forwarder for Unix-socket upstreams; refused until it exists.
-            raise SandboxError(f"upstreams {unix} need the route forwarder (harness.md 5.6), not built yet")
         name = f"platoon-{uuid.uuid4().hex[:12]}"
         spec = replace(spec, labels=merge_labels(spec.labels))
         entry = registry().register(
@@ -430,6 +450,7 @@ class DockerProvider:
         try:
             await asyncio.shield(run)
             await sandbox._record_own_processes()
+            await sandbox._forwarders.start(sandbox.upload)
         except BaseException:
             # Failed or cancelled: let the run call finish, then remove the container by name; if even that fails
             # it stays registered, so a later reap by label finds it.

@@ -338,3 +338,21 @@ def test_a_command_that_never_reads_a_large_stdin_still_times_out(tmp_path: Path
             await sandbox.stop()
 
     run(main())
+
+
+def test_the_first_start_says_once_and_plainly_that_nothing_is_isolated(tmp_path, caplog, monkeypatch):
+    import platoon_sandbox.process as process_module
+
+    monkeypatch.setattr(process_module, "_warned", False)
+
+    async def go() -> None:
+        provider = process_module.ProcessProvider(scratch_root=str(tmp_path))
+        for _ in range(2):
+            sandbox = await provider.start(SandboxSpec())
+            await sandbox.stop()
+
+    with caplog.at_level("WARNING", logger="platoon_sandbox.process"):
+        asyncio.run(go())
+    warnings = [r.getMessage() for r in caplog.records if r.name == "platoon_sandbox.process"]
+    assert len(warnings) == 1
+    assert "isolates nothing" in warnings[0] and "network: none is not enforced" in warnings[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -30,6 +31,16 @@ from platoon_sandbox.routes import Forwarder, find_python
 
 __all__ = ["ProcessProvider", "ProcessSandbox", "ProcessSnapshot", "node_scratch"]
 
+log = logging.getLogger(__name__)
+
+#: Said once per process, at the first start: what a model-written command can reach here.
+NOT_ISOLATED_WARNING = (
+    "the process sandbox provider isolates nothing: commands run as %s on this host, with its files and its network "
+    "in reach (network: none is not enforced). Use it for tests and laptops; pick an isolating provider (docker, "
+    "singularity, enroot) for model-written code you do not trust."
+)
+_warned = False
+
 #: The sandbox paths every process sandbox maps, besides its workdir and mount targets.
 MAPPED_ROOTS = ("/app", "/tests", "/logs", "/solution", "/tmp")
 ROOT_ENV = "PLATOON_SANDBOX_ROOT"
@@ -38,6 +49,15 @@ INFRA_MARKER = b"PLATOON_INFRA=route"
 SCRATCH_VARIABLES = ("PLATOON_NODE_SCRATCH", "PBS_LOCALDIR", "SLURM_TMPDIR", "TMPDIR")
 #: Kill passes over the leftover processes at stop.
 KILL_PASSES = 50
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(os.getuid()).pw_name!r}"
+    except (ImportError, KeyError):
+        return f"uid {os.getuid()}"
 
 
 def node_scratch() -> Path:
@@ -79,6 +99,10 @@ class ProcessProvider:
         return None
 
     async def start(self, spec: SandboxSpec) -> ProcessSandbox:
+        global _warned
+        if not _warned:
+            _warned = True
+            log.warning(NOT_ISOLATED_WARNING, _user())
         labels = merge_labels(spec.labels)
         entry = registry().register(class_path(self), self.options, labels)  # before anything exists to leak
         root = self.base / f"process-{uuid.uuid4().hex[:12]}"

@@ -42,6 +42,17 @@ def docker(*args: str) -> str:
     ).stdout
 
 
+#: Run inside a sandbox with a port: prints "connected", or "refused <why>" when 127.0.0.1:<port> cannot be reached.
+CONNECT_PROBE = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).close()\n"
+    "    print('connected')\n"
+    "except OSError as e:\n"
+    "    print('refused', e)\n"
+)
+
+
 def containers(**labels: str) -> list[str]:
     filters = [a for k, v in labels.items() for a in ("--filter", f"label={k}={v}")]
     return docker("ps", "--all", "--quiet", *filters).split()
@@ -153,14 +164,6 @@ def test_memory_limit_kills_with_137() -> None:
 
 
 def test_network_none_cannot_reach_a_host_listener_but_host_network_can() -> None:
-    probe = (
-        "import socket, sys\n"
-        "try:\n"
-        "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).close()\n"
-        "    print('connected')\n"
-        "except OSError as e:\n"
-        "    print('refused', e)\n"
-    )
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -169,8 +172,10 @@ def test_network_none_cannot_reach_a_host_listener_but_host_network_can() -> Non
         async def go() -> None:
             isolated, shared = await asyncio.gather(started(network="none"), started(network="host"))
             try:
-                assert (await isolated.exec(["python3", "-c", probe, port])).stdout.startswith("refused")
-                assert (await shared.exec(["python3", "-c", probe, port])).stdout == "connected\n"
+                assert (await isolated.exec(["python3", "-c", CONNECT_PROBE, port])).stdout.startswith(
+                    "refused"
+                )
+                assert (await shared.exec(["python3", "-c", CONNECT_PROBE, port])).stdout == "connected\n"
             finally:
                 await asyncio.gather(isolated.stop(), shared.stop())
 
@@ -437,14 +442,6 @@ _GET = (
 def test_a_network_none_sandbox_reaches_a_unix_upstream_through_its_route_and_nothing_else(
     unix_upstream: str,
 ) -> None:
-    probe = (
-        "import socket, sys\n"
-        "try:\n"
-        "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).close()\n"
-        "    print('connected')\n"
-        "except OSError as e:\n"
-        "    print('refused', e)\n"
-    )
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -457,7 +454,9 @@ def test_a_network_none_sandbox_reaches_a_unix_upstream_through_its_route_and_no
                 assert sandbox.routes == {"mcp": "http://127.0.0.1:18080", "model": "http://127.0.0.1:18081"}
                 got = await sandbox.exec(["python3", "-c", _GET, sandbox.routes["model"]])
                 assert got.stdout == "hello from the host: /v1/models\n", got.stderr
-                assert (await sandbox.exec(["python3", "-c", probe, port])).stdout.startswith("refused")
+                assert (await sandbox.exec(["python3", "-c", CONNECT_PROBE, port])).stdout.startswith(
+                    "refused"
+                )
                 # the socket's directory is bound read-only
                 assert (await sandbox.exec("touch /run/platoon/model/x")).exit_code != 0
                 state = await sandbox.exec("ls /tmp/platoon-route")

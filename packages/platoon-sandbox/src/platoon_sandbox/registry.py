@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,19 +165,10 @@ class SandboxRegistry:
         live = [e.sandbox for e in self._entries if e.sandbox is not None]
         if not live:
             return 0
-        tasks = [asyncio.ensure_future(sandbox.stop()) for sandbox in live]
-        done, pending = await asyncio.wait(tasks, timeout=deadline_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            log.warning("%d sandbox(es) did not stop within %.0f s", len(pending), deadline_s)
-        stopped = 0
-        for task in done:
-            if task.exception() is not None:
-                log.warning("a sandbox failed to stop: %s", task.exception())
-            else:
-                stopped += 1
-        return stopped
+        results = await _within(
+            [sandbox.stop() for sandbox in live], deadline_s, "stop", "a sandbox failed to stop: %s"
+        )
+        return len(results)
 
     def records(self) -> list[dict[str, Any]]:
         """The distinct records, in registration order."""
@@ -248,18 +239,29 @@ async def _reap_one(record: Mapping[str, Any]) -> int:
 async def reap(records: Iterable[Mapping[str, Any]], deadline_s: float) -> int:
     """Reap every record (from a mirror) concurrently within `deadline_s`; failures are logged, never raised.
     Returns how many sandboxes were reaped."""
-    tasks = [asyncio.ensure_future(_reap_one(record)) for record in records]
-    if not tasks:
-        return 0
+    results = await _within(
+        [_reap_one(record) for record in records], deadline_s, "reap", "reaping sandboxes failed: %s"
+    )
+    return sum(results)
+
+
+async def _within(
+    jobs: list[Coroutine[Any, Any, Any]], deadline_s: float, what: str, failed: str
+) -> list[Any]:
+    """Run `jobs` concurrently for at most `deadline_s`: the results of those that finished; the late ones are
+    cancelled and the failed ones logged, never raised."""
+    if not jobs:
+        return []
+    tasks = [asyncio.ensure_future(job) for job in jobs]
     done, pending = await asyncio.wait(tasks, timeout=deadline_s)
     for task in pending:
         task.cancel()
     if pending:
-        log.warning("%d reap(s) did not finish within %.0f s", len(pending), deadline_s)
-    reaped = 0
+        log.warning("%d %s(s) did not finish within %.0f s", len(pending), what, deadline_s)
+    results = []
     for task in done:
         if task.exception() is not None:
-            log.warning("reaping sandboxes failed: %s", task.exception())
+            log.warning(failed, task.exception())
         else:
-            reaped += task.result()
-    return reaped
+            results.append(task.result())
+    return results

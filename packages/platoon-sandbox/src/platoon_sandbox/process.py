@@ -1,9 +1,10 @@
 """The `process` provider (harness.md 5.2): a directory on the host standing in for a container. NOT isolated.
 
-Commands run as ordinary host processes, as the user running platoon, on the host network, with the host's files
-in reach. What it gives: sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the workdir, mount
-targets) translated to a private directory, every command in its own process group, timeouts that kill the whole
-tree, and a stop or reap that leaves no process and no directory behind. For tests and laptops.
+Commands run as ordinary host processes, as the user running platoon, with the host's files in reach, and on the
+host network, except that a `network: none` sandbox gets a network namespace of its own (only `lo`) where
+bubblewrap can make one (`netns`). What it gives: sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the
+workdir, mount targets) translated to a private directory, every command in its own process group, timeouts that
+kill the whole tree, and a stop or reap that leaves no process and no directory behind. For tests and laptops.
 """
 
 from __future__ import annotations
@@ -21,23 +22,33 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from platoon_sandbox import procs
+from platoon_sandbox import netns, procs
 from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
-from platoon_sandbox.routes import Forwarder, find_python
+from platoon_sandbox.routes import FIRST_PORT, Forwarder, find_python
 
 __all__ = ["ProcessProvider", "ProcessSandbox", "ProcessSnapshot", "node_scratch"]
 
 log = logging.getLogger(__name__)
 
-#: Said once per process, at the first start: what a model-written command can reach here.
+#: Said once per process, at the first start: what a model-written command can reach here. Where bubblewrap works,
+#: network: none sandboxes are off the network...
 NOT_ISOLATED_WARNING = (
+    "the process sandbox provider isolates nothing but the network of network: none sandboxes (a network namespace "
+    "of their own through bubblewrap, holding only lo): commands run as %s on this host, with its files in reach. "
+    "Use it for tests and laptops; pick an isolating provider (docker, singularity, enroot) for model-written code "
+    "you do not trust."
+)
+#: ...and where it does not, they are on the host's network, which this says as loudly.
+NOT_ISOLATED_NO_NETNS_WARNING = (
     "the process sandbox provider isolates nothing: commands run as %s on this host, with its files and its network "
-    "in reach (network: none is not enforced). Use it for tests and laptops; pick an isolating provider (docker, "
-    "singularity, enroot) for model-written code you do not trust."
+    "in reach (network: none is not enforced: %s; apt-get install bubblewrap gives network: none sandboxes a network "
+    "namespace of their own, with unprivileged user namespaces enabled unless platoon runs as root, or set "
+    "PLATOON_BWRAP to a bwrap binary). Use it for tests and laptops; pick an isolating provider (docker, singularity, "
+    "enroot) for model-written code you do not trust."
 )
 _warned = False
 
@@ -78,12 +89,25 @@ class ProcessSnapshot:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+#: What every process sandbox can do, on any node.
+BASE_CAPABILITIES = frozenset({"snapshot", "routes", "host_loopback"})
+
+
+class _Capabilities:
+    """`ProcessProvider.capabilities`: a fact about this node, not the class, because `network_none` holds only
+    where bubblewrap can make a network namespace. The first read probes (once per process, a few milliseconds)."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> frozenset[str]:
+        return BASE_CAPABILITIES | {"network_none"} if netns.unavailable() is None else BASE_CAPABILITIES
+
+
 class ProcessProvider:
     """Starts process sandboxes under `<scratch_root>/platoon-sandboxes-<uid>/` (scratch_root: the node scratch
     unless given)."""
 
     name: ClassVar[str] = "process"
-    capabilities: ClassVar[frozenset[str]] = frozenset({"snapshot", "routes", "host_loopback"})
+    # typed as the contract's class variable (a descriptor reads as one), so the class still is a SandboxProvider
+    capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = False
 
     def __init__(self, scratch_root: str | None = None) -> None:
@@ -100,18 +124,27 @@ class ProcessProvider:
 
     async def start(self, spec: SandboxSpec) -> ProcessSandbox:
         global _warned
+        no_netns = None
+        if not _warned or spec.network == "none":
+            no_netns = await asyncio.to_thread(netns.unavailable)  # probed once per process
         if not _warned:
             _warned = True
-            log.warning(NOT_ISOLATED_WARNING, _user())
+            if no_netns is None:
+                log.warning(NOT_ISOLATED_WARNING, _user())
+            else:
+                log.warning(NOT_ISOLATED_NO_NETNS_WARNING, _user(), no_netns)
         labels = merge_labels(spec.labels)
         entry = registry().register(class_path(self), self.options, labels)  # before anything exists to leak
         root = self.base / f"process-{uuid.uuid4().hex[:12]}"
         sandbox = ProcessSandbox(root, spec, labels, entry)  # makes nothing yet
         try:
+            if spec.network == "none" and no_netns is None:
+                sandbox._netns = await asyncio.to_thread(netns.NetNamespace.create)
             sandbox._create()
             await sandbox._start_routes()
         except BaseException:
             await sandbox._stop_routes()
+            sandbox._close_netns()
             shutil.rmtree(root, ignore_errors=True)
             registry().unregister(entry)
             raise
@@ -198,6 +231,7 @@ def _forget(root: Path) -> None:
     for entry in registry().live:
         if isinstance(entry.sandbox, ProcessSandbox) and entry.sandbox.root == root:
             entry.sandbox._stopped = True
+            entry.sandbox._close_netns()
             registry().unregister(entry)
 
 
@@ -250,6 +284,8 @@ class ProcessSandbox:
         # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
         self._forwarders: dict[str, Forwarder] = {}
+        #: `network: none` where bubblewrap works: every command and forwarder runs in this namespace
+        self._netns: netns.NetNamespace | None = None
 
     # -- setup -------------------------------------------------------------------------------------------------
 
@@ -270,6 +306,7 @@ class ProcessSandbox:
             "owner_start": procs.start_time(os.getpid()),
             "created": time.time(),
             "workdir": self.spec.workdir,
+            "network_namespace": self._netns is not None,
         }
         # written last and atomically: a reaper skips a root without it, so a half-made sandbox is its owner's
         tmp = self.root / ".sandbox.json"
@@ -292,28 +329,35 @@ class ProcessSandbox:
     # -- the contract ------------------------------------------------------------------------------------------
 
     async def _start_routes(self) -> None:
-        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6). On the host
-        network there is nothing to forward: the sandbox reaches the socket itself."""
+        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6): inside its own
+        network namespace on 18080, 18081, ... (it reaches the socket through the shared filesystem), else on free
+        host loopback ports. On the host network there is nothing to forward: the sandbox reaches the socket
+        itself."""
         unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
         if self.spec.network != "none" or not unix:
             return
         python = await find_python([m.source for m in self.spec.mounts if m.read_only])
         env = {**os.environ, ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
-        for name, url in unix:
+        prefix = self._netns.prefix() if self._netns else []
+        for index, (name, url) in enumerate(unix):
             socket_path = Path(url[len("unix://") :])
             # the socket's *directory* at /run/platoon/<name>: the socket may appear there later
             link = self.fs / "run" / "platoon" / name  # /run is not a mapped root: never _host()
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(socket_path.parent)
             forwarder = Forwarder(
-                name, link / socket_path.name, self._host("/tmp/platoon-route"), python, env
+                name, link / socket_path.name, self._host("/tmp/platoon-route"), python, env, prefix
             )
             self._forwarders[name] = forwarder
-            await forwarder.start()
+            await forwarder.start(FIRST_PORT + index if self._netns else 0)
 
     async def _stop_routes(self) -> None:
         for forwarder in self._forwarders.values():
             await forwarder.stop()
+
+    def _close_netns(self) -> None:
+        if self._netns is not None:
+            self._netns.close()
 
     @property
     def routes(self) -> Mapping[str, str]:
@@ -339,6 +383,11 @@ class ProcessSandbox:
         )
         if not argv:
             raise ValueError("exec needs a command; got an empty argv")
+        if self._netns is not None:
+            argv = [
+                *self._netns.prefix(),
+                *argv,
+            ]  # nsenter execs the command in place: same pid, group, markers
         # a relative cwd is the workdir's, never platoon's own working directory
         where = posixpath.join(self.spec.workdir, cwd) if cwd else self.spec.workdir
         workdir = self.translate(where)
@@ -458,6 +507,7 @@ class ProcessSandbox:
         try:
             await self._stop_routes()
             survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
+            self._close_netns()  # nothing runs in it any more: it vanishes with our descriptors
             await asyncio.to_thread(shutil.rmtree, self.root, True)
             if survivors:
                 raise SandboxError(

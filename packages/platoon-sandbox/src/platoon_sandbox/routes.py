@@ -1,7 +1,8 @@
 """Routes (harness.md 5.6): a forwarder per Unix-socket upstream of a `network: none` sandbox.
 
-`Forwarder` runs `forwarder.py` on the host for the process provider, on a free loopback port, with the sandbox's
-`PLATOON_SANDBOX_ROOT` (so stop and reap kill it like the rest). `ContainerForwarders` runs the same script *inside*
+`Forwarder` runs `forwarder.py` on the host for the process provider, with the sandbox's `PLATOON_SANDBOX_ROOT` (so
+stop and reap kill it like the rest): on a free host loopback port, or, given an `nsenter` prefix, inside the
+sandbox's own network namespace on 18080, 18081, ... `ContainerForwarders` runs the same script *inside*
 a container that has its own network namespace (docker), on the fixed ports 18080, 18081, ... in upstream name
 order, through a shell the provider lends it. Either way the forwarder carries `PLATOON_INFRA=route`, so
 `kill_processes` spares it and the health check can tell it from a process that reused its pid.
@@ -65,12 +66,19 @@ class Forwarder:
     """One upstream's forwarder; its state files are `<state>/<name>.pid`, `.port` and `.log`."""
 
     def __init__(
-        self, name: str, socket_path: Path, state: Path, python: str, env: Mapping[str, str]
+        self,
+        name: str,
+        socket_path: Path,
+        state: Path,
+        python: str,
+        env: Mapping[str, str],
+        prefix: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.socket_path = socket_path
         self.state = state
         self.python = python
+        self.prefix = list(prefix)  # runs it elsewhere: `nsenter ... --` into a sandbox's network namespace
         self.env = {**env, "PLATOON_INFRA": "route"}
         self.port = 0
         self._proc: asyncio.subprocess.Process | None = None
@@ -90,6 +98,7 @@ class Forwarder:
         port_file.unlink(missing_ok=True)
         with open(self.state / f"{self.name}.log", "ab") as log:
             self._proc = await asyncio.create_subprocess_exec(
+                *self.prefix,
                 self.python,
                 str(script),
                 str(self.socket_path.parent),

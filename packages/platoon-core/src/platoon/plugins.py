@@ -165,9 +165,13 @@ def reset() -> None:
     _state = _State()
     from platoon.envs import named
     from platoon.harness import function as harness_function
+    from platoon.harness import registry as harness_registry
+    from platoon.harness import spec as harness_spec
     from platoon.programs import registry as program_registry
 
     harness_function.clear_registry()
+    harness_spec.clear_specs()
+    harness_registry.forget_loaded_specs()
     program_registry.clear_registry()
     named.clear_registry()
     _components.clear()
@@ -299,9 +303,12 @@ def _registered_names() -> set[str]:
     """Names in the versioned registries: what importing a module registered shows up here."""
     from platoon.envs.named import REGISTRY as environments
     from platoon.harness.function import REGISTRY as harnesses
+    from platoon.harness.spec import SPECS as specs
     from platoon.programs.registry import REGISTRY as programs
 
-    return {r.name for registry in (harnesses, programs, environments) for r in registry.records().values()}
+    return {
+        r.name for registry in (harnesses, specs, programs, environments) for r in registry.records().values()
+    }
 
 
 def _flatten(answers: Iterable[Any]) -> Iterator[Any]:

@@ -34,19 +34,20 @@ def harness_list(
         bool, typer.Option("--load", help="Import every harness entry point to show its versions.")
     ] = False,
 ) -> None:
-    """List harnesses and their versions: those loaded in this process, then installed entry points (not imported
-    unless --load is given, so their versions show as `-`)."""
+    """List harnesses and their versions: those loaded in this process (functions and TOML specs), then installed
+    entry points (not imported unless --load is given, so their versions show as `-`)."""
     from platoon import plugins
-    from platoon.harness.function import registered_harnesses
+    from platoon.harness.registry import all_harnesses
 
     infos = plugins.entry_points("harness")
+    spec_failures: dict[str, str] = {}
     if load:
         for info in infos:
-            _load_harnesses(info)
+            _load_harnesses(info, spec_failures)
     by_name = {info.name: info for info in infos}
     rows: list[tuple[str, ...]] = []
     loaded_names = set()
-    for record in sorted(registered_harnesses().values(), key=lambda r: (r.name, r.version)):
+    for record in sorted(all_harnesses().values(), key=lambda r: (r.name, r.version)):
         loaded_names.add(record.name)
         provider = by_name.get(record.name)
         distribution = provider.label if provider is not None else "-"
@@ -55,12 +56,14 @@ def harness_list(
     for info in infos:
         if info.name in loaded_names:
             continue
-        state = plugins.status(info)
+        state = "failed" if info.name in spec_failures else plugins.status(info)
         source = info.value if state in ("ok", "loaded") else f"{info.value} ({state})"
         rows.append((info.name, "-", "-", info.label, source))
         unknown_versions |= state == "ok"
     for info, error in plugins.failures("harness").items():
         err(f"{info.name} failed to load, so its harnesses are missing: {plugins.failure_reason(error)}")
+    for name, why in spec_failures.items():
+        err(f"{name} failed to load, so its harnesses are missing: {why}")
     if not rows:
         out("(no harnesses installed)")
         return
@@ -71,38 +74,115 @@ def harness_list(
         )
 
 
-def _load_harnesses(info: Any) -> None:
-    """Import one harness entry point and register what its hook answers (a failure is reported by the caller)."""
+def _load_harnesses(info: Any, spec_failures: dict[str, str]) -> None:
+    """Import one harness entry point and register what its hook answers. An import failure is recorded by the
+    plugin state; a spec that does not load is recorded in `spec_failures` (both are reported by the caller)."""
     from platoon import plugins
-    from platoon.harness.function import record_of
+    from platoon.harness.registry import absorb_entry_point
+    from platoon.harness.spec import SpecError
 
     if plugins.first_party_shadow(info) is not None or plugins.conflicting_claims(info):
         return  # never loaded by a run either
     try:
-        loaded = plugins.load(info)
+        absorb_entry_point(info)
+    except SpecError as exc:
+        spec_failures[info.name] = str(exc)
     except ExtensionError:
         return
-    for answer in plugins.ask("harness", info.name, loaded):
-        record_of(answer)
 
 
 @harness_app.command("show")
 def harness_show(name: NameArg) -> int:
-    """Load one harness and show its kind, source and documentation."""
+    """Load one harness and show its kind, source and documentation (a TOML spec: its fields and options)."""
+    from platoon.errors import ConfigError
     from platoon.harness.registry import get_harness
+    from platoon.harness.spec import HarnessSpec
 
     try:
         record = get_harness(name)
-    except ExtensionError as exc:
+    except ConfigError as exc:
         err(str(exc))
         return EX_CONFIG
     out(f"{record.ref}  ({record.kind})")
     out(f"source: {record.source}")
+    if isinstance(record, HarnessSpec):
+        for line in spec_lines(record):
+            out(line)
+        return 0
     out(f"runtime: {record.runtime}")
     out(f"executes_model_code: {str(record.executes_model_code).lower()}")
     out()
     out(record.doc or "(no docstring)")
     return 0
+
+
+def _number(value: float | int | None) -> str:
+    from platoon.harness.spec import format_value
+
+    if value is None:
+        return "-"
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else format_value(value)
+
+
+def _words(templates: Any) -> str:
+    """Templates joined by spaces, quoting only those that hold spaces (argv stays a list: nothing is split)."""
+    import shlex
+
+    return " ".join(shlex.quote(t) if not t or any(c.isspace() for c in t) else t for t in templates)
+
+
+def spec_lines(spec: Any) -> list[str]:
+    """What `platoon harness show` prints for a TOML spec after its ref and source (core.md 3.9)."""
+    from platoon.harness.spec import format_value
+
+    install = spec.install
+    lines = [
+        f"dialect: {spec.dialect}",
+        f"timeout_s: {_number(spec.timeout_s)}",
+        f"max_steps: {_number(spec.max_steps)}",
+        "install: " + (" && ".join(install.commands) if install and install.commands else "-"),
+        f"install toolchain: {install.toolchain if install and install.toolchain else '-'}",
+        f"launch argv: {_words(spec.launch.argv)}",
+        "launch env: " + (", ".join(spec.launch.env) or "-"),
+    ]
+    builtins = spec.builtins
+    tools = ", ".join(builtins.tools) if builtins and builtins.tools else "-"
+    lines.append(
+        f"built-in tools: {tools}" + (" (can be disabled)" if builtins and builtins.can_disable else "")
+    )
+    lines.append(f"final message: {spec.final_message.describe() if spec.final_message else '-'}")
+    codes = ", ".join(f"{code} {meaning}" for code, meaning in sorted(spec.exit_codes.items()))
+    lines.append(f"exit codes: {codes or '-'} (otherwise 0 completed, non-zero error)")
+    if spec.mcp is not None:
+        mcp = spec.mcp
+        parts = ["enabled" if mcp.enabled else "disabled"]
+        if mcp.args:
+            parts.append(f"args {_words(mcp.args)}")
+        if mcp.env:
+            parts.append(f"env {', '.join(mcp.env)}")
+        if mcp.config_template is not None:
+            parts.append(f"config file {mcp.config_file}")
+        lines.append("mcp: " + "; ".join(parts))
+    if install is not None and install.recipe is not None:
+        recipe = install.recipe
+        parts = [f"python {recipe.python}", f"lock {recipe.lock}"]
+        if recipe.cache:
+            parts.append(f"cache {', '.join(recipe.cache)}")
+        if recipe.generate:
+            parts.append(f"generate {', '.join(recipe.generate)}")
+        lines.append("toolchain recipe: " + "; ".join(parts))
+    lines.append(f"resources: memory_mb {_number(spec.resources_memory_mb)}")
+    lines.append(f"step budget: enforced by the {spec.budget_enforce}")
+    if not spec.options:
+        lines.append("options: - (harness_options must be empty)")
+        return lines
+    rows = [
+        (o.name, o.type, format_value(o.default), o.constraint, o.description or "-")
+        for o in spec.options.values()
+    ]
+    lines.append("options:")
+    lines.append(table(("option", "type", "default", "values", "description"), rows, indent="  "))
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------- program

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Annotated, Any
 
@@ -70,14 +71,25 @@ def _loaded_versions(info: Any) -> list[str] | None:
     records: list[Any] = []
     for answer in plugins.ask(info.kind, info.name, plugins.load(info)):
         if info.kind == "harness":
-            records.append(harnesses.record_of(answer))
+            record = harnesses.record_of(answer)
+            if record is None and (
+                isinstance(answer, str) or hasattr(answer, "__fspath__") or hasattr(answer, "launch")
+            ):
+                from platoon.harness.registry import specs_from
+
+                with contextlib.suppress(ExtensionError):  # a spec that does not load: `check` reports it
+                    records += specs_from(answer)
+            records.append(record)
         elif info.kind == "program":
             records.append(programs.record_of(answer))
         else:
             records.append(answer)
     # Modules may register on import instead of answering the hook.
     if info.kind == "harness":
+        from platoon.harness.spec import registered_specs
+
         records += harnesses.registered_harnesses().values()
+        records += registered_specs().values()
     elif info.kind == "program":
         records += programs.registered_programs().values()
     return sorted(

@@ -132,6 +132,29 @@ def renderer_problems(config: Any) -> list[str]:
     return problems
 
 
+def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str]:
+    """A TOML spec an entry names: its `harness_options` (and, for evaluation, `eval_overrides.harness_options`
+    merged over them) checked against the spec's `[options]`, then the line saying specs cannot run yet.
+
+    In a harness mixture every spec is checked against the entry's one mapping, which must suit each of them.
+    """
+    from platoon.episode.rollout import Route
+    from platoon.harness.spec import HarnessSpec, option_problems, runner_missing
+
+    if not isinstance(harness, HarnessSpec):
+        return []
+    problems = option_problems(harness, entry.harness_options, where=f"{where}.harness_options")
+    overrides = entry.eval_overrides.harness_options
+    if overrides:
+        merged = Route.from_entry(entry, split="eval", task_id="-").harness_options
+        problems += option_problems(
+            harness, {k: merged[k] for k in overrides}, where=f"{where}.eval_overrides.harness_options"
+        )
+    # The spec runner (platoon-harnesses) is the next piece of work: until it exists a run cannot start such an
+    # entry, so `config validate` says so too, after what it found wrong with the spec's options.
+    return [*problems, f"{where}.{key}: {runner_missing(harness.ref)}"]
+
+
 def component_problems(config: Any) -> list[str]:
     """Resolve (importing where needed) every component the config names; one line per failure."""
     problems: list[str] = []
@@ -147,9 +170,12 @@ def component_problems(config: Any) -> list[str]:
                 continue
         for key, ref, resolve in _references(entry):
             try:
-                resolve(ref)
+                resolved = resolve(ref)
             except (ExtensionError, ValueError, TypeError, ImportError, AttributeError) as exc:
                 problems.append(f"{where}.{key}: {exc}")
+                continue
+            if key.startswith("harness"):
+                problems += spec_problems(entry, resolved, where=where, key=key)
     from platoon.sandbox_runs import provider_problems
 
     # a sandbox provider no installed distribution provides (e.g. platoon-sandbox is missing): what to install

@@ -31,23 +31,27 @@ _VERIFIER_UNAVAILABLE = "verifier grading is not available in this build yet"
 
 
 def resolve_function_harness(harness: Any) -> FunctionHarness:
-    """A `FunctionHarness` from a record, a decorated function or a reference; a TOML spec is a `TypeError`."""
+    """A `FunctionHarness` from a record, a decorated function or a reference; a TOML spec is a `TypeError`
+    saying that running specs needs the spec runner (platoon-harnesses), which this build does not have yet."""
     from platoon.harness.function import FunctionHarness, record_of
+    from platoon.harness.spec import HarnessSpec, runner_missing
 
     record = record_of(harness, register_it=False)
     if record is not None:
         return record
     if isinstance(harness, str):
         if harness.endswith(".toml"):
-            raise TypeError(f"harness {harness!r} is a TOML spec; only function harnesses run in process")
+            raise TypeError(runner_missing(harness))
         from platoon.harness.registry import get_harness
 
         found = get_harness(harness)
         if not isinstance(found, FunctionHarness):
-            raise TypeError(f"harness {harness!r} is a TOML spec; only function harnesses run in process")
+            raise TypeError(runner_missing(found.ref))
         return found
-    if hasattr(harness, "__fspath__") or type(harness).__name__ == "HarnessSpec":
-        raise TypeError(f"harness {harness!r} is a TOML spec; only function harnesses run in process")
+    if isinstance(harness, HarnessSpec):
+        raise TypeError(runner_missing(harness.ref))
+    if hasattr(harness, "__fspath__"):
+        raise TypeError(runner_missing(str(harness)))
     raise TypeError(
         f"harness {harness!r} is not a function harness (an @platoon.harness function, its record or a ref)"
     )

@@ -14,6 +14,14 @@ RUNTIMES = {
         "one container per sandbox through the docker CLI",
         "platoon_sandbox.docker:DockerProvider",
     ),
+    "singularity": (
+        "Singularity/Apptainer instances through hpc-sandbox (the hpc extra)",
+        "platoon_sandbox.hpc:SingularityProvider",
+    ),
+    "enroot": (
+        "enroot containers through hpc-sandbox (the hpc extra)",
+        "platoon_sandbox.hpc:EnrootProvider",
+    ),
 }
 
 

@@ -91,6 +91,15 @@ async def started(**kwargs: Any) -> DockerSandbox:
     return await DockerProvider().start(spec(**kwargs))
 
 
+@pytest.fixture(params=["engine-api", "cli"])
+def exec_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Commands run through the Engine API when the SDK reaches the engine, else through `docker exec` (another
+    CLI such as podman, or an engine the SDK cannot reach): the exec rules hold on both paths."""
+    if request.param == "cli":
+        monkeypatch.setattr("platoon_sandbox.docker.engine_client", lambda *_: None)
+    return str(request.param)
+
+
 def processes(sandbox: DockerSandbox) -> list[str]:
     """The command lines of the processes running in the sandbox (excluding the lister)."""
 
@@ -115,7 +124,7 @@ def test_the_entry_point_names_the_provider() -> None:
     assert DockerProvider.capabilities == {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
 
 
-def test_exec_strings_run_under_bash_with_env_cwd_and_stdin() -> None:
+def test_exec_strings_run_under_bash_with_env_cwd_and_stdin(exec_path: str) -> None:
     async def go() -> None:
         sandbox = await started(env={"FROM_SPEC": "a"})
         try:
@@ -135,7 +144,32 @@ def test_exec_strings_run_under_bash_with_env_cwd_and_stdin() -> None:
     run(go())
 
 
-def test_output_is_capped_at_8_mib_per_stream() -> None:
+def test_commands_go_through_the_engine_api_and_the_cli_only_drives_the_life_cycle(tmp_path: Path) -> None:
+    real = shutil.which(docker_binary())
+    assert real is not None
+    calls = tmp_path / "calls"
+    for name in ("docker", "podman"):  # podman stands for any other CLI: it gets the commands too
+        wrapper = tmp_path / name / name
+        wrapper.parent.mkdir()
+        wrapper.write_text(f'#!/bin/sh\necho "{name} $1" >> {calls}\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+
+    async def go(binary: Path) -> None:
+        sandbox = await DockerProvider(binary=str(binary)).start(spec())
+        try:
+            assert (await sandbox.exec("echo via $0", stdin="x")).stdout == "via bash\n"
+        finally:
+            await sandbox.stop()
+
+    run(go(tmp_path / "docker" / "docker"))
+    run(go(tmp_path / "podman" / "podman"))
+    used = calls.read_text().splitlines()
+    assert [c for c in used if c.startswith("docker")] == ["docker run", "docker rm"]
+    podman = [c for c in used if c.startswith("podman")]
+    assert podman[0] == "podman run" and "podman exec" in podman and podman[-1] == "podman rm"
+
+
+def test_output_is_capped_at_8_mib_per_stream(exec_path: str) -> None:
     async def go() -> None:
         sandbox = await started()
         try:
@@ -183,7 +217,7 @@ def test_network_none_cannot_reach_a_host_listener_but_host_network_can() -> Non
 
 
 @pytest.mark.parametrize("image", [PYTHON_IMAGE, BUSYBOX_IMAGE])
-def test_exec_timeout_kills_the_whole_tree(image: str) -> None:
+def test_exec_timeout_kills_the_whole_tree(image: str, exec_path: str) -> None:
     async def go() -> DockerSandbox:
         sandbox = await started(image=image)
         # A grandchild in its own session, detached from the shell, still carries the exec's marker.
@@ -198,7 +232,7 @@ def test_exec_timeout_kills_the_whole_tree(image: str) -> None:
         run(sandbox.stop())
 
 
-def test_a_cancelled_exec_kills_its_tree() -> None:
+def test_a_cancelled_exec_kills_its_tree(exec_path: str) -> None:
     async def go() -> DockerSandbox:
         sandbox = await started()
         task = asyncio.ensure_future(sandbox.exec("(sleep 304 &); sleep 305"))
@@ -274,7 +308,7 @@ def test_read_only_mounts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("image", [PYTHON_IMAGE, BUSYBOX_IMAGE])
-def test_kill_processes_keeps_the_container(image: str) -> None:
+def test_kill_processes_keeps_the_container(image: str, exec_path: str) -> None:
     async def go() -> DockerSandbox:
         sandbox = await started(image=image)
         await sandbox.exec(

@@ -1,14 +1,17 @@
-"""The `docker` sandbox provider (harness.md 5.3): one long-lived container per sandbox, driven by the docker CLI.
+"""The `docker` sandbox provider (harness.md 5.3): one long-lived container per sandbox, driven by the docker CLI
+for its life cycle and by the Engine API for the commands run in it.
 
-Why the CLI and not the `docker` Python SDK: the spec's behaviour is the CLI's (`docker cp` semantics, `commit`,
-label filters), the binary is swappable through `PLATOON_DOCKER` (podman speaks the same CLI but only part of the
-Engine API the SDK assumes), and the SDK is synchronous (every call would need a thread) and heavy to import. A CLI
-call costs a process start (tens of milliseconds), which the benchmark measures.
+The life cycle (run, cp, commit, rm, reap) goes through the CLI the spec names: its behaviour is the spec's
+(`docker cp` semantics, label filters) and the binary is swappable through `PLATOON_DOCKER` (podman speaks the same
+CLI). Commands (`exec` and the provider's own scripts) go through the `docker` SDK's Engine API client
+(`platoon_sandbox.engine`), which saves the CLI's process start on the hot path; with another CLI than `docker`,
+or an engine the SDK cannot reach, they fall back to `docker exec`.
 
 Each sandbox is a detached `sleep infinity` container named `platoon-<12hex>` (under `--init`, so orphaned children
-are reaped and the container's own processes are an init and a keep-alive). Commands run through `docker exec`
-carrying `PLATOON_EXEC=<uuid>`: killing the `docker exec` client does not stop the command inside, so a timeout or a
-cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the marker.
+are reaped and the container's own processes are an init and a keep-alive). Commands carry `PLATOON_EXEC=<uuid>`:
+abandoning an exec (its API connection or its `docker exec` client) does not stop the command inside, so a timeout
+or a cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the
+marker.
 
 Routes (harness.md 5.6): a `network: none` container reaches each Unix-socket upstream through a forwarder inside it
 (`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.engine import POOL, engine_client, run_in_container
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import ContainerForwarders
@@ -168,6 +173,7 @@ class DockerSandbox:
     ) -> None:
         self._provider = provider
         self._docker = provider.docker
+        self._api: Any | None = None  # the Engine API client for commands (set by start), else the CLI
         self.name = name
         self.spec = spec
         self._entry = entry
@@ -196,16 +202,22 @@ class DockerSandbox:
     async def _route_shell(
         self, script: str, args: Sequence[str], env: Mapping[str, str]
     ) -> tuple[int, str, str]:
-        # A plain `docker exec`, never `exec()`: the forwarder must not carry an exec marker.
-        extra = [a for key, value in env.items() for a in ("--env", f"{key}={value}")]
-        return await _cli(
-            self._docker, "exec", *extra, self.name, "sh", "-c", script, "platoon-route", *args, check=False
+        # A plain command, never `exec()`: the forwarder must not carry an exec marker.
+        return await self._run(["sh", "-c", script, "platoon-route", *args], env)
+
+    async def _run(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+        """Run one of the provider's own commands (no marker, no timeout of the caller's) to completion."""
+        if self._api is None:
+            extra = [a for key, value in (env or {}).items() for a in ("--env", f"{key}={value}")]
+            return await _cli(self._docker, "exec", *extra, self.name, *argv, check=False)
+        out, err = CappedOutput(), CappedOutput()
+        code = await asyncio.get_running_loop().run_in_executor(
+            POOL, run_in_container, self._api, self.name, argv, env or {}, None, out, err, []
         )
+        return (code if code is not None else -1), out.text(), err.text()
 
     async def _record_own_processes(self) -> None:
-        rc, out, err = await _cli(
-            self._docker, "exec", self.name, "sh", "-c", _LIST_OWN, "platoon-list", check=False
-        )
+        rc, out, err = await self._run(["sh", "-c", _LIST_OWN, "platoon-list"])
         if rc != 0:
             raise SandboxError(f"cannot list the processes of {self.name} (exit {rc}): {err.strip()}")
         own = []
@@ -234,14 +246,20 @@ class DockerSandbox:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("exec needs a command")
-        marker = f"PLATOON_EXEC={uuid.uuid4().hex}"
+        token = uuid.uuid4().hex
+        marker = f"PLATOON_EXEC={token}"
+        command = ["sh", "-c", _ENTER, "platoon-exec", cwd or self.spec.workdir, *argv]
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        if self._api is not None:
+            return await self._exec_api(
+                command, {**(env or {}), "PLATOON_EXEC": token}, data, timeout_s, marker
+            )
         args = ["exec", "--workdir", "/", "--env", marker]
         for key, value in (env or {}).items():
             args += ["--env", f"{key}={value}"]
         if stdin is not None:
             args.append("--interactive")
-        args += [self.name, "sh", "-c", _ENTER, "platoon-exec", cwd or self.spec.workdir, *argv]
-        data = stdin.encode() if isinstance(stdin, str) else stdin
+        args += [self.name, *command]
         proc = await asyncio.create_subprocess_exec(
             self._docker,
             *args,
@@ -280,6 +298,47 @@ class DockerSandbox:
         code = proc.returncode if proc.returncode is not None else -9
         return ExecResult(code, out.text(), err.text(), timed_out=timed_out)
 
+    async def _exec_api(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        data: bytes | None,
+        timeout_s: float | None,
+        marker: str,
+    ) -> ExecResult:
+        """`exec` through the Engine API: the same marker, timeout and cancellation rules as the CLI path."""
+        out, err, opened = CappedOutput(), CappedOutput(), list[socket.socket]()
+        run = asyncio.get_running_loop().run_in_executor(
+            POOL, run_in_container, self._api, self.name, command, env, data, out, err, opened
+        )
+        timed_out = False
+        try:
+            try:
+                code = await asyncio.wait_for(asyncio.shield(run), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                await self._kill_marker(marker)
+                code = await self._abandon(run, opened)
+        except BaseException:
+            # Cancelled (or failed) while the command runs: it must not outlive the caller.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._kill_marker(marker))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._abandon(run, opened))
+            raise
+        return ExecResult(code if code is not None else -9, out.text(), err.text(), timed_out=timed_out)
+
+    @staticmethod
+    async def _abandon(run: asyncio.Future[int | None], opened: list[socket.socket]) -> int | None:
+        # The command is dead, so the engine closes its streams; give it a moment, then close the connection.
+        try:
+            return await asyncio.wait_for(asyncio.shield(run), 5.0)
+        except TimeoutError:
+            for raw in opened:
+                with contextlib.suppress(OSError):
+                    raw.shutdown(socket.SHUT_RDWR)
+            return await run
+
     @staticmethod
     async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
         if data is None or proc.stdin is None:
@@ -290,9 +349,7 @@ class DockerSandbox:
         proc.stdin.close()
 
     async def _kill_marker(self, marker: str) -> None:
-        rc, _out, err = await _cli(
-            self._docker, "exec", self.name, "sh", "-c", _KILL_MARKER, "platoon-kill", marker, check=False
-        )
+        rc, _out, err = await self._run(["sh", "-c", _KILL_MARKER, "platoon-kill", marker])
         if rc != 0 and not self._stopped:
             raise SandboxError(f"could not kill the processes of {marker} in {self.name}: {err.strip()}")
 
@@ -307,9 +364,7 @@ class DockerSandbox:
             await proc.wait()
 
     async def _sh(self, script: str, *args: str) -> int:
-        rc, _out, _err = await _cli(
-            self._docker, "exec", self.name, "sh", "-c", script, "platoon", *args, check=False
-        )
+        rc, _out, _err = await self._run(["sh", "-c", script, "platoon", *args])
         return rc
 
     async def upload(self, src: str | Path, dst: str) -> None:
@@ -318,13 +373,18 @@ class DockerSandbox:
         if not source.exists() and not source.is_symlink():
             raise FileNotFoundError(f"upload source {source} does not exist")
         if source.is_dir() and not source.is_symlink():
-            await _cli(self._docker, "exec", self.name, "mkdir", "-p", dst)
+            await self._mkdir(dst)
             await _cli(self._docker, "cp", f"{source}/.", f"{self.name}:{dst}")
         else:
-            await _cli(
-                self._docker, "exec", self.name, "mkdir", "-p", os.path.dirname(dst.rstrip("/")) or "/"
-            )
+            await self._mkdir(os.path.dirname(dst.rstrip("/")) or "/")
             await _cli(self._docker, "cp", str(source), f"{self.name}:{dst}")
+
+    async def _mkdir(self, path: str) -> None:
+        rc, out, err = await self._run(["mkdir", "-p", path])
+        if rc != 0:
+            raise SandboxError(
+                f"cannot create {path} in sandbox {self.name} (exit {rc}): {(err or out).strip()}"
+            )
 
     async def download(self, src: str, dst: str | Path) -> None:
         self._check_live()
@@ -392,6 +452,12 @@ class DockerProvider:
         self.options: dict[str, Any] = {"binary": binary} if binary else {}
         self.docker = binary or docker_binary()
 
+    async def engine(self) -> Any | None:
+        """The Engine API client commands go through, or None for the CLI (resolved once per process)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            POOL, engine_client, self.docker, os.environ.get("DOCKER_HOST")
+        )
+
     @classmethod
     def unavailable(cls, options: Mapping[str, Any] | None = None) -> str | None:
         binary = (options or {}).get("binary") or docker_binary()
@@ -439,11 +505,13 @@ class DockerProvider:
 
     async def _start(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         name = f"platoon-{uuid.uuid4().hex[:12]}"
+        api = await self.engine()  # before registering: nothing to clean up if this is cancelled
         spec = replace(spec, labels=merge_labels(spec.labels))
         entry = registry().register(
             class_path(self), self.options, spec.labels
         )  # before the container exists
         sandbox = DockerSandbox(self, name, spec, entry)
+        sandbox._api = api
         # The run call is shielded: killing its client would not stop the engine from creating the container
         # after the removal below had already found nothing.
         run = asyncio.ensure_future(_cli(self.docker, *self._run_args(name, spec, image)))

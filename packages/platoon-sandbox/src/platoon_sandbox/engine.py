@@ -1,0 +1,111 @@
+"""Commands in a container through the Docker Engine API (the `docker` SDK's low-level `APIClient`).
+
+`docker exec` through the CLI costs a process start (about 20 ms here) on top of the engine's own exec; the
+docker provider's hot path (every agent command, the kill scripts, the forwarder checks) goes straight to the
+engine instead. Everything else (run, cp, commit, rm, reap) stays on the CLI that harness.md 5.3 names.
+
+The SDK is synchronous, so each command runs in a worker thread of a private pool (the event loop's default pool
+has only a handful of threads, and a rollout may run dozens of commands at once). The API path is taken only when
+the CLI is the plain `docker` (a `PLATOON_DOCKER` such as podman keeps the CLI for everything) and the SDK reaches
+the engine that `DOCKER_HOST` names; otherwise the provider uses the CLI for commands too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from platoon_sandbox.output import CappedOutput
+
+log = logging.getLogger(__name__)
+
+#: Worker threads for blocking Engine API calls; created on demand, so an idle provider holds none.
+POOL = ThreadPoolExecutor(max_workers=128, thread_name_prefix="platoon-docker-api")
+
+
+@functools.cache
+def engine_client(binary: str, docker_host: str | None) -> Any | None:
+    """An `APIClient` for the engine the CLI would talk to, or None when commands must go through the CLI.
+
+    Cached per (binary, DOCKER_HOST): the first docker sandbox of a process pays one version request."""
+    if os.path.basename(binary) != "docker":
+        return None
+    try:
+        import docker  # the SDK: imported only when a docker sandbox starts
+    except ImportError:
+        return None
+    try:
+        client = docker.APIClient(
+            base_url=docker_host or "unix:///var/run/docker.sock", version="auto", timeout=600
+        )
+    except Exception as error:  # any failure to reach the engine means: use the CLI
+        log.debug("docker Engine API not reachable (%s); commands go through the %s CLI", error, binary)
+        return None
+    return client
+
+
+def run_in_container(
+    api: Any,
+    container: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdin: bytes | None,
+    out: CappedOutput,
+    err: CappedOutput,
+    opened: list[socket.socket],
+) -> int | None:
+    """Run argv in the container (blocking; call it in `POOL`), feeding stdin and collecting both streams until the
+    engine closes them. Returns the exit code, or None when the engine has none (the exec could not start).
+
+    The connection's socket is appended to `opened` so the caller can close it to abandon the read."""
+    exec_id = api.exec_create(
+        container, list(argv), stdin=stdin is not None, environment=[f"{k}={v}" for k, v in env.items()]
+    )["Id"]
+    conn = api.exec_start(exec_id, socket=True)
+    raw: socket.socket = getattr(conn, "_sock", conn)
+    opened.append(raw)
+    try:
+        if stdin is not None:
+            # A writer of its own: a command that writes before it reads must not block on our unread output.
+            threading.Thread(target=_feed, args=(raw, stdin), daemon=True).start()
+        _read_frames(raw, out, err)
+    finally:
+        with contextlib.suppress(OSError):
+            raw.close()
+    return _exit_code(api, exec_id)
+
+
+def _feed(raw: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)  # end of input for the command
+
+
+def _read_frames(conn: Any, out: CappedOutput, err: CappedOutput) -> None:
+    from docker.utils.socket import (
+        STDERR,
+        frames_iter,
+    )  # the engine's stream multiplexing, as the SDK reads it
+
+    with contextlib.suppress(OSError):  # closed by the caller: a timeout or a cancellation abandoned the read
+        for stream, data in frames_iter(conn, tty=False):
+            (err if stream == STDERR else out).add(data)
+
+
+def _exit_code(api: Any, exec_id: str) -> int | None:
+    # The streams close as the process exits; the engine records the code a moment later.
+    for _ in range(200):
+        state = api.exec_inspect(exec_id)
+        if not state.get("Running"):
+            code = state.get("ExitCode")
+            return int(code) if code is not None else None
+        time.sleep(0.005)
+    return None

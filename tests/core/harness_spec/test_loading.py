@@ -572,3 +572,17 @@ def test_file_problems_are_one_line(spec_dir: Path, write_spec):
     with pytest.raises(SpecError) as caught:
         load_spec(broken)
     assert str(caught.value).startswith(f"{broken}: not valid TOML: ") and "\n" not in str(caught.value)
+
+
+def test_the_documented_example_spec_loads(tmp_path):
+    """docs/harnesses.md's complete example is a spec that loads (kept honest by this test)."""
+    import re
+
+    docs = Path(__file__).resolve().parents[3] / "docs" / "harnesses.md"
+    section = docs.read_text().split("## Command-line agents: TOML specs", 1)[1]
+    example = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert example is not None
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "acme-bash.toml").write_text(example.group(1))
+    spec = load_spec(tmp_path / "acme-bash.toml")
+    assert spec.ref == "acme-bash@1" and spec.mcp_enabled and list(spec.options) == ["temperature"]

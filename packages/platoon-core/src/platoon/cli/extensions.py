@@ -308,6 +308,11 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
                 continue  # never loaded by a run either (the conflict is reported above)
             try:
                 plugins.load(info)
+                if info.kind == "harness":
+                    # what the hook answers is loaded as a run would: a TOML spec that does not load fails here
+                    from platoon.harness.registry import absorb_entry_point
+
+                    absorb_entry_point(info)
                 if info.kind == "reward_processor":
                     # a processor's `fn` may be an import string of its own: resolve it as a run would
                     plugins.get_reward_processor(info.name)

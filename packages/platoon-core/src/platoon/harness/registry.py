@@ -106,7 +106,12 @@ def specs_from(answer: Any) -> list[HarnessSpec]:
 
 
 def _absorb(answers: list[Any], name: str, *, first_party: bool) -> None:
-    """Register what a plugin's hook gave for `name`: functions (by their decorator) and TOML specs."""
+    """Register what a plugin's hook gave for `name`: functions (by their decorator) and TOML specs.
+
+    Specs are all loaded and checked before any is registered, so an entry point whose specs clash registers none
+    of them (its harnesses are missing, and saying why is the caller's).
+    """
+    specs: dict[str, HarnessSpec] = {}
     for answer in answers:
         if record_of(answer) is not None:
             if answer_name(answer) != name:
@@ -116,24 +121,31 @@ def _absorb(answers: list[Any], name: str, *, first_party: bool) -> None:
                     stacklevel=3,
                 )
             continue
-        if isinstance(answer, HarnessSpec | str) or hasattr(answer, "__fspath__"):
-            for spec in specs_from(answer):
-                if is_reserved(spec.name, "harness") and not first_party:
-                    raise SpecError(
-                        f"{spec.path}: name: harness name {spec.name!r} is reserved for platoon's own harnesses; "
-                        "a third-party entry point cannot give it"
-                    )
-                register_spec(spec)
-                if spec.name != name:
-                    warnings.warn(
-                        f"the entry point {name!r} gave the harness {spec.name!r} ({spec.path}): "
-                        "name each entry point after the harness",
-                        stacklevel=3,
-                    )
-            continue
-        raise ExtensionError(
-            f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness"
-        )
+        if not (isinstance(answer, HarnessSpec | str) or hasattr(answer, "__fspath__")):
+            raise ExtensionError(
+                f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness"
+            )
+        for spec in specs_from(answer):
+            if is_reserved(spec.name, "harness") and not first_party:
+                raise SpecError(
+                    f"{spec.path}: name: harness name {spec.name!r} is reserved for platoon's own harnesses; "
+                    "a third-party entry point cannot give it"
+                )
+            other = specs.get(spec.ref)
+            if other is not None and other.path != spec.path:
+                raise SpecError(
+                    f"harness {spec.ref} is defined twice: by {other.path} and by {spec.path}; "
+                    "give one of them another name or version"
+                )
+            specs[spec.ref] = spec
+    for spec in specs.values():
+        register_spec(spec)
+        if spec.name != name:
+            warnings.warn(
+                f"the entry point {name!r} gave the harness {spec.name!r} ({spec.path}): "
+                "name each entry point after the harness",
+                stacklevel=3,
+            )
 
 
 def answer_name(answer: Any) -> str | None:

@@ -32,3 +32,46 @@ def test_only_the_first_server_of_a_process_configures_uvicorns_logging():
     done = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "WARNING", "False", "[]"]
+
+
+def test_a_unix_socket_server_serves_only_its_rollouts_keys_on_a_private_socket_it_removes(tmp_path):
+    import asyncio
+    import os
+    import stat
+
+    import httpx
+
+    from platoon.gateway.http.server import GatewayServer
+    from platoon.testing import make_gateway
+
+    path = tmp_path / "gw.sock"
+    assert socket_left_by_a_dead_server(path)  # replaced at start
+
+    async def main() -> None:
+        gateway = make_gateway(["hello"])
+        own = gateway.open_agent(gateway.open_rollout("r"))
+        other = gateway.open_agent(gateway.open_rollout("other"))
+        async with GatewayServer(gateway, unix_socket=path, rollouts=["r"]) as server:
+            assert server.upstream == f"unix://{path}"
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            transport = httpx.AsyncHTTPTransport(uds=str(path))
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+                body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+                reply = await http.post(f"/s/{own.secret}/v1/chat/completions", json=body)
+                assert reply.status_code == 200
+                assert reply.json()["choices"][0]["message"]["content"] == "hello"
+                refused = await http.post(f"/s/{other.secret}/v1/chat/completions", json=body)
+                assert refused.status_code == 401
+        assert not path.exists()
+
+    asyncio.run(main())
+
+
+def socket_left_by_a_dead_server(path) -> bool:
+    """Bind and close a Unix socket without removing its file, as a killed server leaves it."""
+    import socket
+
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(path))
+    left.close()
+    return path.is_socket()

@@ -7,6 +7,7 @@ disconnect cancellation and the synthetic SSE streams; the dialect modules trans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -15,6 +16,7 @@ import socket
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.gateway.core import AuthenticationFailed, GatewayError
@@ -158,6 +160,10 @@ class GatewayServer:
     Seams: `extra_routes` (or `mount()` before start) add routes such as the MCP plane at `/mcp`, each also under
     `/s/{secret}` unless `scoped=False`; a `backend` (`ChatBackend`) answers model calls instead of the gateway.
     `rollouts`: when given, only keys of those rollout ids are accepted (`accept_rollout` adds more).
+
+    `unix_socket`: serve on that Unix socket (mode 0600) instead of TCP; `upstream` is then `unix://<path>`. A
+    sandbox without a network reaches such a server through its route (harness.md 3.8, 5.6): one server per
+    rollout, on the same `ModelGateway` as the TCP one, created with `rollouts=[that rollout]`.
     """
 
     def __init__(
@@ -171,12 +177,14 @@ class GatewayServer:
         keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
         rollouts: Iterable[str] | None = None,
         max_minted_agents: int | None = None,
+        unix_socket: str | os.PathLike[str] | None = None,
     ) -> None:
         if keepalive_seconds <= 0:
             raise ValueError(f"keepalive_seconds must be positive; got {keepalive_seconds!r}")
         self.gateway = gateway
         self.host = host
         self.port = port
+        self.unix_socket = Path(unix_socket) if unix_socket is not None else None
         self.backend = backend
         self.keepalive_seconds = float(keepalive_seconds)
         self.max_minted_agents = max_minted_agents if max_minted_agents is not None else minted_agents_cap()
@@ -216,6 +224,11 @@ class GatewayServer:
         """`http://<host>:<port>` (no `/v1`); the port is the bound one once started."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def upstream(self) -> str:
+        """What a sandbox spec names this server by: `unix://<path>` for a Unix-socket server, else `base_url`."""
+        return f"unix://{self.unix_socket}" if self.unix_socket is not None else self.base_url
 
     def endpoint(self, agent: AgentRecord) -> ModelEndpoint:
         """The agent's OpenAI-compatible endpoint: `<base_url>/s/<secret>/v1`, the secret as key."""
@@ -430,6 +443,20 @@ class GatewayServer:
         self.port = int(sock.getsockname()[1])
         return sock
 
+    def _bind_unix(self, path: Path) -> socket.socket:
+        if path.is_socket():  # a socket a dead server left: nothing listens on it any more
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, 0o600)  # only this user's processes (and the sandbox's bind of the directory)
+            sock.listen(2048)
+        except BaseException:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return sock
+
     def _preload(self) -> None:
         import starlette.routing  # noqa: F401
 
@@ -462,7 +489,7 @@ class GatewayServer:
         # The heavy one-time imports (the Tinker SDK takes seconds, uvicorn and starlette less) happen here, in a
         # thread, before the server serves: not in its first call, on the event loop other rollouts share.
         await asyncio.to_thread(self._preload)
-        sock = self._bind()
+        sock = self._bind() if self.unix_socket is None else self._bind_unix(self.unix_socket)
         server = self._make_server()
         server.exit_event = asyncio.Event()
         self._server = server
@@ -473,7 +500,8 @@ class GatewayServer:
                 self._task.result()  # raises the startup failure
                 raise RuntimeError("the gateway server stopped while starting")
             await asyncio.sleep(0.001)
-        _SERVING[self.gateway] = self
+        if self.unix_socket is None:  # the gateway's own server, which in-process endpoints name
+            _SERVING[self.gateway] = self
         return self
 
     async def astop(self) -> None:
@@ -489,6 +517,9 @@ class GatewayServer:
             await task
         finally:
             self._server = self._task = None
+            if self.unix_socket is not None:
+                with contextlib.suppress(OSError):
+                    self.unix_socket.unlink()
 
     def start(self) -> GatewayServer:
         """Serve from a background thread with its own event loop; returns once the socket accepts connections."""

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 
 from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
 from platoon_sandbox.engine import POOL, engine_client, run_in_container
+from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import ContainerForwarders
@@ -66,48 +67,6 @@ while [ $pass -lt 50 ]; do
   [ $found = 0 ] && exit 0
 done
 exit 1
-"""
-
-# Lists the container's own processes (pid:starttime, one a line) except this script and its children, then the
-# PID namespace of this script (to refuse kill_processes in a sandbox sharing the caller's namespace).
-_LIST_OWN = r"""
-me=$$
-for d in /proc/[0-9]*; do
-  p=${d#/proc/}
-  [ "$p" = "$me" ] && continue
-  read -r s 2>/dev/null < "$d/stat" || continue
-  s=${s##*) }
-  set -- $s
-  [ "$2" = "$me" ] && continue
-  echo "$p:${20}"
-done
-echo "ns:$(readlink /proc/self/ns/pid)"
-"""
-
-# Freezes every process, SIGKILLs all but the recorded own ones (pid:starttime in $1) in passes, continues the
-# survivors; exit 1 when something other than the own processes survives. Builtins only while processes are
-# frozen (a forked helper would be a process this script must not wait on).
-_KILL_ALL = r"""
-keep=" $1 "; me=$$
-kill -s STOP -1 2>/dev/null
-pass=0; left=1
-while [ $pass -lt 20 ]; do
-  pass=$((pass + 1)); left=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    [ "$p" = "$me" ] && continue
-    read -r s 2>/dev/null < "$d/stat" || continue
-    s=${s##*) }
-    set -- $s
-    [ "$1" = Z ] && continue
-    case "$keep" in *" $p:${20} "*) continue ;; esac
-    kill -9 "$p" 2>/dev/null
-    left=1
-  done
-  [ $left = 0 ] && break
-done
-kill -s CONT -1 2>/dev/null
-[ $left = 0 ]
 """
 
 # Enters the working directory (exit 126 with one line when it cannot), then runs the command.
@@ -177,8 +136,7 @@ class DockerSandbox:
         self.name = name
         self.spec = spec
         self._entry = entry
-        self._own: list[str] = []
-        self._shares_pid_ns = False
+        self._own = OwnProcesses()
         self._snapshots: list[str] = []
         self._stopped = False
         # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network (5.6): a
@@ -217,17 +175,10 @@ class DockerSandbox:
         return (code if code is not None else -1), out.text(), err.text()
 
     async def _record_own_processes(self) -> None:
-        rc, out, err = await self._run(["sh", "-c", _LIST_OWN, "platoon-list"])
+        rc, out, err = await self._run(["sh", "-c", LIST_OWN, "platoon-list"])
         if rc != 0:
             raise SandboxError(f"cannot list the processes of {self.name} (exit {rc}): {err.strip()}")
-        own = []
-        for line in out.splitlines():
-            if line.startswith("ns:"):
-                with contextlib.suppress(OSError):
-                    self._shares_pid_ns = line[3:] == os.readlink("/proc/self/ns/pid")
-            elif line.strip():
-                own.append(line.strip())
-        self._own = own
+        self._own = OwnProcesses.parse(out)
 
     def _check_live(self) -> None:
         if self._stopped:
@@ -412,13 +363,9 @@ class DockerSandbox:
 
     async def kill_processes(self) -> None:
         self._check_live()
-        if self._shares_pid_ns:
-            raise SandboxError(
-                f"sandbox {self.name} shares this process's PID namespace: its processes cannot be told apart"
-            )
-        if not self._own:
-            raise SandboxError(f"the own processes of sandbox {self.name} were not recorded at start")
-        if await self._sh(_KILL_ALL, " ".join([*self._own, *self._forwarders.keep])) != 0:
+        if (why := self._own.kill_refusal(self.name)) is not None:
+            raise SandboxError(why)
+        if await self._sh(KILL_ALL, self._own.keep(*self._forwarders.keep)) != 0:
             raise SandboxError(f"processes survived SIGKILL in sandbox {self.name}")
 
     async def stop(self) -> None:

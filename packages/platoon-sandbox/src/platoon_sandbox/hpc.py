@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from platoon_sandbox.contract import CAPABILITIES, ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import ContainerForwarders
@@ -58,72 +59,6 @@ SINGULARITY_ENV = "PLATOON_SINGULARITY"
 SCRIPT_TIMEOUT_S = 120.0
 #: hpc-sandbox's mark where it cut a stream's middle out (it keeps head and tail).
 _HPC_TRUNCATED = re.compile(rb"\n\[hpc-sandbox: output truncated, (\d+) bytes omitted\]\n")
-
-# The scripts below run inside the sandbox under /bin/sh (busybox or Debian). Both list and kill skip the script's
-# own ancestors that live inside the sandbox's PID namespace (a runtime's exec helper may): they belong to this
-# exec, not to a command.
-
-# Prints this exec's ancestors inside the namespace as " pid pid ... " (a shell function, pasted into both scripts).
-_ANCESTORS = r"""
-ancestors() {
-  a=" "; p=$$
-  while [ "$p" -gt 1 ] 2>/dev/null; do
-    read -r s 2>/dev/null < "/proc/$p/stat" || break
-    s=${s##*) }; set -- $s; p=$2
-    a="$a$p "
-  done
-  echo "$a"
-}
-"""
-
-# Lists the sandbox's own processes (pid:starttime, one a line) except this script, its children and ancestors,
-# then the PID namespace of this script (to refuse kill_processes in a sandbox sharing the caller's namespace).
-_LIST_OWN = (
-    _ANCESTORS
-    + r"""
-me=$$; skip=$(ancestors)
-for d in /proc/[0-9]*; do
-  p=${d#/proc/}
-  [ "$p" = "$me" ] && continue
-  case "$skip" in *" $p "*) continue ;; esac
-  read -r s 2>/dev/null < "$d/stat" || continue
-  s=${s##*) }
-  set -- $s
-  [ "$2" = "$me" ] && continue
-  echo "$p:${20}"
-done
-echo "ns:$(readlink /proc/self/ns/pid)"
-"""
-)
-
-# Freezes every process, SIGKILLs all but the recorded ones ($1: pid:starttime ...) and this exec's ancestors in
-# passes, continues the survivors; exit 1 when something else survives. Builtins only while processes are frozen.
-_KILL_ALL = (
-    _ANCESTORS
-    + r"""
-keep=" $1 "; me=$$; skip=$(ancestors)
-kill -s STOP -1 2>/dev/null
-pass=0; left=1
-while [ $pass -lt 20 ]; do
-  pass=$((pass + 1)); left=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    [ "$p" = "$me" ] && continue
-    case "$skip" in *" $p "*) continue ;; esac
-    read -r s 2>/dev/null < "$d/stat" || continue
-    s=${s##*) }
-    set -- $s
-    [ "$1" = Z ] && continue
-    case "$keep" in *" $p:${20} "*) continue ;; esac
-    kill -9 "$p" 2>/dev/null
-    left=1
-  done
-  [ $left = 0 ] && break
-done
-kill -s CONT -1 2>/dev/null
-[ $left = 0 ]
-"""
-)
 
 
 def singularity_binary(options: Mapping[str, Any] | None = None) -> str | None:
@@ -162,8 +97,7 @@ class HpcSandbox:
         self.name = str(getattr(inner, "id", "")) or "hpc-sandbox"
         self.spec = spec
         self._entry = entry
-        self._own: list[str] = []
-        self._shares_pid_ns = False
+        self._own = OwnProcesses()
         self._snapshots: list[Any] = []
         self._stopped = False
         self._torn_down = False
@@ -220,20 +154,13 @@ class HpcSandbox:
         return result.exit_code, result.stdout, result.stderr
 
     async def _record_own_processes(self) -> None:
-        result = await self._script(_LIST_OWN, [])
+        result = await self._script(LIST_OWN, [])
         if result.exit_code != 0:
             raise SandboxError(
                 f"cannot list the processes of sandbox {self.name} (exit {result.exit_code}): "
                 f"{result.stderr.strip()}"
             )
-        own = []
-        for line in result.stdout.splitlines():
-            if line.startswith("ns:"):
-                with contextlib.suppress(OSError):
-                    self._shares_pid_ns = line[3:] == os.readlink("/proc/self/ns/pid")
-            elif line.strip():
-                own.append(line.strip())
-        self._own = own
+        self._own = OwnProcesses.parse(result.stdout)
 
     async def exec(
         self,
@@ -280,13 +207,9 @@ class HpcSandbox:
 
     async def kill_processes(self) -> None:
         self._check_live()
-        if self._shares_pid_ns:
-            raise SandboxError(
-                f"sandbox {self.name} shares this process's PID namespace: its processes cannot be told apart"
-            )
-        if not self._own:
-            raise SandboxError(f"the own processes of sandbox {self.name} were not recorded at start")
-        result = await self._script(_KILL_ALL, [" ".join([*self._own, *self._forwarders.keep])])
+        if (why := self._own.kill_refusal(self.name)) is not None:
+            raise SandboxError(why)
+        result = await self._script(KILL_ALL, [self._own.keep(*self._forwarders.keep)])
         if result.exit_code != 0:
             raise SandboxError(f"processes survived SIGKILL in sandbox {self.name}")
 

@@ -169,10 +169,42 @@ def platoon_trajectory_message_completion_ids(steps: list[Any]) -> set[str] | No
     """Completion ids among `steps` that only sent a message (`trajectory.message_completion_ids`)."""
 
 
+@dataclass(frozen=True)
+class PrepareStep:
+    """One step of `platoon prepare` a plugin performed: `status` is `current`, `done`, `missing` (a dry run would
+    make it), `failed` or `none`; `detail` is the rest of the printed line."""
+
+    step: str
+    status: str
+    detail: str
+
+
+# The toolchain seams. Core asks them for the TOML specs a config names; the plugin that provides the `platoon
+# toolchain` command group (platoon-harnesses) is loaded first, so its hookimpls answer. `spec` is a
+# `platoon.harness.spec.HarnessSpec`; `root` is the toolchain root a run uses (None: the site's).
+
+
+@hookspec
+def platoon_toolchain_problems(spec: Any, root: str | None) -> list[str] | None:
+    """The lines a run refuses with (exit 78) because the toolchain `spec` needs is not ready on this site.
+
+    Each line names what is wrong and the command that fixes it (`platoon toolchain build <ref> --root <root>`).
+    Return None (or nothing) when the spec is not yours to check.
+    """
+
+
+@hookspec
+def platoon_toolchain_prepare(spec: Any, root: str | None, dry_run: bool) -> PrepareStep | None:
+    """`platoon prepare`'s `toolchain <name>` step for `spec`: build what is missing (never forcing a rebuild of a
+    toolchain of another recipe) or, with `dry_run`, only say what would be built."""
+
+
 #: seam name (as `platoon.hooks` names it) -> hookspec name
 SEAM_HOOKS: dict[str, str] = {
     "rollout_worker.telemetry": "platoon_rollout_worker_telemetry",
     "rollout_worker.diagnostics": "platoon_rollout_worker_diagnostics",
     "trajectory.error_completion_ids": "platoon_trajectory_error_completion_ids",
     "trajectory.message_completion_ids": "platoon_trajectory_message_completion_ids",
+    "toolchain.problems": "platoon_toolchain_problems",
+    "toolchain.prepare": "platoon_toolchain_prepare",
 }

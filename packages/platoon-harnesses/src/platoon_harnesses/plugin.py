@@ -34,3 +34,25 @@ def platoon_register_harnesses(name: str) -> Any:
         return None
     module, attr = target
     return getattr(importlib.import_module(module), attr)
+
+
+@hookimpl
+def platoon_toolchain_problems(spec: Any, root: str | None) -> list[str] | None:
+    """The run-start refusal for a spec whose toolchain is not ready (platoon_harnesses.toolchains.check)."""
+    from platoon_harnesses import toolchains
+
+    try:
+        problem = toolchains.check(spec, toolchains.toolchain_root(root))
+    except toolchains.ToolchainError as exc:
+        problem = str(exc)
+    return [problem] if problem is not None else None
+
+
+@hookimpl
+def platoon_toolchain_prepare(spec: Any, root: str | None, dry_run: bool) -> Any:
+    """`platoon prepare`'s `toolchain <name>` step (never forces a rebuild)."""
+    from platoon.hookspecs import PrepareStep
+    from platoon_harnesses import toolchains
+
+    status, detail = toolchains.prepare(spec, toolchains.toolchain_root(root), dry_run=dry_run)
+    return PrepareStep(f"toolchain {spec.toolchain}", status, detail)

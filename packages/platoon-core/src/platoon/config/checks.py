@@ -150,6 +150,11 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
         problems += option_problems(
             harness, {k: merged[k] for k in overrides}, where=f"{where}.eval_overrides.harness_options"
         )
+    from platoon.harness.toolchains import entry_toolchain_root, toolchain_problems
+
+    # A run never builds: a toolchain that is not ready stops it here, before any rollout (harness.md 3.7).
+    root = entry_toolchain_root(entry)
+    problems += [f"{where}.{key}: {line}" for line in toolchain_problems(harness, root=root)]
     # The spec runner (platoon-harnesses) is the next piece of work: until it exists a run cannot start such an
     # entry, so `config validate` says so too, after what it found wrong with the spec's options.
     return [*problems, f"{where}.{key}: {runner_missing(harness.ref)}"]

@@ -6,6 +6,7 @@ Harness modules are imported inside the hook, so listing components never import
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from platoon.hookspecs import CommandGroup, hookimpl
@@ -18,6 +19,13 @@ FUNCTION_HARNESSES: dict[str, tuple[str, str]] = {
     "platoon-noop": ("platoon_harnesses.noop", "noop"),
 }
 
+#: where the built-in TOML specs live: each in a folder of its own beside the files it ships
+SPECS_DIR = Path(__file__).resolve().parent / "specs"
+#: harness name -> its TOML spec (loaded and checked by core when the name is looked up)
+SPEC_HARNESSES: dict[str, Path] = {
+    "platoon-bash": SPECS_DIR / "platoon-bash" / "platoon-bash.toml",
+}
+
 
 @hookimpl
 def platoon_register_commands(name: str) -> CommandGroup | None:
@@ -28,7 +36,11 @@ def platoon_register_commands(name: str) -> CommandGroup | None:
 
 @hookimpl
 def platoon_register_harnesses(name: str) -> Any:
-    """The decorated function of the built-in function harness `name`, or None for any other name."""
+    """The decorated function of the built-in function harness `name`, the path of the built-in TOML spec
+    `name`, or None for any other name."""
+    spec = SPEC_HARNESSES.get(name)
+    if spec is not None:
+        return spec
     target = FUNCTION_HARNESSES.get(name)
     if target is None:
         return None

@@ -1,0 +1,568 @@
+#!/usr/bin/env python3
+"""platoon-bash: a small shell agent for the `platoon-bash@1` spec (harness.md 3.9 and 4.3).
+
+It asks an OpenAI-compatible Chat Completions endpoint (platoon's gateway) what to do, runs the `bash` commands the
+model asks for in the current directory, calls the environment's tools over MCP (streamable HTTP) when given
+`--mcp-url`, and stops when the model answers without a tool call. The run's final message is written to
+`--final-message-file`.
+
+It is copied into task sandboxes and run there with whatever `python3` the sandbox has, so it uses the standard
+library only and runs on Python 3.8 or later (no newer syntax or library calls).
+
+Exit codes: 0 a final answer; 2 a model request failed; 3 the turn limit was reached; 4 the MCP server is
+unavailable or its transport failed; 1 a bad invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+EXIT_FINAL = 0
+EXIT_USAGE = 1
+EXIT_MODEL = 2
+EXIT_TURN_LIMIT = 3
+EXIT_MCP = 4
+
+MODEL_TIMEOUT_S = 1800.0
+#: an MCP request may wait as long as a model request (a tool may run a while; SSE keepalives keep it alive)
+MCP_TIMEOUT_S = 1800.0
+DEFAULT_COMMAND_TIMEOUT_S = 120.0
+OUTPUT_CHARS = 16000
+#: bytes of command output kept while it runs (enough for OUTPUT_CHARS characters of any UTF-8 text)
+OUTPUT_BYTES = 4 * OUTPUT_CHARS
+#: how long to keep reading a command's output after it exits while a process it left behind holds the pipe
+DRAIN_AFTER_EXIT_S = 0.5
+MCP_PROTOCOL = "2025-06-18"
+CLIENT_INFO = {"name": "platoon-bash", "version": "1"}
+
+SYSTEM_PROMPT = (
+    "You are an agent working in a Linux shell. Use the bash tool to run commands; work on the files in the "
+    "current directory. When you are done, reply with your final answer and no tool call."
+)
+MCP_SENTENCE = (
+    " Besides bash you have the task environment's own tools: use them as the task says (for example to submit "
+    "your answer)."
+)
+
+#: process groups of the commands this agent started, killed when it exits (a command's leftovers included)
+_GROUPS: list[int] = []
+
+
+class ModelError(Exception):
+    """A model request failed (exit 2)."""
+
+
+class McpError(Exception):
+    """The MCP server is unavailable or its transport failed (exit 4)."""
+
+
+class McpCallError(Exception):
+    """The MCP server answered a request with a JSON-RPC error (the model is told; the run goes on)."""
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def warn(text: str) -> None:
+    print("platoon-bash: " + text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- bash
+
+
+class _Tail:
+    """Reads a pipe to its end in a thread, keeping only the last OUTPUT_BYTES bytes."""
+
+    def __init__(self, stream: Any) -> None:
+        self.data = bytearray()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: Any) -> None:
+        try:
+            while True:
+                chunk = os.read(stream.fileno(), 65536)
+                if not chunk:
+                    break
+                with self.lock:
+                    self.data += chunk
+                    if len(self.data) > OUTPUT_BYTES:
+                        del self.data[: len(self.data) - OUTPUT_BYTES]
+        except OSError:
+            pass
+        finally:
+            stream.close()
+
+    def text(self) -> str:
+        with self.lock:
+            data = bytes(self.data)
+        return data.decode("utf-8", errors="replace")[-OUTPUT_CHARS:]
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def run_bash(command: str, timeout_s: float) -> str:
+    """Run `command` with `bash -c` in a session of its own (stdin /dev/null, stdout and stderr merged).
+
+    Returns "exit code N" or "command timed out after Ns", a newline and the last OUTPUT_CHARS characters of
+    the output. On timeout the command's whole process group is SIGKILLed. A command that exits while a process
+    it started in the background still runs returns at once (the background process keeps the pipe open, so the
+    wait is for the command itself, not for the end of its output).
+    """
+    process = subprocess.Popen(
+        ["bash", "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    _GROUPS.append(process.pid)  # a new session: its group id is the leader's pid
+    tail = _Tail(process.stdout)
+    try:
+        code = process.wait(timeout=timeout_s)
+        status = code if code >= 0 else 128 - code  # killed by signal N: 128+N, as bash reports it
+        head = f"exit code {status}"
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        process.wait()
+        head = f"command timed out after {_seconds(timeout_s)}s"
+    tail.thread.join(DRAIN_AFTER_EXIT_S)
+    return head + "\n" + tail.text()
+
+
+def kill_commands() -> None:
+    """SIGKILL what is left of every command's process group (background processes they started)."""
+    while _GROUPS:
+        _kill_group(_GROUPS.pop())
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+
+
+def _post_json(url: str, body: Any, headers: dict[str, str], timeout: float) -> Any:
+    """POST JSON and return the urllib response (the caller reads and closes it)."""
+    data = json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method="POST")
+    request.add_header("Content-Type", "application/json")
+    for key, value in headers.items():
+        request.add_header(key, value)
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def _error_text(exc: BaseException) -> str:
+    """One line for an HTTP or network failure (with the start of an HTTP error's body)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            body = exc.read().decode("utf-8", errors="replace")
+        except Exception:
+            body = ""
+        body = " ".join(body.split())[:500]
+        return f"HTTP {exc.code} {exc.reason}" + (": " + body if body else "")
+    if isinstance(exc, urllib.error.URLError):
+        return f"cannot connect: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def chat(base_url: str, api_key: str, model: str, messages: list[Any], tools: list[Any]) -> dict[str, Any]:
+    """One Chat Completions call; the assistant message of its first choice. Raises ModelError."""
+    url = base_url.rstrip("/") + "/chat/completions"
+    body = {"model": model, "messages": messages, "tools": tools}
+    try:
+        response = _post_json(url, body, {"Authorization": "Bearer " + api_key}, MODEL_TIMEOUT_S)
+        try:
+            reply = json.loads(response.read().decode("utf-8"))
+        finally:
+            response.close()
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # HTTPError is a URLError
+        raise ModelError(f"the model request to {url} failed: {_error_text(exc)}") from None
+    try:
+        message = reply["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        raise ModelError(f"the model reply from {url} has no message: {json.dumps(reply):.300}") from None
+    if not isinstance(message, dict):
+        raise ModelError(f"the model reply from {url} has no message: {json.dumps(reply):.300}")
+    return message
+
+
+# ---------------------------------------------------------------------------------------------- MCP
+
+
+class McpClient:
+    """A minimal MCP client over streamable HTTP: JSON-RPC requests by POST, answered as JSON or SSE."""
+
+    def __init__(self, url: str, api_key: str) -> None:
+        self.url = url
+        self.api_key = api_key
+        self.session_id: str | None = None
+        self.protocol: str | None = None  # sent as MCP-Protocol-Version once negotiated
+        self.next_id = 0
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json, text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        if self.session_id:
+            headers["Mcp-Session-Id"] = self.session_id
+        if self.protocol:
+            headers["MCP-Protocol-Version"] = self.protocol
+        return headers
+
+    def _post(self, message: dict[str, Any]) -> Any:
+        try:
+            response = _post_json(self.url, message, self._headers(), MCP_TIMEOUT_S)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            method = message["method"]
+            raise McpError(f"{method} to {self.url} failed: {_error_text(exc)}") from None
+        session = response.headers.get("Mcp-Session-Id")
+        if session:
+            self.session_id = session
+        return response
+
+    def notify(self, method: str) -> None:
+        response = self._post({"jsonrpc": "2.0", "method": method})
+        response.close()
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The result of one request. Raises McpError (transport) or McpCallError (a JSON-RPC error reply)."""
+        self.next_id += 1
+        request_id = self.next_id
+        response = self._post({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        try:
+            kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if kind == "text/event-stream":
+                reply = self._from_events(response, request_id)
+            else:
+                reply = json.loads(response.read().decode("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise McpError(f"{method}: the reply from {self.url} is unreadable: {exc}") from None
+        finally:
+            response.close()
+        if isinstance(reply, list):  # a batch reply: ours is the one with our id
+            reply = next((r for r in reply if isinstance(r, dict) and r.get("id") == request_id), None)
+        if not isinstance(reply, dict) or reply.get("id") != request_id:
+            raise McpError(f"{method}: {self.url} sent no reply to the request")
+        if "error" in reply:
+            error = reply["error"] if isinstance(reply["error"], dict) else {}
+            text, code = error.get("message", "error"), error.get("code")
+            raise McpCallError(f"{text} (code {code})")
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            raise McpError(f"{method}: the reply from {self.url} has no result")
+        return result
+
+    @staticmethod
+    def _from_events(response: Any, request_id: int) -> Any:
+        """Read SSE events until the JSON-RPC reply to `request_id` (progress and other messages are skipped)."""
+        data: list[str] = []
+        for raw in response:
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if line.startswith("data:"):
+                data.append(line[5:][1:] if line[5:6] == " " else line[5:])
+                continue
+            if line or not data:
+                continue  # other fields (event:, id:), comments (keepalives), blank lines without data
+            message = json.loads("\n".join(data))
+            data = []
+            if isinstance(message, dict) and message.get("id") == request_id and "method" not in message:
+                return message
+        return None  # the stream ended without our reply
+
+    def initialize(self) -> None:
+        result = self.request(
+            "initialize", {"protocolVersion": MCP_PROTOCOL, "capabilities": {}, "clientInfo": CLIENT_INFO}
+        )
+        version = result.get("protocolVersion")
+        self.protocol = version if isinstance(version, str) and version else MCP_PROTOCOL
+        self.notify("notifications/initialized")
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            result = self.request("tools/list", {"cursor": cursor} if cursor else {})
+            tools.extend(tool for tool in result.get("tools") or [] if isinstance(tool, dict))
+            cursor = result.get("nextCursor")
+            if not cursor:
+                return tools
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.request("tools/call", {"name": name, "arguments": arguments})
+
+    def close(self) -> None:
+        """End the server's session, if it gave one (DELETE with the session id; failures do not matter)."""
+        if not self.session_id:
+            return
+        request = urllib.request.Request(self.url, method="DELETE")
+        for key, value in self._headers().items():
+            request.add_header(key, value)
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        self.session_id = None
+
+
+def result_text(result: dict[str, Any]) -> str:
+    """An MCP tool result as the model sees it: the text blocks joined, others as `[type]`; "error: " when
+    isError."""
+    parts = []
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            kind = block.get("type", "content") if isinstance(block, dict) else "content"
+            parts.append(f"[{kind}]")
+    text = "\n".join(parts)
+    return "error: " + text if result.get("isError") else text
+
+
+def finished(result: dict[str, Any]) -> bool:
+    meta = result.get("_meta")
+    platoon = meta.get("platoon") if isinstance(meta, dict) else None
+    return isinstance(platoon, dict) and platoon.get("finished") is True
+
+
+# ---------------------------------------------------------------------------------------------- the agent
+
+
+def bash_tool(timeout_s: float) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": (
+                "Run a bash command in the current directory (stdin is empty). Returns its exit code and the last "
+                f"{OUTPUT_CHARS} characters of its output (stdout and stderr merged). A command running longer than "
+                f"{_seconds(timeout_s)}s is killed."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "the command to run"}},
+                "required": ["command"],
+            },
+        },
+    }
+
+
+def mcp_function(tool: dict[str, Any]) -> dict[str, Any]:
+    schema = tool.get("inputSchema")
+    return {
+        "type": "function",
+        "function": {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": schema if isinstance(schema, dict) else {"type": "object", "properties": {}},
+        },
+    }
+
+
+def parse_arguments(raw: Any) -> dict[str, Any] | None:
+    """A tool call's arguments as an object, or None when they are not one."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace, api_key: str, mcp: McpClient | None) -> None:
+        self.args = args
+        self.api_key = api_key
+        self.mcp = mcp
+        self.mcp_tools: list[str] = []
+        self.tools = [bash_tool(args.command_timeout)]
+
+    def add_mcp_tools(self, tools: list[dict[str, Any]]) -> None:
+        for tool in tools:
+            name = tool.get("name")
+            if not isinstance(name, str) or not name:
+                continue
+            if name == "bash" or name in self.mcp_tools:
+                warn(f"warning: the MCP tool {name!r} is skipped: a tool of that name is already offered")
+                continue
+            self.mcp_tools.append(name)
+            self.tools.append(mcp_function(tool))
+
+    def names(self) -> list[str]:
+        return ["bash", *self.mcp_tools]
+
+    def call(self, name: str, raw_arguments: Any) -> tuple[str, bool]:
+        """(the tool message text, whether the run is finished). Raises McpError on a transport failure."""
+        arguments = parse_arguments(raw_arguments)
+        if name not in self.names():
+            say(f">>> unknown tool {name!r}")
+            available = ", ".join(self.names())
+            return f"error: unknown tool {name!r}; the available tools are: {available}", False
+        if arguments is None:
+            say(f">>> {name}: invalid arguments")
+            return (
+                f"error: the arguments of {name} must be a JSON object; got {one_line(str(raw_arguments))}",
+                False,
+            )
+        if name == "bash":
+            command = arguments.get("command")
+            if not isinstance(command, str) or not command.strip():
+                say(">>> bash: invalid arguments")
+                return 'error: bash needs {"command": "<a shell command>"}', False
+            say(f">>> bash: {command}")
+            text = run_bash(command, self.args.command_timeout)
+            say("<<< " + text.split("\n", 1)[0])
+            return text, False
+        assert self.mcp is not None
+        say(f">>> {name} {json.dumps(arguments, ensure_ascii=False)}")
+        try:
+            result = self.mcp.call_tool(name, arguments)
+        except McpCallError as exc:
+            say(f"<<< error: {exc}")
+            return f"error: {exc}", False
+        text = result_text(result)
+        say("<<< " + one_line(text))
+        return text, finished(result)
+
+    def run(self, instruction: str) -> tuple[int, str | None]:
+        """(exit code, final message)."""
+        system = SYSTEM_PROMPT + (MCP_SENTENCE if self.mcp_tools else "")
+        messages: list[Any] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": instruction},
+        ]
+        for turn in range(1, self.args.max_turns + 1):
+            message = chat(self.args.base_url, self.api_key, self.args.model, messages, self.tools)
+            calls = message.get("tool_calls") or []
+            content = message.get("content")
+            text = content if isinstance(content, str) else ""
+            if not calls:
+                return EXIT_FINAL, text
+            say(f"--- turn {turn}: {len(calls)} tool call(s)")
+            messages.append(message)  # as the endpoint sent it, so the next prompt extends this one
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                function = function if isinstance(function, dict) else {}
+                call_id = call.get("id") if isinstance(call, dict) else None
+                output, done = self.call(str(function.get("name")), function.get("arguments"))
+                if done:
+                    return EXIT_FINAL, output
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call_id or "call_" + uuid.uuid4().hex[:12],
+                        "content": output,
+                    }
+                )
+        say(f"--- the turn limit ({self.args.max_turns}) is reached")
+        return EXIT_TURN_LIMIT, None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # a bad invocation exits 1: 2 means a failed model request
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="platoon_bash.py", description="platoon's small bash agent (key: $PLATOON_API_KEY)")
+    parser.add_argument("--base-url", required=True, help="an OpenAI-compatible base URL (ending /v1)")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--instruction-file", required=True)
+    parser.add_argument("--final-message-file", required=True)
+    parser.add_argument("--max-turns", type=int, default=50, help="model calls at most (default 50)")
+    parser.add_argument("--mcp-url", default=None, help="the environment's tools over MCP (streamable HTTP)")
+    parser.add_argument(
+        "--command-timeout",
+        type=float,
+        default=DEFAULT_COMMAND_TIMEOUT_S,
+        help=f"seconds a bash command may run (default {_seconds(DEFAULT_COMMAND_TIMEOUT_S)})",
+    )
+    args = parser.parse_args(argv)
+    if args.max_turns < 1:
+        parser.error("--max-turns must be at least 1")
+    if not args.command_timeout > 0:
+        parser.error("--command-timeout must be positive")
+    return args
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    kill_commands()  # the commands run in sessions of their own: a signal to this process misses them
+    os._exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")  # a sandbox without a UTF-8 locale must not crash a print
+    signal.signal(signal.SIGTERM, _on_term)
+    try:
+        with open(args.instruction_file, encoding="utf-8") as handle:
+            instruction = handle.read()
+    except OSError as exc:
+        warn(f"cannot read the instruction file: {exc}")
+        return EXIT_USAGE
+    api_key = os.environ.get("PLATOON_API_KEY", "")
+    if not api_key:
+        warn("PLATOON_API_KEY is not set: the model cannot be called")
+        return EXIT_MODEL
+    mcp = McpClient(args.mcp_url, api_key) if args.mcp_url else None
+    agent = Agent(args, api_key, mcp)
+    try:
+        if mcp is not None:
+            try:
+                mcp.initialize()
+                agent.add_mcp_tools(mcp.list_tools())
+            except McpCallError as exc:
+                raise McpError(f"the MCP server at {args.mcp_url} refused: {exc}") from None
+        code, final = agent.run(instruction)
+    except ModelError as exc:
+        warn(str(exc))
+        return EXIT_MODEL
+    except McpError as exc:
+        warn(f"MCP is unavailable: {exc}")
+        return EXIT_MCP
+    finally:
+        kill_commands()
+        if mcp is not None:
+            mcp.close()
+    if final is not None:
+        directory = os.path.dirname(os.path.abspath(args.final_message_file))
+        os.makedirs(directory, exist_ok=True)
+        with open(args.final_message_file, "w", encoding="utf-8") as handle:
+            handle.write(final)
+        say(final)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -104,6 +104,22 @@ def test_the_core_wheel_ships_the_package_and_no_build_code(dist_dir):
     assert "platoon/renderers/toy_tokenizer/tokenizer.json" in data
 
 
+def test_the_harnesses_wheel_ships_each_toml_spec_beside_the_files_it_names(dist_dir):
+    """The built-in specs load from the installed package: each `.toml` and its assets are in the wheel."""
+    source = ROOT / "packages/platoon-harnesses/src"
+    specs = sorted(source.glob("platoon_harnesses/specs/*/*.toml"))
+    assert specs, "platoon-harnesses ships no TOML spec"
+    with _wheel("platoon-harnesses", dist_dir) as wheel:
+        names = set(wheel.namelist())
+        for spec in specs:
+            assets = tomllib.loads(spec.read_text(encoding="utf-8"))["launch"].get("assets", {})
+            for shipped in [spec, *(spec.parent / asset for asset in assets.values())]:
+                name = shipped.relative_to(source).as_posix()
+                assert name in names, name
+                assert wheel.read(name) == shipped.read_bytes(), name
+    assert "platoon_harnesses/specs/platoon-bash/platoon_bash.py" in names
+
+
 def test_the_toy_tokenizer_build_script_reproduces_the_shipped_files(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts/build_toy_tokenizer.py"), str(tmp_path)], check=True)
     shipped = ROOT / "packages/platoon-core/src/platoon/renderers/toy_tokenizer"

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -184,7 +185,10 @@ async def run_agent(
     max_steps: int = 10,
     python: str = sys.executable,
     extra: Sequence[str] = (),
+    started: Any = None,
 ) -> Ran:
+    """Launch the agent as a runner would (its own state dir, `work/` as cwd, a small environment) and wait for
+    it; `started(process, state)` is awaited once it runs."""
     state = tmp_path / "state"
     work = state / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -199,6 +203,8 @@ async def run_agent(
     process = await asyncio.create_subprocess_exec(
         *argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    if started is not None:
+        await started(process, state)
     async with asyncio.timeout(300):  # a hang guard, not a speed claim
         out, err = await process.communicate()
     final_file = state / "final_message.txt"
@@ -484,6 +490,26 @@ def test_a_command_that_leaves_a_background_process_returns_at_once_and_the_proc
             assert "exit code 0\nstarted\n" in s.prompts()[1]  # not a timeout: the wait is for bash itself
             assert "exit code 0\nalive\n" in s.prompts()[2]  # it kept running between commands
             await until_gone(int((ran.state / "work/bg.pid").read_text()))  # killed when the agent exited
+
+    asyncio.run(main())
+
+
+def test_sigterm_kills_the_running_command_and_its_group(tmp_path):
+    # The commands run in sessions of their own, so a TERM to the agent's process group would miss them.
+    script = [tool_call("bash", command="sleep 300 & echo $! > bg.pid; sleep 300"), "never asked"]
+
+    async def terminate(process: Any, state: Path) -> None:
+        async with asyncio.timeout(60):  # a hang guard: the command writes the file at once
+            while not (state / "work/bg.pid").exists() or not (state / "work/bg.pid").read_text().strip():
+                await asyncio.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+
+    async def main() -> None:
+        async with served(script, mcp=False) as s:
+            ran = await run_agent(tmp_path, s.server.base_url, s.agent.secret, started=terminate)
+            assert ran.code == 128 + signal.SIGTERM and ran.final is None
+            await until_gone(int((ran.state / "work/bg.pid").read_text()))
+            assert len(s.agent.calls) == 1
 
     asyncio.run(main())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -379,6 +380,11 @@ def test_bash_then_an_mcp_tool_then_a_final_answer(tmp_path, python):
                 assert list(interaction.prompt_tokens) == list(policy_call.prompt_tokens)
                 assert list(interaction.sampled_tokens) == list(policy_call.tokens)
             assert [c.finish_reason for c in s.agent.calls] == ["tool_calls", "tool_calls", "stop"]
+            # The assistant turns go back as they came, so each prompt extends the last call's tokens.
+            exact = [s.rollout.interactions[call.call_id] for call in s.agent.calls]
+            for before, after in itertools.pairwise(exact):
+                sent = list(before.prompt_tokens) + list(before.sampled_tokens)
+                assert list(after.prompt_tokens[: len(sent)]) == sent
 
     asyncio.run(main())
 

@@ -465,7 +465,10 @@ class Agent:
             if not calls:
                 return EXIT_FINAL, text
             say(f"--- turn {turn}: {len(calls)} tool call(s)")
-            messages.append(message)  # as the endpoint sent it, so the next prompt extends this one
+            # As the endpoint sent it (so the next prompt extends this one), less the fields it left empty.
+            messages.append(
+                {key: value for key, value in message.items() if value is not None or key == "content"}
+            )
             for call in calls:
                 function = call.get("function") if isinstance(call, dict) else None
                 function = function if isinstance(function, dict) else {}

@@ -232,14 +232,14 @@ def test_a_third_party_cannot_ship_a_reserved_name(acme_specs, tmp_path):
         pt.get_harness(str(local))
 
 
-def test_a_spec_path_loads_directly_and_runs_nowhere_yet(acme_specs, tmp_path):
+def test_a_spec_path_loads_directly_and_is_refused_as_a_subagent_harness(acme_specs, tmp_path):
     from platoon.episode.subagents import resolve_function_harness
 
     path = acme_specs / "bash" / "v2.toml"
     assert pt.get_harness(str(path)) is pt.get_harness(str(path))  # loaded once per file version
     runner_line = (
-        "harness acme-bash@2.0 is a TOML spec; running TOML specs needs the spec runner of platoon-harnesses, "
-        "which this build does not have yet"
+        "harness acme-bash@2.0 is a TOML spec: a subagent runs a function harness (an @platoon.harness function "
+        "or its ref); TOML specs run only as an episode's root agent"
     )
     for ref in ("acme-bash@2", pt.get_harness("acme-bash@2")):
         with pytest.raises(TypeError) as caught:
@@ -350,6 +350,32 @@ def _validate(capsys: pytest.CaptureFixture[str], path: Path, text: str) -> tupl
     return code, capsys.readouterr().out.splitlines()
 
 
+def test_without_a_spec_runner_installed_a_spec_entry_is_refused_naming_the_package(
+    acme_specs, project, capsys, monkeypatch
+):
+    infos = [info for info in plugins.entry_points() if info.kind != "spec_runner"]
+    monkeypatch.setattr(plugins._state, "entry_points", infos)  # as if platoon-harnesses were not installed
+    code, lines = _validate(
+        capsys,
+        project / "envs.yaml",
+        """
+        environments:
+          - service: table
+            service_kwargs: {path: tasks.jsonl}
+            harness: acme-bash@1
+        """,
+    )
+    assert code == 78
+    assert lines == [
+        "FAIL envs.yaml",
+        "  environments.0.harness: harness acme-bash@1.2 is a TOML spec; running a TOML spec harness needs the spec "
+        "runner, which no installed distribution provides: install it with `uv add platoon-harnesses` (or `pip "
+        "install platoon-harnesses`)",
+    ]
+    with pytest.raises(ExtensionError, match=r"uv add platoon-harnesses"):
+        plugins.get_spec_runner()
+
+
 def test_config_validate_checks_harness_options_against_the_spec(acme_specs, project, capsys):
     spec = acme_specs / "bash" / "v1.toml"
     code, lines = _validate(
@@ -371,8 +397,6 @@ def test_config_validate_checks_harness_options_against_the_spec(acme_specs, pro
         "mean temperature?); its options: temperature, mode",
         f'  environments.0.eval_overrides.harness_options.mode: "slow" is not one of "fast", "careful" (option mode '
         f"of harness acme-bash@1.2, {spec})",
-        "  environments.0.harness: harness acme-bash@1.2 is a TOML spec; running TOML specs needs the spec runner of "
-        "platoon-harnesses, which this build does not have yet",
     ]
 
 

@@ -43,6 +43,7 @@ ENTRY_POINT_GROUPS: dict[str, str] = {
     "service": "platoon.services",
     "sandbox_runtime": "platoon.sandbox_runtimes",
     "command": "platoon.commands",
+    "spec_runner": "platoon.spec_runners",
 }
 
 #: kind -> the hook asked for components of that kind
@@ -54,7 +55,11 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "service": "platoon_register_services",
     "sandbox_runtime": "platoon_register_sandbox_runtimes",
     "command": "platoon_register_commands",
+    "spec_runner": "platoon_register_spec_runners",
 }
+
+#: the spec runner core asks for when a TOML spec harness runs (platoon-harnesses provides it)
+SPEC_RUNNER_NAME = "platoon-spec-runner"
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,19 @@ class RewardProcessor:
     fn: Callable[[Mapping[str, Any]], tuple[float, Mapping[str, float]]] | str
 
 
+@dataclass(frozen=True)
+class SpecRunner:
+    """The runner of TOML spec harnesses: what launches a command-line agent a spec describes.
+
+    `runner` is a class or an import string `module:attr` naming one; core instantiates it (without arguments)
+    once per process, the first time a spec runs, and keeps the instance (installs are cached per runner).
+    """
+
+    name: str
+    summary: str
+    runner: type | str
+
+
 @hookspec
 def platoon_register_harnesses(name: str) -> Any:
     """Harnesses called `name` (`environments[].harness`, `ep.run(harness=...)`, `ctx.agents.spawn(harness=...)`).
@@ -143,6 +161,24 @@ def platoon_register_sandbox_runtimes(name: str) -> Any:
 @hookspec
 def platoon_register_commands(name: str) -> Any:
     """The command group called `name`, mounted as `platoon <name>`: a `CommandGroup` (or a `typer.Typer`)."""
+
+
+@hookspec
+def platoon_register_spec_runners(name: str) -> Any:
+    """The runner of TOML spec harnesses called `name`: a `SpecRunner` (or the runner class itself).
+
+    Core asks for `SPEC_RUNNER_NAME` (`platoon-spec-runner`, declared by platoon-harnesses in the group
+    `platoon.spec_runners`) the first time a rollout runs a TOML spec; nothing is imported before that, and
+    `config validate` only checks from metadata that an installed distribution declares it. The runner class
+    takes no arguments; its instance answers `open_rollout(spec, ...)` with an object that prepares the
+    session's needs (`needs()`), runs the root agent (`run(agent, timeout=...)`) and cleans up (`aclose()`):
+    see `platoon.episode.spec_runs.SpecRollout`. Example, in a plugin module:
+
+        @platoon.hookimpl
+        def platoon_register_spec_runners(name):
+            if name == "platoon-spec-runner":
+                return SpecRunner(name, "TOML spec harnesses", "acme_runner.runner:Runner")
+    """
 
 
 # Named seams: hooks that are not components. `platoon.hooks.hooks(name)` returns the functions

@@ -36,6 +36,7 @@ USED_IN: dict[str, str] = {
     "service": "environments[].service",
     "sandbox_runtime": "Harbor service_kwargs.provider, the site profile's provider",
     "command": "platoon <group> ...",
+    "spec_runner": "environments[].harness naming a TOML spec (core asks for it when one runs)",
 }
 
 _GROUP_KINDS = {group: kind for kind, group in hookspecs.ENTRY_POINT_GROUPS.items()}
@@ -530,6 +531,28 @@ def get_sandbox_runtime(name: str) -> hookspecs.SandboxRuntime:
     if isinstance(answer, hookspecs.SandboxRuntime):
         return answer
     return hookspecs.SandboxRuntime(name=name, summary="", provider=answer)
+
+
+def spec_runner_missing() -> str | None:
+    """From metadata only: the one line refusing TOML specs when no installed distribution declares the spec
+    runner (`platoon.spec_runners: platoon-spec-runner`), else None. Nothing is imported."""
+    if candidates("spec_runner", hookspecs.SPEC_RUNNER_NAME):
+        return None
+    return (
+        "running a TOML spec harness needs the spec runner, which no installed distribution provides: install it "
+        "with `uv add platoon-harnesses` (or `pip install platoon-harnesses`)"
+    )
+
+
+def get_spec_runner() -> hookspecs.SpecRunner:
+    """The spec runner's record (its module imported now, when a spec runs); ExtensionError when none is installed."""
+    missing = spec_runner_missing()
+    if missing is not None:
+        raise ExtensionError(missing)
+    answer = get_component("spec_runner", hookspecs.SPEC_RUNNER_NAME)
+    if isinstance(answer, hookspecs.SpecRunner):
+        return answer
+    return hookspecs.SpecRunner(name=hookspecs.SPEC_RUNNER_NAME, summary="", runner=answer)
 
 
 def resolve_target(target: Any) -> Any:

@@ -9,7 +9,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from platoon.hookspecs import CommandGroup, hookimpl
+from platoon.hookspecs import SPEC_RUNNER_NAME, CommandGroup, SpecRunner, hookimpl
 
 #: harness name -> (module, function) of the built-in function harnesses
 FUNCTION_HARNESSES: dict[str, tuple[str, str]] = {
@@ -31,6 +31,14 @@ SPEC_HARNESSES: dict[str, Path] = {
 def platoon_register_commands(name: str) -> CommandGroup | None:
     if name == "toolchain":
         return CommandGroup("toolchain", "toolchain builds", "platoon_harnesses.cli:app")
+    return None
+
+
+@hookimpl
+def platoon_register_spec_runners(name: str) -> SpecRunner | None:
+    """The TOML spec runner (imported when a spec first runs, not here)."""
+    if name == SPEC_RUNNER_NAME:
+        return SpecRunner(name, "runs TOML spec harnesses", "platoon_harnesses.spec_runner:SpecRunner")
     return None
 
 

@@ -16,7 +16,16 @@ from platoon.errors import EX_CONFIG, ExtensionError
 
 app = new_app("What installed extensions provide, and whether they load.")
 
-KINDS = ("harness", "program", "environment", "reward_processor", "service", "sandbox_runtime", "command")
+KINDS = (
+    "harness",
+    "program",
+    "environment",
+    "reward_processor",
+    "service",
+    "sandbox_runtime",
+    "command",
+    "spec_runner",
+)
 KindOption = Annotated[
     str | None,
     typer.Option("--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}.", show_default=False),

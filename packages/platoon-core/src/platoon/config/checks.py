@@ -134,12 +134,14 @@ def renderer_problems(config: Any) -> list[str]:
 
 def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str]:
     """A TOML spec an entry names: its `harness_options` (and, for evaluation, `eval_overrides.harness_options`
-    merged over them) checked against the spec's `[options]`, then the line saying specs cannot run yet.
+    merged over them) checked against the spec's `[options]`, then (from metadata only) whether an installed
+    distribution provides the spec runner.
 
     In a harness mixture every spec is checked against the entry's one mapping, which must suit each of them.
     """
+    from platoon import plugins
     from platoon.episode.rollout import Route
-    from platoon.harness.spec import HarnessSpec, option_problems, runner_missing
+    from platoon.harness.spec import HarnessSpec, option_problems
 
     if not isinstance(harness, HarnessSpec):
         return []
@@ -155,9 +157,11 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
     # A run never builds: a toolchain that is not ready stops it here, before any rollout (harness.md 3.7).
     root = entry_toolchain_root(entry)
     problems += [f"{where}.{key}: {line}" for line in toolchain_problems(harness, root=root)]
-    # The spec runner (platoon-harnesses) is the next piece of work: until it exists a run cannot start such an
-    # entry, so `config validate` says so too, after what it found wrong with the spec's options.
-    return [*problems, f"{where}.{key}: {runner_missing(harness.ref)}"]
+    # Without a spec runner a run cannot start such an entry, so `config validate` says so too; nothing is imported.
+    missing = plugins.spec_runner_missing()
+    if missing is not None:
+        problems.append(f"{where}.{key}: harness {harness.ref} is a TOML spec; {missing}")
+    return problems
 
 
 def component_problems(config: Any) -> list[str]:

@@ -14,14 +14,17 @@ from typing import TYPE_CHECKING, Any
 from platoon.envs.service import Outcome
 from platoon.episode.budget import BudgetTracker
 from platoon.episode.context import Agent, EpisodeState
-from platoon.episode.outcomes import judge_run
+from platoon.episode.outcomes import graded_with_reason, judge_run
 from platoon.episode.runner import run_agent
-from platoon.episode.subagents import resolve_function_harness
+from platoon.episode.subagents import resolve_harness
+from platoon.harness.agent import AgentStatus
 
 if TYPE_CHECKING:
     from platoon.envs.service import EnvSession
+    from platoon.episode.spec_runs import SpecRollout
     from platoon.harness.agent import AgentResult, ModelEndpoint
     from platoon.harness.function import FunctionHarness
+    from platoon.harness.spec import HarnessSpec
     from platoon.programs.context import Finalizer
     from platoon.task import Task
     from platoon.trajectory import TrajectoryCollection
@@ -60,6 +63,8 @@ class Episode:
         route: Any,
         gateway: Any,
         rollout: Any,
+        spec_rollout: SpecRollout | None = None,
+        logs_dir: Any = None,
     ) -> None:
         agents = route.agents
         self._task = task
@@ -89,7 +94,12 @@ class Episode:
         self._result: AgentResult | None = None
         self.root_agent: Agent | None = None
         #: the harness `run` used (or would use): recorded as the root's misc `harness`
-        self.harness: FunctionHarness | None = None
+        self.harness: FunctionHarness | HarnessSpec | None = None
+        #: the spec runner's handle when the root runs a TOML spec (prepared before the session opened, or here)
+        self.spec_rollout = spec_rollout
+        self._logs_dir = logs_dir
+        #: the infra outcome of a spec run whose runner failed (setup, spec, unexpected): it decides the grade
+        self._spec_failure: Outcome | None = None
         self.behavior_judge: Any = None
         self.tool_transform: Any = None
 
@@ -137,18 +147,20 @@ class Episode:
         chosen = harness if harness is not None else self._route.harness
         if chosen is None:
             raise ValueError("no harness to run: the environment entry names none and run() was given none")
-        record = resolve_function_harness(chosen)
+        record = resolve_harness(chosen)
         self._ran = True
         self.harness = record
         root = self.root_record
         if goal is not None:
             root.goal = goal
+        from platoon.harness.function import FunctionHarness
+
         self.root_agent = Agent(
             self.state,
             root,
             session=self._session,
             task=self._task,
-            harness=record,
+            harness=record if isinstance(record, FunctionHarness) else None,
             goal=goal,
             options=self._route.harness_options if options is None else options,
             budget=self.state.tracker.add_agent(
@@ -159,11 +171,50 @@ class Episode:
         timeout = _min_timeout(
             getattr(self._config, "timeout", None), getattr(self._session, "agent_timeout_s", None)
         )
-        self._result = await run_agent(self.root_agent, timeout=timeout)
+        if isinstance(record, FunctionHarness):
+            self._result = await run_agent(self.root_agent, timeout=timeout)
+        else:
+            self._result = await self._run_spec(record, self.root_agent, timeout)
         return self._result
 
+    async def _run_spec(self, spec: HarnessSpec, agent: Agent, timeout: float | None) -> AgentResult:
+        """Run the root on a TOML spec through the spec runner; the runner enforces the deadline itself (it kills
+        the agent's processes and answers `timeout`), so the run wrapper gets no timeout of its own."""
+        from platoon.episode.spec_runs import open_spec_rollout, run_spec
+
+        handle = self.spec_rollout
+        if handle is None or getattr(handle, "spec", spec) != spec:
+            # `ep.run(harness=...)` naming a spec the rollout did not prepare: no session needs, the rest works.
+            handle = open_spec_rollout(
+                spec,
+                gateway=self.state.gateway,
+                rollout=self.state.rollout,
+                route=self._route,
+                logs_dir=self._logs_dir,
+            )
+            self.spec_rollout = handle
+
+        async def launch(running: Agent) -> AgentResult:
+            result, failure = await run_spec(handle, running, options=running.options, timeout=timeout)
+            self._spec_failure = failure
+            return result
+
+        return await run_agent(agent, launch, timeout=None)
+
+    @property
+    def spec_misc(self) -> dict[str, Any] | None:
+        """The spec runner's record of the root's run (placement, exit code, timed out, logs path), if a spec ran."""
+        handle = self.spec_rollout
+        return None if handle is None else dict(handle.misc)
+
     async def grade(self) -> Outcome:
-        """The root run's failure taxonomy, else the session's grade; never raises (fails closed)."""
+        """The root run's failure taxonomy, else the session's grade; never raises (fails closed).
+
+        A spec run adds its own rules first: a failure of the runner itself is its infra outcome, and a run that
+        completed after the gateway-enforced budget sent a stop reply is graded with reason `budget`.
+        """
+        if self._spec_failure is not None:
+            return self._spec_failure
         outcome = await judge_run(
             self._result,
             self.root_record,
@@ -172,6 +223,17 @@ class Episode:
             on_context_overflow=self._route.on_context_overflow,
         )
         assert outcome is not None  # a grader was given, so judge_run always answers
+        result = self._result
+        budget = self.root_record.misc.get("budget")
+        if (
+            self.spec_rollout is not None
+            and result is not None
+            and result.status is AgentStatus.COMPLETED
+            and isinstance(budget, dict)
+            and budget.get("enforce") == "gateway"
+            and int(budget.get("stops") or 0) > 0
+        ):
+            outcome = graded_with_reason(outcome, "budget")
         return outcome
 
     def judge_endpoint(self) -> ModelEndpoint:

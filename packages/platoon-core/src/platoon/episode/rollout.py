@@ -13,17 +13,20 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
-from platoon.envs.service import EnvSetupError, Outcome
+from platoon.envs.service import EnvSetupError, Outcome, open_accepts_needs
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
 from platoon.errors import PlatoonError
+from platoon.harness.spec import HarnessSetupError
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
     from platoon.config_defs import RolloutConfig
     from platoon.envs.service import EnvironmentService
+    from platoon.episode.spec_runs import SpecRollout
     from platoon.harness.function import FunctionHarness
     from platoon.task import Task
     from platoon.trajectory import TrajectoryCollection
@@ -78,6 +81,9 @@ class Route:
     on_harness_exit: HarnessExitPolicy = field(default_factory=HarnessExitPolicy)
     on_context_overflow: str = "grade"
     reward_processor: str | None = None
+    #: where a TOML spec harness runs (`auto`, `task_sandbox`, `local`) and what happens to its built-in tools
+    placement: str = "auto"
+    builtins: str = "default"
 
     @classmethod
     def from_entry(
@@ -101,6 +107,8 @@ class Route:
             on_harness_exit=entry.on_harness_exit,
             on_context_overflow=entry.on_context_overflow,
             reward_processor=entry.reward_processor,
+            placement=entry.placement,
+            builtins=entry.builtins,
         )
 
 
@@ -108,15 +116,25 @@ def _program_ref(program: Any) -> str:
     return str(getattr(program, "ref", None) or program)
 
 
-def _harness_misc(harness: Any, route: Route, program: Any) -> dict[str, Any]:
-    """The root's misc `harness` of a function-harness rollout."""
-    if harness is None and route.harness is not None:
-        try:
-            from platoon.episode.subagents import resolve_function_harness
+def _harness_misc(
+    harness: Any, route: Route, program: Any, spec_misc: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The root's misc `harness`: what ran (a function harness, or a TOML spec with the runner's record of it)."""
+    from platoon.harness.spec import HarnessSpec
 
-            harness = resolve_function_harness(route.harness)
-        except Exception:  # the misc records what ran; an unresolvable route harness never ran
-            harness = None
+    if harness is None and route.harness is not None:
+        harness = _route_harness(route)
+    if isinstance(harness, HarnessSpec):
+        return {
+            "spec": harness.ref,
+            "kind": "spec",
+            "placement": None,
+            "exit_code": None,
+            "timed_out": False,
+            "logs_path": None,
+            **dict(spec_misc or {}),
+            "program": _program_ref(program),
+        }
     return {
         "spec": None if harness is None else harness.ref,
         "kind": "function",
@@ -124,6 +142,19 @@ def _harness_misc(harness: Any, route: Route, program: Any) -> dict[str, Any]:
         "executes_model_code": False if harness is None else harness.executes_model_code,
         "program": _program_ref(program),
     }
+
+
+def _route_harness(route: Route) -> Any:
+    """The route's harness resolved (a FunctionHarness or a HarnessSpec), or None when it does not resolve (the
+    program then fails on it, and the misc records what never ran)."""
+    if route.harness is None:
+        return None
+    try:
+        from platoon.episode.subagents import resolve_harness
+
+        return resolve_harness(route.harness)
+    except Exception:
+        return None
 
 
 class RewardProcessorError(PlatoonError):
@@ -193,10 +224,17 @@ async def harness_rollout(
     config: RolloutConfig,
     gateway: Any,
     rollout_id: str | None = None,
+    output_dir: str | Path | None = None,
 ) -> TrajectoryCollection:
     """Run one task through the route's program and harness; returns the rollout's trajectories (root first)."""
     collection, _ = await recorded_rollout(
-        task, service=service, route=route, config=config, gateway=gateway, rollout_id=rollout_id
+        task,
+        service=service,
+        route=route,
+        config=config,
+        gateway=gateway,
+        rollout_id=rollout_id,
+        output_dir=output_dir,
     )
     return collection
 
@@ -209,8 +247,14 @@ async def recorded_rollout(
     config: RolloutConfig,
     gateway: Any,
     rollout_id: str | None = None,
+    output_dir: str | Path | None = None,
 ) -> tuple[TrajectoryCollection, Any]:
-    """`harness_rollout`, also returning the gateway's `RolloutRecorder` (its interactions hold the exact tokens)."""
+    """`harness_rollout`, also returning the gateway's `RolloutRecorder` (its interactions hold the exact tokens).
+
+    `output_dir` is the rollout's own directory: a TOML spec harness writes its log under `<output_dir>/harness`
+    (without one, under the rollout config's `output_dir`).
+    """
+    from platoon.harness.spec import HarnessSpec
     from platoon.programs.registry import get_program
 
     program = get_program(route.program) if isinstance(route.program, str) else route.program
@@ -220,24 +264,55 @@ async def recorded_rollout(
         sampling_precedence=getattr(config, "sampling_precedence", "request"),
         config_sampling=_config_sampling(config),
     )
+    spec_rollout: SpecRollout | None = None
     try:
+        spec = _route_harness(route)
+        if isinstance(spec, HarnessSpec):
+            from platoon.episode.spec_runs import open_spec_rollout
+
+            logs_dir = _logs_dir(output_dir, config)
+            spec_rollout = open_spec_rollout(
+                spec, gateway=gateway, rollout=rollout, route=route, logs_dir=logs_dir
+            )
+        else:
+            spec, logs_dir = None, None
         try:
-            session = await service.open(task, rollout_id=rollout.rollout_id)
+            open_kwargs: dict[str, Any] = {}
+            if spec_rollout is not None and route.placement != "local" and open_accepts_needs(service.open):
+                # Session needs (a private Unix-socket gateway for this rollout, toolchain mounts, memory): made
+                # before the session opens so the service can put them into the task sandbox's spec.
+                needs = await spec_rollout.needs()
+                if needs is not None:
+                    open_kwargs["needs"] = needs
+            session = await service.open(task, rollout_id=rollout.rollout_id, **open_kwargs)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # No session: the rollout still yields its root, marked untrainable (never a 0).
-            kind = exc.failure_kind if isinstance(exc, EnvSetupError) else "env_setup"
-            outcome = Outcome.infra(kind, reason=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, HarnessSetupError):
+                outcome = Outcome.infra("harness_setup", reason=f"{exc}")
+            else:
+                kind = exc.failure_kind if isinstance(exc, EnvSetupError) else "env_setup"
+                outcome = Outcome.infra(kind, reason=f"{type(exc).__name__}: {exc}")
             root = gateway.open_agent(rollout, role="policy", goal=task.goal, task=task)
-            root.misc["harness"] = _harness_misc(None, route, program)
+            root.misc["harness"] = _harness_misc(spec, route, program)
             return build_collection(rollout, outcome), rollout
         try:
             episode = Episode(
-                task=task, session=session, config=config, route=route, gateway=gateway, rollout=rollout
+                task=task,
+                session=session,
+                config=config,
+                route=route,
+                gateway=gateway,
+                rollout=rollout,
+                spec_rollout=spec_rollout,
+                logs_dir=logs_dir,
             )
             outcome = await run_program(program, episode)
-            episode.root_record.misc["harness"] = _harness_misc(episode.harness, route, program)
+            spec_rollout = episode.spec_rollout  # the program may have run a spec the route did not name
+            episode.root_record.misc["harness"] = _harness_misc(
+                episode.harness, route, program, episode.spec_misc
+            )
             collection = build_collection(rollout, outcome)
             if episode.finalizers:
                 collection, failed = await run_finalizers(
@@ -259,7 +334,15 @@ async def recorded_rollout(
         finally:
             await _close_session(session)
     finally:
+        if spec_rollout is not None:
+            # The per-rollout gateway servers and socket dirs go, whatever happened (shielded from cancellation).
+            await asyncio.shield(spec_rollout.aclose())
         gateway.release_rollout(rollout)
+
+
+def _logs_dir(output_dir: str | Path | None, config: Any) -> Path | None:
+    base = output_dir if output_dir is not None else getattr(config, "output_dir", None)
+    return None if base is None else Path(base) / "harness"
 
 
 def _config_sampling(config: Any) -> dict[str, Any] | None:

@@ -20,8 +20,9 @@ from platoon.harness.agent import AgentStatus, SubagentResult, ToolAccess
 
 if TYPE_CHECKING:
     from platoon.harness.function import FunctionHarness
+    from platoon.harness.spec import HarnessSpec
 
-__all__ = ["SESSION_CLOSE_TIMEOUT_S", "Subagents", "resolve_function_harness"]
+__all__ = ["SESSION_CLOSE_TIMEOUT_S", "Subagents", "resolve_function_harness", "resolve_harness"]
 
 #: How long closing a child's forked session may take before it is abandoned.
 SESSION_CLOSE_TIMEOUT_S = 10.0
@@ -30,31 +31,37 @@ _FAILED_TEXT = "Subagent failed before finishing."
 _VERIFIER_UNAVAILABLE = "verifier grading is not available in this build yet"
 
 
-def resolve_function_harness(harness: Any) -> FunctionHarness:
-    """A `FunctionHarness` from a record, a decorated function or a reference; a TOML spec is a `TypeError`
-    saying that running specs needs the spec runner (platoon-harnesses), which this build does not have yet."""
-    from platoon.harness.function import FunctionHarness, record_of
-    from platoon.harness.spec import HarnessSpec, runner_missing
+def resolve_harness(harness: Any) -> FunctionHarness | HarnessSpec:
+    """A `FunctionHarness` or a `HarnessSpec` from a record, a decorated function, a spec, a spec path or a ref."""
+    from platoon.harness.function import record_of
+    from platoon.harness.spec import HarnessSpec
 
     record = record_of(harness, register_it=False)
     if record is not None:
         return record
-    if isinstance(harness, str):
-        if harness.endswith(".toml"):
-            raise TypeError(runner_missing(harness))
+    if isinstance(harness, HarnessSpec):
+        return harness
+    if isinstance(harness, str) or hasattr(harness, "__fspath__"):
         from platoon.harness.registry import get_harness
 
-        found = get_harness(harness)
-        if not isinstance(found, FunctionHarness):
-            raise TypeError(runner_missing(found.ref))
-        return found
-    if isinstance(harness, HarnessSpec):
-        raise TypeError(runner_missing(harness.ref))
-    if hasattr(harness, "__fspath__"):
-        raise TypeError(runner_missing(str(harness)))
+        return get_harness(harness if isinstance(harness, str) else str(harness))
     raise TypeError(
-        f"harness {harness!r} is not a function harness (an @platoon.harness function, its record or a ref)"
+        f"harness {harness!r} is not a harness (an @platoon.harness function, its record, a TOML spec or a ref)"
     )
+
+
+def resolve_function_harness(harness: Any) -> FunctionHarness:
+    """A `FunctionHarness` from a record, a decorated function or a reference; a TOML spec is a `TypeError`
+    (a subagent runs function harnesses only)."""
+    from platoon.harness.function import FunctionHarness
+    from platoon.harness.spec import not_a_function_harness
+
+    if (isinstance(harness, str) and harness.endswith(".toml")) or hasattr(harness, "__fspath__"):
+        raise TypeError(not_a_function_harness(str(harness)))  # a spec path: refused without loading it
+    found = resolve_harness(harness)
+    if not isinstance(found, FunctionHarness):
+        raise TypeError(not_a_function_harness(found.ref))
+    return found
 
 
 def _launch_failed(goal: str, why: str) -> SubagentResult:

@@ -39,13 +39,13 @@ def _record(
 
 
 def _harness_records(entry: Any) -> list[tuple[str, dict[str, Any]]]:
-    from platoon.episode.subagents import resolve_function_harness
+    from platoon.episode.subagents import resolve_harness
 
     harness = entry.harness
     refs = list(harness) if isinstance(harness, Mapping) else ([harness] if harness else [])
     out = []
     for ref in refs:
-        record = resolve_function_harness(ref)
+        record = resolve_harness(ref)
         name = split_ref(ref)[0] if ":" not in ref else record.name
         out.append(
             (

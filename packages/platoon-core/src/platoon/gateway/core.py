@@ -728,6 +728,11 @@ class ModelGateway:
         history = rollout._settings[agent.agent_id].history
         return build_prompt(self.renderer, history, messages, tools, render_kwargs)
 
+    def restrict_to_policy(self, agent: AgentRecord) -> None:
+        """Mark `agent` policy-only from now on (its children inherit it): its key is about to be placed where
+        model-written code can read it (a harness in a task sandbox), so its aux and judge calls are refused."""
+        self._settings_of(agent).policy_only = True
+
     def set_call_cap(self, agent: AgentRecord, max_calls: int) -> None:
         """Enforce a step budget at the gateway: `agent`'s policy calls, and those of the agents
         it mints over HTTP (`share_call_cap`), in-flight ones included, are capped at `max_calls`; each policy call

@@ -32,6 +32,7 @@ __all__ = [
     "DIALECTS",
     "BuiltinsSpec",
     "FinalMessageSpec",
+    "HarnessSetupError",
     "HarnessSpec",
     "InstallSpec",
     "LaunchSpec",
@@ -45,8 +46,8 @@ __all__ = [
     "option_problems",
     "option_values",
     "placeholders",
+    "not_a_function_harness",
     "render",
-    "runner_missing",
 ]
 
 DIALECTS = ("openai_chat", "openai_responses", "anthropic_messages")
@@ -66,6 +67,12 @@ EXIT_CODE_RE = re.compile(r"^-?\d+$")
 
 #: the placeholders every template may use (the run's own values; no key, no options)
 PUBLIC = frozenset({"instruction", "base_url", "model", "workdir", "state_dir", "max_steps"})
+
+
+class HarnessSetupError(Exception):
+    """A spec run that could not be set up before (or around) its launch: an install command failed, the sandbox
+    has no way to the gateway, a toolchain could not be prepared. The rollout's outcome is infra `harness_setup`,
+    never a score."""
 
 
 class SpecError(ExtensionError):
@@ -279,11 +286,11 @@ def render(template: str, values: Mapping[str, Any]) -> str:
     return PLACEHOLDER_RE.sub(substitute, template)
 
 
-def runner_missing(ref: str) -> str:
-    """The one line saying a TOML spec cannot run in this build (the spec runner comes with platoon-harnesses)."""
+def not_a_function_harness(ref: str) -> str:
+    """The one line refusing a TOML spec where only a function harness runs (a subagent's harness)."""
     return (
-        f"harness {ref} is a TOML spec; running TOML specs needs the spec runner of platoon-harnesses, "
-        "which this build does not have yet"
+        f"harness {ref} is a TOML spec: a subagent runs a function harness (an @platoon.harness function or its "
+        "ref); TOML specs run only as an episode's root agent"
     )
 
 

@@ -248,7 +248,12 @@ async def run_member(
     try:
         route = Route.from_entry(request.entry, split=request.split, task_id=request.raw_task_id)
         collection, recorder = await recorded_rollout(
-            request.task, service=service, route=route, config=request.rollout_config, gateway=gateway
+            request.task,
+            service=service,
+            route=route,
+            config=request.rollout_config,
+            gateway=gateway,
+            output_dir=request.output_dir,
         )
     except asyncio.CancelledError:
         raise

@@ -241,6 +241,8 @@ def _route(
     program: Any,
     agents: Any,
     reward_processor: RewardProcessorArg,
+    placement: str = "auto",
+    builtins: str = "default",
 ) -> Any:
     from platoon.config.environments import AgentsConfig
     from platoon.episode.rollout import Route
@@ -256,6 +258,8 @@ def _route(
         agents=agents,
         # a reference is recorded on the root as a run's is; a callable has no name to record
         reward_processor=reward_processor if isinstance(reward_processor, str) else None,
+        placement=placement,
+        builtins=builtins,
     )
 
 
@@ -287,6 +291,8 @@ async def arun_episode(
     rollout: Any = None,
     output_dir: str | Path | None = None,
     reward_processor: RewardProcessorArg = None,
+    placement: str = "auto",
+    builtins: str = "default",
 ) -> EpisodeRun:
     """`run_episode` as a coroutine function, to await inside a running event loop (0.2.0's `run_episode`)."""
     from platoon.episode.rollout import process_rewards, recorded_rollout
@@ -312,22 +318,24 @@ async def arun_episode(
         program=program,
         agents=agents,
         reward_processor=reward_processor,
+        placement=placement,
+        builtins=builtins,
     )
+    if output_dir is None:
+        out = Path(tempfile.mkdtemp(prefix="platoon-episode-"))
+    else:
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
     # The gateway is served over HTTP for the episode (`ctx.endpoint`, command-line harnesses); `ctx.chat` stays in
     # process. On this loop, so HTTP and in-process calls share the gateway's single-threaded state.
     server = GatewayServer(gateway)
     await server.astart()
     try:
         collection, recorder = await recorded_rollout(
-            task, service=env, route=route, config=config, gateway=gateway
+            task, service=env, route=route, config=config, gateway=gateway, output_dir=out
         )
     finally:
         await server.astop()
-    if output_dir is None:
-        out = Path(tempfile.mkdtemp(prefix="platoon-episode-"))
-    else:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
     (out / COLLECTION_FILE).write_text(indented_json(collection.to_dict()) + "\n", encoding="utf-8")
     # Applied as training applies it: to every trajectory but the untrainable ones, after the files are written.
     scores = process_rewards(reward_processor, collection) if reward_processor is not None else {}
@@ -354,6 +362,8 @@ def run_episode(
     rollout: Any = None,
     output_dir: str | Path | None = None,
     reward_processor: RewardProcessorArg = None,
+    placement: str = "auto",
+    builtins: str = "default",
 ) -> EpisodeRun:
     """Run one task through the harness rollout with a scripted policy; see the module docstring.
 
@@ -362,7 +372,9 @@ def run_episode(
     the entry's `agents` settings; `rollout` a `RolloutConfig` or its keys (default `verbose: false`);
     `output_dir` defaults to a kept temporary directory `platoon-episode-*`, where `trajectory_collection.json` is
     written; `reward_processor` (a name or import string as `environments[].reward_processor` takes, or the
-    callable) scores the trajectories as training does: `EpisodeRun.reward` is then its score.
+    callable) scores the trajectories as training does: `EpisodeRun.reward` is then its score. `placement` and
+    `builtins` are the entry keys of a TOML spec harness (`auto`/`task_sandbox`/`local`; `default`/`keep`/`disable`);
+    its log goes to `<output_dir>/harness/`.
 
     With no event loop running it returns the finished `EpisodeRun`; inside a running loop it returns the episode
     to await (`run = await run_episode(...)`), as 0.2.0's coroutine function did.
@@ -380,6 +392,8 @@ def run_episode(
         rollout=rollout,
         output_dir=output_dir,
         reward_processor=reward_processor,
+        placement=placement,
+        builtins=builtins,
     )
     try:
         asyncio.get_running_loop()

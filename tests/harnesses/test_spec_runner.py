@@ -1,0 +1,316 @@
+"""The TOML spec runner end to end: a small command-line agent (tests/harnesses/spec_agent, standard library only)
+launched by a spec, reaching a scripted policy through the real gateway over HTTP and the environment's tools over
+MCP; on the host, and in `network: none` sandboxes (docker, and a process sandbox) through the gateway route.
+
+What is checked: the final message reaches the trajectory, every model call is recorded with its exact tokens, an
+agent that hangs is killed at its deadline with every process gone, a crash is untrainable (never a 0), the
+gateway-enforced budget stops the agent with the synthetic stop, an option the spec does not take is refused with
+one line, and a local agent sees only allowlisted host variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from platoon.envs.service import Outcome, SessionNeeds, ToolResult, ToolSpec
+from platoon.episode.spec_runs import spec_runner
+from platoon.gateway.core import BUDGET_STOP_MESSAGE
+from platoon.harness.spec import load_spec
+from platoon.task import Task
+from platoon.testing import tool_call
+from platoon.testing.episode import run_episode
+
+AGENT_DIR = Path(__file__).with_name("spec_agent")
+PYTHON_IMAGE = "docker://platoon-test/python:bookworm"
+SUBMIT = "\n" + tool_call("submit", {"answer": "42"})
+
+
+# ---------------------------------------------------------------------------------------------- the environment
+
+
+class AnswerSession:
+    """One tool, `submit` (it ends the episode); graded 1 for the answer 42. With a sandbox, the sandbox is the
+    task's and goes with the session."""
+
+    def __init__(self, task: Task, sandbox: Any = None) -> None:
+        self.task = task
+        self.instruction = None
+        self.sandbox = sandbox
+        self.answers: list[str] = []
+        self.marked_at_close: list[str] = []
+
+    async def tools(self) -> list[ToolSpec]:
+        schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        return [ToolSpec("submit", "Submit the final answer.", schema)]
+
+    async def call_tool(self, name: str, arguments: Any) -> ToolResult:
+        self.answers.append(str(arguments.get("answer")))
+        result = ToolResult.text("correct" if self.answers[-1] == "42" else "wrong")
+        result.finished = True
+        return result
+
+    async def grade(self) -> Outcome:
+        return Outcome("scored", rewards={"reward": 1.0 if self.answers == ["42"] else 0.0})
+
+    async def fork(self, mode: Any = "shared", *, task: Task | None = None) -> AnswerSession:
+        return self
+
+    async def close(self) -> None:
+        if self.sandbox is not None:
+            # What still carries a harness marker when the session closes (the runner's kill ran before).
+            found = await self.sandbox.exec(
+                ["sh", "-c", "grep -lzs PLATOON_HARNESS_AGENT= /proc/[0-9]*/environ || true"], cwd="/"
+            )
+            self.marked_at_close = found.stdout.split()
+            await self.sandbox.stop()
+
+
+class AnswerService:
+    """A service of one task; with a provider its sessions get a `network: none` sandbox built from the session
+    needs the rollout passes (the gateway's Unix socket as the upstream `gateway`)."""
+
+    name = "answer"
+
+    def __init__(self, provider: Any = None, image: str = "local") -> None:
+        self.provider = provider
+        self.image = image
+        self.needs: list[SessionNeeds | None] = []
+        self.sessions: list[AnswerSession] = []
+
+    async def list_tasks(self, split: str) -> list[str]:
+        return ["t0"]
+
+    async def get_task(self, task_id: str) -> Task:
+        return Task(goal="What is six times seven? Submit the answer.", id=task_id)
+
+    async def open(self, task: Task, *, rollout_id: str, needs: SessionNeeds | None = None) -> AnswerSession:
+        self.needs.append(needs)
+        sandbox = None
+        if self.provider is not None:
+            from platoon_sandbox import SandboxSpec
+
+            spec = SandboxSpec(image=self.image, network="none", workdir="/app")
+            if needs is not None:
+                spec = needs.apply(spec)
+            sandbox = await self.provider.start(spec)
+            await sandbox.exec(["mkdir", "-p", "/app"], cwd="/")  # the process provider maps it, never makes it
+        session = AnswerSession(task, sandbox)
+        self.sessions.append(session)
+        return session
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def spec_file(tmp_path: Path, extra: str = "") -> Path:
+    """The test agent's spec (copied with its script), `extra` TOML appended."""
+    folder = tmp_path / "agent"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(AGENT_DIR / "agent.py", folder / "agent.py")
+    (folder / "agent.toml").write_text((AGENT_DIR / "agent.toml").read_text() + extra)
+    return folder / "agent.toml"
+
+
+def run(tmp_path: Path, policy: Any, *, mode: str = "chat", service: Any = None, **kwargs: Any) -> Any:
+    spec = kwargs.pop("spec", None) or spec_file(tmp_path)
+    options = kwargs.pop("harness_options", {"mode": mode})
+    return run_episode(
+        "t0",
+        service=service or AnswerService(),
+        harness=load_spec(spec),
+        policy=policy,
+        harness_options=options,
+        output_dir=tmp_path / "out",
+        **kwargs,
+    )
+
+
+def log_text(episode: Any) -> str:
+    return Path(episode.root.misc["harness"]["logs_path"]).read_text()
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie waiting to be reaped."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def marked_processes(prefix: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            data = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"PLATOON_HARNESS_AGENT={prefix}".encode() in data:
+            found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def quick_grace():
+    runner = spec_runner()
+    before = runner.grace_s
+    runner.grace_s = 1.0
+    yield runner
+    runner.grace_s = before
+
+
+# ---------------------------------------------------------------------------------------------- on the host
+
+
+def test_a_local_agent_submits_through_mcp_and_its_final_message_and_exact_tokens_are_recorded(tmp_path):
+    service = AnswerService()
+    episode = run(tmp_path, [SUBMIT], service=service)
+    assert episode.outcome["status"] == "scored" and episode.reward == 1.0
+    assert service.sessions[0].answers == ["42"]  # the tool call came over the gateway's MCP plane
+    root = episode.root
+    assert root.finish_message == "correct"  # the tool result that finished the episode, from the final file
+    harness = root.misc["harness"]
+    assert harness["spec"] == "acme-test-agent@1" and harness["kind"] == "spec"
+    assert harness["placement"] == "local" and harness["exit_code"] == 0 and harness["timed_out"] is False
+    assert harness["logs_path"] == str(tmp_path / "out" / "harness" / Path(harness["logs_path"]).name)
+    assert "TOOL submit" in log_text(episode) and "FINAL: correct" in log_text(episode)
+    # every model call is on the root with the exact tokens the policy saw and sampled
+    calls = episode.policy.calls
+    call_ids = [step.misc["action_misc"]["completion_id"] for step in root.steps]
+    assert len(calls) == len(call_ids) == 1
+    interaction = episode.interactions[call_ids[0]]
+    assert list(interaction.prompt_tokens) == list(calls[0].prompt_tokens)
+    assert list(interaction.sampled_tokens) == list(calls[0].tokens)
+    assert "What is six times seven?" in calls[0].prompt
+    # the state dir is gone
+    state_root = Path(os.environ.get("TMPDIR", "/tmp")) / f"platoon-harness-{os.getuid()}"
+    assert not any(p.name.startswith("acme-test-agent-") for p in state_root.glob("*"))
+
+
+def test_a_local_agent_sees_only_allowlisted_host_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLATOON_TEST_HOST_SECRET", "do-not-leak")
+    monkeypatch.setenv("NO_PROXY", "example.org")
+    episode = run(tmp_path, [], mode="env")
+    seen = json.loads(episode.root.finish_message)
+    assert "PLATOON_TEST_HOST_SECRET" not in seen
+    assert "PATH" in seen and "HOME" in seen
+    assert seen["AGENT_MODEL"] == episode.gateway.model_name  # {model}: the served model
+    assert seen["NO_PROXY"] == "example.org,127.0.0.1,localhost,::1"
+    assert seen["PLATOON_HARNESS_AGENT"].startswith("acme-test-agent-")
+
+
+def test_an_agent_that_hangs_is_killed_at_its_deadline_with_every_process_gone(tmp_path, quick_grace):
+    episode = run(tmp_path, [], mode="hang", rollout={"timeout": 2, "verbose": False})
+    outcome = episode.outcome
+    assert outcome["status"] == "timeout" and outcome["reason"] == "agent_timeout"  # untrainable, not a 0
+    harness = episode.root.misc["harness"]
+    assert harness["timed_out"] is True and harness["exit_code"] is None
+    text = log_text(episode)
+    pids = [int(n) for n in re.findall(r"(?:CHILD|SELF) (\d+)", text)]
+    assert len(pids) == 2  # the agent and a child that left its process group and ignores TERM
+    assert not [pid for pid in pids if alive(pid)]
+    assert not [pid for pid in marked_processes("acme-test-agent-") if alive(pid)]
+
+
+def test_an_agent_that_crashes_is_untrainable_not_zero(tmp_path):
+    episode = run(tmp_path, [], mode="crash")
+    outcome = episode.outcome
+    assert outcome["status"] == "error" and outcome["failure_kind"] == "harness_crash"
+    assert episode.reward is None
+    assert episode.root.misc["harness"]["exit_code"] == 7
+    assert "exited with code 7" in outcome["reason"] and "about to crash" in outcome["reason"]
+
+
+def test_the_gateway_enforced_budget_stops_the_agent_with_the_synthetic_stop(tmp_path):
+    spec = spec_file(tmp_path, '\n[budget]\nenforce = "gateway"\n')
+    episode = run(tmp_path, ["one", "two", "three"], mode="budget", spec=spec, max_steps=2)
+    root = episode.root
+    assert root.finish_message == BUDGET_STOP_MESSAGE.format(n=2)
+    assert len(episode.policy.calls) == 2 and len(root.steps) == 2  # the stop is neither sampled nor recorded
+    assert root.misc["budget"] == {"enforce": "gateway", "max_steps": 2, "stops": 1}
+    assert episode.outcome["status"] == "scored" and episode.outcome["reason"] == "budget"
+
+
+def test_an_option_the_spec_does_not_declare_is_refused_with_one_line(tmp_path):
+    spec = spec_file(tmp_path)
+    episode = run(tmp_path, [], harness_options={"mood": "calm"}, spec=spec)
+    outcome = episode.outcome
+    assert outcome["status"] == "error" and outcome["failure_kind"] == "harness_config"
+    assert outcome["reason"] == (
+        f"harness_options.mood: not an option of harness acme-test-agent@1 ({spec}) (did you mean mode?); "
+        "its options: mode"
+    )
+    assert episode.policy.calls == []
+
+
+def test_a_failing_install_is_a_setup_failure(tmp_path):
+    spec = spec_file(tmp_path, "")
+    text = spec.read_text().replace("[launch]", '[install]\ncommands = ["echo no luck; exit 3"]\n\n[launch]', 1)
+    spec.write_text(text)
+    episode = run(tmp_path, [], spec=spec)
+    outcome = episode.outcome
+    assert outcome["failure_kind"] == "harness_setup"
+    assert "exited with 3: no luck" in outcome["reason"]
+
+
+def test_task_sandbox_placement_without_a_sandbox_is_a_config_failure(tmp_path):
+    episode = run(tmp_path, [], placement="task_sandbox")
+    assert episode.outcome["failure_kind"] == "harness_config"
+    assert "has no task sandbox" in episode.outcome["reason"]
+
+
+# ---------------------------------------------------------------------------------------------- in a sandbox
+
+
+def sandbox_provider(name: str) -> tuple[Any, str]:
+    if name == "docker":
+        from platoon_sandbox.docker import DockerProvider
+
+        return DockerProvider(), PYTHON_IMAGE
+    from platoon_sandbox import netns
+    from platoon_sandbox.process import ProcessProvider
+
+    problem = netns.unavailable()
+    if problem is not None:
+        pytest.fail(f"the process provider has no network namespace here: {problem}", pytrace=False)
+    return ProcessProvider(), "local"
+
+
+@pytest.mark.parametrize("provider_name", ["docker", "process"])
+def test_an_agent_in_a_network_none_sandbox_reaches_the_model_and_tools_through_the_route(tmp_path, provider_name):
+    provider, image = sandbox_provider(provider_name)
+    service = AnswerService(provider, image)
+    episode = run(tmp_path, [SUBMIT], service=service)
+    needs = service.needs[0]
+    assert needs is not None and needs.upstreams["gateway"].startswith("unix://")
+    socket_dir = Path(needs.upstreams["gateway"].removeprefix("unix://")).parent
+    assert not socket_dir.exists()  # the rollout's socket dir goes with it
+    assert episode.outcome["status"] == "scored" and episode.reward == 1.0
+    assert service.sessions[0].answers == ["42"]
+    root = episode.root
+    assert root.finish_message == "correct"
+    harness = root.misc["harness"]
+    assert harness["placement"] == "task_sandbox" and harness["exit_code"] == 0
+    assert "http://127.0.0.1:" in log_text(episode) or "TOOL submit" in log_text(episode)
+    call_ids = [step.misc["action_misc"]["completion_id"] for step in root.steps]
+    assert [list(episode.interactions[c].sampled_tokens) for c in call_ids] == [c.tokens for c in episode.policy.calls]
+
+
+@pytest.mark.parametrize("provider_name", ["docker", "process"])
+def test_an_agent_that_hangs_in_a_sandbox_is_killed_by_its_marker(tmp_path, provider_name, quick_grace):
+    provider, image = sandbox_provider(provider_name)
+    service = AnswerService(provider, image)
+    episode = run(tmp_path, [], mode="hang", service=service, rollout={"timeout": 3, "verbose": False})
+    assert episode.outcome["status"] == "timeout"
+    assert episode.root.misc["harness"]["timed_out"] is True
+    assert service.sessions[0].marked_at_close == []  # killed by marker before the session closed
+    assert not [pid for pid in marked_processes("acme-test-agent-") if alive(pid)]

@@ -314,3 +314,80 @@ def test_an_agent_that_hangs_in_a_sandbox_is_killed_by_its_marker(tmp_path, prov
     assert episode.root.misc["harness"]["timed_out"] is True
     assert service.sessions[0].marked_at_close == []  # killed by marker before the session closed
     assert not [pid for pid in marked_processes("acme-test-agent-") if alive(pid)]
+
+
+# ---------------------------------------------------------------------------------------------- platoon-bash
+
+
+def binary_search(prompt: str) -> str:
+    """Number search's next guess from what the (Qwen3-rendered) prompt shows: the range and the feedback."""
+    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
+    guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
+    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
+        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+    return "\n" + tool_call("guess", {"number": (low + high) // 2})
+
+
+def test_platoon_bash_solves_number_search_on_the_host_with_exact_tokens(tmp_path):
+    from platoon.envs.number_search import SERVICE
+
+    episode = run_episode(
+        "train:2", service=SERVICE, harness="platoon-bash", policy=binary_search, output_dir=tmp_path / "out"
+    )
+    assert episode.outcome["status"] == "scored" and episode.reward == 1.0
+    root = episode.root
+    assert root.finish_message.endswith("correctly!")
+    assert root.misc["harness"]["spec"] == "platoon-bash@1" and root.misc["harness"]["placement"] == "local"
+    call_ids = [step.misc["action_misc"]["completion_id"] for step in root.steps]
+    assert len(call_ids) == len(episode.policy.calls) >= 3
+    for policy_call, call_id in zip(episode.policy.calls, call_ids, strict=True):
+        interaction = episode.interactions[call_id]
+        assert list(interaction.prompt_tokens) == list(policy_call.prompt_tokens)
+        assert list(interaction.sampled_tokens) == list(policy_call.tokens)
+
+
+def test_platoon_bash_runs_a_command_and_an_mcp_tool_in_a_network_none_docker_sandbox(tmp_path):
+    provider, image = sandbox_provider("docker")
+    service = AnswerService(provider, image)
+    script = ["\n" + tool_call("bash", {"command": "echo $((6 * 7)) | tee answer.txt"}), SUBMIT]
+    episode = run_episode("t0", service=service, harness="platoon-bash", policy=script, output_dir=tmp_path / "out")
+    assert episode.outcome["status"] == "scored" and episode.reward == 1.0
+    assert service.sessions[0].answers == ["42"]
+    assert episode.root.finish_message == "correct"
+    assert episode.root.misc["harness"]["placement"] == "task_sandbox"
+    second_prompt = episode.policy.calls[1].prompt
+    assert "exit code 0\n42" in second_prompt  # the bash tool ran inside the sandbox
+
+
+def test_platoon_rollout_runs_platoon_bash_on_number_search(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from platoon.cli import main
+    from platoon.testing import serve_policy
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    for name in ("PLATOON_SITE", "TINKER_BASE_URL", "TINKER_API_KEY", "TINKER_SAMPLE_TIMEOUT_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    config = {
+        "inference": {
+            "model_name": "platoon/toy",
+            "renderer_name": "qwen3_instruct",
+            "workflow": {"rollout_config": {"verbose": False, "max_steps": 12}},
+        },
+        "environments": [{"env": "platoon-number-search", "harness": "platoon-bash"}],
+    }
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(config))
+    with serve_policy(binary_search):
+        status = main(["rollout", "eval.yaml", "--task", "val:0", "--json-output"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    summary = json.loads(captured.out)
+    [root] = summary["agents"]
+    assert root["reward"] == 1.0 and root["steps"] >= 1
+    [run_dir] = (tmp_path / "runs" / "adhoc").iterdir()
+    collection = json.loads((run_dir / "trajectory_collection.json").read_text())
+    trajectory = next(iter(collection["trajectories"].values()))
+    harness = trajectory["misc"]["harness"]
+    assert harness["spec"] == "platoon-bash@1" and harness["exit_code"] == 0
+    assert Path(harness["logs_path"]).is_file() and Path(harness["logs_path"]).is_relative_to(run_dir)

@@ -24,6 +24,7 @@ SPECS_DIR = Path(__file__).resolve().parent / "specs"
 #: harness name -> its TOML spec (loaded and checked by core when the name is looked up)
 SPEC_HARNESSES: dict[str, Path] = {
     "platoon-bash": SPECS_DIR / "platoon-bash" / "platoon-bash.toml",
+    "mini-swe-agent": SPECS_DIR / "mini-swe-agent" / "mini-swe-agent.toml",
 }
 
 

@@ -100,7 +100,9 @@ class AnswerService:
             if needs is not None:
                 spec = needs.apply(spec)
             sandbox = await self.provider.start(spec)
-            await sandbox.exec(["mkdir", "-p", "/app"], cwd="/")  # the process provider maps it, never makes it
+            await sandbox.exec(
+                ["mkdir", "-p", "/app"], cwd="/"
+            )  # the process provider maps it, never makes it
         session = AnswerSession(task, sandbox)
         self.sessions.append(session)
         return session
@@ -254,7 +256,9 @@ def test_an_option_the_spec_does_not_declare_is_refused_with_one_line(tmp_path):
 
 def test_a_failing_install_is_a_setup_failure(tmp_path):
     spec = spec_file(tmp_path, "")
-    text = spec.read_text().replace("[launch]", '[install]\ncommands = ["echo no luck; exit 3"]\n\n[launch]', 1)
+    text = spec.read_text().replace(
+        "[launch]", '[install]\ncommands = ["echo no luck; exit 3"]\n\n[launch]', 1
+    )
     spec.write_text(text)
     episode = run(tmp_path, [], spec=spec)
     outcome = episode.outcome
@@ -286,7 +290,9 @@ def sandbox_provider(name: str) -> tuple[Any, str]:
 
 
 @pytest.mark.parametrize("provider_name", ["docker", "process"])
-def test_an_agent_in_a_network_none_sandbox_reaches_the_model_and_tools_through_the_route(tmp_path, provider_name):
+def test_an_agent_in_a_network_none_sandbox_reaches_the_model_and_tools_through_the_route(
+    tmp_path, provider_name
+):
     provider, image = sandbox_provider(provider_name)
     service = AnswerService(provider, image)
     episode = run(tmp_path, [SUBMIT], service=service)
@@ -302,7 +308,9 @@ def test_an_agent_in_a_network_none_sandbox_reaches_the_model_and_tools_through_
     assert harness["placement"] == "task_sandbox" and harness["exit_code"] == 0
     assert "http://127.0.0.1:" in log_text(episode) or "TOOL submit" in log_text(episode)
     call_ids = [step.misc["action_misc"]["completion_id"] for step in root.steps]
-    assert [list(episode.interactions[c].sampled_tokens) for c in call_ids] == [c.tokens for c in episode.policy.calls]
+    assert [list(episode.interactions[c].sampled_tokens) for c in call_ids] == [
+        c.tokens for c in episode.policy.calls
+    ]
 
 
 @pytest.mark.parametrize("provider_name", ["docker", "process"])
@@ -350,7 +358,9 @@ def test_platoon_bash_runs_a_command_and_an_mcp_tool_in_a_network_none_docker_sa
     provider, image = sandbox_provider("docker")
     service = AnswerService(provider, image)
     script = ["\n" + tool_call("bash", {"command": "echo $((6 * 7)) | tee answer.txt"}), SUBMIT]
-    episode = run_episode("t0", service=service, harness="platoon-bash", policy=script, output_dir=tmp_path / "out")
+    episode = run_episode(
+        "t0", service=service, harness="platoon-bash", policy=script, output_dir=tmp_path / "out"
+    )
     assert episode.outcome["status"] == "scored" and episode.reward == 1.0
     assert service.sessions[0].answers == ["42"]
     assert episode.root.finish_message == "correct"
@@ -391,3 +401,98 @@ def test_platoon_rollout_runs_platoon_bash_on_number_search(tmp_path, monkeypatc
     harness = trajectory["misc"]["harness"]
     assert harness["spec"] == "platoon-bash@1" and harness["exit_code"] == 0
     assert Path(harness["logs_path"]).is_file() and Path(harness["logs_path"]).is_relative_to(run_dir)
+
+
+# ---------------------------------------------------------------------------------------------- more runner rules
+
+
+def test_repeated_cancellation_does_not_cut_the_kill_short(tmp_path, quick_grace):
+    import asyncio
+
+    from platoon.testing.episode import arun_episode
+
+    logs = tmp_path / "out" / "harness"
+
+    async def main() -> list[int]:
+        task = asyncio.ensure_future(
+            arun_episode(
+                "t0",
+                service=AnswerService(),
+                harness=load_spec(spec_file(tmp_path)),
+                harness_options={"mode": "hang"},
+                output_dir=tmp_path / "out",
+            )
+        )
+        pids: list[int] = []
+        for _ in range(600):  # until the agent and its child are up
+            await asyncio.sleep(0.05)
+            text = "".join(p.read_text() for p in logs.glob("*.log")) if logs.is_dir() else ""
+            pids = [int(n) for n in re.findall(r"(?:CHILD|SELF) (\d+)", text)]
+            if len(pids) == 2:
+                break
+        assert len(pids) == 2
+        for _ in range(5):  # cancelled again and again while the kill waits out its grace
+            task.cancel()
+            await asyncio.sleep(0.1)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pids
+
+    pids = asyncio.run(main())
+    assert not [pid for pid in pids if alive(pid)]
+
+
+def test_a_stdout_regex_gives_the_last_match_and_exit_codes_remap(tmp_path):
+    spec = spec_file(tmp_path)
+    text = spec.read_text().replace(
+        '[final_message]\nfile = "final.txt"', '[final_message]\nstdout_regex = "TOOL (\\\\w+)"'
+    )
+    spec.write_text(text.replace('3 = "completed"', '3 = "completed"\n7 = "completed"'))
+    episode = run(tmp_path, [SUBMIT, SUBMIT], spec=spec)
+    assert episode.root.finish_message == "submit"  # group 1 of the last match in the output
+    crashed = run(tmp_path, [], mode="crash", spec=spec)
+    assert crashed.outcome["status"] == "scored"  # exit 7 is mapped to completed: graded
+    assert crashed.root.misc["harness"]["exit_code"] == 7
+
+
+def test_install_runs_once_per_install_spec_and_host(tmp_path):
+    count = tmp_path / "installs"
+    spec = spec_file(tmp_path)
+    spec.write_text(
+        spec.read_text().replace("[launch]", f'[install]\ncommands = ["echo once >> {count}"]\n\n[launch]', 1)
+    )
+    for _ in range(2):
+        assert run(tmp_path, [SUBMIT], spec=spec).reward == 1.0
+    assert count.read_text() == "once\n"
+
+
+def test_a_sandboxed_agent_is_policy_only(tmp_path):
+    provider, image = sandbox_provider("process")
+    episode = run(tmp_path, [], mode="aux", service=AnswerService(provider, image))
+    assert episode.root.finish_message == "aux refused 403"
+    local = run(tmp_path, ["an aux answer"], mode="aux")
+    assert local.root.finish_message == "aux allowed"  # on the host the key is not next to model-written code
+
+
+@pytest.mark.parametrize("provider_name", ["local", "docker"])
+def test_a_toolchain_is_staged_and_bound_at_its_build_path(tmp_path, provider_name):
+    toolchain = tmp_path / "toolchains" / "acme-tc"
+    (toolchain / "bin").mkdir(parents=True)
+    (toolchain / "bin" / "hello").write_text("hello from the toolchain\n")
+    spec = spec_file(tmp_path)
+    spec.write_text(
+        spec.read_text()
+        .replace(
+            "[launch]",
+            f'[install]\ncommands = ["cat {{toolchain}}/bin/hello"]\ntoolchain = "{toolchain}"\n\n[launch]',
+            1,
+        )
+        .replace('AGENT_MODEL = "{model}"', 'AGENT_MODEL = "{model}", AGENT_TOOLCHAIN = "{toolchain}"')
+    )
+    service = AnswerService(*sandbox_provider("docker")) if provider_name == "docker" else AnswerService()
+    episode = run(tmp_path, [], mode="env", spec=spec, service=service)
+    assert episode.outcome["status"] == "scored", episode.outcome
+    assert json.loads(episode.root.finish_message)["AGENT_TOOLCHAIN"] == str(toolchain)
+    if provider_name == "docker":
+        [mount] = service.needs[0].mounts
+        assert mount.target == str(toolchain) and mount.read_only and mount.source != str(toolchain)

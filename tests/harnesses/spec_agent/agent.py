@@ -1,9 +1,9 @@
-"""A small command-line agent for the spec runner's tests (standard library only, python3 >= 3.8).
+"""A small command-line agent for the spec runner's tests (standard library only).
 
 `--mode chat` asks the model (Chat Completions, key from AGENT_KEY) with the environment's MCP tools until it
 answers without a tool call or a tool result says the episode finished; `budget` asks until the gateway's budget
 stop arrives; `hang` starts a child that leaves the process group and ignores TERM, then sleeps; `crash` exits 7;
-`env` reports the names of its environment variables. The final message goes to --final-file.
+`env` reports its environment; `aux` tries an aux call. The final message goes to --final-file.
 """
 
 import argparse
@@ -13,20 +13,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 
-def post(url, body, key):
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={
-            "Authorization": "Bearer " + key,
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-        },
-    )
+def post(url, body, key, kind=None):
+    headers = {
+        "Authorization": "Bearer " + key,
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    if kind:
+        headers["X-Platoon-Call-Kind"] = kind
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     with urllib.request.urlopen(request, timeout=120) as reply:
         return reply.read().decode()
 
@@ -62,14 +61,31 @@ def main():
         print("about to crash", flush=True)
         sys.exit(7)
     if args.mode == "env":
-        finish(args, json.dumps({name: os.environ[name] for name in sorted(os.environ) if name != "AGENT_KEY"}))
+        finish(
+            args, json.dumps({name: os.environ[name] for name in sorted(os.environ) if name != "AGENT_KEY"})
+        )
+    if args.mode == "aux":  # an aux call: refused (403) where the key is placed next to model-written code
+        try:
+            post(
+                args.base_url + "/chat/completions",
+                {"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
+                key,
+                kind="aux",
+            )
+            finish(args, "aux allowed")
+        except urllib.error.HTTPError as error:
+            finish(args, f"aux refused {error.code}")
     if args.mode == "hang":
         child = subprocess.Popen(
-            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(999)"],
+            [
+                sys.executable,
+                "-c",
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(999)",
+            ],
             start_new_session=True,
         )
-        print("CHILD %d" % child.pid, flush=True)
-        print("SELF %d" % os.getpid(), flush=True)
+        print(f"CHILD {child.pid}", flush=True)
+        print(f"SELF {os.getpid()}", flush=True)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(999)
     with open(args.instruction_file) as handle:
@@ -84,12 +100,28 @@ def main():
         sys.exit(5)
     tools = []
     if args.mcp_url:
-        rpc(args.mcp_url, key, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
-                                               "clientInfo": {"name": "test-agent", "version": "1"}}, 0)
+        rpc(
+            args.mcp_url,
+            key,
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "test-agent", "version": "1"},
+            },
+            0,
+        )
         for tool in rpc(args.mcp_url, key, "tools/list", {}, 1)["tools"]:
-            tools.append({"type": "function", "function": {
-                "name": tool["name"], "description": tool.get("description", ""),
-                "parameters": tool.get("inputSchema") or {"type": "object", "properties": {}}}})
+            tools.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool["name"],
+                        "description": tool.get("description", ""),
+                        "parameters": tool.get("inputSchema") or {"type": "object", "properties": {}},
+                    },
+                }
+            )
     for turn in range(args.max_turns):
         reply = chat(args, key, messages, tools)
         messages.append(reply)
@@ -98,9 +130,14 @@ def main():
             finish(args, reply.get("content") or "")
         for call in calls:
             arguments = json.loads(call["function"]["arguments"] or "{}")
-            print("TOOL %s %s" % (call["function"]["name"], json.dumps(arguments)), flush=True)
-            result = rpc(args.mcp_url, key, "tools/call", {"name": call["function"]["name"], "arguments": arguments},
-                         10 + turn)
+            print(f"TOOL {call['function']['name']} {json.dumps(arguments)}", flush=True)
+            result = rpc(
+                args.mcp_url,
+                key,
+                "tools/call",
+                {"name": call["function"]["name"], "arguments": arguments},
+                10 + turn,
+            )
             text = "\n".join(block.get("text", "") for block in result.get("content", []))
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
             if ((result.get("_meta") or {}).get("platoon") or {}).get("finished"):

@@ -43,10 +43,10 @@ __all__ = [
     "check_options",
     "format_value",
     "load_spec",
+    "not_a_function_harness",
     "option_problems",
     "option_values",
     "placeholders",
-    "not_a_function_harness",
     "render",
 ]
 

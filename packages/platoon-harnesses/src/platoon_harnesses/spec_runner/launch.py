@@ -176,6 +176,15 @@ def plan(spec: HarnessSpec, values: Mapping[str, Any], *, mcp: bool, disable_bui
     return launch
 
 
+def install_commands(spec: HarnessSpec, values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The install commands rendered with the public values only: never options (one toolchain serves every
+    option setting) and never the key."""
+    public = {
+        k: v for k, v in values.items() if k != "api_key" and k != "options" and not k.startswith("options.")
+    }
+    return tuple(render(command, public) for command in (spec.install.commands if spec.install else ()))
+
+
 def final_from_output(text: str, regex: str) -> str | None:
     """The last match of `regex` in the captured output: its group 1 if the regex has groups, else the match."""
     matches = list(re.finditer(regex, text))

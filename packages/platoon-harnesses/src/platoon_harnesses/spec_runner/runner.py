@@ -26,6 +26,7 @@ from platoon_harnesses.spec_runner.launch import (
     agent_slug,
     builtins_disabled,
     effective_timeout,
+    install_commands,
     launch_values,
     new_marker,
     node_scratch,
@@ -348,10 +349,11 @@ class SpecRollout:
             await asyncio.to_thread(local.write_files, launch_plan)
             if spec.install is not None:
                 install = spec.install
+                commands = install_commands(spec, values)
 
                 async def run_install() -> None:
                     await local.install(
-                        install.commands, cwd=state, env=local.base_env(), timeout_s=install.timeout_s
+                        commands, cwd=state, env=local.base_env(), timeout_s=install.timeout_s
                     )
 
                 await self.runner.ensure_installed(spec, toolchain, None, run_install)
@@ -404,8 +406,10 @@ class SpecRollout:
         if spec.install is not None:
             install = spec.install
 
+            commands = install_commands(spec, values)
+
             async def run_install() -> None:
-                await sandboxed.install(sandbox, install.commands, timeout_s=install.timeout_s)
+                await sandboxed.install(sandbox, commands, timeout_s=install.timeout_s)
 
             await self.runner.ensure_installed(spec, toolchain, sandbox, run_install)
         if toolchain is not None:

@@ -7,11 +7,11 @@ Rendering is core's one-pass `render`: argv stays a list and no value is ever re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import re
 import secrets
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,9 @@ LOCAL_ENV_ALLOWLIST = (
     "https_proxy",
 )
 _TAIL_CHARS = 2000
+log = logging.getLogger("platoon.harness")
+#: specs already warned about running their built-in tools on the host (once per process, not per episode)
+_WARNED_BUILTINS: set[str] = set()
 
 
 def node_scratch() -> Path:
@@ -95,11 +98,12 @@ def builtins_disabled(spec: HarnessSpec, mode: str, placement: str) -> bool:
         return True
     if placement == "task_sandbox":
         return False
-    if not can and spec.builtins is not None and spec.builtins.tools:
-        warnings.warn(
-            f"harness {spec.ref} runs locally with its built-in tools ({', '.join(spec.builtins.tools)}) on the "
-            "host: the spec has no knob to disable them",
-            stacklevel=2,
+    if not can and spec.builtins is not None and spec.builtins.tools and spec.ref not in _WARNED_BUILTINS:
+        _WARNED_BUILTINS.add(spec.ref)
+        log.warning(
+            "harness %s runs locally with its built-in tools (%s) on the host: the spec has no knob to disable them",
+            spec.ref,
+            ", ".join(spec.builtins.tools),
         )
     return can
 

@@ -43,9 +43,8 @@ def spec() -> HarnessSpec:
     return load_spec(SPEC_FILE)
 
 
-def python312_dir(tmp: Path) -> str | None:
-    """A directory holding only `python3.12`, linked to a Python 3.12 already on this machine (the install takes
-    one that is there before it would download one), or None when there is none."""
+def python312() -> str | None:
+    """The path of a working Python 3.12 interpreter (this one's base first), or None."""
     candidates = [Path(sys.base_prefix) / "bin" / "python3.12", shutil.which("python3.12") or ""]
     candidates += sorted(Path("/root/.pyenv/versions").glob("3.12*/bin/python3.12"))
     for candidate in candidates:
@@ -58,12 +57,20 @@ def python312_dir(tmp: Path) -> str | None:
             timeout=60,
         )
         if probe.returncode == 0:
-            tmp.mkdir(parents=True, exist_ok=True)
-            link = tmp / "python3.12"
-            link.unlink(missing_ok=True)
-            link.symlink_to(Path(candidate).resolve())
-            return str(tmp)
+            return str(Path(candidate).resolve())
     return None
+
+
+def python312_dir(directory: Path) -> str | None:
+    """`directory`, holding only a `python3.12` linked to `python312()`, to put first on PATH; None without one."""
+    found = python312()
+    if found is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    link = directory / "python3.12"
+    link.unlink(missing_ok=True)
+    link.symlink_to(found)
+    return str(directory)
 
 
 def host_env(home: Path, *, extra_path: str | None = None) -> dict[str, str]:

@@ -25,6 +25,7 @@ SPECS_DIR = Path(__file__).resolve().parent / "specs"
 SPEC_HARNESSES: dict[str, Path] = {
     "platoon-bash": SPECS_DIR / "platoon-bash" / "platoon-bash.toml",
     "mini-swe-agent": SPECS_DIR / "mini-swe-agent" / "mini-swe-agent.toml",
+    "openhands": SPECS_DIR / "openhands" / "openhands.toml",
 }
 
 

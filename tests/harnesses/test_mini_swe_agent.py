@@ -420,3 +420,135 @@ def test_a_gateway_enforced_budget_stops_it_with_the_stop_message(tmp_path, inst
             assert s.agent.misc["budget"] == {"enforce": "gateway", "max_steps": 2, "stops": 3}
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------- through the runner
+
+
+class SixTimesSevenSession:
+    """No tools of its own (mini brings bash); graded by what the sandbox's workdir holds when there is one."""
+
+    def __init__(self, sandbox: Any = None) -> None:
+        self.sandbox = sandbox
+        self.instruction = None
+        self.answer: str | None = None
+
+    async def tools(self) -> list[Any]:
+        return []
+
+    async def call_tool(self, name: str, arguments: Any) -> Any:
+        raise AssertionError(f"mini-swe-agent has no MCP tools; got a call of {name}")
+
+    async def grade(self) -> Any:
+        from platoon.envs.service import Outcome
+
+        if self.sandbox is not None:
+            found = await self.sandbox.exec(["cat", "/app/answer.txt"], cwd="/")
+            self.answer = found.stdout if found.exit_code == 0 else None
+        return Outcome("scored", rewards={"reward": 1.0 if self.answer == "42\n" else 0.0})
+
+    async def fork(self, mode: Any = "shared", *, task: Any = None) -> SixTimesSevenSession:
+        return self
+
+    async def close(self) -> None:
+        if self.sandbox is not None:
+            await self.sandbox.stop()
+
+
+class SixTimesSevenService:
+    """One task; with a provider, each session gets a task sandbox (its spec from `sandbox_spec`, the rollout's
+    session needs applied: the gateway's Unix socket as the route)."""
+
+    name = "six-times-seven"
+
+    def __init__(self, provider: Any = None, sandbox_spec: Any = None) -> None:
+        self.provider = provider
+        self.sandbox_spec = sandbox_spec
+        self.sessions: list[SixTimesSevenSession] = []
+
+    async def list_tasks(self, split: str) -> list[str]:
+        return ["t0"]
+
+    async def get_task(self, task_id: str) -> Any:
+        from platoon.task import Task
+
+        return Task(goal="Write 6 * 7 to answer.txt, then submit it.", id=task_id)
+
+    async def open(self, task: Any, *, rollout_id: str, needs: Any = None) -> SixTimesSevenSession:
+        sandbox = None
+        if self.provider is not None:
+            spec = self.sandbox_spec if needs is None else needs.apply(self.sandbox_spec)
+            sandbox = await self.provider.start(spec)
+        session = SixTimesSevenSession(sandbox)
+        self.sessions.append(session)
+        return session
+
+
+SOLVE = [
+    tool_call("bash", command="echo $((6 * 7)) > answer.txt && pwd"),
+    tool_call("bash", command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer.txt"),
+]
+
+
+def assert_exact_tokens(episode: Any, count: int) -> None:
+    call_ids = [step.misc["action_misc"]["completion_id"] for step in episode.root.steps]
+    assert len(call_ids) == len(episode.policy.calls) == count
+    for policy_call, call_id in zip(episode.policy.calls, call_ids, strict=True):
+        interaction = episode.interactions[call_id]
+        assert list(interaction.prompt_tokens) == list(policy_call.prompt_tokens)
+        assert list(interaction.sampled_tokens) == list(policy_call.tokens)
+
+
+def test_through_the_spec_runner_on_the_host(tmp_path, installed, monkeypatch):
+    """Local placement: the runner runs the spec's install (it finds the cached CLI under HOME), launches mini in
+    a private state dir with the allowlisted environment, and takes info.submission as the finish message."""
+    from platoon.testing.episode import run_episode
+
+    monkeypatch.setenv("HOME", str(installed.home))
+    service = SixTimesSevenService()
+    episode = run_episode(
+        "t0", service=service, harness="mini-swe-agent", policy=SOLVE, output_dir=tmp_path / "out"
+    )
+    harness = episode.root.misc["harness"]
+    assert harness["spec"] == "mini-swe-agent@2.4.6" and harness["placement"] == "local"
+    assert harness["exit_code"] == 0 and harness["timed_out"] is False
+    assert episode.outcome["status"] == "scored"
+    assert episode.root.finish_message == "42\n"
+    assert "Write 6 * 7 to answer.txt" in episode.policy.calls[0].prompt
+    assert_exact_tokens(episode, 2)
+    log = Path(harness["logs_path"]).read_text()
+    assert "This is mini-swe-agent version 2.4.6." in log and "Saved trajectory" in log
+
+
+def test_through_the_spec_runner_in_a_network_none_docker_sandbox(tmp_path, installed):
+    """Task-sandbox placement: mini runs in a `network: none` container and reaches the gateway through the
+    runner's route. The image (Debian's minimal base with Python 3.11, no pip, no curl, no CA certificates) cannot
+    install mini-swe-agent itself, so the install made on the host is bound in read-only at the same path, with
+    the Python 3.12 it was built on, and HOME points at it: the spec's install command runs in the sandbox, finds
+    mini 2.4.6 there and installs nothing."""
+    from platoon.testing.episode import run_episode
+    from platoon_sandbox import Mount, SandboxSpec
+    from platoon_sandbox.docker import DockerProvider
+
+    interpreter = python312()
+    assert interpreter is not None  # the install above found one
+    prefix = str(Path(interpreter).parents[1])
+    home = str(installed.home)
+    sandbox_spec = SandboxSpec(
+        image="docker://platoon-test/python:bookworm",
+        network="none",
+        workdir="/app",
+        env={"HOME": home},
+        mounts=(Mount(home, home), Mount(prefix, prefix)),
+    )
+    service = SixTimesSevenService(DockerProvider(), sandbox_spec)
+    episode = run_episode(
+        "t0", service=service, harness="mini-swe-agent", policy=SOLVE, output_dir=tmp_path / "out"
+    )
+    harness = episode.root.misc["harness"]
+    assert harness["placement"] == "task_sandbox" and harness["exit_code"] == 0, harness
+    assert episode.outcome["status"] == "scored" and episode.reward == 1.0
+    assert service.sessions[0].answer == "42\n"  # the file mini wrote in the sandbox's workdir
+    assert episode.root.finish_message == "42\n"
+    assert "/app" in episode.policy.calls[1].prompt  # `pwd` ran inside the container
+    assert_exact_tokens(episode, 2)

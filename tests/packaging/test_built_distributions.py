@@ -175,6 +175,7 @@ UNDECLARED_ON_PURPOSE = {
     "pydantic_core": "pydantic pins the pydantic-core it is built on; platoon reads its error and sentinel types",
     "openai": "platoon.testing.conformance drives the HTTP dialects with the real client; without it those cells are n/a",
     "anthropic": "platoon.testing.conformance drives Anthropic Messages with the real client; without it those are n/a",
+    "openhands": "the openhands spec's run_openhands.py runs under its toolchain's interpreter, which has the SDK",
 }
 
 

@@ -1,0 +1,84 @@
+"""`platoon train` with a command-line agent: two steps of number search with `platoon-bash@1` (a TOML spec: a
+separate process that reaches the policy over HTTP and the environment's tools over MCP) on the embedded local
+Tinker-compatible server, the policy scripted in process (`platoon.testing.serve_policy`). Every step trains on
+datums built from the tokens the gateway recorded for the agent's calls."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from platoon.cli import main
+from platoon.testing import serve_policy, tool_call
+
+REPO = Path(__file__).resolve().parents[3]
+QUICKSTART = REPO / "examples" / "quickstart" / "train.yaml"
+
+
+def searcher(seed: int):
+    rng = random.Random(seed)
+
+    def next_guess(prompt: str) -> str:
+        """Half the turns a binary-search guess (from the feedback the prompt shows), half a random one in range:
+        rewards differ within a group, so every step applies an update."""
+        low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
+        guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
+        for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
+            low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+        low, high = min(low, high), max(low, high)
+        guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
+        return "\n" + tool_call("guess", {"number": guess})
+
+    return next_guess
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_two_training_steps_of_number_search_with_platoon_bash(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    for variable in ("TINKER_API_KEY", "TINKER_BASE_URL", "WANDB_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    logs = tmp_path / "logs"
+    argv = [
+        "train",
+        str(QUICKSTART),
+        f"log_path={logs}",
+        "train.batch_size=2",
+        "train.workflow_config.group_size=4",
+        "train.max_training_steps=2",
+        "train.workflow_config.rollout_config.max_steps=8",
+        "environments.0.harness=platoon-bash",
+    ]
+    with serve_policy(searcher(7)):
+        status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 0, err[-3000:]
+
+    run = logs / "quickstart" / "run"
+    steps = [row for row in rows(run / "metrics.jsonl") if "train/step" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    assert all(row["train/batch/optimizer_updates"] == 1.0 for row in steps)
+    assert all(row["train/datums/tokens_after_merge"] > 0 for row in steps)
+
+    # training rollouts are kept as the viewer's events: each finished trajectory carries its misc
+    from platoon.trajectory_events import read_events
+
+    finished = [
+        record
+        for record in read_events(sorted((run / "rollouts" / "train").glob("*/events/*.jsonl")))
+        if record["type"] == "trajectory_finished"
+    ]
+    assert len(finished) == 2 * 2 * 4  # two steps of two groups of four, one agent each
+    for record in finished:
+        harness = record["misc"]["harness"]
+        assert harness["spec"] == "platoon-bash@1" and harness["placement"] == "local"
+        assert Path(harness["logs_path"]).is_file()

@@ -78,9 +78,10 @@ class AnswerService:
 
     name = "answer"
 
-    def __init__(self, provider: Any = None, image: str = "local") -> None:
+    def __init__(self, provider: Any = None, image: str = "local", memory_mb: int | None = None) -> None:
         self.provider = provider
         self.image = image
+        self.memory_mb = memory_mb
         self.needs: list[SessionNeeds | None] = []
         self.sessions: list[AnswerSession] = []
 
@@ -96,7 +97,7 @@ class AnswerService:
         if self.provider is not None:
             from platoon_sandbox import SandboxSpec
 
-            spec = SandboxSpec(image=self.image, network="none", workdir="/app")
+            spec = SandboxSpec(image=self.image, network="none", workdir="/app", memory_mb=self.memory_mb)
             if needs is not None:
                 spec = needs.apply(spec)
             sandbox = await self.provider.start(spec)
@@ -322,6 +323,17 @@ def test_an_agent_that_hangs_in_a_sandbox_is_killed_by_its_marker(tmp_path, prov
     assert episode.root.misc["harness"]["timed_out"] is True
     assert service.sessions[0].marked_at_close == []  # killed by marker before the session closed
     assert not [pid for pid in marked_processes("acme-test-agent-") if alive(pid)]
+
+
+def test_an_agent_killed_by_the_sandbox_memory_limit_is_untrainable_not_zero(tmp_path):
+    provider, image = sandbox_provider("docker")
+    service = AnswerService(provider, image, memory_mb=128)
+    episode = run(tmp_path, [], mode="oom", service=service)
+    outcome = episode.outcome
+    assert episode.root.misc["harness"]["exit_code"] == 137  # SIGKILLed by the kernel's OOM killer
+    assert outcome["status"] == "error" and outcome["failure_kind"] == "harness_crash"
+    assert episode.reward is None  # never a score of 0
+    assert "survived" not in (episode.root.finish_message or "")
 
 
 # ---------------------------------------------------------------------------------------------- platoon-bash

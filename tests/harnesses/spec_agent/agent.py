@@ -3,7 +3,7 @@
 `--mode chat` asks the model (Chat Completions, key from AGENT_KEY) with the environment's MCP tools until it
 answers without a tool call or a tool result says the episode finished; `budget` asks until the gateway's budget
 stop arrives; `hang` starts a child that leaves the process group and ignores TERM, then sleeps; `crash` exits 7;
-`env` reports its environment; `aux` tries an aux call. The final message goes to --final-file.
+`oom` allocates until the sandbox's memory limit kills it; `env` reports its environment; `aux` tries an aux call. The final message goes to --final-file.
 """
 
 import argparse
@@ -60,6 +60,10 @@ def main():
     if args.mode == "crash":
         print("about to crash", flush=True)
         sys.exit(7)
+    if args.mode == "oom":
+        print("allocating", flush=True)
+        hoard = [bytearray(16 << 20) for _ in range(64)]  # 1 GiB, far over the test's limit
+        finish(args, f"survived with {len(hoard)} blocks")
     if args.mode == "env":
         finish(
             args, json.dumps({name: os.environ[name] for name in sorted(os.environ) if name != "AGENT_KEY"})

@@ -1,0 +1,662 @@
+"""Harbor grading that agents cannot forge (harness spec 6.7, and the anti-forgery rules of section 9).
+
+`grade_shared(...)` runs under an exclusive turn of the session's gate: it kills every process the agents left,
+checks the workdir from `/`, makes `/tests` and `/logs/verifier` afresh, uploads the tests only now, runs
+`test.sh`, kills again, and reads the outputs *inside the sandbox, by its own shell, from `/`*, classifying each
+file (a regular file reached through no symlink, missing, a symlink, special, under a mount, unreadable, too large)
+before reading a byte. The verdict then follows a fixed order (timeout, forged reward files, log classifiers, the
+reward contract). Every infrastructure failure is an untrainable outcome; the zeros platoon gives itself (a deleted
+workdir, a forged reward file) carry `metadata.platoon_zero`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import math
+import re
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from platoon.envs.service import Outcome
+from platoon.errors import ConfigError
+
+__all__ = [
+    "REWARD_FILES",
+    "FileRead",
+    "RewardContract",
+    "VerifierRun",
+    "classify_logs",
+    "parse_classifiers",
+    "read_outputs",
+    "verdict",
+]
+
+#: reward files, read whole when at most this large
+REWARD_FILES = ("reward.json", "reward.txt")
+REWARD_MAX_BYTES = 1024 * 1024
+#: log files, of which the last LOG_TAIL_BYTES are read
+LOG_FILES = ("test-stdout.txt", "test-stderr.txt", "stdout.txt", "stderr.txt")
+LOG_TAIL_BYTES = 1024 * 1024
+#: the characters of the test output kept in the outcome metadata
+TEST_OUTPUT_CHARS = 4096
+VERIFIER_DIR = "/logs/verifier"
+RESERVED_KEYS = ("invalid", "failure_kind")
+
+# The classes of a verifier output file (6.7).
+REGULAR, MISSING, SYMLINK, SPECIAL, MOUNT, UNREADABLE, TOO_LARGE = (
+    "regular",
+    "missing",
+    "symlink",
+    "special",
+    "mount",
+    "unreadable",
+    "too_large",
+)
+
+# Run by the sandbox's own bash, from `/`, after every process the agents left was killed: nothing can change a
+# file between its check and its read. Each file gets one header line `name class size` and, when read, one line of
+# base64. Regular files are opened only after `-L` and `-f` say they are a regular file reached through no symlink
+# (a FIFO is never opened, so it cannot block the read). Paths are written out literally so that the process
+# provider translates them like any sandbox path.
+READ_SCRIPT = r"""
+cd / || exit 90
+command -v base64 >/dev/null 2>&1 || { echo "no base64 in the sandbox" >&2; exit 91; }
+dir=/logs/verifier
+dirclass=ok
+if [ -L /logs ] || [ -L "$dir" ]; then dirclass=symlink
+elif [ ! -d "$dir" ]; then dirclass=special
+fi
+mounted=no
+if [ -r /proc/self/mountinfo ]; then
+  while read -r _ _ _ _ point _; do
+    case "$point" in "$dir"|"$dir"/*) mounted=yes ;; esac
+  done < /proc/self/mountinfo
+fi
+emit() {  # name max mode(whole|tail)
+  f="$dir/$1"
+  if [ "$dirclass" != ok ]; then
+    if [ -e "$f" ] || [ -L "$f" ]; then echo "$1 $dirclass 0"; else echo "$1 missing 0"; fi
+    return
+  fi
+  if [ -L "$f" ]; then echo "$1 symlink 0"; return; fi
+  if [ ! -e "$f" ]; then echo "$1 missing 0"; return; fi
+  if [ "$mounted" = yes ]; then echo "$1 mount 0"; return; fi
+  if [ ! -f "$f" ]; then echo "$1 special 0"; return; fi
+  size=$(wc -c < "$f" 2>/dev/null) || { echo "$1 unreadable 0"; return; }
+  size=$((size + 0))
+  if [ "$3" = whole ] && [ "$size" -gt "$2" ]; then echo "$1 too_large $size"; return; fi
+  if [ "$3" = whole ]; then data=$(base64 -w0 < "$f" 2>/dev/null) || { echo "$1 unreadable $size"; return; }
+  else data=$(tail -c "$2" < "$f" | base64 -w0 2>/dev/null) || { echo "$1 unreadable $size"; return; }
+  fi
+  echo "$1 regular $size"
+  echo "${data:--}"
+}
+"""
+
+
+def read_script() -> str:
+    """The whole reading script: READ_SCRIPT plus one `emit` per reward and log file."""
+    calls = [f"emit {name} {REWARD_MAX_BYTES} whole" for name in REWARD_FILES]
+    calls += [f"emit {name} {LOG_TAIL_BYTES} tail" for name in LOG_FILES]
+    return READ_SCRIPT + "\n".join(calls) + "\nexit 0\n"
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """One verifier output file as the sandbox's shell found it."""
+
+    name: str
+    kind: str
+    size: int = 0
+    data: bytes | None = None
+
+    @property
+    def text(self) -> str:
+        return (self.data or b"").decode("utf-8", errors="replace")
+
+
+class OutputError(Exception):
+    """The reading script's output could not be understood (infra `verifier_output`)."""
+
+
+def parse_read(stdout: str) -> dict[str, FileRead]:
+    """The reading script's stdout as files by name."""
+    out: dict[str, FileRead] = {}
+    lines = stdout.splitlines()
+    i = 0
+    known = {*REWARD_FILES, *LOG_FILES}
+    kinds = {REGULAR, MISSING, SYMLINK, SPECIAL, MOUNT, UNREADABLE, TOO_LARGE}
+    while i < len(lines):
+        parts = lines[i].split(" ")
+        i += 1
+        if len(parts) != 3 or parts[0] not in known or parts[1] not in kinds or not parts[2].isdigit():
+            raise OutputError(f"unexpected line from the reading script: {lines[i - 1][:200]!r}")
+        name, kind, size = parts[0], parts[1], int(parts[2])
+        data = None
+        if kind == REGULAR:
+            if i >= len(lines):
+                raise OutputError(f"the reading script gave no content for {name}")
+            encoded = lines[i]
+            i += 1
+            try:
+                data = b"" if encoded == "-" else base64.b64decode(encoded, validate=True)
+            except ValueError as exc:
+                raise OutputError(f"undecodable content for {name}: {exc}") from None
+        out[name] = FileRead(name, kind, size, data)
+    missing = known - set(out)
+    if missing:
+        raise OutputError(f"the reading script did not report {', '.join(sorted(missing))}")
+    return out
+
+
+async def read_outputs(sandbox: Any) -> dict[str, FileRead]:
+    """Classify and read the verifier outputs inside `sandbox`; raises `OutputError` when that fails."""
+    try:
+        result = await sandbox.exec(read_script(), timeout_s=120, cwd="/")
+    except Exception as exc:
+        raise OutputError(f"reading the verifier output failed: {type(exc).__name__}: {exc}") from exc
+    if result.timed_out or result.exit_code != 0:
+        raise OutputError(
+            f"reading the verifier output failed (exit {result.exit_code}"
+            f"{', timed out' if result.timed_out else ''}): {result.stderr.strip()[:500]}"
+        )
+    return parse_read(result.stdout)
+
+
+# --- the reward contract ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardContract:
+    """`service_kwargs.reward`: the primary name(s), the allowed components, a range, a check hook."""
+
+    primaries: tuple[str, ...] = ("reward",)
+    listed: bool = False  # a list of primaries (exactly one reported) rather than one name
+    components: tuple[str, ...] | None = None
+    range: tuple[float, float] | None = None
+    check: str | None = None
+
+    @property
+    def first(self) -> str:
+        """The name platoon-given zeros go under."""
+        return self.primaries[0]
+
+    @classmethod
+    def parse(cls, value: Any, where: str = "service_kwargs.reward") -> RewardContract:
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            if not value:
+                raise ConfigError(f"{where}: a reward name must be non-empty")
+            return cls((value,))
+        if isinstance(value, list):
+            return cls(_names(value, where), listed=True)
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"{where}: a name, a list of names, or a table {{primary, components, range, check}}"
+            )
+        unknown = set(value) - {"primary", "components", "range", "check"}
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {', '.join(sorted(unknown))} (primary, components, range, check)"
+            )
+        primary = value.get("primary", "reward")
+        primaries: tuple[str, ...]
+        if isinstance(primary, str) and primary:
+            primaries, listed = (primary,), False
+        elif isinstance(primary, list):
+            primaries, listed = _names(primary, f"{where}.primary"), True
+        else:
+            raise ConfigError(f"{where}.primary: a name or a list of names")
+        components = value.get("components")
+        if components is not None:
+            components = _names(components, f"{where}.components")
+            missing = [p for p in primaries if p not in components]
+            if missing:
+                raise ConfigError(
+                    f"{where}.components: must include the primary name(s) {', '.join(missing)}"
+                )
+        bounds = value.get("range")
+        if bounds is not None:
+            if (
+                not isinstance(bounds, list)
+                or len(bounds) != 2
+                or not all(_is_number(b) for b in bounds)
+                or bounds[0] > bounds[1]
+            ):
+                raise ConfigError(f"{where}.range: [lo, hi] with lo <= hi")
+            bounds = (float(bounds[0]), float(bounds[1]))
+        check = value.get("check")
+        if check is not None and (not isinstance(check, str) or ":" not in check):
+            raise ConfigError(f"{where}.check: a `module:function` reference")
+        return cls(primaries, listed, components, bounds, check)
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: a non-empty list of reward names")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: names a reward twice")
+    return tuple(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --- log classifiers --------------------------------------------------------------------------------------------
+
+#: the named set `harbor-common`: (pattern, kind)
+HARBOR_COMMON: tuple[tuple[str, str], ...] = (
+    (r"subprocess\.TimeoutExpired|timed out after \d+(\.\d+)? ?s(econds)?", "verifier_grader_timeout"),
+    (r"(^|\W)(uv|uvx|pytest): (command )?not found", "verifier_missing_tool"),
+    (r"No module named '?pytest'?", "verifier_missing_tool"),
+)
+
+
+def parse_classifiers(
+    value: Any, where: str = "service_kwargs.verifier_classifiers"
+) -> tuple[tuple[str, str], ...]:
+    """`harbor-common`, a list of it and/or `{pattern, kind}` entries; each pattern compiled now."""
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(items):
+        if item == "harbor-common":
+            out.extend(HARBOR_COMMON)
+            continue
+        if not isinstance(item, Mapping) or set(item) != {"pattern", "kind"}:
+            raise ConfigError(f"{where}[{i}]: `harbor-common` or a table {{pattern, kind}}")
+        pattern, kind = item["pattern"], item["kind"]
+        if not isinstance(pattern, str) or not isinstance(kind, str) or not kind:
+            raise ConfigError(f"{where}[{i}]: pattern and kind are strings")
+        try:
+            re.compile(pattern, re.MULTILINE)
+        except re.error as exc:
+            raise ConfigError(f"{where}[{i}].pattern: {exc}") from None
+        out.append((pattern, kind))
+    return tuple(out)
+
+
+def classify_logs(files: Mapping[str, FileRead], classifiers: Sequence[tuple[str, str]]) -> str | None:
+    """The kind of the first classifier whose pattern matches a log tail, or None."""
+    if not classifiers:
+        return None
+    tails = [files[name].text for name in LOG_FILES if name in files and files[name].kind == REGULAR]
+    for pattern, kind in classifiers:
+        regex = re.compile(pattern, re.MULTILINE)
+        if any(regex.search(tail) for tail in tails):
+            return kind
+    return None
+
+
+# --- the verdict ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VerifierRun:
+    """What running the tests left: exit code, seconds, whether it timed out, the files as read."""
+
+    exit_code: int | None
+    seconds: float
+    timed_out: bool
+    files: dict[str, FileRead]
+    mode: str = "shared"
+    cwd_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        stdout = self.files.get("test-stdout.txt")
+        out: dict[str, Any] = {
+            "verifier_exit_code": self.exit_code,
+            "verifier_seconds": round(self.seconds, 3),
+            "test_output": stdout.text[-TEST_OUTPUT_CHARS:] if stdout and stdout.kind == REGULAR else "",
+            "verifier_mode": self.mode,
+        }
+        if self.cwd_error:
+            out["verifier_cwd_error"] = self.cwd_error
+        out.update(self.extra)
+        return out
+
+
+def platoon_zero(contract: RewardContract, reason: str, metadata: Mapping[str, Any]) -> Outcome:
+    """A zero platoon gives itself, under the contract's first name, flagged `platoon_zero`."""
+    return Outcome(
+        "scored",
+        {contract.first: 0.0},
+        primary=contract.first,
+        reason=reason,
+        metadata={**metadata, "platoon_zero": True},
+    )
+
+
+def verdict(
+    run: VerifierRun,
+    contract: RewardContract,
+    *,
+    classifiers: Sequence[tuple[str, str]] = (),
+    task: Any = None,
+) -> Outcome:
+    """The outcome of a verifier run, in the order of 6.7."""
+    meta = run.metadata()
+    if run.timed_out:
+        return Outcome.infra(
+            "verifier_timeout",
+            status="invalid",
+            reason="the tests ran past the verifier timeout",
+            metadata=meta,
+        )
+    suspects = [f for name in REWARD_FILES if (f := run.files[name]).kind not in (REGULAR, MISSING)]
+    if suspects:
+        meta["reward_files"] = {f.name: f.kind for f in suspects}
+        reason = (
+            "reward_file_too_large"
+            if all(f.kind == TOO_LARGE for f in suspects)
+            else "reward_file_not_regular"
+        )
+        return platoon_zero(contract, reason, meta)
+    kind = classify_logs(run.files, classifiers)
+    if kind is not None:
+        return Outcome.infra(
+            kind, status="invalid", reason="a verifier log classifier matched", metadata=meta
+        )
+    return _contract_outcome(run.files, contract, meta, task)
+
+
+def _read_rewards(files: Mapping[str, FileRead]) -> tuple[dict[str, Any] | None, str | None, bool]:
+    """(rewards, a problem, whether both files were present). reward.json is preferred; an empty file is absent."""
+    present = {
+        name: files[name] for name in REWARD_FILES if files[name].kind == REGULAR and files[name].text.strip()
+    }
+    both = len(present) == 2
+    if "reward.json" in present:
+        try:
+            data = json.loads(present["reward.json"].text)
+        except ValueError as exc:
+            return None, f"reward.json is not JSON ({exc})", both
+        if not isinstance(data, dict):
+            return None, "reward.json is not an object", both
+        rewards: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "failure_kind":
+                if not isinstance(value, str):
+                    return None, "reward.json failure_kind is not a string", both
+                rewards[key] = value
+                continue
+            if isinstance(value, bool):
+                value = float(value)
+            if not _is_number(value):
+                return None, f"reward.json {key!r} is not a finite number ({value!r})", both
+            rewards[key] = float(value)
+        return rewards, None, both
+    if "reward.txt" in present:
+        text = present["reward.txt"].text.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            return None, f"reward.txt is not one number ({text[:80]!r})", both
+        if not math.isfinite(value):
+            return None, f"reward.txt is not finite ({text[:80]!r})", both
+        return {"reward": value}, None, both
+    return None, "no reward.json or reward.txt (or both empty)", both
+
+
+def _contract_outcome(
+    files: Mapping[str, FileRead], contract: RewardContract, meta: dict[str, Any], task: Any
+) -> Outcome:
+    rewards, problem, both = _read_rewards(files)
+    if rewards is None:
+        return Outcome.infra("verifier_no_reward", reason=problem, metadata=meta)
+    invalid = rewards.pop("invalid", None)
+    failure_kind = rewards.pop("failure_kind", None)
+    if invalid is not None and invalid >= 0.5:
+        return Outcome.infra(
+            failure_kind if isinstance(failure_kind, str) and failure_kind else "verifier_declared",
+            status="invalid",
+            reason="the verifier declared the run invalid",
+            metadata=meta,
+        )
+    if contract.listed:
+        if both:
+            return Outcome.infra(
+                "verifier_ambiguous_reward_files",
+                status="invalid",
+                reason="both reward.json and reward.txt were written",
+                metadata=meta,
+            )
+        reported = [name for name in contract.primaries if name in rewards]
+        if not reported:
+            return Outcome.infra(
+                "verifier_no_primary",
+                reason=f"none of {', '.join(contract.primaries)} was reported",
+                metadata=meta,
+            )
+        if len(reported) > 1:
+            return Outcome.infra(
+                "verifier_ambiguous_primary",
+                status="invalid",
+                reason=f"several primaries were reported: {', '.join(sorted(reported))}",
+                metadata=meta,
+            )
+        primary = reported[0]
+    else:
+        primary = contract.primaries[0]
+        if primary not in rewards:
+            return Outcome.infra(
+                "verifier_no_primary", reason=f"the reward {primary!r} was not reported", metadata=meta
+            )
+    if contract.components is not None:
+        extra = sorted(set(rewards) - set(contract.components))
+        if extra:
+            return Outcome.infra(
+                "verifier_unexpected_keys",
+                status="invalid",
+                reason=f"unexpected reward key(s): {', '.join(extra)}",
+                metadata=meta,
+            )
+    if contract.range is not None:
+        lo, hi = contract.range
+        if not lo <= rewards[primary] <= hi:
+            return Outcome.infra(
+                "verifier_out_of_range",
+                status="invalid",
+                reason=f"{primary} = {rewards[primary]} is outside [{lo}, {hi}]",
+                metadata=meta,
+            )
+    outcome = Outcome("scored", dict(rewards), primary=primary, metadata=meta)
+    if contract.check is not None:
+        return _run_check(contract.check, outcome, files, task, meta)
+    return outcome
+
+
+def _run_check(
+    reference: str, outcome: Outcome, files: Mapping[str, FileRead], task: Any, meta: dict[str, Any]
+) -> Outcome:
+    from platoon import plugins
+
+    try:
+        hook = plugins.resolve_target(reference)
+        # The hook sees the verifier directory as a host directory holding the files exactly as they were read.
+        with tempfile.TemporaryDirectory(prefix="platoon-verifier-") as tmp:
+            for f in files.values():
+                if f.kind == REGULAR and f.data is not None:
+                    (Path(tmp) / f.name).write_bytes(f.data)
+            result = hook(dict(outcome.rewards), Path(tmp), task)
+    except Exception as exc:
+        return Outcome.infra(
+            "verifier_contract",
+            reason=f"the check hook {reference} raised {type(exc).__name__}: {exc}",
+            metadata=meta,
+        )
+    if result is None:
+        return outcome
+    if not isinstance(result, Outcome):
+        return Outcome.infra(
+            "verifier_contract",
+            reason=f"the check hook {reference} returned {type(result).__name__}, not an Outcome or None",
+            metadata=meta,
+        )
+    return result
+
+
+# --- the grading steps (shared mode) ----------------------------------------------------------------------------
+
+# Reset /tests and /logs/verifier from `/`: a `/logs` that is a symlink or a file goes; permissions the agent took
+# away are restored before `rm -rf`; then the directories are made afresh. Failing to remove something (a mount)
+# is left to the reading script to classify.
+RESET_SCRIPT = r"""
+cd / || exit 90
+for p in /logs /tests; do
+  if [ -L "$p" ] || { [ -e "$p" ] && [ ! -d "$p" ]; }; then rm -f "$p" || exit 92; fi
+done
+mkdir -p /logs || exit 93
+chmod u+rwx /logs 2>/dev/null
+for d in /tests /logs/verifier; do
+  if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
+  if [ -d "$d" ]; then chmod -R u+rwx "$d" 2>/dev/null; rm -rf "$d" 2>/dev/null; fi
+  mkdir -p "$d" 2>/dev/null
+done
+[ -d /tests ] && [ ! -L /tests ] || exit 94
+exit 0
+"""
+
+# Is the workdir there, a directory, and enterable? Run from `/` (the agent may have deleted it).
+WORKDIR_SCRIPT = r"""
+cd / || exit 90
+if [ ! -e "$1" ] && [ ! -L "$1" ]; then echo missing; exit 0; fi
+if [ ! -d "$1" ]; then echo "not a directory"; exit 0; fi
+if ! ( cd "$1" ) 2>/dev/null; then echo "not enterable"; exit 0; fi
+echo ok
+"""
+
+
+async def workdir_problem(sandbox: Any, workdir: str) -> str | None:
+    """Why the workdir is unusable (missing, not a directory, not enterable), or None."""
+    result = await sandbox.exec(
+        ["bash", "-c", WORKDIR_SCRIPT, "platoon-workdir", workdir], timeout_s=60, cwd="/"
+    )
+    answer = result.stdout.strip()
+    if result.exit_code != 0 or not answer:
+        raise RuntimeError(
+            f"checking the workdir failed (exit {result.exit_code}): {result.stderr.strip()[:300]}"
+        )
+    return None if answer == "ok" else answer
+
+
+async def reset_dirs(sandbox: Any) -> None:
+    result = await sandbox.exec(RESET_SCRIPT, timeout_s=120, cwd="/")
+    if result.exit_code != 0:
+        raise RuntimeError(
+            f"resetting /tests and /logs/verifier failed (exit {result.exit_code}): {result.stderr.strip()[:300]}"
+        )
+
+
+async def remove_tests(sandbox: Any) -> None:
+    """Always run after grading, also on failure or cancellation: agents never see the tests."""
+    with contextlib.suppress(Exception):
+        await asyncio.shield(
+            sandbox.exec("cd / && chmod -R u+rwx /tests 2>/dev/null; rm -rf /tests", timeout_s=60, cwd="/")
+        )
+
+
+class GradeFailure(Exception):
+    """A grading step failed: `kind` is the infra failure kind."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class SharedGrading:
+    """The inputs of one shared-mode grading."""
+
+    sandbox: Any
+    workdir: str
+    tests_dir: Path
+    verifier_env: Mapping[str, str]
+    timeout_s: float
+    contract: RewardContract
+    classifiers: Sequence[tuple[str, str]] = ()
+    task: Any = None
+    extra_metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+async def grade_shared(g: SharedGrading) -> Outcome:
+    """Grade in the agents' own sandbox (the caller holds an exclusive turn). Never raises for infra failures."""
+    sandbox = g.sandbox
+    base_meta = {"verifier_mode": "shared", **g.extra_metadata}
+    try:
+        return await _grade_shared(g, base_meta)
+    except GradeFailure as exc:
+        return Outcome.infra(exc.kind, reason=str(exc), metadata=base_meta)
+    finally:
+        await remove_tests(sandbox)
+
+
+async def _kill(sandbox: Any, when: str) -> None:
+    try:
+        await sandbox.kill_processes()
+    except Exception as exc:
+        raise GradeFailure(
+            "verifier_isolation", f"killing the agents' processes {when} failed: {exc}"
+        ) from exc
+
+
+async def _grade_shared(g: SharedGrading, base_meta: dict[str, Any]) -> Outcome:
+    sandbox = g.sandbox
+    await _kill(sandbox, "before the tests")
+    try:
+        problem = await workdir_problem(sandbox, g.workdir)
+    except Exception as exc:
+        raise GradeFailure("verifier_setup", str(exc)) from exc
+    if problem is not None:
+        return platoon_zero(
+            g.contract, "workdir_missing", {**base_meta, "verifier_cwd_error": f"{g.workdir}: {problem}"}
+        )
+    try:
+        await reset_dirs(sandbox)
+        await sandbox.upload(g.tests_dir, "/tests")
+    except Exception as exc:
+        raise GradeFailure("verifier_setup", f"{type(exc).__name__}: {exc}") from exc
+    started = time.monotonic()
+    cwd_error: str | None = None
+    try:
+        result = await sandbox.exec(
+            "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
+            timeout_s=g.timeout_s,
+            env=dict(g.verifier_env),
+            cwd=g.workdir,
+        )
+        exit_code, timed_out = result.exit_code, result.timed_out
+    except OSError as exc:
+        # The process provider raises when the workdir cannot be entered (docker answers 126).
+        exit_code, timed_out, cwd_error = 126, False, str(exc)
+    seconds = time.monotonic() - started
+    await _kill(sandbox, "after the tests")
+    if exit_code == 126:
+        try:
+            problem = await workdir_problem(sandbox, g.workdir)
+        except Exception as exc:
+            raise GradeFailure("verifier_setup", str(exc)) from exc
+        if problem is not None:
+            meta = {
+                **base_meta,
+                "verifier_exit_code": exit_code,
+                "verifier_cwd_error": f"{g.workdir}: {problem}",
+            }
+            return platoon_zero(g.contract, "workdir_missing", meta)
+    try:
+        files = await read_outputs(sandbox)
+    except OutputError as exc:
+        raise GradeFailure("verifier_output", str(exc)) from exc
+    run = VerifierRun(exit_code, seconds, timed_out, files, "shared", cwd_error, dict(g.extra_metadata))
+    return verdict(run, g.contract, classifiers=g.classifiers, task=g.task)

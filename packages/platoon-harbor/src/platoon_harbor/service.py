@@ -1,0 +1,678 @@
+"""The `harbor` environment service (harness spec 6.7-6.9): Harbor task directories run in their sandboxes and
+graded by their own tests.
+
+`HarborService(**service_kwargs)` checks its options when built (an unknown key or a bad value is one line, exit
+78), lists the tasks of a dataset directory (6.2), and opens sessions: the sandbox spec comes from the task
+(image, workdir, host-resolved env, network, resources) and the entry (mounts, env, provider), the rollout's
+`SessionNeeds` are applied to it, the sandbox starts, `/logs/{agent,verifier,artifacts}` and the workdir are made,
+and the task's healthcheck must pass. Each start failure maps to an infra kind: a route problem `harness_setup`,
+another provider failure `sandbox_start`, preparation `env_setup`, an unhealthy task `env_healthcheck`.
+
+Fetched datasets (`dataset`, `lock`, holdout) are read through `platoon_harbor.datasets.service_tasks(options)`
+when that module provides it (another part of platoon-harbor); images of Dockerfile tasks through `image_for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from platoon.config.paths import PathOption
+from platoon.deprecations import DeprecatedKey
+from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, Gate
+from platoon.envs.service import EnvNotPrepared, EnvSetupError, SessionNeeds
+from platoon.errors import ConfigError
+from platoon.task import Task
+from platoon_harbor.grading import RewardContract, parse_classifiers
+from platoon_harbor.session import TOOL_NAMES, HarborSession, OpenedSandbox, _Live
+from platoon_harbor.tasks import (
+    HarborTask,
+    TaskRefused,
+    UnsetVariable,
+    discover_tasks,
+    load_splits,
+    read_task,
+    resolve_env,
+    task_dirs_ids,
+    task_refusal,
+)
+
+__all__ = ["DEFAULT_PROVIDER", "HarborOptions", "HarborService"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROVIDER = "docker"
+#: the grading allowance of the rollout overhead (6.8)
+GRADING_ALLOWANCE_S = 120.0
+
+#: every `service_kwargs` key of `service: harbor` (6.9)
+KNOWN_KEYS = (
+    "dataset_dir",
+    "task_dirs",
+    "splits",
+    "dataset",
+    "lock",
+    "cache",
+    "tasks",
+    "select",
+    "overlays",
+    "refuse",
+    "index",
+    "workers",
+    "holdout",
+    "provider",
+    "provider_options",
+    "default_image",
+    "workdir",
+    "env",
+    "mounts",
+    "tool_timeout_s",
+    "verifier_timeout_multiplier",
+    "agent_timeout_multiplier",
+    "concurrent_tools",
+    "queue_timeout_s",
+    "close_timeout_s",
+    "reward",
+    "verifier_classifiers",
+    "agent_user",
+    "max_artifact_bytes",
+    "sandbox_start_budget_s",
+    "image_map",
+    "toolchain_root",
+    "name",
+)
+_FETCHED_KEYS = ("dataset", "lock")
+_WHERE = "service_kwargs"
+
+
+def _positive(
+    kwargs: Mapping[str, Any], key: str, default: float | None, *, allow_none: bool = False
+) -> float | None:
+    if key not in kwargs:
+        return default
+    value = kwargs[key]
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(
+            f"{_WHERE}.{key}: a positive number{' or null' if allow_none else ''}; got {value!r}"
+        )
+    return float(value)
+
+
+def _string_map(kwargs: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = kwargs.get(key) or {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{_WHERE}.{key}: a mapping of names to strings")
+    out: dict[str, str] = {}
+    for name, item in value.items():
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise ConfigError(f"{_WHERE}.{key}.{name}: a string; got {item!r}")
+        out[name] = str(item)
+    return out
+
+
+@dataclass(frozen=True)
+class HarborOptions:
+    """The checked `service_kwargs` (6.9)."""
+
+    name: str = "harbor"
+    dataset_dir: Path | None = None
+    task_dirs: tuple[Path, ...] = ()
+    splits: Any = None
+    provider: str = DEFAULT_PROVIDER
+    provider_options: Mapping[str, Any] = field(default_factory=dict)
+    default_image: str | None = None
+    workdir: str = "/app"
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Any, ...] = ()
+    tool_timeout_s: float = 300.0
+    verifier_timeout_multiplier: float = 1.0
+    agent_timeout_multiplier: float = 1.0
+    concurrent_tools: frozenset[str] = frozenset()
+    queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S
+    close_timeout_s: float = 30.0
+    reward: RewardContract = field(default_factory=RewardContract)
+    verifier_classifiers: tuple[tuple[str, str], ...] = ()
+    agent_user: str = "refuse"
+    max_artifact_bytes: int = 1 << 30
+    sandbox_start_budget_s: float = 600.0
+    fetched: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, kwargs: Mapping[str, Any]) -> HarborOptions:
+        unknown = [k for k in kwargs if k not in KNOWN_KEYS]
+        if unknown:
+            key = unknown[0]
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{_WHERE}.{key}: not an option of service harbor{hint}")
+        direct = [k for k in ("dataset_dir", "task_dirs") if kwargs.get(k) is not None]
+        fetched = [k for k in _FETCHED_KEYS if kwargs.get(k) is not None]
+        if len(direct) > 1:
+            raise ConfigError(f"{_WHERE}: dataset_dir and task_dirs exclude each other")
+        if direct and fetched:
+            raise ConfigError(f"{_WHERE}: {direct[0]} and {fetched[0]} exclude each other")
+        if not direct and not fetched:
+            raise ConfigError(f"{_WHERE}: name the tasks: dataset_dir, task_dirs, dataset or lock")
+        if kwargs.get("holdout") is not None and kwargs.get("splits") is not None:
+            raise ConfigError(f"{_WHERE}: holdout and splits exclude each other")
+        name = kwargs.get("name", "harbor")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{_WHERE}.name: a non-empty string")
+        dataset_dir = None
+        if kwargs.get("dataset_dir") is not None:
+            if not isinstance(kwargs["dataset_dir"], (str, os.PathLike)):
+                raise ConfigError(f"{_WHERE}.dataset_dir: a directory path")
+            dataset_dir = Path(kwargs["dataset_dir"]).expanduser().absolute()
+        task_dirs: tuple[Path, ...] = ()
+        if kwargs.get("task_dirs") is not None:
+            raw_dirs = kwargs["task_dirs"]
+            if (
+                not isinstance(raw_dirs, list)
+                or not raw_dirs
+                or not all(isinstance(d, (str, os.PathLike)) for d in raw_dirs)
+            ):
+                raise ConfigError(f"{_WHERE}.task_dirs: a non-empty list of task directories")
+            task_dirs = tuple(Path(d).expanduser().absolute() for d in raw_dirs)
+        provider = kwargs.get("provider") or DEFAULT_PROVIDER
+        if not isinstance(provider, str):
+            raise ConfigError(f"{_WHERE}.provider: a provider name or module:Class")
+        provider_options = kwargs.get("provider_options") or {}
+        if not isinstance(provider_options, Mapping):
+            raise ConfigError(f"{_WHERE}.provider_options: a mapping")
+        default_image = kwargs.get("default_image")
+        if default_image is not None and (not isinstance(default_image, str) or not default_image):
+            raise ConfigError(f"{_WHERE}.default_image: an image reference")
+        workdir = kwargs.get("workdir", "/app")
+        if not isinstance(workdir, str) or not workdir.startswith("/"):
+            raise ConfigError(f"{_WHERE}.workdir: an absolute path; got {workdir!r}")
+        concurrent = kwargs.get("concurrent_tools") or []
+        if not isinstance(concurrent, list) or not all(t in TOOL_NAMES for t in concurrent):
+            raise ConfigError(
+                f"{_WHERE}.concurrent_tools: a subset of {', '.join(TOOL_NAMES)}; got {concurrent!r}"
+            )
+        agent_user = kwargs.get("agent_user", "refuse")
+        if agent_user not in ("refuse", "ignore"):
+            raise ConfigError(f"{_WHERE}.agent_user: refuse or ignore; got {agent_user!r}")
+        max_artifact = kwargs.get("max_artifact_bytes", 1 << 30)
+        if isinstance(max_artifact, bool) or not isinstance(max_artifact, int) or max_artifact <= 0:
+            raise ConfigError(f"{_WHERE}.max_artifact_bytes: a positive integer")
+        queue_timeout = _positive(kwargs, "queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S, allow_none=True)
+        Gate(queue_timeout_s=queue_timeout)  # the gate's own check, where the config wrote it
+        return cls(
+            name=name,
+            dataset_dir=dataset_dir,
+            task_dirs=task_dirs,
+            splits=kwargs.get("splits"),
+            provider=provider,
+            provider_options=dict(provider_options),
+            default_image=default_image,
+            workdir=workdir,
+            env=_string_map(kwargs, "env"),
+            mounts=_mounts(kwargs.get("mounts")),
+            tool_timeout_s=_positive(kwargs, "tool_timeout_s", 300.0) or 300.0,
+            verifier_timeout_multiplier=_positive(kwargs, "verifier_timeout_multiplier", 1.0) or 1.0,
+            agent_timeout_multiplier=_positive(kwargs, "agent_timeout_multiplier", 1.0) or 1.0,
+            concurrent_tools=frozenset(concurrent),
+            queue_timeout_s=queue_timeout,
+            close_timeout_s=_positive(kwargs, "close_timeout_s", 30.0) or 30.0,
+            reward=RewardContract.parse(kwargs.get("reward"), f"{_WHERE}.reward"),
+            verifier_classifiers=parse_classifiers(kwargs.get("verifier_classifiers")),
+            agent_user=agent_user,
+            max_artifact_bytes=max_artifact,
+            sandbox_start_budget_s=_positive(kwargs, "sandbox_start_budget_s", 600.0) or 600.0,
+            fetched=bool(fetched),
+            raw=dict(kwargs),
+        )
+
+
+def _mounts(value: Any) -> tuple[Any, ...]:
+    from platoon_sandbox.contract import Mount
+
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{_WHERE}.mounts: a list of {{source, target, read_only}}")
+    out = []
+    for i, item in enumerate(value):
+        if (
+            not isinstance(item, Mapping)
+            or not {"source", "target"} <= set(item)
+            or set(item) - {"source", "target", "read_only"}
+        ):
+            raise ConfigError(f"{_WHERE}.mounts.{i}: a mapping {{source, target, read_only}}")
+        source, target, read_only = item["source"], item["target"], item.get("read_only", True)
+        if not isinstance(source, str) or not isinstance(target, str) or not target.startswith("/"):
+            raise ConfigError(f"{_WHERE}.mounts.{i}: source a path, target an absolute path")
+        if not isinstance(read_only, bool):
+            raise ConfigError(f"{_WHERE}.mounts.{i}.read_only: true or false")
+        out.append(Mount(str(Path(source).expanduser().absolute()), target, read_only))
+    return tuple(out)
+
+
+class HarborService:
+    """Harbor task directories as an environment service (see the module docstring)."""
+
+    path_options: ClassVar[tuple[PathOption, ...]] = (
+        PathOption("dataset_dir"),
+        PathOption("task_dirs"),
+        PathOption("splits", relative_to="dataset_dir"),
+        PathOption("dataset"),
+        PathOption("lock", written=True),
+        PathOption("cache", written=True),
+        PathOption("tasks"),
+        PathOption("overlays"),
+        PathOption("image_map", written=True),
+        PathOption("toolchain_root", written=True),
+        PathOption("mounts[].source"),
+    )
+    DEPRECATED_KEYS: ClassVar[dict[str, DeprecatedKey]] = {
+        "cache": DeprecatedKey("0.3.0", instead="the site profile's cache"),
+        "image_map": DeprecatedKey("0.3.0", instead="the default image map of the site cache"),
+        "toolchain_root": DeprecatedKey("0.3.0", instead="the site profile's cache"),
+    }
+
+    def __init__(self, **service_kwargs: Any) -> None:
+        self.options = HarborOptions.parse(service_kwargs)
+        self._task_dirs: dict[str, Path] | None = None
+        self._splits: dict[str, list[str]] | None = None
+        self._loaded: dict[str, HarborTask] = {}
+        self._refused: dict[str, TaskRefused] = {}
+        self._provider: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.options.name
+
+    # -- tasks -----------------------------------------------------------------------------------------------------
+
+    def _discover(self) -> dict[str, Path]:
+        if self._task_dirs is not None:
+            return self._task_dirs
+        opts = self.options
+        splits: dict[str, list[str]] | None = None
+        if opts.fetched:
+            found, splits = self._fetched()
+        elif opts.task_dirs:
+            found = task_dirs_ids(opts.task_dirs)
+        else:
+            assert opts.dataset_dir is not None
+            found = discover_tasks(opts.dataset_dir)
+        runnable: dict[str, Path] = {}
+        for task_id, path in found.items():
+            try:
+                task = read_task(path, task_id=task_id)
+            except TaskRefused as exc:
+                self._refused[task_id] = exc
+                continue
+            refusal = task_refusal(task, agent_user=opts.agent_user)
+            if refusal is not None:
+                self._refused[task_id] = refusal
+                continue
+            self._loaded[task_id] = task
+            runnable[task_id] = path
+        if self._refused:
+            log.warning(
+                "%s: %d task(s) refused, not listed: %s",
+                opts.name,
+                len(self._refused),
+                "; ".join(f"{k}: {v.reason}" for k, v in list(self._refused.items())[:5]),
+            )
+        if opts.splits is not None and splits is None:
+            splits = load_splits(opts.splits, opts.dataset_dir, runnable)
+        self._splits = splits
+        self._task_dirs = runnable
+        return runnable
+
+    def _fetched(self) -> tuple[dict[str, Path], dict[str, list[str]] | None]:
+        """A fetched dataset's tasks and splits, from `platoon_harbor.datasets.service_tasks(options)`."""
+        try:
+            from platoon_harbor import datasets
+
+            service_tasks = datasets.service_tasks  # type: ignore[attr-defined]
+        except (ImportError, AttributeError):
+            raise ConfigError(
+                f"{_WHERE}.dataset: fetched Harbor datasets are not available in this build; name a local "
+                "directory with dataset_dir"
+            ) from None
+        tasks, splits = service_tasks(self.options.raw)
+        return {str(k): Path(v) for k, v in tasks.items()}, splits
+
+    def harbor_task(self, task_id: str) -> HarborTask:
+        """The parsed task of `task_id` (refused or unknown: ValueError naming the service)."""
+        tasks = self._discover()
+        if task_id in self._refused:
+            raise ValueError(f"{self.name}: task {task_id!r} is refused: {self._refused[task_id].reason}")
+        if task_id not in tasks:
+            raise ValueError(f"{self.name}: no task {task_id!r}")
+        return self._loaded[task_id]
+
+    async def list_splits(self) -> list[str]:
+        await asyncio.to_thread(self._discover)
+        return list(self._splits) if self._splits is not None else ["train"]
+
+    async def list_tasks(self, split: str) -> list[str]:
+        tasks = await asyncio.to_thread(self._discover)
+        if self._splits is None:
+            return list(tasks)
+        if split not in self._splits:
+            raise ValueError(f"{self.name}: no split {split!r} (splits: {', '.join(self._splits)})")
+        return list(self._splits[split])
+
+    async def list_task_names(self, split: str) -> dict[str, str]:
+        ids = await self.list_tasks(split)
+        return {task_id: self._loaded[task_id].name for task_id in ids}
+
+    async def get_task(self, task_id: str) -> Task:
+        task = await asyncio.to_thread(self.harbor_task, task_id)
+        return _as_task(task)
+
+    def task_columns(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {i: {"name": self._loaded[i].name} for i in ids if i in self._loaded}
+
+    # -- deadlines (6.8) -------------------------------------------------------------------------------------------
+
+    def agent_timeout_for(self, task: HarborTask) -> float | None:
+        if task.agent.timeout_sec is None:
+            return None
+        return task.agent.timeout_sec * self.options.agent_timeout_multiplier
+
+    def agent_timeout_s(self, task_id: str) -> float | None:
+        return self.agent_timeout_for(self.harbor_task(task_id))
+
+    def verifier_timeout_s(self, task: HarborTask) -> float:
+        return task.verifier.timeout_sec * self.options.verifier_timeout_multiplier
+
+    def rollout_overhead_s(self, task_id: str) -> float:
+        """Sandbox start budget (twice with a separate verifier) + healthcheck budget + verifier timeout + 120 s
+        for grading + the close drain, so worker alarms never kill grading."""
+        task = self.harbor_task(task_id)
+        opts = self.options
+        starts = opts.sandbox_start_budget_s * (2 if task.separate_verifier else 1)
+        health = task.environment.healthcheck.budget_s if task.environment.healthcheck else 0.0
+        return starts + health + self.verifier_timeout_s(task) + GRADING_ALLOWANCE_S + opts.close_timeout_s
+
+    # -- provider --------------------------------------------------------------------------------------------------
+
+    def provider_class(self) -> Any:
+        from platoon import plugins
+
+        name = self.options.provider
+        if ":" in name:
+            return plugins.resolve_target(name)
+        return plugins.resolve_target(plugins.get_sandbox_runtime(name).provider)
+
+    def provider(self) -> Any:
+        if self._provider is None:
+            cls = self.provider_class()
+            try:
+                self._provider = cls(**dict(self.options.provider_options))
+            except TypeError as exc:
+                raise ConfigError(f"{_WHERE}.provider_options: {cls.__name__} refuses them: {exc}") from None
+        return self._provider
+
+    def _capabilities(self) -> frozenset[str]:
+        return frozenset(getattr(self.provider(), "capabilities", ()) or ())
+
+    def image_for(self, task: HarborTask) -> str:
+        """The sandbox image of `task`: its `docker_image`, else the entry's `default_image` (`local` for the
+        process provider). A bare reference becomes `docker://<ref>`."""
+        provider = self.provider()
+        if getattr(provider, "name", None) == "process":
+            return "local"
+        ref = task.environment.docker_image or self.options.default_image
+        if not ref:
+            hint = (
+                " (its environment/Dockerfile is built by `platoon harbor images build`, which a dataset_dir entry "
+                "does not run)"
+                if task.dockerfile
+                else ""
+            )
+            raise EnvNotPrepared(
+                f"Harbor task {task.id} names no [environment] docker_image and the entry sets no default_image{hint}"
+            )
+        if "://" in ref or ref.endswith((".sif", ".sqsh")) or ref.startswith("/") or ref == "local":
+            return ref
+        return f"docker://{ref}"
+
+    def _refusal(self, task: HarborTask) -> str | None:
+        """Why this entry's provider cannot run `task`, or None (GPUs, no network)."""
+        caps = self._capabilities()
+        if task.environment.gpus and "gpu" not in caps:
+            return f"Harbor task {task.id} needs {task.environment.gpus} GPU(s); provider {self.options.provider} has none"
+        if self._network_none(task):
+            ask = getattr(self.provider_class(), "network_none_refusal", None)
+            reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+            if reason:
+                return f"Harbor task {task.id} runs without network, which provider {self.options.provider} refuses: {reason}"
+        return None
+
+    @staticmethod
+    def _network_none(task: HarborTask) -> bool:
+        mode = task.agent.network_mode or task.environment.network_mode
+        return mode == "no-network"
+
+    async def check_tasks(self, split: str, ids: list[str]) -> None:
+        """Run-start checks (6.9): the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
+        tasks without an image. Raises an `env_config` error."""
+        problems: list[str] = []
+        ask = getattr(self.provider_class(), "rootfs_layout_refusal", None)
+        reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+        if reason:
+            problems.append(f"provider {self.options.provider}: {reason}")
+        not_prepared: list[str] = []
+        for task_id in ids:
+            task = await asyncio.to_thread(self.harbor_task, task_id)
+            refusal = self._refusal(task)
+            if refusal:
+                problems.append(refusal)
+            try:
+                self.image_for(task)
+            except EnvNotPrepared as exc:
+                not_prepared.append(exc.message)
+        if not_prepared and not problems:
+            raise EnvNotPrepared("; ".join(not_prepared[:5]))
+        if problems or not_prepared:
+            raise EnvSetupError("env_config", "; ".join([*problems, *not_prepared][:5]))
+
+    # -- sessions --------------------------------------------------------------------------------------------------
+
+    def _resolve(self, task: Task) -> HarborTask:
+        misc = task.misc.get("harbor") if isinstance(task.misc, Mapping) else None
+        task_dir = misc.get("task_dir") if isinstance(misc, Mapping) else None
+        if task_dir:
+            try:
+                parsed = read_task(task_dir, task_id=task.id or None)
+            except TaskRefused as exc:
+                raise EnvSetupError("env_config", str(exc)) from None
+            refusal = task_refusal(parsed, agent_user=self.options.agent_user)
+            if refusal is not None:
+                raise EnvSetupError("env_config", str(refusal))
+            return parsed
+        if not task.id:
+            raise EnvSetupError("env_config", f"{self.name}: the task has no id and no misc.harbor.task_dir")
+        try:
+            return self.harbor_task(task.id)
+        except ValueError as exc:
+            raise EnvSetupError("env_config", str(exc)) from None
+
+    def _spec(
+        self, task: HarborTask, rollout_id: str, needs: SessionNeeds | None
+    ) -> tuple[Any, dict[str, str]]:
+        from platoon_sandbox.contract import SandboxSpec
+
+        opts = self.options
+        try:
+            task_env = resolve_env(task.environment.env, what=f"Harbor task {task.id} [environment].env")
+        except UnsetVariable as exc:
+            raise EnvSetupError("env_config", str(exc)) from None
+        env = {**opts.env, **task_env}
+        labels = {"platoon.env": opts.name, "platoon.rollout_id": rollout_id or "-", "platoon.task": task.id}
+        spec = SandboxSpec(
+            image=self.image_for(task),
+            workdir=task.environment.workdir or opts.workdir,
+            env=env,
+            mounts=tuple(opts.mounts),
+            network="none" if self._network_none(task) else "host",
+            cpus=task.environment.cpus,
+            memory_mb=task.environment.memory_mb,
+            labels=labels,
+        )
+        if needs is not None:
+            try:
+                spec = needs.apply(spec)
+            except ValueError as exc:  # a TCP upstream for a no-network sandbox: the route cannot exist
+                raise EnvSetupError(
+                    "harness_setup", f"the rollout's routes do not fit the sandbox: {exc}"
+                ) from None
+        return spec, env
+
+    async def open(
+        self,
+        task: Task,
+        *,
+        rollout_id: str,
+        needs: SessionNeeds | None = None,
+        view_task: Task | None = None,
+    ) -> HarborSession:
+        """Start the task's sandbox and return its session (6.7); failures raise `EnvSetupError`."""
+        try:
+            htask = await asyncio.to_thread(self._resolve, task)
+            if htask.separate_verifier:
+                raise EnvSetupError(
+                    "env_config",
+                    f"Harbor task {htask.id}: separate verifier environments are not supported by this build",
+                )
+            refusal = self._refusal(htask)
+            if refusal:
+                raise EnvSetupError("env_config", refusal)
+            spec, env = self._spec(htask, rollout_id, needs)
+            provider = self.provider()
+        except ConfigError as exc:
+            raise EnvSetupError("env_config", str(exc)) from None
+        sandbox = await self._start(provider, spec)
+        try:
+            await self._prepare(sandbox, htask, spec.workdir)
+        except BaseException:
+            await _stop_quietly(sandbox)
+            raise
+        caps = self._capabilities()
+        isolated = spec.network == "none" and "network_none" in caps
+        opened = OpenedSandbox(
+            sandbox=sandbox,
+            spec=spec,
+            task=htask,
+            env=env,
+            workdir=spec.workdir,
+            label=f"{self.name}:{htask.id}",
+            network_isolated=isolated,
+            host_loopback=not isolated and "host_loopback" in caps,
+            needs=needs,
+            rollout_id=rollout_id,
+        )
+        return HarborSession(_Live(self, opened), view_task or task)
+
+    async def _start(self, provider: Any, spec: Any, snapshot: Any = None) -> Any:
+        try:
+            if snapshot is not None:
+                return await provider.restore(snapshot, spec)
+            return await provider.start(spec)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            kind = (
+                "harness_setup"
+                if spec.upstreams and ("route" in text or "forwarder" in text)
+                else "sandbox_start"
+            )
+            raise EnvSetupError(kind, f"the sandbox did not start: {text}") from exc
+
+    async def _prepare(self, sandbox: Any, task: HarborTask, workdir: str) -> None:
+        dirs = ["/logs/agent", "/logs/verifier", "/logs/artifacts", workdir]
+        try:
+            result = await sandbox.exec(["mkdir", "-p", *dirs], timeout_s=120, cwd="/")
+        except Exception as exc:
+            raise EnvSetupError(
+                "env_setup", f"preparing the sandbox failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if result.exit_code != 0:
+            raise EnvSetupError(
+                "env_setup",
+                f"mkdir of the log dirs failed (exit {result.exit_code}): {result.stderr.strip()[:300]}",
+            )
+        if task.environment.healthcheck is not None:
+            await _healthcheck(sandbox, task, workdir)
+
+    async def open_copy(self, session: HarborSession, child_task: Task) -> HarborSession:
+        """A `copy` fork: a snapshot taken under an exclusive turn, restored as a new sandbox."""
+        live = session._live
+        if "snapshot" not in self._capabilities():
+            raise EnvSetupError(
+                "env_config",
+                f"provider {self.options.provider} cannot snapshot: fork with mode shared or fresh",
+            )
+        snapshot = await live.gate.run(live.sandbox.snapshot, "exclusive", caller=session, what="copy")
+        opened = live.opened
+        sandbox = await self._start(self.provider(), opened.spec, snapshot)
+        copy = OpenedSandbox(**{**opened.__dict__, "sandbox": sandbox, "label": f"{opened.label} (copy)"})
+        return HarborSession(_Live(self, copy), child_task)
+
+
+def _as_task(task: HarborTask) -> Task:
+    return Task(
+        goal=task.instruction, id=task.id, misc={"harbor": {"task_dir": str(task.path), "name": task.name}}
+    )
+
+
+async def _stop_quietly(sandbox: Any) -> None:
+    try:
+        await asyncio.shield(sandbox.stop())
+    except Exception as exc:
+        log.warning("stopping a sandbox that failed to prepare: %s: %s", type(exc).__name__, exc)
+
+
+async def _healthcheck(sandbox: Any, task: HarborTask, workdir: str) -> None:
+    """Docker's rules: failures in the start period do not count; `retries` consecutive failures after it do."""
+    check = task.environment.healthcheck
+    assert check is not None
+    started = time.monotonic()
+    failures = 0
+    last = ""
+    while True:
+        try:
+            result = await sandbox.exec(check.command, timeout_s=check.timeout_sec, cwd=workdir)
+            ok = result.exit_code == 0 and not result.timed_out
+            last = (
+                "timed out"
+                if result.timed_out
+                else f"exit {result.exit_code}: {(result.stdout + result.stderr).strip()[-300:]}"
+            )
+        except Exception as exc:
+            ok, last = False, f"{type(exc).__name__}: {exc}"
+        if ok:
+            return
+        in_start = time.monotonic() - started < check.start_period_sec
+        if not in_start:
+            failures += 1
+            if failures >= max(1, check.retries):
+                raise EnvSetupError(
+                    "env_healthcheck",
+                    f"Harbor task {task.id}: the healthcheck failed {failures} time(s); last: {last}",
+                )
+        await asyncio.sleep(check.start_interval_sec if in_start else check.interval_sec)

@@ -32,7 +32,8 @@ What is measured, per episode (p50 and p95 over the episodes of a row):
   trajectory).
 - `direct` (host): the same script with the same argv (rendered by the runner's own `plan`) and the same
   environment, spawned directly against the same gateway served on loopback with the same MCP tools, spawn to
-  exit: the agent on its own, no runner around it.
+  exit (and runs per second): the agent on its own, no runner around it. On 2 shared cores its concurrency-8
+  figures move with the machine's load more than the per-episode `overhead`, which is paired episode by episode.
 
 Per model call: a client calling the agent's own `chat()` (imported from `platoon_bash.py`, so the same HTTP code)
 times `--calls` sequential `POST /v1/chat/completions` with an agent's key, one client per concurrent worker:
@@ -575,7 +576,7 @@ async def run(args: argparse.Namespace, scratch: Path) -> int:
             services.pop("docker", None)
             provider = None
     rows: dict[tuple[str, int], dict[str, Any]] = {}
-    directs: dict[int, list[float]] = {}
+    directs: dict[int, tuple[float, list[float]]] = {}
     calls: dict[int, dict[str, list[float]]] = {}
     profiler = cProfile.Profile() if args.profile else None
     for name, service in services.items():
@@ -586,7 +587,9 @@ async def run(args: argparse.Namespace, scratch: Path) -> int:
             profile = profiler if name == "host" and concurrency == 1 else None
             rows[(name, concurrency)] = await episodes(service, count, concurrency, scratch, profile)
             if name == "host":
-                directs[concurrency] = await direct(inner, count, concurrency, scratch)
+                began = time.perf_counter()
+                lifetimes = await direct(inner, count, concurrency, scratch)
+                directs[concurrency] = (count / (time.perf_counter() - began), lifetimes)
     for concurrency in (1, 8):
         calls[concurrency] = await model_calls(
             list(services), provider, args.calls if concurrency == 1 else max(1, args.calls // 2), concurrency,
@@ -622,10 +625,10 @@ async def run(args: argparse.Namespace, scratch: Path) -> int:
         names = sorted({k for p in row["phases"] for k in p if k.startswith("step:")}, key=STEP_ORDER.index)
         cells = [f"{k[5:]} {ms(pct([p.get(k, 0.0) for p in row['phases']], 0.5))}" for k in names]
         print(f"runner steps, {name} at concurrency {concurrency} (p50): " + ", ".join(cells))
-    for concurrency, lifetimes in directs.items():
+    for concurrency, (rate, lifetimes) in directs.items():
         host = [p["episode"] for p in rows[("host", concurrency)]["phases"]]
         print(
-            f"direct agent (no runner), concurrency {concurrency}: {ms(pct(lifetimes, 0.5))}/"
+            f"direct agent (no runner), concurrency {concurrency}: {rate:.1f} runs/s, {ms(pct(lifetimes, 0.5))}/"
             f"{ms(pct(lifetimes, 0.95))} spawn to exit; host episode p50 - direct p50 = "
             f"{ms(pct(host, 0.5) - pct(lifetimes, 0.5))}"
         )

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf '{"name": "platoon", "port": %d}\n' "$SERVICE_PORT" > /app/config.json

@@ -1,25 +1,20 @@
-"""`platoon harbor ...`: registered so the command line is complete; each command says it is not available yet."""
+"""`platoon harbor ...`: fetch, verify and index datasets (dataset_cli); task images are not available yet."""
 
 from __future__ import annotations
 
 from platoon.cli.output import new_app
 from platoon.cli.pending import not_available
+from platoon_harbor import dataset_cli
 
 app = new_app("Harbor datasets: fetch and lock, verify, task images.")
 images = new_app("Task images: plan, build, verify, alias.")
 app.add_typer(images, name="images")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def fetch() -> int:
-    """Fetch a Harbor dataset once and pin it with a lock."""
-    return not_available("harbor fetch", "the Harbor service")
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def verify() -> int:
-    """Verify a fetched dataset against its lock."""
-    return not_available("harbor verify", "the Harbor service")
+# Datasets: fetch and lock, verify, index (platoon_harbor.dataset_cli; heavy imports stay inside the commands).
+app.command("fetch")(dataset_cli.fetch)
+app.command("verify")(dataset_cli.verify)
+app.command("index")(dataset_cli.index)
 
 
 for _step in ("plan", "build", "verify", "alias"):

@@ -87,7 +87,6 @@ def test_bad_option_is_a_usage_error(capsys):
 @pytest.mark.parametrize(
     ("argv", "command"),
     [
-        (["prepare", "c.yaml", "--dry-run"], "prepare"),
         (["viz", "tail", "runs/x"], "viz"),
     ],
 )

@@ -56,10 +56,13 @@ class UsageError(PlatoonError):
 class NotPrepared(ConfigError):
     """What a run needs is not prepared on this site (exit 78); the command line names the prepare command."""
 
-    def __init__(self, problems: Sequence[str]) -> None:
+    def __init__(self, problems: Sequence[str], *, command: str | None = None) -> None:
+        #: the `platoon prepare ...` command for this config and overrides (shell-quoted), printed last
+        self.command = command
         super().__init__(list(problems))
 
     def render(self) -> str:
-        return "\n".join(
-            ["what the run needs is not prepared on this site:", *(f"  {p}" for p in self.problems)]
-        )
+        lines = ["what the run needs is not prepared on this site:", *(f"  {p}" for p in self.problems)]
+        if self.command:
+            lines.append(f"prepare it with: {self.command}")
+        return "\n".join(lines)

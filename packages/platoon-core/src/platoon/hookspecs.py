@@ -25,7 +25,7 @@ and in `acme_agents/plugin.py`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,6 +235,29 @@ def platoon_toolchain_prepare(spec: Any, root: str | None, dry_run: bool) -> Pre
     toolchain of another recipe) or, with `dry_run`, only say what would be built."""
 
 
+# The service seams. `platoon prepare` and the run-start check ask them for each entry that names a service; core
+# first loads the plugin that declares the service's name (as a service, else as a command group), so its hookimpls
+# answer. `service` is the entry's `service` as written; `options` its `service_kwargs` (site profile applied);
+# `cache_root` the site's cache root (None: the default); `config` the config file as the user named it.
+
+
+@hookspec
+def platoon_service_prepare(
+    service: str, options: Mapping[str, Any], cache_root: str | None, dry_run: bool, config: str | None
+) -> Iterable[PrepareStep] | None:
+    """`platoon prepare`'s steps for an entry of `service` (Harbor: `dataset`, `images`), each made when missing
+    (with `dry_run`, only said): an iterable core prints step by step as it yields. None when not yours."""
+
+
+@hookspec
+def platoon_service_problems(
+    service: str, options: Mapping[str, Any], cache_root: str | None, config: str | None
+) -> list[str] | None:
+    """The lines a run refuses with (`NotPrepared`, exit 78) because what an entry of `service` needs is not
+    prepared on this site (a dataset not fetched, images not built). Runs never build: the command line names
+    `platoon prepare`. None when not yours."""
+
+
 #: seam name (as `platoon.hooks` names it) -> hookspec name
 SEAM_HOOKS: dict[str, str] = {
     "rollout_worker.telemetry": "platoon_rollout_worker_telemetry",
@@ -243,4 +266,6 @@ SEAM_HOOKS: dict[str, str] = {
     "trajectory.message_completion_ids": "platoon_trajectory_message_completion_ids",
     "toolchain.problems": "platoon_toolchain_problems",
     "toolchain.prepare": "platoon_toolchain_prepare",
+    "service.prepare": "platoon_service_prepare",
+    "service.problems": "platoon_service_problems",
 }

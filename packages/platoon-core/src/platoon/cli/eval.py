@@ -34,10 +34,12 @@ def eval_(
     import sys
 
     from platoon.cli.config import deprecation_lines
+    from platoon.cli.pending import prepare_first
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.evaluator import evaluate, report_only
+    from platoon.prepare import check_prepared
     from platoon.sandbox_runs import site_provider_problem
 
     loaded = load_config(config, overrides or [], kind="eval")
@@ -60,8 +62,10 @@ def eval_(
         from platoon.eval.policy import PolicySpec, check_policy_key
 
         check_policy_key(PolicySpec.of_eval(resolved))  # the key is refused before anything else
-        err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
-        return 1
+        if (status := prepare_first(config, overrides)) != 0:
+            return status
+    # Runs never build or fetch: what the services need must be prepared already (exit 78 naming the command).
+    check_prepared(loaded, config, overrides or [])
     try:
         # Environment code runs in this process: what it prints goes to stderr, so stdout holds the summary only.
         with contextlib.redirect_stdout(sys.stderr):

@@ -1,6 +1,6 @@
-"""Commands whose machinery is built in a later release step: each says so in one line and exits 1.
-
-They are registered now so that `platoon --help` shows the whole command line; none of them pretends to work.
+"""`platoon prepare`, and commands whose machinery is built in a later release step: each of those says so in one
+line and exits 1. They are registered now so that `platoon --help` shows the whole command line; none of them
+pretends to work.
 """
 
 from __future__ import annotations
@@ -27,9 +27,22 @@ Overrides = Annotated[
 ]
 
 
-def prepare(config: ConfigArg, overrides: Overrides = None, dry_run: bool = False) -> int:
+def prepare(
+    config: ConfigArg,
+    overrides: Overrides = None,
+    dry_run: Annotated[bool, typer.Option(help="Say what would be made; change nothing.")] = False,
+) -> int:
     """Make what a config needs once per site (datasets, images, toolchains, tokenizer)."""
-    return not_available("prepare", "site preparation")
+    from platoon.prepare import run_prepare
+
+    return run_prepare(config, overrides or [], dry_run=dry_run)
+
+
+def prepare_first(config: str, overrides: list[str] | None) -> int:
+    """`--prepare` of train, eval and rollout: prepare with its lines on stderr; 0 when ready."""
+    from platoon.prepare import run_prepare
+
+    return run_prepare(config, overrides or [], out=err)
 
 
 def viz(argv: list[str]) -> int:

@@ -45,11 +45,13 @@ def rollout(
     import sys
 
     from platoon.cli.config import deprecation_lines
+    from platoon.cli.pending import prepare_first
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.errors import ConfigError
     from platoon.eval.one_task import WRONG_KIND, RolloutOptions, policy_of, run_adhoc_rollout
     from platoon.eval.tree import rollout_tree
+    from platoon.prepare import check_prepared
 
     if not task:
         err("rollout needs --task ID (ENVIRONMENT::TASK_ID in a mixture)")
@@ -68,8 +70,13 @@ def rollout(
         from platoon.eval.policy import check_policy_key
 
         check_policy_key(policy_of(loaded.config, options))  # the key is refused before anything else
-        err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
-        return 1
+        section = "train" if loaded.kind == "train" else "inference"
+        passed = [f"{section}.model_name={model}"] if model else []
+        passed += [f"{section}.renderer_name={renderer}"] if renderer else []
+        if (status := prepare_first(config, [*(overrides or []), *passed])) != 0:
+            return status
+    # Runs never build or fetch: what the services need must be prepared already (exit 78 naming the command).
+    check_prepared(loaded, config, overrides or [])
     try:
         # Environment and harness code run in this process: what they print goes to stderr, so stdout holds the
         # tree (or the JSON summary) alone.

@@ -36,10 +36,12 @@ def train(
     import threading
 
     from platoon.cli.config import deprecation_lines
+    from platoon.cli.pending import prepare_first
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.gateway.tinker_service import check_tinker_key
+    from platoon.prepare import check_prepared
     from platoon.sandbox_runs import site_provider_problem
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals
     from platoon.train.tinker.trainer import train as run_training
@@ -57,9 +59,10 @@ def train(
         return EX_CONFIG
     # The key check comes before anything is prepared or written.
     check_tinker_key(resolved.tinker_base_url)
-    if prepare:
-        err("--prepare: `platoon prepare` is not available yet in this build; run without --prepare")
-        return 1
+    if prepare and (status := prepare_first(config, overrides)) != 0:
+        return status
+    # Runs never build or fetch: what the services need must be prepared already (exit 78 naming the command).
+    check_prepared(loaded, config, overrides or [])
     if resolved.watchdog.max_restarts > 0:
         return _supervised(resolved, loaded)
     # The trainer's signal contract in process too: the first SIGINT/SIGTERM stops at the next step boundary with

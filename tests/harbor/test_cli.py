@@ -24,28 +24,27 @@ def test_harbor_group_is_listed_and_imported_only_when_invoked():
 
 
 @pytest.mark.parametrize(
-    ("argv", "command"),
+    ("argv", "code", "line"),
     [
-        (["harbor", "fetch", "hf://org/data"], "harbor fetch"),
-        (["harbor", "verify"], "harbor verify"),
-        (["harbor", "images", "build"], "harbor images build"),
-        (["harbor", "images", "plan", "c.yaml"], "harbor images plan"),
+        (["harbor", "images", "build"], 64, "Missing argument 'CONFIG|LOCK'"),
+        (["harbor", "images", "plan", "missing.yaml"], 78, "platoon: missing.yaml: no such config file"),
+        (["harbor", "images", "build", "c.yaml", "--shard", "2/2"], 64, "expected 0 <= i < n"),
     ],
 )
-def test_harbor_commands_say_they_are_not_available_yet(argv, command, capsys):
-    assert main(argv) == 1
+def test_harbor_images_bad_input_is_one_line_with_its_exit_code(
+    argv, code, line, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("environments: [{service: harbor, service_kwargs: {dataset_dir: .}}]\n")
+    assert main(argv) == code
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err == (
-        f"platoon: `platoon {command}` is not available yet in this build; it arrives with "
-        + ("Harbor task images\n" if "images" in argv else "the Harbor service\n")
-    )
+    assert captured.out == "" and line in captured.err and "Traceback" not in captured.err
 
 
 @pytest.mark.parametrize(
     ("group", "subcommands"),
     [
-        (["harbor"], ["fetch", "verify", "images"]),
+        (["harbor"], ["fetch", "verify", "index", "images"]),
         (["harbor", "images"], ["plan", "build", "verify", "alias"]),
     ],
 )

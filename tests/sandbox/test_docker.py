@@ -324,6 +324,24 @@ def test_kill_processes_keeps_the_container(image: str, exec_path: str) -> None:
         run(sandbox.stop())
 
 
+def test_the_providers_own_commands_run_after_the_workdir_is_deleted(exec_path: str) -> None:
+    """An agent may delete its working directory: the kill script and commands with another cwd still run (from
+    `/`), and a command told to enter the deleted directory gets 126."""
+
+    async def go() -> tuple[ExecResult, ExecResult]:
+        sandbox = await started()
+        try:
+            await sandbox.exec("cd / && rm -rf /app && nohup sleep 311 >/dev/null 2>&1 &", cwd="/")
+            await sandbox.kill_processes()
+            return await sandbox.exec(["pwd"], cwd="/"), await sandbox.exec(["pwd"])
+        finally:
+            await sandbox.stop()
+
+    elsewhere, inside = run(go())
+    assert elsewhere.stdout == "/\n"
+    assert inside.exit_code == 126
+
+
 def test_snapshot_restore_and_stop_removes_container_and_images() -> None:
     async def go() -> None:
         provider = DockerProvider()

@@ -167,7 +167,7 @@ class DockerSandbox:
         """Run one of the provider's own commands (no marker, no timeout of the caller's) to completion."""
         if self._api is None:
             extra = [a for key, value in (env or {}).items() for a in ("--env", f"{key}={value}")]
-            return await _cli(self._docker, "exec", *extra, self.name, *argv, check=False)
+            return await _cli(self._docker, "exec", "--workdir", "/", *extra, self.name, *argv, check=False)
         out, err = CappedOutput(), CappedOutput()
         code = await asyncio.get_running_loop().run_in_executor(
             POOL, run_in_container, self._api, self.name, argv, env or {}, None, out, err, []

@@ -66,8 +66,14 @@ def run_in_container(
     engine closes them. Returns the exit code, or None when the engine has none (the exec could not start).
 
     The connection's socket is appended to `opened` so the caller can close it to abandon the read."""
+    # From `/`, never the container's own working directory: an agent may have deleted it, and the provider's own
+    # commands (the kill script above all) must still run; `exec` enters the caller's cwd itself.
     exec_id = api.exec_create(
-        container, list(argv), stdin=stdin is not None, environment=[f"{k}={v}" for k, v in env.items()]
+        container,
+        list(argv),
+        stdin=stdin is not None,
+        environment=[f"{k}={v}" for k, v in env.items()],
+        workdir="/",
     )["Id"]
     conn = api.exec_start(exec_id, socket=True)
     raw: socket.socket = getattr(conn, "_sock", conn)

@@ -500,3 +500,23 @@ def test_process_provider_grading_refuses_a_symlinked_reward_and_a_deleted_workd
     assert (deleted.reason, deleted.metadata["platoon_zero"]) == ("workdir_missing", True)
     left = run(go("echo 42 > /app/answer.txt"))
     assert (left.status, left.rewards) == ("scored", {"reward": 1.0})
+
+
+# --- a fetched dataset ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_fetched_dataset_runs_from_its_lock_and_an_unfetched_one_is_not_prepared(tmp_path, env_name):
+    from platoon.envs.service import EnvNotPrepared
+    from platoon_harbor.datasets import FetchSettings, fetch
+
+    kwargs = {"dataset": str(EXAMPLE_TASKS), "cache": str(tmp_path / "cache"), "name": env_name}
+    with pytest.raises(EnvNotPrepared, match="platoon prepare"):
+        run(HarborService(**kwargs).list_tasks("train"))  # rollouts never fetch
+    fetch(FetchSettings.from_kwargs(kwargs, cache=tmp_path / "cache"))
+    service = HarborService(**kwargs)
+    assert run(service.list_tasks("train")) == ["fizzbuzz", "hello-file", "json-config", "word-count"]
+    task = run(service.get_task("hello-file"))
+    assert str(tmp_path / "cache" / "tasks") in task.misc["harbor"]["task_dir"]
+    episode = run_episode("hello-file", service=service, harness="platoon-oracle")
+    assert episode.outcome is not None and episode.outcome["rewards"] == {"reward": 1.0}

@@ -8,8 +8,9 @@ graded by their own tests.
 and the task's healthcheck must pass. Each start failure maps to an infra kind: a route problem `harness_setup`,
 another provider failure `sandbox_start`, preparation `env_setup`, an unhealthy task `env_healthcheck`.
 
-Fetched datasets (`dataset`, `lock`, holdout) are read through `platoon_harbor.datasets.service_tasks(options)`
-when that module provides it (another part of platoon-harbor); images of Dockerfile tasks through `image_for`.
+Fetched datasets (`dataset`, `lock`) are read from their lock (`platoon_harbor.datasets.resolve_dataset`: a
+rollout never fetches), split by `holdout` (`platoon_harbor.holdout`); the images of their Dockerfile tasks come
+from the site's image map (`platoon_harbor.images.image_for`), never built here.
 """
 
 from __future__ import annotations
@@ -169,8 +170,16 @@ class HarborOptions:
             raise ConfigError(f"{_WHERE}: {direct[0]} and {fetched[0]} exclude each other")
         if not direct and not fetched:
             raise ConfigError(f"{_WHERE}: name the tasks: dataset_dir, task_dirs, dataset or lock")
-        if kwargs.get("holdout") is not None and kwargs.get("splits") is not None:
-            raise ConfigError(f"{_WHERE}: holdout and splits exclude each other")
+        if kwargs.get("holdout") is not None:
+            if kwargs.get("splits") is not None:
+                raise ConfigError(f"{_WHERE}: holdout and splits exclude each other")
+            if not fetched:
+                raise ConfigError(
+                    f"{_WHERE}.holdout: needs a fetched dataset (dataset or lock), whose lock records the input files"
+                )
+            from platoon_harbor.holdout import HoldoutRule
+
+            HoldoutRule.parse(kwargs["holdout"])
         name = kwargs.get("name", "harbor")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{_WHERE}.name: a non-empty string")
@@ -294,6 +303,7 @@ class HarborService:
         self._loaded: dict[str, HarborTask] = {}
         self._refused: dict[str, TaskRefused] = {}
         self._provider: Any = None
+        self._split: Any = None
 
     @property
     def name(self) -> str:
@@ -340,18 +350,33 @@ class HarborService:
         return runnable
 
     def _fetched(self) -> tuple[dict[str, Path], dict[str, list[str]] | None]:
-        """A fetched dataset's tasks and splits, from `platoon_harbor.datasets.service_tasks(options)`."""
-        try:
-            from platoon_harbor import datasets
+        """A fetched dataset's tasks from its lock (`datasets.resolve_dataset`; rollouts never fetch: a missing or
+        stale lock raises `EnvNotPrepared` naming `platoon prepare`), and with `holdout` the splits train/eval."""
+        from platoon_harbor.datasets import resolve_dataset
+        from platoon_harbor.prepare import harbor_cache
 
-            service_tasks = datasets.service_tasks  # type: ignore[attr-defined]
-        except (ImportError, AttributeError):
-            raise ConfigError(
-                f"{_WHERE}.dataset: fetched Harbor datasets are not available in this build; name a local "
-                "directory with dataset_dir"
-            ) from None
-        tasks, splits = service_tasks(self.options.raw)
-        return {str(k): Path(v) for k, v in tasks.items()}, splits
+        raw = self.options.raw
+        resolved = resolve_dataset(raw, harbor_cache(raw, None))
+        if raw.get("holdout") is None:
+            return dict(resolved.tasks), None
+        from platoon_harbor.holdout import holdout_split
+
+        lock = resolved.lock or {}
+        identity = {
+            "dataset": lock.get("dataset"),
+            "resolved": lock.get("resolved"),
+            "inputs": lock.get("inputs"),
+        }
+        split = holdout_split(resolved.rows(), raw["holdout"], dataset=identity)
+        self._split = split
+        for line in split.report_lines():
+            log.info("%s: %s", self.name, line)
+        return dict(resolved.tasks), {"train": list(split.train), "eval": list(split.eval)}
+
+    def split_record(self) -> dict[str, Any] | None:
+        """The hold-out record a run writes into identity.json (None without `holdout`)."""
+        self._discover()
+        return self._split.record() if self._split is not None else None
 
     def harbor_task(self, task_id: str) -> HarborTask:
         """The parsed task of `task_id` (refused or unknown: ValueError naming the service)."""
@@ -372,6 +397,10 @@ class HarborService:
             return list(tasks)
         if split not in self._splits:
             raise ValueError(f"{self.name}: no split {split!r} (splits: {', '.join(self._splits)})")
+        if split == "eval" and self._split is not None and not self._splits[split]:
+            from platoon_harbor.holdout import eval_problem
+
+            raise ConfigError(eval_problem(self._split) or f"{self.name}: the eval split is empty")
         return list(self._splits[split])
 
     async def list_task_names(self, split: str) -> dict[str, str]:
@@ -435,6 +464,22 @@ class HarborService:
         provider = self.provider()
         if getattr(provider, "name", None) == "process":
             return "local"
+        raw = self.options.raw
+        if task.dockerfile is not None and (self.options.fetched or raw.get("image_map")):
+            # A Dockerfile task of a fetched dataset (or an entry with an image map): its image was built once per
+            # site by `platoon prepare`; a missing one is EnvNotPrepared, never the default image (6.5).
+            from platoon_harbor import images
+            from platoon_harbor.prepare import harbor_cache
+
+            return _scheme(
+                images.image_for(
+                    task,
+                    str(getattr(provider, "name", self.options.provider)),
+                    harbor_cache(raw, None),
+                    image_map=raw.get("image_map"),
+                    default=self.options.default_image,
+                )
+            )
         ref = task.environment.docker_image or self.options.default_image
         if not ref:
             hint = (
@@ -446,9 +491,7 @@ class HarborService:
             raise EnvNotPrepared(
                 f"Harbor task {task.id} names no [environment] docker_image and the entry sets no default_image{hint}"
             )
-        if "://" in ref or ref.endswith((".sif", ".sqsh")) or ref.startswith("/") or ref == "local":
-            return ref
-        return f"docker://{ref}"
+        return _scheme(ref)
 
     def _refusal(self, task: HarborTask) -> str | None:
         """Why this entry's provider cannot run `task`, or None (GPUs, no network)."""
@@ -632,6 +675,13 @@ class HarborService:
         sandbox = await self._start(self.provider(), opened.spec, snapshot)
         copy = OpenedSandbox(**{**opened.__dict__, "sandbox": sandbox, "label": f"{opened.label} (copy)"})
         return HarborSession(_Live(self, copy), child_task)
+
+
+def _scheme(ref: str) -> str:
+    """A bare image reference as `docker://<ref>`; schemes, image files and `local` as they are."""
+    if "://" in ref or ref.endswith((".sif", ".sqsh")) or ref.startswith("/") or ref == "local":
+        return ref
+    return f"docker://{ref}"
 
 
 def _as_task(task: HarborTask) -> Task:

@@ -300,3 +300,35 @@ def test_an_interrupted_prepare_leaves_what_the_next_one_finishes(tmp_path, site
         _Gate.release.set()
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("provider", "status", "detail"),
+    [
+        ("process", "done", "1 built, 0 already in "),
+        ("singularity", "failed", "the oci builder is not available in this build"),
+        (
+            "acme.sandboxes:Provider",
+            "failed",
+            "platoon harbor images build c.yaml --builder docker --push REPO/NAME",
+        ),
+    ],
+)
+def test_the_images_step_follows_the_provider(
+    tmp_path, builds, capsys, monkeypatch, provider, status, detail
+):
+    monkeypatch.chdir(tmp_path)
+    make_task(tmp_path / "ds", "alpha", f"FROM {BUSYBOX}\nCOPY data.txt /d\n", {"data.txt": "a\n"})
+    Path("c.yaml").write_text(
+        "environments:\n  - service: harbor\n"
+        f"    service_kwargs: {{dataset_dir: ds, image_map: maps/p.json, provider: '{provider}'}}\n"
+    )
+    code, out, _ = run(["prepare", "c.yaml"], capsys)
+    assert code == (0 if status == "done" else 1) and builds == []
+    assert out[1].startswith(f"environments[0] images: {status}: ") and detail in out[1], out[1]
+    if provider == "process":  # the process provider runs tasks on the host: its keys are recorded as `local`
+        recorded = json.loads((tmp_path / "maps" / "p.json").read_text())["images"]
+        assert [(e["image"], e["builder"]) for e in recorded.values()] == [("local", "alias")]
+        assert run(["prepare", "c.yaml"], capsys)[1][1].startswith(
+            "environments[0] images: current: 1 image(s)"
+        )

@@ -79,12 +79,14 @@ def write_task(
     solve_sh: str | None = None,
     toml: str = "",
     image: str | None = PYTHON_IMAGE,
+    top: str = "",
 ) -> Path:
-    """A task directory `root/name` with these scripts; `toml` is added after an `[environment]` naming `image`."""
+    """A task directory `root/name` with these scripts; `toml` is added after an `[environment]` naming `image`,
+    `top` (top-level keys) before it."""
     task = root / name
     (task / "tests").mkdir(parents=True)
     head = f'[environment]\ndocker_image = "{image}"\n' if image else ""
-    (task / "task.toml").write_text(head + textwrap.dedent(toml))
+    (task / "task.toml").write_text(textwrap.dedent(top) + head + textwrap.dedent(toml))
     (task / "instruction.md").write_text(f"Task {name}.\n")
     (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + textwrap.dedent(test_sh))
     if solve_sh is not None:
@@ -520,3 +522,62 @@ def test_a_fetched_dataset_runs_from_its_lock_and_an_unfetched_one_is_not_prepar
     assert str(tmp_path / "cache" / "tasks") in task.misc["harbor"]["task_dir"]
     episode = run_episode("hello-file", service=service, harness="platoon-oracle")
     assert episode.outcome is not None and episode.outcome["rewards"] == {"reward": 1.0}
+
+
+# --- separate verifier ------------------------------------------------------------------------------------------
+
+SEPARATE_TEST = """\
+cd /app
+ok=1
+[ "$(cat /app/out/answer.txt 2>/dev/null)" = 42 ] || ok=0
+[ -e /app/out/link ] && ok=0          # a symlink is never carried over
+[ -e /app/out/skip.log ] && ok=0      # excluded
+[ "$(cat /logs/artifacts/note.txt 2>/dev/null)" = note ] || ok=0
+[ -e /app/stray.txt ] && ok=0         # not an artifact
+echo $ok > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.slow
+def test_a_separate_verifier_gets_only_the_artifacts_and_main_is_released(tmp_path, env_name):
+    top = 'artifacts = [{ source = "out", exclude = ["*.log"] }]\n'
+    toml = f'[verifier.environment]\ndocker_image = "{PYTHON_IMAGE}"\n'
+    write_task(tmp_path, "separate", test_sh=SEPARATE_TEST, toml=toml, top=top)
+    service = HarborService(dataset_dir=str(tmp_path), name=env_name)
+
+    async def go() -> tuple[Any, Any, Any, Any]:
+        session = await opened(service, "separate")
+        try:
+            await session.call_tool(
+                "bash",
+                {
+                    "command": "mkdir -p out /logs/artifacts && echo 42 > out/answer.txt && ln -s /etc/passwd "
+                    "out/link && echo x > out/skip.log && echo note > /logs/artifacts/note.txt && echo y > stray.txt"
+                },
+            )
+            first = await session.grade()
+            after = await session.call_tool("bash", {"command": "echo hi"})
+            again = await session.grade()  # regraded from the kept artifacts
+            left = containers(env_name)
+            return first, after, again, left
+        finally:
+            await session.close()
+
+    first, after, again, left = run(go())
+    assert (first.status, first.rewards) == ("scored", {"reward": 1.0}), first
+    assert first.metadata["verifier_mode"] == "separate"
+    assert sorted(first.metadata["artifacts"]) == ["/app/out", "/logs/artifacts"]
+    assert first.metadata["artifacts_skipped"] == ["/app/out/link (symlink)"]
+    assert after.is_error and after.metadata["error_reason"] == "session_graded"
+    assert (again.status, again.rewards) == ("scored", {"reward": 1.0})
+    assert left == []  # main released, every verifier stopped
+
+
+@pytest.mark.slow
+def test_a_verifier_that_cannot_start_is_infra_verifier_start(tmp_path, env_name):
+    toml = '[verifier.environment]\ndocker_image = "platoon-test/no-such-verifier:never"\n'
+    write_task(tmp_path, "bad-verifier", toml=toml)
+    service = HarborService(dataset_dir=str(tmp_path), name=env_name)
+    outcome, _ = run(agent_then_grade(service, "bad-verifier"))
+    assert (outcome.status, outcome.failure_kind) == ("error", "verifier_start")
+    assert outcome.metadata["verifier_mode"] == "separate"

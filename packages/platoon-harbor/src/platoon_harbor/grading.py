@@ -660,3 +660,200 @@ async def _grade_shared(g: SharedGrading, base_meta: dict[str, Any]) -> Outcome:
         raise GradeFailure("verifier_output", str(exc)) from exc
     run = VerifierRun(exit_code, seconds, timed_out, files, "shared", cwd_error, dict(g.extra_metadata))
     return verdict(run, g.contract, classifiers=g.classifiers, task=g.task)
+
+
+# --- separate mode ----------------------------------------------------------------------------------------------
+
+#: skipped artifacts listed in the outcome metadata (then a count)
+SKIPPED_SHOWN = 20
+
+
+@dataclass
+class Collected:
+    """Artifacts taken from the main sandbox: (where they go in the verifier, the host copy), and what was left out."""
+
+    root: Path
+    items: list[tuple[str, Path]] = field(default_factory=list)
+    artifacts: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"artifacts": list(self.artifacts)}
+        if self.skipped:
+            out["artifacts_skipped"] = self.skipped[:SKIPPED_SHOWN]
+            if len(self.skipped) > SKIPPED_SHOWN:
+                out["artifacts_skipped_more"] = len(self.skipped) - SKIPPED_SHOWN
+        return out
+
+
+# Lists one artifact from `/`: its kind first (a symlink, missing or special source is reported, not followed), then
+# after restoring the owner's permissions every entry below it as `type size path` NUL-separated.
+LIST_SCRIPT = r"""
+cd / || exit 90
+src=$1
+if [ -L "$src" ]; then printf 'SKIP symlink'; exit 0; fi
+if [ ! -e "$src" ]; then printf 'SKIP missing'; exit 0; fi
+if [ ! -d "$src" ] && [ ! -f "$src" ]; then printf 'SKIP special'; exit 0; fi
+chmod -R u+rwX "$src" 2>/dev/null
+printf 'OK\0'
+find "$src" -printf '%y %s %p\0'
+"""
+
+
+async def collect_artifacts(
+    sandbox: Any,
+    artifacts: Sequence[tuple[str, str, Sequence[str]]],
+    max_bytes: int,
+    root: Path,
+) -> Collected:
+    """Take each `(source in main, destination in the verifier, exclude patterns)` out of `sandbox` by `tar` inside
+    it: only directories and regular files, an artifact over `max_bytes` (measured before anything is written) left
+    out whole, symlinks and special files left out and reported; unpacked on the host keeping only directories and
+    regular files (hard links become copies)."""
+    import fnmatch
+    import posixpath
+    import tarfile
+    import uuid
+
+    collected = Collected(root)
+    for index, (source, destination, excludes) in enumerate(artifacts):
+        listing = await sandbox.exec(
+            ["bash", "-c", LIST_SCRIPT, "platoon-artifacts", source], timeout_s=300, cwd="/"
+        )
+        if listing.exit_code != 0:
+            raise GradeFailure(
+                "verifier_artifacts", f"listing artifact {source} failed: {listing.stderr.strip()[:300]}"
+            )
+        head, _, rest = listing.stdout.partition("\0")
+        if head.startswith("SKIP"):
+            if head != "SKIP missing" or source != "/logs/artifacts":
+                collected.skipped.append(f"{source} ({head.split(' ', 1)[1]})")
+            continue
+        keep: list[str] = []
+        total = 0
+        for record in filter(None, rest.split("\0")):
+            kind, size, path = record.split(" ", 2)
+            rel = posixpath.relpath(path, source)
+            if rel != "." and any(fnmatch.fnmatch(rel, pattern) for pattern in excludes):
+                continue
+            if kind == "f":
+                total += int(size)
+                keep.append(path)
+            elif kind == "d":
+                keep.append(path)
+            else:
+                collected.skipped.append(f"{path} ({'symlink' if kind == 'l' else 'special'})")
+        if total > max_bytes:
+            collected.skipped.append(f"{source} (too large: {total} bytes over {max_bytes})")
+            continue
+        tarball = f"/tmp/platoon-artifacts-{uuid.uuid4().hex[:12]}.tar"
+        try:
+            made = await sandbox.exec(
+                ["tar", "--null", "--no-recursion", "-C", "/", "-cf", tarball, "-T", "-"],
+                stdin="\0".join(p.lstrip("/") for p in keep),
+                timeout_s=600,
+                cwd="/",
+            )
+            if made.exit_code != 0:
+                raise GradeFailure(
+                    "verifier_artifacts", f"tar of artifact {source} failed: {made.stderr.strip()[:300]}"
+                )
+            local = root / f"{index}.tar"
+            await sandbox.download(tarball, local)
+        finally:
+            with contextlib.suppress(Exception):
+                await sandbox.exec(["rm", "-f", tarball], timeout_s=60, cwd="/")
+        target = root / str(index)
+        prefix = source.lstrip("/")
+        with tarfile.open(local) as archive:
+            for member in archive.getmembers():
+                name = posixpath.normpath(member.name)
+                if name.startswith(("/", "..")) or (name != prefix and not name.startswith(prefix + "/")):
+                    continue
+                rel = posixpath.relpath(name, prefix)
+                out = target if rel == "." else target / rel
+                if member.isdir():
+                    out.mkdir(parents=True, exist_ok=True)
+                elif member.isfile() or member.islnk():
+                    data = archive.extractfile(member)
+                    if data is None:
+                        continue
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(data.read())
+                    out.chmod(0o755 if member.mode & 0o111 else 0o644)
+        local.unlink()
+        if target.exists():
+            collected.items.append((destination, target))
+            collected.artifacts.append(source)
+    return collected
+
+
+@dataclass
+class SeparateGrading:
+    """The verifier-sandbox half of a separate-mode grading (the artifacts were collected from main already)."""
+
+    start_verifier: Any  # async () -> sandbox
+    workdir: str
+    tests_dir: Path
+    bundled_tests: bool
+    verifier_env: Mapping[str, str]
+    timeout_s: float
+    contract: RewardContract
+    collected: Collected
+    classifiers: Sequence[tuple[str, str]] = ()
+    task: Any = None
+    extra_metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+async def grade_separate(g: SeparateGrading) -> Outcome:
+    """Start the verifier, place the artifacts, upload the tests unless bundled, run them; always stop it."""
+    meta = {"verifier_mode": "separate", **g.extra_metadata, **g.collected.metadata()}
+    try:
+        sandbox = await g.start_verifier()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return Outcome.infra(
+            "verifier_start", reason=f"the verifier did not start: {type(exc).__name__}: {exc}", metadata=meta
+        )
+    try:
+        try:
+            await reset_dirs(sandbox)
+            made = await sandbox.exec(["mkdir", "-p", g.workdir, "/logs/artifacts"], timeout_s=60, cwd="/")
+            if made.exit_code != 0:
+                raise RuntimeError(made.stderr.strip()[:300])
+            for destination, host in g.collected.items:
+                await sandbox.upload(host, destination)
+            if not g.bundled_tests:
+                await sandbox.upload(g.tests_dir, "/tests")
+        except Exception as exc:
+            return Outcome.infra("verifier_setup", reason=f"{type(exc).__name__}: {exc}", metadata=meta)
+        started = time.monotonic()
+        cwd_error = None
+        try:
+            result = await sandbox.exec(
+                "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
+                timeout_s=g.timeout_s,
+                env=dict(g.verifier_env),
+                cwd=g.workdir,
+            )
+            exit_code, timed_out = result.exit_code, result.timed_out
+        except OSError as exc:
+            exit_code, timed_out, cwd_error = 126, False, str(exc)
+        seconds = time.monotonic() - started
+        try:
+            await sandbox.kill_processes()
+        except Exception as exc:
+            return Outcome.infra(
+                "verifier_isolation", reason=f"killing after the tests failed: {exc}", metadata=meta
+            )
+        try:
+            files = await read_outputs(sandbox)
+        except OutputError as exc:
+            return Outcome.infra("verifier_output", reason=str(exc), metadata=meta)
+        extra = {**g.extra_metadata, **g.collected.metadata()}
+        run = VerifierRun(exit_code, seconds, timed_out, files, "separate", cwd_error, extra)
+        return verdict(run, g.contract, classifiers=g.classifiers, task=g.task)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(sandbox.stop())

@@ -596,15 +596,13 @@ class HarborService:
         """Start the task's sandbox and return its session (6.7); failures raise `EnvSetupError`."""
         try:
             htask = await asyncio.to_thread(self._resolve, task)
-            if htask.separate_verifier:
-                raise EnvSetupError(
-                    "env_config",
-                    f"Harbor task {htask.id}: separate verifier environments are not supported by this build",
-                )
             refusal = self._refusal(htask)
             if refusal:
                 raise EnvSetupError("env_config", refusal)
             spec, env = self._spec(htask, rollout_id, needs)
+            verifier_spec, bundled = (
+                self._verifier_spec(htask, spec, rollout_id) if htask.separate_verifier else (None, False)
+            )
             provider = self.provider()
         except ConfigError as exc:
             raise EnvSetupError("env_config", str(exc)) from None
@@ -627,8 +625,50 @@ class HarborService:
             host_loopback=not isolated and "host_loopback" in caps,
             needs=needs,
             rollout_id=rollout_id,
+            verifier_spec=verifier_spec,
+            bundled_tests=bundled,
         )
         return HarborSession(_Live(self, opened), view_task or task)
+
+    def _verifier_spec(self, task: HarborTask, main: Any, rollout_id: str) -> tuple[Any, bool]:
+        """A separate verifier's sandbox spec, checked when the session opens (its env is resolved at grading), and
+        whether its image bundles the tests. Image: `[verifier.environment].docker_image`, else the task's own
+        (`tests/Dockerfile` images are not built by this build). Only read-only service mounts reach it; no needs."""
+        from platoon_sandbox.contract import SandboxSpec
+
+        venv = task.verifier.environment
+        if venv is not None and venv.docker_image:
+            image = _scheme(venv.docker_image)
+            if getattr(self.provider(), "name", None) == "process":
+                image = "local"
+        elif task.verifier_dockerfile is not None:
+            raise EnvSetupError(
+                "env_config",
+                f"Harbor task {task.id}: a verifier image built from tests/Dockerfile is not supported",
+            )
+        else:
+            image = main.image
+        mode = (
+            task.verifier.network_mode
+            or (venv.network_mode if venv else None)
+            or task.environment.network_mode
+        )
+        labels = {**dict(main.labels), "platoon.role": "verifier"}
+        spec = SandboxSpec(
+            image=image,
+            workdir=(venv.workdir if venv else None) or task.environment.workdir or self.options.workdir,
+            env={},
+            mounts=tuple(m for m in self.options.mounts if m.read_only),
+            network="none" if mode == "no-network" else "host",
+            cpus=venv.cpus if venv else task.environment.cpus,
+            memory_mb=venv.memory_mb if venv else task.environment.memory_mb,
+            labels=labels,
+        )
+        return spec, image != main.image
+
+    async def start_verifier(self, spec: Any) -> Any:
+        """Start a separate verifier's sandbox (no healthcheck runs there)."""
+        return await self.provider().start(spec)
 
     async def _start(self, provider: Any, spec: Any, snapshot: Any = None) -> Any:
         try:

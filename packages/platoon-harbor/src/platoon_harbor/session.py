@@ -9,11 +9,14 @@ unless the tool is listed in `concurrent_tools`); grading and copy snapshots tak
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import posixpath
-import shlex
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.envs.gate import EnvBusy, Gate, GateClosed
@@ -129,6 +132,9 @@ class OpenedSandbox:
     host_loopback: bool
     needs: SessionNeeds | None
     rollout_id: str
+    #: separate mode: the verifier's sandbox spec (its env is laid over at grading) and whether it bundles /tests
+    verifier_spec: Any = None
+    bundled_tests: bool = False
 
 
 class _Live:
@@ -142,6 +148,9 @@ class _Live:
         self.refs = 1
         self.closed = False
         self._closing: asyncio.Task[None] | None = None
+        #: separate mode: the artifacts taken from main (kept for regrading) and whether main was released
+        self.collected: grading.Collected | None = None
+        self.main_released = False
 
     async def release(self) -> None:
         self.refs -= 1
@@ -167,6 +176,22 @@ class _Live:
             await self.sandbox.stop()
         except Exception as exc:  # the registry still lists it, so a reap finds it
             log.warning("%s: stopping the sandbox failed: %s: %s", self.opened.label, type(exc).__name__, exc)
+        finally:
+            if self.collected is not None:
+                shutil.rmtree(self.collected.root, ignore_errors=True)
+
+    async def release_main(self) -> None:
+        """Separate mode, nothing else holding main: stop it now; the session keeps only its artifacts."""
+        self.main_released = True
+        try:
+            await asyncio.shield(self.sandbox.stop())
+        except Exception as exc:
+            log.warning("%s: stopping the sandbox failed: %s: %s", self.opened.label, type(exc).__name__, exc)
+
+    def refusal(self) -> ToolResult | None:
+        if self.main_released:
+            return _error("Not run: the session was graded and its sandbox released.", "session_graded")
+        return None
 
 
 class HarborSession:
@@ -234,6 +259,9 @@ class HarborSession:
         live = self._live
         if self._closed or live.closed:
             return _error("Not run: the environment session is closed.", "session_closed")
+        refused = live.refusal()
+        if refused is not None:
+            return refused
         args = dict(arguments)
         op = "concurrent" if name in live.service.options.concurrent_tools else "serial"
         try:
@@ -249,6 +277,9 @@ class HarborSession:
             return _error("Not run: the environment session is closed.", "session_closed")
 
     async def _run_tool(self, name: str, args: dict[str, Any]) -> ToolResult:
+        refused = self._live.refusal()  # checked again once admitted: a grading ahead may have released main
+        if refused is not None:
+            return refused
         try:
             if name == "bash":
                 return await self._bash(args)
@@ -398,6 +429,10 @@ class HarborSession:
         `platoon-oracle`); returns the `ExecResult`."""
         live = self._live
         task = live.opened.task
+        if live.main_released:
+            raise EnvSetupError(
+                "env_setup", f"{live.opened.label}: the session was graded and its sandbox released"
+            )
         if not task.has_solution:
             raise EnvSetupError("env_config", f"Harbor task {task.id} has no solution/solve.sh")
         timeout = self.agent_timeout_s or live.service.options.tool_timeout_s
@@ -437,6 +472,8 @@ class HarborSession:
             verifier_env = {**live.opened.env, **resolve_env(task.verifier.env, what="[verifier].env")}
         except UnsetVariable as exc:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
+        if task.separate_verifier:
+            return await self._grade_separate(extra)
         return await grading.grade_shared(
             grading.SharedGrading(
                 sandbox=self.sandbox,
@@ -445,6 +482,80 @@ class HarborSession:
                 verifier_env=verifier_env,
                 timeout_s=task.verifier.timeout_sec * service.options.verifier_timeout_multiplier,
                 contract=service.options.reward,
+                classifiers=service.options.verifier_classifiers,
+                task=task,
+                extra_metadata=extra,
+            )
+        )
+
+    async def _grade_separate(self, extra: dict[str, Any]) -> Outcome:
+        live = self._live
+        service = live.service
+        opened = live.opened
+        task = opened.task
+        venv = task.verifier.environment
+        try:
+            env = {
+                **service.options.env,
+                **resolve_env(venv.env if venv else {}, what="[verifier.environment].env"),
+                **resolve_env(task.verifier.env, what="[verifier].env"),
+            }
+        except UnsetVariable as exc:
+            return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
+        vspec = dataclasses.replace(opened.verifier_spec, env=env)
+        base = {"verifier_mode": "separate", **extra}
+        if live.collected is None:
+            sandbox = self.sandbox
+            try:
+                await sandbox.kill_processes()
+            except Exception as exc:
+                return Outcome.infra(
+                    "verifier_isolation", reason=f"killing the agents' processes failed: {exc}", metadata=base
+                )
+            try:
+                problem = await grading.workdir_problem(sandbox, self.workdir)
+            except Exception as exc:
+                return Outcome.infra("verifier_setup", reason=str(exc), metadata=base)
+            if problem is not None:
+                meta = {**base, "verifier_cwd_error": f"{self.workdir}: {problem}"}
+                return grading.platoon_zero(service.options.reward, "workdir_missing", meta)
+            sources: list[tuple[str, str, tuple[str, ...]]] = [("/logs/artifacts", "/logs/artifacts", ())]
+            for artifact in task.artifacts:
+                if artifact.source.startswith("/"):
+                    sources.append((artifact.source, artifact.source, artifact.exclude))
+                else:
+                    sources.append(
+                        (
+                            posixpath.normpath(posixpath.join(self.workdir, artifact.source)),
+                            posixpath.normpath(posixpath.join(vspec.workdir, artifact.source)),
+                            artifact.exclude,
+                        )
+                    )
+            root = Path(tempfile.mkdtemp(prefix="platoon-artifacts-"))
+            try:
+                live.collected = await grading.collect_artifacts(
+                    sandbox, sources, service.options.max_artifact_bytes, root
+                )
+            except grading.GradeFailure as exc:
+                shutil.rmtree(root, ignore_errors=True)
+                return Outcome.infra(exc.kind, reason=str(exc), metadata=base)
+            except Exception as exc:
+                shutil.rmtree(root, ignore_errors=True)
+                return Outcome.infra(
+                    "verifier_artifacts", reason=f"{type(exc).__name__}: {exc}", metadata=base
+                )
+            if live.refs == 1 and live.gate.in_flight <= 1:  # only this grading holds main
+                await live.release_main()
+        return await grading.grade_separate(
+            grading.SeparateGrading(
+                start_verifier=lambda: service.start_verifier(vspec),
+                workdir=vspec.workdir,
+                tests_dir=task.tests_dir,
+                bundled_tests=opened.bundled_tests,
+                verifier_env=env,
+                timeout_s=service.verifier_timeout_s(task),
+                contract=service.options.reward,
+                collected=live.collected,
                 classifiers=service.options.verifier_classifiers,
                 task=task,
                 extra_metadata=extra,
@@ -461,6 +572,10 @@ class HarborSession:
         live = self._live
         if self._closed or live.closed:
             raise EnvSetupError("env_setup", f"{live.opened.label}: cannot fork a closed session")
+        if live.main_released:
+            raise EnvSetupError(
+                "env_setup", f"{live.opened.label}: the session was graded and its sandbox released"
+            )
         child_task = task or self._task
         if mode is ForkMode.FRESH:
             return await live.service.open(
@@ -483,7 +598,3 @@ def _error(text: str, reason: str) -> ToolResult:
     result = ToolResult.text(text, is_error=True)
     result.metadata["error_reason"] = reason
     return result
-
-
-def quote(path: str) -> str:
-    return shlex.quote(path)

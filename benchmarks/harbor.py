@@ -1,8 +1,8 @@
 """Harbor: the time of a second `platoon prepare` on a prepared site (target: under 2 s for the example dataset, no
-image rebuilt), and graded episodes per second.
+image rebuilt), and graded episodes per second with `platoon-oracle` in Docker at concurrency 4.
 
     . /tmp/platoon-docker-engine.env   # an engine with platoon-test/* images (.ci/docker-engine start)
-    uv run --frozen python benchmarks/harbor.py [--repeats 5]
+    uv run --frozen python benchmarks/harbor.py [--repeats 5] [--episodes 16] [--concurrency 4]
 
 Two configurations, each prepared once, then prepared again `--repeats` times:
 
@@ -19,13 +19,16 @@ start and imports included), timed from spawn to exit; p50 and max are printed w
 entries' image ids and the build logs' modification times are the same before and after every second prepare,
 and the step line says `current`. The site (cache, profile) is a temporary directory; the images built are removed.
 
-Episodes per second need the `harbor` service's sessions to open on the images built here (its `image_for`);
-they are printed as "not measured" until they do.
+Then graded episodes per second for both: `platoon-oracle` through `platoon.testing.run_episode` on the harbor service
+in Docker at concurrency 4 (`--concurrency`), `--episodes` episodes over the four tasks in turn, each scoring 1; the
+second row's sessions open on the images the first prepare built (the service asks `platoon_harbor.images`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -64,10 +67,11 @@ def in_process(config: Path, env: dict[str, str]) -> float:
     cwd = os.getcwd()
     os.chdir(config.parent)
     try:
-        run_prepare(str(config), [], out=lambda line: None, err=lambda line: None)  # warm the imports
-        started = time.perf_counter()
-        run_prepare(str(config), [], out=lambda line: None, err=lambda line: None)
-        return time.perf_counter() - started
+        with contextlib.redirect_stderr(io.StringIO()):  # the steps' own progress lines
+            run_prepare(str(config), [], out=lambda line: None, err=lambda line: None)  # warm the imports
+            started = time.perf_counter()
+            run_prepare(str(config), [], out=lambda line: None, err=lambda line: None)
+            return time.perf_counter() - started
     finally:
         os.chdir(cwd)
         os.environ.clear()
@@ -136,9 +140,56 @@ def measure(name: str, config: Path, env: dict[str, str], cache: Path, repeats: 
     return unchanged and worst < TARGET_S
 
 
+def episodes_per_second(
+    name: str, kwargs: dict[str, str], env: dict[str, str], episodes: int, workers: int
+) -> bool:
+    """Graded episodes per second: `platoon-oracle` (it runs each task's solution/solve.sh) through `run_episode`
+    on the harbor service in Docker, `workers` episodes at a time (one service and event loop per worker thread),
+    over the dataset's tasks in turn. Every episode must score 1."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from platoon.testing import run_episode
+    from platoon_harbor.service import HarborService
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        ids = asyncio.run(HarborService(**kwargs).list_tasks("train"))
+        order = [ids[n % len(ids)] for n in range(episodes)]
+
+        def worker(number: int) -> list[tuple[float, float | None]]:
+            service = HarborService(**kwargs)
+            done = []
+            for task_id in order[number::workers]:
+                started = time.perf_counter()
+                episode = run_episode(task_id, service=service, harness="platoon-oracle")
+                outcome = episode.outcome or {}
+                done.append((time.perf_counter() - started, (outcome.get("rewards") or {}).get("reward")))
+            return done
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            results = [r for rows in pool.map(worker, range(workers)) for r in rows]
+        wall = time.perf_counter() - started
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    scored = sum(1 for _, reward in results if reward == 1.0)
+    times = sorted(seconds for seconds, _ in results)
+    print(
+        f"{name}: {len(results)} episodes (platoon-oracle, docker, concurrency {workers}) in {wall:.1f} s = "
+        f"{len(results) / wall:.2f} episodes/s; per episode p50 {statistics.median(times):.2f} s, "
+        f"max {times[-1]:.2f} s; scored 1: {scored}/{len(results)}"
+    )
+    return scored == len(results)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--episodes", type=int, default=16, help="graded episodes per row")
+    parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
     if subprocess.run(
         ["docker", "image", "inspect", "platoon-test/python:bookworm"], capture_output=True
@@ -165,15 +216,16 @@ def main() -> int:
         copied.mkdir()
         try:
             ok &= measure("example, fetched, Dockerfiles", dockerfile_copy(copied), env, cache, args.repeats)
+            for name, kwargs in (
+                ("example", {"dataset_dir": str(example / "tasks")}),
+                ("example, fetched, Dockerfiles", {"dataset": str(copied / "dataset")}),
+            ):
+                ok &= episodes_per_second(name, kwargs, env, args.episodes, args.concurrency)
         finally:
             image_map = cache / "harbor" / "images" / "docker.json"
             if image_map.exists():
                 tags = [e["image"] for e in json.loads(image_map.read_text())["images"].values()]
                 subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
-    print(
-        "episodes per second (platoon-oracle, docker, concurrency 4): not measured — the harbor service does not "
-        "open sessions on the images `platoon prepare` builds yet (its image_for reads docker_image/default_image)"
-    )
     return 0 if ok else 1
 
 

@@ -26,16 +26,17 @@ __all__ = ["EntryImages", "entry_images", "harbor_cache", "prepare_steps", "run_
 
 def harbor_cache(options: Mapping[str, Any], cache_root: str | os.PathLike[str] | None) -> Path:
     """The entry's Harbor cache: `cache` (deprecated), `$PLATOON_HARBOR_CACHE` (deprecated), else
-    `<cache root>/harbor` (the site profile's cache root, else ~/.cache/platoon)."""
+    `<cache root>/harbor` (`cache_root`, else the site profile's cache root, else ~/.cache/platoon)."""
     if options.get("cache"):
         return Path(os.path.abspath(os.path.expanduser(str(options["cache"]))))
     legacy = os.environ.get("PLATOON_HARBOR_CACHE")
     if legacy:
         return Path(os.path.abspath(os.path.expanduser(legacy)))
-    if cache_root is None:
-        from platoon.config.site import default_cache_root
+    if cache_root is None:  # a caller without a loaded config (the service in a worker): the site profile's
+        from platoon.config.site import default_cache_root, load_site
 
-        cache_root = default_cache_root()
+        profile = load_site()
+        cache_root = profile.cache_root if profile is not None else default_cache_root()
     return Path(cache_root) / "harbor"
 
 

@@ -370,3 +370,27 @@ def test_images_commands_plan_build_verify_alias(tmp_path, builds, capsys, monke
     assert sorted(aliased) == sorted(key) and {e["image"] for e in aliased.values()} == {"local"}
     assert main(["harbor", "images", "verify", "c.yaml", "--image-map", "maps/process.json"]) == 0
     assert "not checked" in capsys.readouterr().err
+
+
+def test_a_separate_verifier_built_from_tests_dockerfile(tmp_path, builds):
+    task = make_task(tmp_path, "v", SIMPLE, {"hello.txt": "main\n", **nonce()})
+    (task / "task.toml").write_text('[task]\nname = "v"\n[verifier]\nenvironment_mode = "separate"\n')
+    (task / "tests" / "Dockerfile").write_text(f"FROM {BUSYBOX}\nCOPY test.sh /tests/test.sh\n")
+    plans, keys = images.plan_tasks([task])
+    assert [(p.task.role, p.kind) for p in plans] == [("environment", "build"), ("verifier", "build")]
+    assert {k.example.task.role for k in keys.values()} == {"environment", "verifier"}
+    image_map = images.ImageMap(tmp_path / "docker.json")
+    with pytest.raises(EnvNotPrepared, match="its verifier image"):
+        images.image_for(task, "docker", image_map=image_map.path, role="verifier")
+    results = images.build_keys(list(keys.values()), image_map, builder="docker")
+    assert [r.status for r in results] == ["built", "built"]
+    assert sorted(e["receipt"]["role"] for e in image_map.read().values()) == ["environment", "verifier"]
+    tag = images.image_for(task, "docker", image_map=image_map.path, role="verifier")
+    assert tag != images.image_for(task, "docker", image_map=image_map.path)
+    shown = docker("run", "--rm", "--network", "none", tag, "cat", "/tests/test.sh").stdout
+    assert shown == "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
+    # a shared verifier, or one naming its own image, builds nothing of its own
+    (task / "task.toml").write_text('[task]\nname = "v"\n[verifier.environment]\ndocker_image = "acme/v:1"\n')
+    assert [p.task.role for p in images.plan_tasks([task])[0]] == ["environment"]
+    (task / "task.toml").write_text('[task]\nname = "v"\n')
+    assert images.verifier_source(task) is None

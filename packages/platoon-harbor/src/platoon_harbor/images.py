@@ -5,7 +5,8 @@ map of a provider, the `docker` builder, and the image a session opens on.
   `environment/Dockerfile` (a build key; `shared` when other tasks have the same key, else `per_task`), or neither
   (`none`: the service's default image). This build plans the whole Dockerfile as the prefix (no deferred suffix):
   the key covers every instruction and every file of the build context, so a change to any of them is a new image,
-  and tasks whose Dockerfiles and contexts are equal share one.
+  and tasks whose Dockerfiles and contexts are equal share one. A separate verifier without its own
+  `docker_image` whose `tests/Dockerfile` exists gets a key of its own (role `verifier`, context `tests/`).
 - **Build key** (`platoon-buildkey-v1`): `sha256:` of the compact sorted JSON `{rule, directives, prefix, context,
   dockerignore}` — parser directives, the normalized instructions (heredoc bodies included), `[path, sha256,
   executable]` of every file of the context, and the `.dockerignore` hash. Remote `ADD` sources count as written:
@@ -97,14 +98,21 @@ class TaskSource:
     id: str
     path: Path
     docker_image: str | None = None
+    #: `environment` (the task's own image) or `verifier` (a separate verifier's, built from `tests/Dockerfile`)
+    role: str = "environment"
 
     @property
     def environment(self) -> Path:
         return self.path / "environment"
 
     @property
+    def context(self) -> Path:
+        """The build context: `environment/`, or `tests/` for a verifier image."""
+        return self.environment if self.role == "environment" else self.path / "tests"
+
+    @property
     def dockerfile(self) -> Path:
-        return self.environment / "Dockerfile"
+        return self.context / "Dockerfile"
 
 
 def task_source(task: Any, task_id: str | None = None) -> TaskSource:
@@ -133,15 +141,32 @@ def task_source(task: Any, task_id: str | None = None) -> TaskSource:
     return TaskSource(name, path, str(image) if image else None)
 
 
-def _toml_docker_image(path: Path) -> str | None:
+def _task_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path / "task.toml", "rb") as handle:
-            data = tomllib.load(handle)
+            return tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError):
-        return None  # the task loader reports a broken task.toml; images only need the key
-    environment = data.get("environment")
+        return {}  # the task loader reports a broken task.toml; images only need the key
+
+
+def _toml_docker_image(path: Path) -> str | None:
+    environment = _task_toml(path).get("environment")
     image = environment.get("docker_image") if isinstance(environment, dict) else None
     return image if isinstance(image, str) and image else None
+
+
+def verifier_source(task: Any) -> TaskSource | None:
+    """The separate verifier's image source of a task, when it is built from `tests/Dockerfile` (6.1: a separate
+    verifier without `[verifier.environment].docker_image`); else None (the verifier uses another image)."""
+    source = task_source(task)
+    verifier = _task_toml(source.path).get("verifier")
+    verifier = verifier if isinstance(verifier, dict) else {}
+    environment = verifier.get("environment")
+    separate = verifier.get("environment_mode") == "separate" or isinstance(environment, dict)
+    if not separate or (isinstance(environment, dict) and environment.get("docker_image")):
+        return None
+    built = TaskSource(source.id, source.path, None, role="verifier")
+    return built if built.dockerfile.is_file() else None
 
 
 # ------------------------------------------------------------------------------------------ Dockerfiles
@@ -367,12 +392,12 @@ def _plan_dockerfile(source: TaskSource) -> ImagePlan:
                 remotes.append(Remote(index, kind, _expand(operand, variables)))
     if not bases:
         raise ImageError("the Dockerfile has no FROM")
-    dockerignore = source.environment / ".dockerignore"
+    dockerignore = source.context / ".dockerignore"
     payload = {
         "rule": BUILD_KEY_RULE,
         "directives": dict(sorted(directives.items())),
         "prefix": [instruction.text for instruction in instructions],
-        "context": context_entries(source.environment),
+        "context": context_entries(source.context),
         "dockerignore": file_sha256(dockerignore) if dockerignore.is_file() else None,
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -397,8 +422,15 @@ class KeyPlan:
 
 
 def plan_tasks(tasks: Iterable[Any]) -> tuple[list[ImagePlan], dict[str, KeyPlan]]:
-    """Plans of every task, and the build keys they need (sorted by key)."""
-    plans = [plan_task(task) for task in tasks]
+    """Plans of every task (and of each separate verifier built from `tests/Dockerfile`), and the build keys they
+    need (sorted by key)."""
+    plans: list[ImagePlan] = []
+    for task in tasks:
+        source = task_source(task)
+        plans.append(plan_task(source))
+        verifier = verifier_source(source)
+        if verifier is not None:
+            plans.append(plan_task(verifier))
     keys: dict[str, KeyPlan] = {}
     for plan in plans:
         if plan.key is None:
@@ -564,7 +596,7 @@ class BuildResult:
 def _stage_context(plan: ImagePlan, scratch: Path) -> tuple[Path, Path]:
     """(context, Dockerfile) to build from: the task's own, or, when the Dockerfile ADDs a git repository, a copy
     whose Dockerfile COPYs each repository from a clone made here on the host."""
-    environment = plan.task.environment
+    environment = plan.task.context
     gits = [remote for remote in plan.remotes if remote.kind == "git"]
     directives = {k: v for k, v in plan.directives.items() if k != "syntax"}
     if not gits and "syntax" not in plan.directives:
@@ -706,7 +738,7 @@ def docker_build(
             "bases": list(plan.bases),
             "base_digests": [None] * len(plan.bases),  # no registry here: bases build as written
             "example_task": plan.task.id,
-            "role": "environment",
+            "role": plan.task.role,
         },
     }
 
@@ -728,7 +760,7 @@ def alias_entry(image: str, plan: ImagePlan) -> dict[str, Any]:
             "log": None,
             "bases": list(plan.bases),
             "example_task": plan.task.id,
-            "role": "environment",
+            "role": plan.task.role,
         },
     }
 
@@ -791,13 +823,23 @@ def image_for(
     *,
     image_map: str | os.PathLike[str] | None = None,
     default: str | None = None,
+    role: str = "environment",
 ) -> str:
     """The image a session of `task` opens on with `provider`: its map entry's image for a Dockerfile task (the
     map is `image_map`, else `<cache>/images/<provider>.json`), its `docker_image` for a prebuilt one, else
-    `default`. Raises `EnvNotPrepared` when the map lacks the task's key: runs never build."""
+    `default`. Raises `EnvNotPrepared` when the map lacks the task's key: runs never build. `role="verifier"`
+    asks for a separate verifier's image built from `tests/Dockerfile` (see `verifier_source`)."""
     from platoon.envs.service import EnvNotPrepared
 
-    plan = plan_task(task)
+    if role == "verifier":
+        source = verifier_source(task)
+        if source is None:
+            raise EnvNotPrepared(
+                f"task {task_source(task).id} has no separate verifier built from tests/Dockerfile"
+            )
+        plan = plan_task(source)
+    else:
+        plan = plan_task(task)
     if plan.kind == "prebuilt" and plan.ref:
         return plan.ref
     if plan.kind == "none":
@@ -820,8 +862,9 @@ def image_for(
     except ImageError as exc:
         raise EnvNotPrepared(str(exc)) from None
     if entry is None:
+        what = "its verifier image" if role == "verifier" else "its image"
         raise EnvNotPrepared(
-            f"task {plan.task.id}: its image {plan.key[:19]} is not built for the {provider} provider "
+            f"task {plan.task.id}: {what} {plan.key[:19]} is not built for the {provider} provider "
             f"(map {image_map}); run `platoon prepare CONFIG`"
         )
     image = str(entry["image"])

@@ -123,7 +123,7 @@ def plan(
                 {
                     "environment": found.label,
                     "key": key,
-                    "role": "environment",
+                    "role": key_plan.example.task.role,
                     "kind": key_plan.kind,
                     "tasks": len(key_plan.tasks),
                     "bases": list(key_plan.bases),

@@ -22,8 +22,6 @@ import pytest
 
 from platoon.envs.service import EnvSetupError
 from platoon.errors import ConfigError
-from platoon.task import Task
-from platoon.testing import run_episode
 from platoon_harbor.service import HarborService
 
 PYTHON_IMAGE = "platoon-test/python:bookworm"
@@ -113,22 +111,32 @@ async def agent_then_grade(service: HarborService, task_id: str, *commands: str)
         await session.close()
 
 
+async def solve_then_grade(service: HarborService, task_id: str, *, solve: bool = True) -> Any:
+    """What platoon-oracle (solve) or platoon-noop (not) does, then grading."""
+    session = await opened(service, task_id)
+    try:
+        if solve:
+            result = await session.run_solution()
+            assert result.exit_code == 0, result
+        return await session.grade()
+    finally:
+        await session.close()
+
+
 # --- the dataset check ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("harness", ["platoon-oracle", "platoon-noop"])
-def test_the_example_dataset_scores_1_with_the_oracle_and_0_with_noop_on_every_task(harness, env_name):
+def test_every_example_task_scores_1_after_its_solution_and_0_untouched(env_name):
+    """The dataset check at the session level (tests/platoon/harbor runs it through run_episode and the harnesses)."""
     service = HarborService(dataset_dir=str(EXAMPLE_TASKS), name=env_name)
     ids = run(service.list_tasks("train"))
     assert ids == ["fizzbuzz", "hello-file", "json-config", "word-count"]
-    expected = 1.0 if harness == "platoon-oracle" else 0.0
     for task_id in ids:
-        episode = run_episode(task_id, service=service, harness=harness)
-        outcome = episode.outcome
-        assert outcome is not None, task_id
-        assert (outcome["status"], outcome["rewards"]["reward"]) == ("scored", expected), (task_id, outcome)
-        assert not outcome.get("metadata", {}).get("platoon_zero"), (task_id, outcome)
+        for solve, expected in ((True, 1.0), (False, 0.0)):
+            outcome = run(solve_then_grade(service, task_id, solve=solve))
+            assert (outcome.status, outcome.rewards["reward"]) == ("scored", expected), (task_id, outcome)
+            assert not outcome.metadata.get("platoon_zero"), (task_id, outcome)
 
 
 # --- forgeries: each refused, none scored -----------------------------------------------------------------------
@@ -267,9 +275,6 @@ def test_a_provider_start_failure_is_infra_sandbox_start(tmp_path, env_name):
     with pytest.raises(EnvSetupError) as info:
         run(opened(service, "no-image"))
     assert info.value.failure_kind == "sandbox_start"
-    episode = run_episode("no-image", service=service, harness="platoon-noop")
-    assert episode.outcome is not None
-    assert (episode.outcome["status"], episode.outcome["failure_kind"]) == ("error", "sandbox_start")
 
 
 @pytest.mark.slow
@@ -287,12 +292,8 @@ def test_a_reward_contract_over_a_real_reward_json(env_name):
     service = HarborService(
         dataset_dir=str(EXAMPLE_TASKS), name=env_name, reward={"primary": "reward", "components": ["reward"]}
     )
-    episode = run_episode("fizzbuzz", service=service, harness="platoon-oracle")
-    assert episode.outcome is not None
-    assert (episode.outcome["status"], episode.outcome["failure_kind"]) == (
-        "invalid",
-        "verifier_unexpected_keys",
-    )
+    outcome = run(solve_then_grade(service, "fizzbuzz"))
+    assert (outcome.status, outcome.failure_kind) == ("invalid", "verifier_unexpected_keys")
 
 
 # --- the environment tools --------------------------------------------------------------------------------------
@@ -466,8 +467,8 @@ else echo 0 > "$R/logs/verifier/reward.txt"; fi
 """
 
 
-@pytest.mark.parametrize(("harness", "reward"), [("platoon-oracle", 1.0), ("platoon-noop", 0.0)])
-def test_the_process_provider_runs_and_grades_a_task(tmp_path, harness, reward):
+@pytest.mark.parametrize(("solve", "reward"), [(True, 1.0), (False, 0.0)])
+def test_the_process_provider_runs_and_grades_a_task(tmp_path, solve, reward):
     write_task(
         tmp_path / "tasks",
         "answer",
@@ -480,9 +481,8 @@ def test_the_process_provider_runs_and_grades_a_task(tmp_path, harness, reward):
         provider="process",
         provider_options={"scratch_root": str(tmp_path)},
     )
-    episode = run_episode(Task(id="answer"), service=service, harness=harness)
-    assert episode.outcome is not None
-    assert (episode.outcome["status"], episode.outcome["rewards"]["reward"]) == ("scored", reward)
+    outcome = run(solve_then_grade(service, "answer", solve=solve))
+    assert (outcome.status, outcome.rewards["reward"]) == ("scored", reward)
     assert not list((tmp_path / f"platoon-sandboxes-{os.getuid()}").glob("process-*"))  # stopped and removed
 
 
@@ -520,8 +520,7 @@ def test_a_fetched_dataset_runs_from_its_lock_and_an_unfetched_one_is_not_prepar
     assert run(service.list_tasks("train")) == ["fizzbuzz", "hello-file", "json-config", "word-count"]
     task = run(service.get_task("hello-file"))
     assert str(tmp_path / "cache" / "tasks") in task.misc["harbor"]["task_dir"]
-    episode = run_episode("hello-file", service=service, harness="platoon-oracle")
-    assert episode.outcome is not None and episode.outcome["rewards"] == {"reward": 1.0}
+    assert run(solve_then_grade(service, "hello-file")).rewards == {"reward": 1.0}
 
 
 # --- separate verifier ------------------------------------------------------------------------------------------

@@ -580,3 +580,13 @@ def test_a_verifier_that_cannot_start_is_infra_verifier_start(tmp_path, env_name
     outcome, _ = run(agent_then_grade(service, "bad-verifier"))
     assert (outcome.status, outcome.failure_kind) == ("error", "verifier_start")
     assert outcome.metadata["verifier_mode"] == "separate"
+
+
+def test_a_verifier_dockerfile_without_an_image_map_is_not_prepared(tmp_path):
+    from platoon.envs.service import EnvNotPrepared
+
+    task = write_task(tmp_path, "built-verifier", toml='[verifier]\nenvironment_mode = "separate"\n')
+    (task / "tests" / "Dockerfile").write_text(f"FROM {PYTHON_IMAGE}\nCOPY . /tests/\n")
+    service = HarborService(dataset_dir=str(tmp_path))
+    with pytest.raises(EnvNotPrepared, match="image map"):
+        run(opened(service, "built-verifier"))

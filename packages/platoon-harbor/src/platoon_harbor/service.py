@@ -632,19 +632,35 @@ class HarborService:
 
     def _verifier_spec(self, task: HarborTask, main: Any, rollout_id: str) -> tuple[Any, bool]:
         """A separate verifier's sandbox spec, checked when the session opens (its env is resolved at grading), and
-        whether its image bundles the tests. Image: `[verifier.environment].docker_image`, else the task's own
-        (`tests/Dockerfile` images are not built by this build). Only read-only service mounts reach it; no needs."""
+        whether its image bundles the tests. Image: `[verifier.environment].docker_image`, else the image the site built
+        from `tests/Dockerfile`, else the task's own. Only read-only service mounts reach it; no needs."""
         from platoon_sandbox.contract import SandboxSpec
 
         venv = task.verifier.environment
-        if venv is not None and venv.docker_image:
+        provider = self.provider()
+        if getattr(provider, "name", None) == "process":
+            image = "local"
+        elif venv is not None and venv.docker_image:
             image = _scheme(venv.docker_image)
-            if getattr(self.provider(), "name", None) == "process":
-                image = "local"
         elif task.verifier_dockerfile is not None:
-            raise EnvSetupError(
-                "env_config",
-                f"Harbor task {task.id}: a verifier image built from tests/Dockerfile is not supported",
+            # Built once per site with the task's own image (`platoon prepare`); runs never build.
+            from platoon_harbor import images
+            from platoon_harbor.prepare import harbor_cache
+
+            raw = self.options.raw
+            if not (self.options.fetched or raw.get("image_map")):
+                raise EnvNotPrepared(
+                    f"Harbor task {task.id}: its verifier image (tests/Dockerfile) needs an image map: a fetched "
+                    "dataset, or image_map"
+                )
+            image = _scheme(
+                images.image_for(
+                    task,
+                    str(getattr(provider, "name", self.options.provider)),
+                    harbor_cache(raw, None),
+                    image_map=raw.get("image_map"),
+                    role="verifier",
+                )
             )
         else:
             image = main.image

@@ -81,4 +81,5 @@ def test_two_training_steps_of_number_search_with_platoon_bash(tmp_path: Path, m
     for record in finished:
         harness = record["misc"]["harness"]
         assert harness["spec"] == "platoon-bash@1" and harness["placement"] == "local"
-        assert Path(harness["logs_path"]).is_file()
+        log = Path(harness["logs_path"])
+        assert log.is_file() and log.is_relative_to(run / "rollouts" / "train" / "harness")

@@ -151,8 +151,15 @@ class Trainer:
             label: get_workflow(entry.workflow)(self.workflow_config, reward_processor=entry.reward_processor)
             for label, entry in self.entries.items()
         }
+        # Training rollouts write no files of their own (their events go to the step's file), but a command-line
+        # agent's log does: under the run, never under the config's relative default in the working directory.
         self.rollout_config = self.workflow_config.rollout_config.model_copy(
-            update={"model_name": train.model_name, "return_dict": True, "train": True}
+            update={
+                "model_name": train.model_name,
+                "return_dict": True,
+                "train": True,
+                "output_dir": str(run_dir / "rollouts" / "train"),
+            }
         )
         self.checkpoints = CheckpointLog(run_dir)
         self.version = resume.policy_version if resume is not None else 0

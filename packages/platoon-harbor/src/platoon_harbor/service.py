@@ -33,7 +33,7 @@ from platoon.envs.service import EnvNotPrepared, EnvSetupError, SessionNeeds
 from platoon.errors import ConfigError
 from platoon.task import Task
 from platoon_harbor.grading import RewardContract, parse_classifiers
-from platoon_harbor.session import TOOL_NAMES, HarborSession, OpenedSandbox, _Live
+from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
 from platoon_harbor.tasks import (
     HarborTask,
     TaskRefused,
@@ -628,7 +628,7 @@ class HarborService:
             verifier_spec=verifier_spec,
             bundled_tests=bundled,
         )
-        return HarborSession(_Live(self, opened), view_task or task)
+        return HarborSession(LiveSandbox(self, opened), view_task or task)
 
     def _verifier_spec(self, task: HarborTask, main: Any, rollout_id: str) -> tuple[Any, bool]:
         """A separate verifier's sandbox spec, checked when the session opens (its env is resolved at grading), and
@@ -730,7 +730,7 @@ class HarborService:
         opened = live.opened
         sandbox = await self._start(self.provider(), opened.spec, snapshot)
         copy = OpenedSandbox(**{**opened.__dict__, "sandbox": sandbox, "label": f"{opened.label} (copy)"})
-        return HarborSession(_Live(self, copy), child_task)
+        return HarborSession(LiveSandbox(self, copy), child_task)
 
 
 def _scheme(ref: str) -> str:

@@ -1,6 +1,6 @@
 """Harbor sessions (harness spec 6.7): the agent's sandbox, the environment tools, forks, the oracle, grading.
 
-A `_Live` is one started sandbox and its gate, shared by every session view forked `shared` (reference counted);
+A `LiveSandbox` is one started sandbox and its gate, shared by every session view forked `shared` (reference counted);
 the last view to close drains in-flight calls (at most `close_timeout_s`) and stops the sandbox in a shielded task,
 so cancellation cannot cut the stop short. Every tool call and `run_solution()` takes a turn of the gate (serial
 unless the tool is listed in `concurrent_tools`); grading and copy snapshots take exclusive turns.
@@ -137,7 +137,7 @@ class OpenedSandbox:
     bundled_tests: bool = False
 
 
-class _Live:
+class LiveSandbox:
     """One started sandbox with its gate and its reference count."""
 
     def __init__(self, service: HarborService, opened: OpenedSandbox) -> None:
@@ -200,7 +200,7 @@ class HarborSession:
     #: calls go through this session's own gate; the runtime need not serialise them
     manages_concurrency = True
 
-    def __init__(self, live: _Live, task: Task) -> None:
+    def __init__(self, live: LiveSandbox, task: Task) -> None:
         self._live = live
         self._task = task
         self._closed = False

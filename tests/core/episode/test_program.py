@@ -42,7 +42,8 @@ def test_run_twice_raises_and_a_spec_that_does_not_load_leaves_the_run_to_do(ser
     async def main() -> None:
         ep = await open_episode(service, CHAT)
         with pytest.raises(SpecError, match=r"agents/x\.toml"):
-            await ep.run("agents/x.toml")  # specs run as the root (through the spec runner); this one is missing
+            # specs run as the root (through the spec runner); this one is missing
+            await ep.run("agents/x.toml")
         await ep.run()
         with pytest.raises(RuntimeError, match="runs once per episode"):
             await ep.run()

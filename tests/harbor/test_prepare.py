@@ -213,6 +213,9 @@ def test_a_run_whose_images_are_not_built_stops_before_any_rollout_naming_prepar
         "platoon: what the run needs is not prepared on this site:\n  environments.0.service_kwargs: " in err
     )
     assert "is not fetched" in err and err.endswith("prepare it with: platoon prepare train.yaml\n")
+    assert main(["config", "validate", "train.yaml"]) == 78  # the same check, before any run
+    validated = capsys.readouterr().out
+    assert "is not fetched" in validated and "  prepare it with: platoon prepare train.yaml\n" in validated
     # fetched, but its image is not built: a run never builds it
     assert main(["harbor", "fetch", "train.yaml"]) == 0
     capsys.readouterr()

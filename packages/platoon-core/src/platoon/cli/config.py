@@ -219,6 +219,8 @@ def _validate_one(
             problems += component_problems(loaded.config)
     if resolve and (unavailable := site_provider_problem(loaded.site)) is not None:
         problems.insert(0, unavailable)  # the profile's provider is refused before anything the run would do
+    if resolve and loaded.config is not None and getattr(loaded.config, "stage", None) != "report":
+        problems += _not_prepared_lines(loaded, path, overrides)
     if tasks and not training:
         task_lines = ["tasks: only a training config's tasks are listed"]
     elif tasks and not resolve and not problems:
@@ -232,6 +234,16 @@ def _validate_one(
     for line in [*problems, *deprecations, *task_lines]:
         out(f"  {line}")
     return failed
+
+
+def _not_prepared_lines(loaded: Any, path: str, overrides: list[str]) -> list[str]:
+    """The run-start check of train, eval and rollout (`platoon.prepare.check_prepared`): what a service needs
+    prepared on this site and is not (a dataset not fetched, images not built), and the command that prepares it."""
+    from platoon.prepare import prepare_command, service_problems
+
+    entries = list(getattr(loaded.config, "environments", None) or [])
+    lines = service_problems(loaded, entries, config=path)
+    return [*lines, f"prepare it with: {prepare_command(path, overrides)}"] if lines else []
 
 
 @app.command()

@@ -202,12 +202,32 @@ def test_components_are_resolved_and_extensions_loaded_when_named(configs, capsy
     assert lines[2].startswith("  environments.0.service: unknown service 'tabel' (did you mean table?).")
 
 
+def test_harbor_is_named_with_the_distribution_to_install_where_it_is_not_installed(configs, capsys):
+    from platoon import plugins
+
+    configs(
+        c="extends: base.yaml\ntinker_base_url: local\n"
+        "environments:\n  - service: harbor\n    harness: platoon-bandit-answer\n"
+    )
+    missing = "service 'harbor' is provided by platoon-harbor, which is not installed: "
+    if plugins.candidates("service", "harbor"):
+        # the workspace: harbor resolves, and the service itself refuses an entry that names no data
+        assert main(["config", "validate", "c.yaml"]) == 78
+        said = capsys.readouterr()
+        assert missing not in said.out + said.err
+        assert "a harbor entry needs dataset_dir, task_dirs, dataset or lock" in said.out + said.err
+    else:  # platoon-core alone (CI's package step)
+        code, lines = validate(capsys, "c.yaml")
+        assert code == 78
+        assert lines == [
+            "FAIL c.yaml",
+            f"  environments.0.service: {missing}install it with `uv add platoon-harbor`",
+        ]
+
+
 @pytest.mark.parametrize(
     ("service", "arrives_with"),
-    [
-        ("harbor", "the Harbor service (platoon-harbor)"),
-        ("ors+http://127.0.0.1:8080/Env", "remote ORS servers"),
-    ],
+    [("ors+http://127.0.0.1:8080/Env", "remote ORS servers")],
 )
 def test_a_service_of_a_later_release_says_it_is_not_available_yet(configs, capsys, service, arrives_with):
     configs(

@@ -490,8 +490,10 @@ def get_environment(ref: str) -> Any:
 
 
 #: services the docs describe whose machinery a later release brings: naming one says so instead of "unknown"
+#: services of first-party distributions installed separately: name -> the distribution that provides it
+SEPARATE_SERVICES: dict[str, str] = {"harbor": "platoon-harbor"}
+
 PLANNED_SERVICES: dict[str, str] = {
-    "harbor": "the Harbor service (platoon-harbor)",
     "ors+http": "remote ORS servers (run an ORS class in process with python://pkg.module:EnvClass)",
     "ors+https": "remote ORS servers (run an ORS class in process with python://pkg.module:EnvClass)",
 }
@@ -502,6 +504,11 @@ def get_service(name: str) -> hookspecs.ServiceFactory:
     try:
         answer = get_component("service", name)
     except ExtensionError:
+        if name in SEPARATE_SERVICES and not candidates("service", name):
+            what = SEPARATE_SERVICES[name]
+            raise ExtensionError(
+                f"service {name!r} is provided by {what}, which is not installed: install it with `uv add {what}`"
+            ) from None
         if name in PLANNED_SERVICES and not candidates("service", name):
             raise ExtensionError(
                 f"service {name!r} is not available yet in this build; it arrives with {PLANNED_SERVICES[name]}"

@@ -465,7 +465,7 @@ def _stack(environment_dir: Path) -> tuple[Stack, Path | None]:
 def _trivial_compose(path: Path) -> bool:
     """Only `services: {main: {}}` and an optional `version` (read without a YAML dependency for these shapes)."""
     try:
-        import yaml  # platoon-core depends on PyYAML
+        import yaml
 
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except Exception:

@@ -249,7 +249,7 @@ class _Gate(BaseHTTPRequestHandler):
         first = not _Gate.requested.is_set()
         _Gate.requested.set()
         if first:
-            _Gate.release.wait(60)
+            _Gate.release.wait(300)
         body = b"open\n"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -288,7 +288,7 @@ def test_an_interrupted_prepare_leaves_what_the_next_one_finishes(tmp_path, site
             assert time.monotonic() < deadline, "the build never reached its RUN step"
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=120)
         assert process.returncode == 130, (out, err)
         assert "images: building 1/1" in err and "ready" not in out
         # nothing half-made counts: the map has no entry, so the image is still "not built"

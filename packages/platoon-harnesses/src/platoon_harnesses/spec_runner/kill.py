@@ -17,7 +17,8 @@ from platoon_harnesses.spec_runner.launch import MARKER_VAR
 
 #: Runs inside a sandbox with cwd `/` (argv: marker, grace in tenths of a second). It does not carry the marker
 #: itself. `grep -z` reads the NUL-separated environ files in one process; a shell loop is the fallback for greps
-#: without -z. Zombies have an empty environ and are skipped.
+#: without -z. Zombies have an empty environ and are skipped. KILL is repeated for up to 10 s: a process in an
+#: uninterruptible wait (disk I/O on a loaded machine) dies only when the wait ends.
 SANDBOX_KILL_SCRIPT = r"""
 m="PLATOON_HARNESS_AGENT=$1"; g="$2"
 pids() {
@@ -33,7 +34,7 @@ kill -TERM $l 2>/dev/null
 i=0
 while [ "$i" -lt "$g" ]; do sleep 0.1; l=$(pids); [ -z "$l" ] && exit 0; i=$((i+1)); done
 n=0
-while [ "$n" -lt 20 ]; do l=$(pids); [ -z "$l" ] && exit 0; kill -KILL $l 2>/dev/null; sleep 0.05; n=$((n+1)); done
+while [ "$n" -lt 100 ]; do l=$(pids); [ -z "$l" ] && exit 0; kill -KILL $l 2>/dev/null; sleep 0.1; n=$((n+1)); done
 echo "processes survived SIGKILL: $(pids | tr '\n' ' ')" >&2
 exit 1
 """

@@ -1,0 +1,156 @@
+"""`TextCraftPromptBuilder`: the CodeAct prompts of platoon's TextCraft agents (linear, recursive, depth-aware).
+
+The system prompt is the variant's instructions, a blank line and the CodeAct paragraph; the action-space text is
+fixed (whatever functions the harness built), with synthetic or Minecraft examples. Needs the `platoon` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from platoon.harness.codeact import CellFunction, CodeActPromptBuilder
+from platoon_textcraft.tasks import format_goal
+
+__all__ = ["VARIANTS", "TextCraftPromptBuilder"]
+
+VARIANTS = ("linear", "recursive", "depth_aware")
+
+_GAME = """You are an agent playing a crafting game. Your goal is to craft the target items given in the task.
+Your inventory holds enough base materials for the task, but you may need to craft intermediate items first.
+If you already hold some of a target item, craft the target amount on top of what you hold: holding 2 with a goal \
+of 3 means you must end with 5."""
+
+_TIPS = """<TIPS>
+CRAFTING STRATEGY:
+- A recipe makes a fixed quantity each time it runs: the total you ask for must be a multiple of its yield.
+- Ingredients scale with the number of executions: provide each one's amount times the number of executions.
+- Before concluding that something cannot be crafted, check recipes and inventory with get_info and view_inventory.
+- Calculate the quantities carefully before every craft.
+</TIPS>"""
+
+_DELEGATION = """<TIPS>
+DELEGATION STRATEGY:
+- Delegating intermediate items to subagents is highly recommended: give each subagent an independent subtask.
+- Subagents can delegate further in turn (recursive delegation).
+- Delegate one related group of items at a time.
+{budget}- Launch subagents for independent items in parallel.
+- Subagents share your inventory: what they craft is yours at once.
+- launch_subagent must be awaited.
+  Correct: {correct}
+  Correct (parallel): await asyncio.gather({gather})
+  Incorrect: {incorrect}
+</TIPS>"""
+
+_BUDGET = """- Give each subagent a step budget of about depth x 8-10 steps, using the item's crafting_depth from get_info.
+- Keep enough of your own budget for the final assembly.
+"""
+
+_CODEACT_REASONING = """You act by writing Python code; a task usually takes several steps. Each turn, first explain \
+your reasoning in 1-3 sentences inside <thought> </thought> tags, then write your code inside <python> </python> tags. \
+The code runs in a Jupyter notebook and its output is shown to you."""
+
+_CODEACT_PLAIN = "Output your code action in <python> </python> tags."
+
+_SYNTH_EXAMPLES = {
+    "craft": 'craft({"m0_i1": 2, "m1_i1": 1}, ("m2_i2", 2))',
+    "get_info": 'get_info(["m2_i2", "raw_m0"])',
+    "targets": '{"m2_i2": 1}',
+}
+_MINECRAFT_EXAMPLES = {
+    "craft": 'craft({"oak_planks": 2}, ("stick", 4))',
+    "get_info": 'get_info(["stick", "oak_planks"])',
+    "targets": '{"stick": 1}',
+}
+
+
+class TextCraftPromptBuilder(CodeActPromptBuilder):
+    """CodeAct prompts for TextCraft (`synth=False`) and TextCraft-Synth (`synth=True`) in three variants."""
+
+    def __init__(
+        self,
+        prompts_dir: str | None = None,
+        prompt_mode: str = "sequence_extension",
+        include_reasoning: bool = True,
+        *,
+        variant: str = "linear",
+        synth: bool = True,
+    ) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        super().__init__(include_reasoning=include_reasoning, prompt_mode=prompt_mode)
+        if prompts_dir is not None:
+            self.template_dir = prompts_dir
+        self.variant = variant
+        self.synth = synth
+
+    @property
+    def _examples(self) -> dict[str, str]:
+        return _SYNTH_EXAMPLES if self.synth else _MINECRAFT_EXAMPLES
+
+    def system_prompt(self) -> str:
+        parts = [_GAME, _TIPS]
+        if self.variant != "linear":
+            steps = ", 20" if self.variant == "recursive" else ""
+            parts.append(
+                _DELEGATION.format(
+                    budget=_BUDGET if self.variant == "recursive" else "",
+                    correct=f'await launch_subagent({{"item": 1}}{steps})',
+                    gather=f'launch_subagent({{"a": 1}}{steps}), launch_subagent({{"b": 1}}{steps})',
+                    incorrect=f'launch_subagent({{"item": 1}}{steps})  # not awaited: it never runs',
+                )
+            )
+        instructions = "\n\n".join(parts)
+        codeact = _CODEACT_REASONING if self.include_reasoning else _CODEACT_PLAIN
+        return f"{instructions}\n\n{codeact}"
+
+    def action_space(self, functions: Sequence[CellFunction]) -> str:
+        ex = self._examples
+        lines = [
+            "Available Actions (python functions):",
+            "1. craft(ingredients: dict, target: tuple[str, int]) -> str",
+            "   Craft target = (item, total_count) from exactly the ingredients its recipe needs for that total.",
+            f"   Example: {ex['craft']}",
+            "2. get_info(items: list) -> list[dict]",
+            "   For each item: item, can_craft, is_base, in_inventory, crafting_depth (0 for base items, else the "
+            "longest chain of crafts below it) and recipes, each {ingredients: {item: count}, result_count}.",
+            f"   Example: {ex['get_info']}",
+        ]
+        if not self.synth:
+            lines += [
+                '   A tag ingredient is shown as {"tag:X": {"count": N, "use_one_of": [...]}}: provide a CONCRETE '
+                "item from that category, in that count.",
+            ]
+        lines += [
+            "3. view_inventory() -> dict",
+            "   The current inventory, {item: count}.",
+            "4. finish(message: str) -> str",
+            "   End the task with a short message once every target is crafted.",
+        ]
+        if self.variant == "recursive":
+            lines += [
+                '5. async launch_subagent(targets: dict, num_steps: int, context: str = "") -> str',
+                f"   Delegate crafting targets to a subagent with its own step budget: "
+                f"await launch_subagent({ex['targets']}, 20)",
+            ]
+        elif self.variant == "depth_aware":
+            lines += [
+                '5. async launch_subagent(targets: dict, context: str = "") -> str',
+                f"   Delegate crafting targets to a subagent: await launch_subagent({ex['targets']})",
+            ]
+        if self.variant != "linear":
+            lines.append("   asyncio is already imported; results of async functions must be awaited.")
+        return "\n".join(lines)
+
+    def subagent_goal(self, targets: Any, context: str = "") -> str:
+        goal = format_goal(dict(targets)) if isinstance(targets, Mapping) else str(targets)
+        if context:
+            goal += f"\n\nContext provided from parent agent: {context}"
+        return goal
+
+    def subagent_task_misc(
+        self, targets: Any, context: str = "", *, parent_misc: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        if not isinstance(targets, Mapping):
+            return None
+        return {**(parent_misc or {}), "target_items": dict(targets)}

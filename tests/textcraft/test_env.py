@@ -282,3 +282,16 @@ def test_env_imports_neither_platoon_nor_ipython():
         ],
         check=True,
     )
+
+
+def test_the_synth_class_never_inherits_the_minecraft_listing_cache():
+    # the SDK caches listings on the class; a subclass must not see its parent's
+    async def listings() -> tuple[Any, Any]:
+        await TextCraftEnvironment._list_tasks_cached("train")
+        TextCraftEnvironment._list_splits_cached()
+        splits = TextCraftSynthEnvironment._list_splits_cached()
+        return splits, await TextCraftSynthEnvironment._list_tasks_cached("train")
+
+    splits, specs = asyncio.run(listings())
+    assert len(splits) == 10 and specs[0]["id"] == "textcraft_synth.train.0"
+    assert len(TextCraftEnvironment._list_splits_cached()) == 2

@@ -197,8 +197,6 @@ class FinishInput(BaseModel):
 class TextCraftEnvironment(Environment):
     """TextCraft: craft the target items from the inventory by Minecraft recipes (ADaPT, Prasad et al. 2024)."""
 
-    splits: tuple[str, ...] = tuple(SPLIT_FILES)
-
     def __init__(
         self, task_spec: dict[str, Any] | None = None, secrets: dict[str, str] | None = None
     ) -> None:
@@ -234,6 +232,26 @@ class TextCraftEnvironment(Environment):
     @classmethod
     def list_tasks(cls, split: str) -> list[dict[str, Any]]:
         return load_tasks(split)
+
+    # The SDK caches listings on the class behind `hasattr(cls, ...)`, which finds a parent's cache: once
+    # TextCraftEnvironment was listed, TextCraftSynthEnvironment would list the Minecraft splits and tasks. These
+    # keep each class's cache in its own namespace. (The task files are parsed once per process anyway.)
+
+    @classmethod
+    def _list_splits_cached(cls) -> list[Split]:
+        cached = cls.__dict__.get("_textcraft_splits")
+        if cached is None:
+            cached = cls.list_splits()
+            setattr(cls, "_textcraft_splits", cached)  # noqa: B010 - a class attribute set per class
+        return cached
+
+    @classmethod
+    async def _list_tasks_cached(cls, split: str) -> list[dict[str, Any]]:
+        cache: dict[str, list[dict[str, Any]]] = cls.__dict__.get("_textcraft_tasks") or {}
+        if split not in cache:
+            cache[split] = cls.list_tasks(split)
+            setattr(cls, "_textcraft_tasks", cache)  # noqa: B010
+        return cache[split]
 
     def get_prompt(self) -> list[TextBlock]:
         return [TextBlock(text=self.goal)]

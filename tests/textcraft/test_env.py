@@ -295,3 +295,15 @@ def test_the_synth_class_never_inherits_the_minecraft_listing_cache():
     splits, specs = asyncio.run(listings())
     assert len(splits) == 10 and specs[0]["id"] == "textcraft_synth.train.0"
     assert len(TextCraftEnvironment._list_splits_cached()) == 2
+
+
+def test_any_ors_server_serves_both_environments():
+    from openreward.environments import Server
+    from starlette.testclient import TestClient
+
+    client = TestClient(Server([TextCraftEnvironment, TextCraftSynthEnvironment]).app)
+    assert client.get("/textcraftenvironment/splits").status_code == 200
+    splits = client.get("/textcraftsynthenvironment/splits").json()
+    assert [s["name"] if isinstance(s, dict) else s for s in splits][:3] == ["train", "val", "train-easy"]
+    task = client.post("/textcraftsynthenvironment/task", json={"split": "train-medium", "index": 0}).json()
+    assert "textcraft_synth.train.0" in json.dumps(task)

@@ -46,7 +46,7 @@ def test_the_tinker_extra_has_no_torch_and_no_cookbook():
     tinker = {
         r.name for r in _requirements("platoon-core") if r.marker and r.marker.evaluate({"extra": "tinker"})
     }
-    assert tinker == {"tinker", "transformers", "tokenizers", "numpy"}
+    assert tinker == {"tinker", "transformers", "tokenizers", "numpy", "huggingface-hub"}
     local = {
         r.name for r in _requirements("platoon-core") if r.marker and r.marker.evaluate({"extra": "local"})
     }

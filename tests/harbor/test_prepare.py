@@ -281,6 +281,9 @@ def test_an_interrupted_prepare_leaves_what_the_next_one_finishes(tmp_path, site
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # Ctrl-C as a terminal delivers it, whatever this process's own SIGINT disposition (an ignored signal
+            # is inherited across exec, and Python then leaves it ignored)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 120
         while not _Gate.requested.is_set():  # the build's RUN step is waiting on the gate: mid-build

@@ -68,14 +68,15 @@ def run_in_container(
     The connection's socket is appended to `opened` so the caller can close it to abandon the read."""
     # From `/`, never the container's own working directory: an agent may have deleted it, and the provider's own
     # commands (the kill script above all) must still run; `exec` enters the caller's cwd itself.
-    exec_id = api.exec_create(
+    exec_id = _retried(
+        api.exec_create,
         container,
         list(argv),
         stdin=stdin is not None,
         environment=[f"{k}={v}" for k, v in env.items()],
         workdir="/",
     )["Id"]
-    conn = api.exec_start(exec_id, socket=True)
+    conn = _retried(api.exec_start, exec_id, socket=True)
     raw: socket.socket = getattr(conn, "_sock", conn)
     opened.append(raw)
     try:
@@ -106,10 +107,20 @@ def _read_frames(conn: Any, out: CappedOutput, err: CappedOutput) -> None:
             (err if stream == STDERR else out).add(data)
 
 
+def _retried(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """`call`, once more if the connection failed: the SDK keeps connections to the engine in a pool, and one the
+    engine closed while idle fails the next request before the engine sees it (the SDK's `requests` raises a
+    `ConnectionError`, an `OSError`)."""
+    try:
+        return call(*args, **kwargs)
+    except OSError:
+        return call(*args, **kwargs)
+
+
 def _exit_code(api: Any, exec_id: str) -> int | None:
     # The streams close as the process exits; the engine records the code a moment later.
     for _ in range(200):
-        state = api.exec_inspect(exec_id)
+        state = _retried(api.exec_inspect, exec_id)
         if not state.get("Running"):
             code = state.get("ExitCode")
             return int(code) if code is not None else None

@@ -602,6 +602,25 @@ async def grade_shared(g: SharedGrading) -> Outcome:
         await remove_tests(sandbox)
 
 
+async def _run_tests(
+    sandbox: Any, workdir: str, timeout_s: float | None, verifier_env: Mapping[str, str]
+) -> tuple[int, bool, str | None, float]:
+    """`bash /tests/test.sh` from the workdir, its output in `/logs/verifier/test-stdout.txt`: (exit code, timed
+    out, why the workdir could not be entered, seconds)."""
+    started = time.monotonic()
+    try:
+        result = await sandbox.exec(
+            "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
+            timeout_s=timeout_s,
+            env=dict(verifier_env),
+            cwd=workdir,
+        )
+    except OSError as exc:
+        # The process provider raises when the workdir cannot be entered (docker answers 126).
+        return 126, False, str(exc), time.monotonic() - started
+    return result.exit_code, result.timed_out, None, time.monotonic() - started
+
+
 async def _kill(sandbox: Any, when: str) -> None:
     try:
         await sandbox.kill_processes()
@@ -627,20 +646,9 @@ async def _grade_shared(g: SharedGrading, base_meta: dict[str, Any]) -> Outcome:
         await sandbox.upload(g.tests_dir, "/tests")
     except Exception as exc:
         raise GradeFailure("verifier_setup", f"{type(exc).__name__}: {exc}") from exc
-    started = time.monotonic()
-    cwd_error: str | None = None
-    try:
-        result = await sandbox.exec(
-            "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
-            timeout_s=g.timeout_s,
-            env=dict(g.verifier_env),
-            cwd=g.workdir,
-        )
-        exit_code, timed_out = result.exit_code, result.timed_out
-    except OSError as exc:
-        # The process provider raises when the workdir cannot be entered (docker answers 126).
-        exit_code, timed_out, cwd_error = 126, False, str(exc)
-    seconds = time.monotonic() - started
+    exit_code, timed_out, cwd_error, seconds = await _run_tests(
+        sandbox, g.workdir, g.timeout_s, g.verifier_env
+    )
     await _kill(sandbox, "after the tests")
     if exit_code == 126:
         try:
@@ -828,19 +836,9 @@ async def grade_separate(g: SeparateGrading) -> Outcome:
                 await sandbox.upload(g.tests_dir, "/tests")
         except Exception as exc:
             return Outcome.infra("verifier_setup", reason=f"{type(exc).__name__}: {exc}", metadata=meta)
-        started = time.monotonic()
-        cwd_error = None
-        try:
-            result = await sandbox.exec(
-                "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
-                timeout_s=g.timeout_s,
-                env=dict(g.verifier_env),
-                cwd=g.workdir,
-            )
-            exit_code, timed_out = result.exit_code, result.timed_out
-        except OSError as exc:
-            exit_code, timed_out, cwd_error = 126, False, str(exc)
-        seconds = time.monotonic() - started
+        exit_code, timed_out, cwd_error, seconds = await _run_tests(
+            sandbox, g.workdir, g.timeout_s, g.verifier_env
+        )
         try:
             await sandbox.kill_processes()
         except Exception as exc:

@@ -142,11 +142,7 @@ class DockerSandbox:
         # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network (5.6): a
         # host-network sandbox reaches the gateway on loopback, so no route.
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
-        self._forwarders = ContainerForwarders(
-            spec.upstreams if spec.network == "none" else {},
-            [m.target for m in spec.mounts if m.read_only],
-            self._route_shell,
-        )
+        self._forwarders = ContainerForwarders.for_spec(spec, self._route_shell)
 
     @property
     def routes(self) -> Mapping[str, str]:

@@ -105,11 +105,7 @@ class HpcSandbox:
         # host-network sandbox reaches the gateway on loopback. A `network: none` hpc sandbox has its own network
         # namespace, so its forwarders take the fixed ports 18080, 18081, ...
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
-        self._forwarders = ContainerForwarders(
-            spec.upstreams if spec.network == "none" else {},
-            [m.target for m in spec.mounts if m.read_only],
-            self._route_shell,
-        )
+        self._forwarders = ContainerForwarders.for_spec(spec, self._route_shell)
 
     @property
     def inner(self) -> Any:

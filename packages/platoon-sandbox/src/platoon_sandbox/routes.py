@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from platoon_sandbox import procs
-from platoon_sandbox.contract import SandboxError
+from platoon_sandbox.contract import SandboxError, SandboxSpec
 
 __all__ = ["ContainerForwarders", "Forwarder", "find_python", "python_candidates"]
 
@@ -202,6 +202,16 @@ Upload = Callable[[Path, str], Awaitable[None]]
 class ContainerForwarders:
     """The forwarders inside one container (its own network namespace): each Unix-socket upstream's directory is
     expected bound read-only at `/run/platoon/<name>` (see `binds`); state files live in `/tmp/platoon-route`."""
+
+    @classmethod
+    def for_spec(cls, spec: SandboxSpec, shell: Shell) -> ContainerForwarders:
+        """A container sandbox's forwarders: one per Unix-socket upstream when it has no network (5.6); a
+        host-network sandbox reaches the gateway on loopback and gets none."""
+        return cls(
+            spec.upstreams if spec.network == "none" else {},
+            [m.target for m in spec.mounts if m.read_only],
+            shell,
+        )
 
     def __init__(self, upstreams: Mapping[str, str], read_only_targets: Sequence[str], shell: Shell) -> None:
         unix = sorted((n, u[len("unix://") :]) for n, u in upstreams.items() if u.startswith("unix://"))

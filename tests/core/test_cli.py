@@ -12,6 +12,7 @@ CORE_COMMANDS = [
     "eval",
     "extensions",
     "harness",
+    "plot",
     "prepare",
     "program",
     "rollout",

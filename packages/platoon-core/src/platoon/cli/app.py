@@ -13,7 +13,7 @@ import typer
 from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
-from platoon.cli import components, config, extensions, pending, rollout, root, tinker, train
+from platoon.cli import components, config, extensions, pending, plot, rollout, root, tinker, train
 from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
 from platoon.errors import ExtensionError
@@ -106,6 +106,7 @@ def build_app() -> typer.Typer:
     app.command("eval", short_help=line["eval"])(eval_command.eval_)
     app.command("rollout", short_help=line["rollout"])(rollout.rollout)
     app.command("prepare", short_help=line["prepare"])(pending.prepare)
+    app.command("plot", short_help=line["plot"])(plot.plot)
     app.add_typer(config.app, name="config", short_help=line["config"])
     app.add_typer(components.harness_app, name="harness", short_help=line["harness"])
     app.add_typer(components.program_app, name="program", short_help=line["program"])

@@ -24,6 +24,7 @@ CORE_COMMANDS: dict[str, str] = {
     "eval": "Evaluate a policy on every task of a split and write a report.",
     "extensions": "What installed extensions provide, and whether they load.",
     "harness": "The harnesses a config can name.",
+    "plot": "Write a PNG of a training run's reward curve (the plot extra).",
     "prepare": "Fetch and build once per site what a config needs.",
     "program": "The episode programs a config can name.",
     "rollout": "Roll out one task and print its agent tree.",

@@ -493,10 +493,7 @@ def get_environment(ref: str) -> Any:
 #: services of first-party distributions installed separately: name -> the distribution that provides it
 SEPARATE_SERVICES: dict[str, str] = {"harbor": "platoon-harbor"}
 
-PLANNED_SERVICES: dict[str, str] = {
-    "ors+http": "remote ORS servers (run an ORS class in process with python://pkg.module:EnvClass)",
-    "ors+https": "remote ORS servers (run an ORS class in process with python://pkg.module:EnvClass)",
-}
+PLANNED_SERVICES: dict[str, str] = {}
 
 
 def get_service(name: str) -> hookspecs.ServiceFactory:

@@ -1,7 +1,9 @@
-"""ORS (OpenReward) environment services: `python://pkg.mod:EnvClass` runs an environment class in process.
+"""ORS (OpenReward) environment services: `python://pkg.mod:EnvClass` runs an environment class in process;
+`ors+http(s)://host:port[,host:port...]/EnvName` opens sessions on environment servers.
 
-This module is what the `python` entry point of `platoon.services` names, so it stays light: the service lives in
-`platoon.envs.ors.inprocess`, imported when a rollout builds it, and the openreward SDK only when a class loads.
+This module is what the `python`, `ors+http` and `ors+https` entry points of `platoon.services` name, so it stays
+light: the services live in `platoon.envs.ors.inprocess` and `platoon.envs.ors.remote`, imported when a rollout
+builds one, and the openreward SDK only when a class loads or a server is reached.
 """
 
 from __future__ import annotations
@@ -28,11 +30,17 @@ def __getattr__(name: str) -> Any:
 
 @hookimpl
 def platoon_register_services(name: str) -> ServiceFactory | None:
-    """The `python://` scheme: an OpenReward environment class run in process."""
-    if name != "python":
-        return None
-    return ServiceFactory(
-        "python",
-        "an OpenReward environment class run in process: python://pkg.module:Class",
-        "platoon.envs.ors.inprocess:InProcessOrsService",
-    )
+    """The `python://` scheme (an OpenReward environment class run in process) and `ors+http(s)://` (servers)."""
+    if name == "python":
+        return ServiceFactory(
+            "python",
+            "an OpenReward environment class run in process: python://pkg.module:Class",
+            "platoon.envs.ors.inprocess:InProcessOrsService",
+        )
+    if name in ("ors+http", "ors+https"):
+        return ServiceFactory(
+            name,
+            f"OpenReward environments on ORS servers: {name}://HOST:PORT[,HOST:PORT...]/EnvName",
+            "platoon.envs.ors.remote:RemoteOrsService",
+        )
+    return None

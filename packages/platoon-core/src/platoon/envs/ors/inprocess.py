@@ -544,7 +544,7 @@ class InProcessOrsService:
         if not isinstance(data, Mapping) or not isinstance(data.get("split"), str):
             raise ValueError(f"{self.name}: an openreward:v1: reference needs split and index")
         environment = data.get("environment")
-        known = {self.name.lower(), self.env_class.__name__.lower()}
+        known = self._reference_names()
         if environment is not None and str(environment).lower() not in known:
             raise ValueError(f"{self.name}: task reference is for environment {environment!r}, not this one")
         index = data.get("index")
@@ -553,6 +553,10 @@ class InProcessOrsService:
                 f"{self.name}: an openreward:v1: reference needs an integer index; got {index!r}"
             )
         return await self._locate(f"{data['split']}:{index}")
+
+    def _reference_names(self) -> set[str]:
+        """The environment names an `openreward:v1:` reference may carry for this service (lower case)."""
+        return {self.name.lower(), self.env_class.__name__.lower()}
 
     # -- sessions --------------------------------------------------------------------------------------------
 

@@ -1,0 +1,976 @@
+"""`service: ors+http(s)://host:port[,host:port...]/EnvName[?variant=&split=&label=]`: ORS environments on
+environment servers (the openreward SDK's `Server`), reached through the SDK's async client.
+
+Tasks, tool hints, the gate, grading and forks are the in-process service's (`platoon.envs.ors.inprocess`); what
+differs is where the environment lives:
+
+- The pool: the URI's hosts or `urls`, else `OPENREWARD_SESSION_URLS_<LABEL>` (or `session_urls_env_var`), the
+  legacy `OPENREWARD_SESSION_URLS` (when `legacy_global_pool`), `OPENREWARD_SESSION_URL`, `http://localhost:8080`;
+  read at each open. A rollout's server is SHA-1(rollout id) mod the pool size; a server that does not take the
+  session (refused, timed out) is skipped for `DOWN_FOR_S` and the next one in the pool tries, so a run goes on
+  on the servers left. A `fresh` fork opens on its parent's server.
+- Failures never score 0: a server that dies or a call that outlives `call_timeout_s` ends the session as an
+  infrastructure failure; a submit that raised on the server likewise.
+- Sessions are registered while open (`platoon.envs.ors.sessions`) so no exit path leaves one on a server.
+
+The SDK's client is used as is but for `/call`: its `AsyncSession.call_tool` re-posts a call that failed before the
+server named its task (so a submit could run twice) and always retries five times (about 15 s against a dead
+server). `_PlatoonSdkSession.call_tool` posts through the SDK's own `resumable_sse` with `resumable_only=True`
+(a call that may have run is only ever resumed, never re-sent) and a small retry budget. The server check
+(`GET /list_environments`) has no SDK call and is one plain request on the SDK's connection pool.
+
+The SDK is imported on first use: this module is what the `ors+http` service entry point names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
+from platoon.envs.ors.inprocess import (
+    _ROUTING_KEY,
+    _TERMINAL_META_KEY,
+    _TOOL_ERROR_KEY,
+    InProcessOrsService,
+    InProcessOrsSession,
+    _error,
+    _Lease,
+    _names,
+    _number,
+    _prompt_text,
+    _resolve_callable,
+    _strip_titles,
+    _ToolTable,
+    load_env_class,
+)
+from platoon.envs.ors.sessions import OpenSession, delete_sessions, registry
+from platoon.envs.service import EnvSetupError, ForkMode, SessionNeeds, ToolResult, ToolSpec
+from platoon.task import Task
+
+__all__ = ["OrsUri", "Pool", "RemoteOrsService", "RemoteOrsSession", "parse_uri", "resolve_pool"]
+
+log = logging.getLogger(__name__)
+
+SCHEMES = {"ors+http": "http", "ors+https": "https"}
+QUERY_KEYS = ("variant", "split", "label")
+DEFAULT_URL = "http://localhost:8080"
+LABEL_VARIABLE_PREFIX = "OPENREWARD_SESSION_URLS_"
+#: how long a server that did not take a session is passed over by later opens
+DOWN_FOR_S = 30.0
+#: resumptions of a `/call` stream cut after the server named its task (a call is never sent twice)
+CALL_RESUMES = 3
+
+
+# -- the URI and the pool ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OrsUri:
+    """`ors+http://h1:p1,h2:p2/EnvName?variant=v`, taken apart."""
+
+    scheme: str  # http | https
+    hosts: tuple[str, ...]
+    environment: str
+    query: dict[str, str]
+
+
+def parse_uri(uri: str) -> OrsUri:
+    """Parse an `ors+http(s)://` service reference; a malformed one is a ValueError naming what is wrong."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ValueError(f"service {uri!r}: write ors+http://HOST:PORT[,HOST:PORT...]/EnvName (or ors+https://)")
+    rest, _, query_text = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    environment = path.strip("/")
+    if "/" in environment:
+        raise ValueError(f"service {uri!r}: the path is one environment name, not {environment!r}")
+    hosts: list[str] = []
+    for host in filter(None, (h.strip() for h in netloc.split(","))):
+        name, colon, port = host.rpartition(":")
+        if not colon or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"service {uri!r}: {host!r} is not HOST:PORT")
+        hosts.append(host)
+    query: dict[str, str] = {}
+    for pair in filter(None, query_text.split("&")):
+        key, eq, value = pair.partition("=")
+        if key not in QUERY_KEYS:
+            raise ValueError(f"service {uri!r}: unknown query key {key!r} (keys: {', '.join(QUERY_KEYS)})")
+        if not eq or not value:
+            raise ValueError(f"service {uri!r}: query key {key!r} needs a value")
+        if key in query:
+            raise ValueError(f"service {uri!r}: query key {key!r} is given twice")
+        query[key] = value
+    return OrsUri(SCHEMES[scheme], tuple(hosts), environment, query)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """The servers a session may open on, and where the list came from (for messages and `platoon env show`)."""
+
+    urls: tuple[str, ...]
+    source: str
+
+
+def label_variable(label: str) -> str:
+    """`OPENREWARD_SESSION_URLS_<LABEL>`: the label upper-cased, every non-alphanumeric character as `_`."""
+    return LABEL_VARIABLE_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", label).upper()
+
+
+def _url_list(value: Any, default_scheme: str = "http") -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    urls = []
+    for item in (str(i).strip() for i in items):
+        if item:
+            urls.append((item if "://" in item else f"{default_scheme}://{item}").rstrip("/"))
+    return urls
+
+
+def resolve_pool(
+    static: Sequence[str],
+    *,
+    static_source: str = "urls",
+    label: str,
+    session_urls_env_var: str | None = None,
+    legacy_global_pool: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Pool:
+    """The pool in the spec's order: static URLs, the label's variable, the legacy pool, the single URL, localhost."""
+    if static:
+        return Pool(tuple(static), static_source)
+    env = os.environ if environ is None else environ
+    names = [session_urls_env_var or label_variable(label)]
+    if legacy_global_pool:
+        names.append("OPENREWARD_SESSION_URLS")
+    names.append("OPENREWARD_SESSION_URL")
+    for name in names:
+        urls = _url_list(env.get(name) or "")
+        if urls:
+            return Pool(tuple(urls), f"${name}")
+    return Pool((DEFAULT_URL,), "the default")
+
+
+def server_order(urls: Sequence[str], rollout_id: str) -> list[str]:
+    """The pool from the rollout's own server (SHA-1 of the rollout id mod the pool size) onwards."""
+    start = int(hashlib.sha1(rollout_id.encode()).hexdigest(), 16) % len(urls)
+    return [*urls[start:], *urls[:start]]
+
+
+# -- the SDK, per event loop ---------------------------------------------------------------------------------------
+
+
+class ServerRefused(Exception):
+    """The server answers but cannot serve this entry (a config problem: wrong name, variant or class)."""
+
+
+def _sdk_client() -> Any:
+    os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+    try:
+        from openreward.api.environments import client
+    except ImportError as exc:
+        raise ImportError(
+            f"ors+http:// services need the openreward SDK ({exc}); install it with: pip install 'platoon[ors]'"
+        ) from exc
+    return client
+
+
+@functools.cache
+def _session_class() -> type:
+    """The SDK's `AsyncSession` with the `/call` described in the module docstring."""
+    client = _sdk_client()
+    from openreward.api._session.http import _RemoteSSEError, resumable_sse
+    from openreward.api._session.ping import ErrorResponse
+    from openreward.api.errors import ToolCallError, ToolFailed
+
+    class _PlatoonSdkSession(client.AsyncSession):  # type: ignore[misc,name-defined]
+        async def call_raw(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            """The call's output as the server sent it (`blocks`, `metadata`, `reward`, `finished`)."""
+            try:
+                res = await self._run_or_die(
+                    resumable_sse(
+                        self.client,
+                        self._env_path("/call"),
+                        sid=self.sid,
+                        deployment=self.deployment,
+                        token=self.api_key,
+                        json={"name": tool_name, "input": arguments},
+                        max_retries=CALL_RESUMES,
+                        resumable_only=True,
+                    )
+                )
+            except _RemoteSSEError as exc:
+                # The tool raised on the server; as the SDK does, the session is over.
+                self._mark_dead(ErrorResponse(type="error", message=str(exc)))
+                raise ToolFailed(str(exc)) from exc
+            if res["ok"]:
+                output: dict[str, Any] = res["output"]
+                return output
+            reason = res.get("reason") or client._infer_invalid_reason(res["error"])
+            raise ToolCallError(reason=reason, detail=res["error"])
+
+    return _PlatoonSdkSession
+
+
+class _LoopClients:
+    """The SDK clients of one event loop, closed when the loop shuts down (`asyncio.run` closes async generators
+    before it closes the loop: a suspended generator is the one hook a loop's end offers)."""
+
+    def __init__(self) -> None:
+        self.apis: dict[tuple[str, str | None], Any] = {}
+        self.envs: dict[tuple[int, str, str, str | None], Any] = {}
+        self.holder: AsyncIterator[None] | None = None
+
+    async def _hold(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            for api in list(self.apis.values()):
+                try:
+                    await api.aclose()
+                except Exception as exc:  # the loop is ending: say it, do not raise
+                    log.debug("closing an ORS client: %s", exc)
+            self.apis.clear()
+            self.envs.clear()
+
+
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = weakref.WeakKeyDictionary()
+os.register_at_fork(after_in_child=_loops.clear)
+
+
+async def _loop_clients() -> _LoopClients:
+    loop = asyncio.get_running_loop()
+    clients = _loops.get(loop)
+    if clients is None:
+        clients = _loops[loop] = _LoopClients()
+        holder = clients._hold()
+        await holder.__anext__()  # registers it with the loop, which closes it at shutdown
+        clients.holder = holder
+    return clients
+
+
+async def _bounded(awaitable: Any, timeout_s: float | None) -> Any:
+    return await (asyncio.wait_for(awaitable, timeout_s) if timeout_s is not None else awaitable)
+
+
+_SESSION_PREFIX = re.compile(r"^\((?:environment|sandbox) session sid=[^)]*\)\s*")
+
+
+def _text(message: str) -> str:
+    """A server's or the SDK's message on one line, without the SDK's `(environment session sid=...)` prefix."""
+    lines = message.strip().splitlines()
+    return _SESSION_PREFIX.sub("", lines[0]) if lines else ""
+
+
+def _why(exc: BaseException) -> str:
+    """One line for a failure: the SDK wraps connection errors in retries; the last of them is what happened."""
+    errors = getattr(exc, "errors", None)
+    if errors:
+        exc = errors[-1]
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = _text(str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_config_status(exc: BaseException) -> bool:
+    """An HTTP 4xx other than the session ones: the request was wrong (an invalid split or index, a bad name)."""
+    status = getattr(exc, "status", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (404, 408, 410, 429)
+
+
+# -- options -------------------------------------------------------------------------------------------------------
+
+
+def _options(
+    service: str,
+    /,
+    *,
+    environment: str | None = None,
+    env_name: str | None = None,
+    urls: list[str] | str | None = None,
+    split: str = "train",
+    variant: str | None = None,
+    api_key: str | None = None,
+    api_url: str | None = None,
+    label: str | None = None,
+    session_urls_env_var: str | None = None,
+    legacy_global_pool: bool = True,
+    max_tool_calls: int = 0,
+    task_names: list[str] | None = None,
+    task_indices: list[int] | None = None,
+    terminal_tools: list[str] | None = None,
+    read_only_tools: list[str] | None = None,
+    concurrent_tools: list[str] | None = None,
+    queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S,
+    tool_meta: Mapping[str, Mapping[str, Any]] | None = None,
+    tool_routing_overrides: Mapping[str, Any] | None = None,
+    result_format: str = "blocks",
+    bridge_tools: bool = False,
+    log_dir: str | None = None,
+    close_timeout_s: float = 30.0,
+    secrets: Mapping[str, str] | None = None,
+    name: str | None = None,
+    prompt_filter: Callable[[str], str] | str | None = None,
+    env_class: str | type | None = None,
+    connect_timeout_s: float = 10.0,
+    call_timeout_s: float | None = 600.0,
+) -> None:
+    """The options of an ors+http(s):// service (its signature is the service's, for binding checks)."""
+
+
+_SIGNATURE = inspect.signature(_options)
+_KNOWN = tuple(p for p in _SIGNATURE.parameters if p != "service")
+
+
+def _positive(value: Any, what: str, *, none_ok: bool = False) -> float | None:
+    if value is None and none_ok:
+        return None
+    number = _number(value)
+    if number is None or number <= 0:
+        raise ValueError(f"{what} must be a positive number{' or null' if none_ok else ''}; got {value!r}")
+    return number
+
+
+# -- the service ---------------------------------------------------------------------------------------------------
+
+
+class RemoteOrsService(InProcessOrsService):
+    """The `ors+http(s)://` service: tasks and sessions of an environment served by ORS servers."""
+
+    path_options: tuple[str, ...] = ()
+
+    def __init__(self, service: str, /, **options: Any) -> None:  # noqa: PLR0912, PLR0915 - one check per option
+        for key in options:
+            if key not in _KNOWN:
+                raise ValueError(
+                    f"service_kwargs.{key} is not an option of ors+http(s):// services (options: {', '.join(_KNOWN)})"
+                )
+        bound = _SIGNATURE.bind(service, **options)
+        bound.apply_defaults()
+        o = dict(bound.arguments)
+        if not isinstance(service, str):
+            raise ValueError(f"an ors+http(s):// service is a URI string; got {service!r}")
+        uri = parse_uri(service)
+        self.uri = service
+        for key, value in uri.query.items():
+            given = o[key] if key != "split" or "split" in options else None
+            if given is not None and given != value:
+                raise ValueError(f"service {service!r}: ?{key}={value} and service_kwargs.{key}={given!r} differ")
+            o[key] = value
+        named = [v for v in (o["environment"], o["env_name"]) if v is not None]
+        if o["environment"] is not None and o["env_name"] is not None:
+            raise ValueError(f"service {service!r}: give environment or env_name, not both")
+        if uri.environment and named and named[0] != uri.environment:
+            raise ValueError(f"service {service!r}: the URI names {uri.environment!r}, the options {named[0]!r}")
+        environment = uri.environment or (named[0] if named else "")
+        if not isinstance(environment, str) or not environment:
+            raise ValueError(f"service {service!r}: name the environment: ors+http://HOST:PORT/EnvName")
+        self.environment: str = environment
+        self.variant: str | None = o["variant"]
+        self.label: str = o["label"] or environment
+        self.name = o["name"] or environment
+        where = f"service {self.name!r}"
+        if uri.hosts and o["urls"]:
+            raise ValueError(f"{where}: give the servers in the URI or in urls, not both")
+        self._static = tuple(f"{uri.scheme}://{h}" for h in uri.hosts) or tuple(
+            _url_list(o["urls"], uri.scheme)
+        )
+        self._pool_source = "the service URI" if uri.hosts else "urls"
+        self.session_urls_env_var: str | None = o["session_urls_env_var"]
+        self.legacy_global_pool = bool(o["legacy_global_pool"])
+        self.api_key: str = o["api_key"] or os.environ.get("OPENREWARD_API_KEY") or "local"
+        self.api_url: str | None = o["api_url"] or os.environ.get("OPENREWARD_API_URL")
+        # The checks the in-process service makes of the options both understand.
+        if not isinstance(o["split"], str) or not o["split"]:
+            raise ValueError(f"{where}: split must be a split name; got {o['split']!r}")
+        self.split = o["split"]
+        if o["task_names"] is not None and o["task_indices"] is not None:
+            raise ValueError(f"{where}: give task_names or task_indices, not both")
+        self.task_names = None if o["task_names"] is None else [str(n) for n in o["task_names"]]
+        indices = o["task_indices"]
+        if indices is not None and any(isinstance(i, bool) or not isinstance(i, int) for i in indices):
+            raise ValueError(f"{where}: task_indices must be integers; got {indices!r}")
+        self.task_indices = None if indices is None else list(indices)
+        cap = o["max_tool_calls"]
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"{where}: max_tool_calls must be a non-negative integer (0 = no cap); got {cap!r}")
+        self.max_tool_calls = cap
+        self.queue_timeout_s = o["queue_timeout_s"]
+        Gate(queue_timeout_s=self.queue_timeout_s)  # checks the value now, where the config wrote it
+        if o["result_format"] not in ("blocks", "bridge_json"):
+            raise ValueError(f"{where}: result_format must be 'blocks' or 'bridge_json'; got {o['result_format']!r}")
+        self.result_format: str = o["result_format"]
+        for option in ("bridge_tools", "log_dir"):
+            if o[option] not in (None, False):
+                raise ValueError(f"{where}: {option} is not supported by this build's remote ORS service")
+        self.close_timeout_s = _positive(o["close_timeout_s"], f"{where}: close_timeout_s") or 30.0
+        self.connect_timeout_s = _positive(o["connect_timeout_s"], f"{where}: connect_timeout_s") or 10.0
+        self.call_timeout_s = _positive(o["call_timeout_s"], f"{where}: call_timeout_s", none_ok=True)
+        secrets = o["secrets"] or {}
+        if not isinstance(secrets, Mapping):
+            raise ValueError(f"{where}: secrets must be a mapping of names to strings")
+        self._secrets = {str(k): str(v) for k, v in secrets.items()}
+        self.prompt_filter = _resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
+        tool_meta = o["tool_meta"] or {}
+        if not isinstance(tool_meta, Mapping) or not all(isinstance(v, Mapping) for v in tool_meta.values()):
+            raise ValueError(f"{where}: tool_meta must map tool names to mappings")
+        routing = o["tool_routing_overrides"] or {}
+        if not isinstance(routing, Mapping):
+            raise ValueError(f"{where}: tool_routing_overrides must map tool names to routing")
+        self._hints = _Hints(
+            terminal=_names(o["terminal_tools"], "terminal_tools"),
+            terminal_given=o["terminal_tools"] is not None,
+            read_only=_names(o["read_only_tools"], "read_only_tools"),
+            concurrent=_names(o["concurrent_tools"], "concurrent_tools"),
+            meta={str(k): dict(v) for k, v in tool_meta.items()},
+            routing={str(k): v for k, v in routing.items()},
+            where=where,
+        )
+        self.env_class: Any = None if o["env_class"] is None else load_env_class(_class_ref(o["env_class"]))
+        self._learned_terminal: set[str] = set()
+        self._splits: list[str] | None = None
+        self._task_specs: dict[str, list[dict[str, Any]]] = {}
+        self._checked: set[str] = set()
+        self._down_until: dict[str, float] = {}
+        self._tables: dict[str, _ToolTable] = {}
+        self._warned_no_terminal = False
+
+    # -- the pool ------------------------------------------------------------------------------------------------
+
+    def pool(self, environ: Mapping[str, str] | None = None) -> Pool:
+        """The servers now (the variables are read on every call)."""
+        if self._static:
+            return Pool(self._static, self._pool_source)
+        return resolve_pool(
+            (),
+            label=self.label,
+            session_urls_env_var=self.session_urls_env_var,
+            legacy_global_pool=self.legacy_global_pool,
+            environ=environ,
+        )
+
+    def _order(self, urls: Sequence[str], rollout_id: str) -> list[str]:
+        """The rollout's servers to try, those that recently did not take a session last."""
+        now = time.monotonic()
+        order = server_order(urls, rollout_id)
+        return [u for u in order if self._down_until.get(u, 0) <= now] + [
+            u for u in order if self._down_until.get(u, 0) > now
+        ]
+
+    async def _environment(self, url: str) -> Any:
+        """The SDK's `AsyncEnvironment` of this entry on `url`, on the running loop's client."""
+        clients = await _loop_clients()
+        key = (id(self), url, self.environment, self.variant)
+        env = clients.envs.get(key)
+        if env is None:
+            api = clients.apis.get((self.api_key, self.api_url))
+            if api is None:
+                client = _sdk_client()
+                api = clients.apis[(self.api_key, self.api_url)] = client.AsyncEnvironmentsAPI(
+                    base_url=url, api_key=self.api_key, api_base_url=self.api_url
+                )
+            env = clients.envs[key] = api.get(self.environment, variant=self.variant, base_url=url)
+        return env
+
+    async def _check_server(self, url: str) -> None:
+        """Until it once succeeds, per server: it answers, and serves this entry (`ServerRefused` when not)."""
+        if url in self._checked:
+            return
+        await self._check(url)
+        self._checked.add(url)
+
+    async def _check(self, url: str) -> None:
+        import aiohttp
+
+        env = await self._environment(url)
+        timeout = aiohttp.ClientTimeout(total=self.connect_timeout_s)
+        async with env.client.get("/list_environments", timeout=timeout) as response:
+            response.raise_for_status()
+            served = [str(n).lower() for n in await response.json()]
+        where = f"{self.name}: the server at {url}"
+        if self.variant is not None:
+            if self.variant.lower() not in served:
+                raise ServerRefused(f"{where} serves no environment {self.variant!r} (it serves: {', '.join(served)})")
+            serving = self.variant.lower()
+        else:
+            if len(served) > 1 and self.environment.lower() in served and self.environment.lower() != served[0]:
+                raise ServerRefused(
+                    f"{where} serves {', '.join(served)}; {self.environment!r} is not its default ({served[0]!r}): "
+                    f"name it with ?variant={self.environment.lower()}"
+                )
+            serving = served[0] if served else ""
+        if self.env_class is not None:
+            if self.env_class.__name__.lower() != serving:
+                raise ServerRefused(
+                    f"{where} serves {serving!r}, not env_class {self.env_class.__name__} "
+                    f"(environment {self.env_class.__name__.lower()!r})"
+                )
+            listing = await env.list_tools()
+            terminal = await env.terminal_tool()
+            served_tools = {t.name for t in listing} | ({terminal.name} if terminal is not None else set())
+            ours = set(_ToolTable(self.env_class, terminal=set(), read_only=set(), concurrent=set(), meta={},
+                                  where=self._hints.where).specs)
+            if served_tools != ours:
+                raise ServerRefused(
+                    f"{where} serves tools {sorted(served_tools)}, env_class {self.env_class.__name__} has "
+                    f"{sorted(ours)}"
+                )
+
+    async def _listing_env(self) -> Any:
+        """The SDK environment of the first server that answers, for task listings (ValueError when none does)."""
+        await registry.sweep()
+        pool = self.pool()
+        failures = []
+        for url in pool.urls:
+            try:
+                await self._check_server(url)
+            except ServerRefused as exc:
+                raise ValueError(str(exc)) from None
+            except Exception as exc:
+                failures.append(f"{url}: {_why(exc)}")
+                continue
+            return await self._environment(url)
+        raise ValueError(f"{self.name}: no ORS server answers (servers from {pool.source}): {'; '.join(failures)}")
+
+    # -- tasks ---------------------------------------------------------------------------------------------------
+
+    async def list_splits(self) -> list[str]:
+        if self._splits is None:
+            env = await self._listing_env()
+            try:
+                self._splits = [str(s) for s in await env.list_splits()]
+            except Exception as exc:
+                raise ValueError(f"{self.name}: listing the splits failed: {_why(exc)}") from None
+        return list(self._splits)
+
+    async def _specs(self, split: str) -> Sequence[Mapping[str, Any]]:
+        splits = await self.list_splits()
+        if split not in splits:
+            raise ValueError(f"{self.name} has no split {split!r} (splits: {', '.join(splits)})")
+        if split not in self._task_specs:
+            env = await self._listing_env()
+            try:
+                tasks = await env.list_tasks(split)
+            except Exception as exc:
+                raise ValueError(f"{self.name}: listing split {split!r} failed: {_why(exc)}") from None
+            self._task_specs[split] = [dict(t.task_spec) for t in tasks]
+        return self._task_specs[split]
+
+    def _reference_names(self) -> set[str]:
+        names = {self.name.lower(), self.environment.lower(), self.label.lower()}
+        if self.variant:
+            names.add(self.variant.lower())
+        if self.env_class is not None:
+            names.add(self.env_class.__name__.lower())
+        return names
+
+    # -- sessions ------------------------------------------------------------------------------------------------
+
+    async def open(  # type: ignore[override]
+        self, task: Task, *, rollout_id: str, needs: SessionNeeds | None = None, server: str | None = None
+    ) -> RemoteOrsSession:
+        """Open a session on the rollout's server (or `server`), fetch the prompt (failures: `EnvSetupError`)."""
+        try:
+            split, index = self._task_position(task)
+        except ValueError as exc:
+            raise EnvSetupError("env_config", f"{self.name}: {exc}") from None
+        label = f"{self.name} {split}:{index}"
+        if registry.shut_down:
+            raise EnvSetupError("env_connect", f"{label}: the process is shutting down; no new ORS session")
+        await registry.sweep()
+        order = [server] if server else self._order(self.pool().urls, rollout_id)
+        failures: list[str] = []
+        sdk_session: Any = None
+        url = ""
+        for url in order:
+            try:
+                await self._check_server(url)
+            except ServerRefused as exc:
+                raise EnvSetupError("env_config", str(exc)) from None
+            except Exception as exc:
+                self._down_until[url] = time.monotonic() + DOWN_FOR_S
+                failures.append(f"{url}: {_why(exc)}")
+                continue
+            sdk_session = _session_class()(
+                await self._environment(url),
+                split=split,
+                index=index,
+                api_key=self.api_key,
+                secrets=dict(self._secrets) or None,
+            )
+            try:
+                await _bounded(sdk_session.__aenter__(), self.connect_timeout_s)
+            except Exception as exc:
+                await _quiet_exit(sdk_session, self.close_timeout_s)
+                if _is_config_status(exc):
+                    raise EnvSetupError("env_config", f"{label} on {url}: {_why(exc)}") from None
+                self._down_until[url] = time.monotonic() + DOWN_FOR_S
+                failures.append(f"{url}: {_why(exc)}")
+                sdk_session = None
+                continue
+            break
+        if sdk_session is None:
+            raise EnvSetupError("env_connect", f"{label}: no ORS server took the session ({'; '.join(failures)})")
+        self._down_until.pop(url, None)
+        registry.add(OpenSession(url, sdk_session.sid, self.api_key, sdk_session.deployment or self.environment))
+        lease = _RemoteLease(self, sdk_session, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label, url)
+        try:
+            blocks = [_wire_block(b) for b in await _bounded(_prompt_blocks(sdk_session), self.call_timeout_s)]
+            text = _prompt_text(blocks)
+            if self.prompt_filter is not None:
+                text = str(self.prompt_filter(text))
+        except Exception as exc:
+            await lease.release()
+            raise EnvSetupError("env_setup", f"{label}: getting the prompt on {url} failed: {_why(exc)}") from exc
+        instruction = text or task.goal
+        if task.goal is None and instruction:
+            task = dataclasses.replace(task, goal=instruction)
+        log.debug("ors session opened: %s on %s (rollout %s)", label, url, rollout_id)
+        return RemoteOrsSession(lease, task, instruction, blocks, rollout_id)
+
+    def table_for(self, server: str, listing: Sequence[Any], terminal: Any) -> _ToolTable:
+        """The tool table of a session's listing (kept per server; listings of one server rarely differ)."""
+        known = self._tables.get(server)
+        names = [t.name for t in listing] + ([terminal.name] if terminal is not None else [])
+        if known is not None and list(known.specs) == names:
+            return known
+        table = self._hints.table(listing, terminal, self.env_class)
+        if not table.declares_terminal and not self._warned_no_terminal:
+            self._warned_no_terminal = True
+            log.warning(
+                "%s: the server declares no terminal tool and no terminal_tools or env_class is given: any tool "
+                "may end an episode, and a failing one is an infrastructure error",
+                self.name,
+            )
+        self._tables[server] = table
+        return table
+
+    def __repr__(self) -> str:
+        return f"RemoteOrsService({self.uri!r})"
+
+
+setattr(  # noqa: B010 - config checks bind service_kwargs against this signature
+    RemoteOrsService.__init__,
+    "__signature__",
+    _SIGNATURE.replace(
+        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *_SIGNATURE.parameters.values()]
+    ),
+)
+
+
+def _class_ref(value: Any) -> Any:
+    if isinstance(value, str) and not value.startswith("python://"):
+        return f"python://{value}"
+    return value
+
+
+async def _prompt_blocks(sdk_session: Any) -> list[Any]:
+    from openreward.api._session.http import request_retryable
+
+    # The raw blocks (dicts), not the SDK's pydantic copies: the session hands dicts on anyway.
+    blocks: list[Any] = await sdk_session._run_or_die(
+        request_retryable(
+            sdk_session.client,
+            "GET",
+            sdk_session._env_path("/prompt"),
+            expect_json=True,
+            sid=sdk_session.sid,
+            deployment=sdk_session.deployment,
+            token=sdk_session.api_key,
+        )
+    )
+    return blocks
+
+
+def _wire_block(block: Any) -> dict[str, Any]:
+    """A content block as the in-process service gives it (the SDK's model dump without null fields)."""
+    if not isinstance(block, Mapping):
+        block = block.model_dump(exclude_none=True)
+    return {k: v for k, v in block.items() if v is not None}
+
+
+async def _quiet_exit(sdk_session: Any, timeout_s: float) -> None:
+    """Close an SDK session (stop its ping, delete it on the server), never raising."""
+    try:
+        await asyncio.wait_for(sdk_session.__aexit__(None, None, None), timeout_s)
+    except Exception as exc:
+        log.debug("closing an ORS session: %s", _why(exc))
+
+
+def _stop_ping(sdk_session: Any) -> None:
+    task = getattr(sdk_session, "_ping_task", None)
+    if task is not None:
+        task.cancel()
+
+
+# -- tool hints ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Hints:
+    """The hints the options give, applied to a server's listing (remote servers send names, schemas, @terminal)."""
+
+    terminal: set[str]
+    terminal_given: bool
+    read_only: set[str]
+    concurrent: set[str]
+    meta: dict[str, dict[str, Any]]
+    routing: dict[str, Any]
+    where: str
+
+    def table(self, listing: Sequence[Any], terminal: Any, env_class: Any) -> _ToolTable:
+        specs: list[tuple[str, str, Any]] = [(t.name, t.description, t.input_schema) for t in listing]
+        if terminal is not None:
+            arg = terminal.arg
+            schema: dict[str, Any] = {"type": "object", "properties": {}}
+            if arg:
+                schema = {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}
+            specs.append((terminal.name, terminal.description or "", schema))
+        names = {name for name, _, _ in specs}
+        for option, given in (
+            ("terminal_tools", self.terminal),
+            ("read_only_tools", self.read_only),
+            ("concurrent_tools", self.concurrent),
+        ):
+            unknown = sorted(given - names)
+            if unknown:
+                raise EnvSetupError(
+                    "env_config",
+                    f"{self.where}: {option} names unknown tools {unknown} (tools: {', '.join(sorted(names))})",
+                )
+        cls_table = None
+        if env_class is not None:
+            cls_table = _ToolTable(env_class, terminal=set(), read_only=set(), concurrent=set(), meta={}, where=self.where)
+        declared = set(self.terminal) | (cls_table.declared_terminal if cls_table else set())
+        if terminal is not None:
+            declared.add(terminal.name)
+        table = _ToolTable.__new__(_ToolTable)  # the in-process table's shape, filled from the listing
+        table.declared_terminal = declared
+        table.declares_terminal = bool(declared) or self.terminal_given or bool(cls_table and cls_table.declares_terminal)
+        table.specs = {}
+        table.read_only = set()
+        for name, description, schema in specs:
+            merged: dict[str, Any] = dict(cls_table.specs[name][2]) if cls_table and name in cls_table.specs else {}
+            merged.update(self.meta.get(name) or {})
+            if terminal is not None and name == terminal.name:
+                merged[_TERMINAL_META_KEY] = {"arg": terminal.arg}
+            if isinstance(schema, Mapping) and _ROUTING_KEY in schema:
+                merged[_ROUTING_KEY] = schema[_ROUTING_KEY]
+            if name in self.routing:
+                merged[_ROUTING_KEY] = self.routing[name]
+            annotations = merged.get("annotations")
+            says_read_only = bool(
+                merged.get("platoon.dev/read-only")
+                or merged.get("readOnlyHint")
+                or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
+            )
+            class_read_only = bool(cls_table and name in cls_table.read_only)
+            if name not in declared and (name in self.read_only or class_read_only or says_read_only):
+                table.read_only.add(name)
+            table.specs[name] = (description, _strip_titles(schema), merged)
+        concurrent = set(self.concurrent) | (cls_table.concurrent if cls_table else set())
+        table.concurrent = concurrent - declared
+        return table
+
+
+# -- leases and sessions -------------------------------------------------------------------------------------------
+
+
+class _RemoteLease(_Lease):
+    """One session on a server and its accounting, shared by every view forked `shared`."""
+
+    service: RemoteOrsService  # type: ignore[assignment]
+
+    def __init__(self, service: RemoteOrsService, sdk_session: Any, gate: Gate, label: str, server: str) -> None:
+        super().__init__(service, sdk_session, {}, gate, f"{label} on {server}")  # type: ignore[arg-type]
+        self.server = server
+        self._table: _ToolTable | None = None
+        #: why the session cannot take calls any more (the server died, the call timed out, a tool raised)
+        self.dead: str | None = None
+        #: the server stopped answering: closing it is one attempt, not the SDK's retries
+        self.unreachable = False
+
+    @property
+    def table(self) -> _ToolTable:
+        if self._table is None:
+            raise RuntimeError("the tools of a remote session are listed before its first call")
+        return self._table
+
+    def refusal(self) -> ToolResult | None:
+        if self.dead is not None and not self.closed and not self.finished:
+            return _error(f"Not run: the environment session is over ({self.dead}).", "session_dead")
+        return super().refusal()
+
+    async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        from openreward.api.errors import ToolCallError, ToolFailed
+
+        refused = self.refusal()
+        if refused is not None:
+            return refused
+        self.turns += 1
+        ending = self.may_end(name)
+        kind = "terminal tool" if name in self.table.declared_terminal else "tool"
+        self.ending_in_flight += ending
+        timeout = self.service.call_timeout_s
+        log.debug("%s: tool call %d: %s", self.label, self.turns, name)
+        try:
+            output = await _bounded(self.env.call_raw(name, arguments), timeout)
+        except ToolCallError as exc:  # a call the policy got wrong, or one after the episode ended
+            return _error(exc.detail or f"Invalid call to {name!r}.", exc.reason or "invalid_call")
+        except ToolFailed as exc:
+            what = _text(exc.message) or "the tool raised"
+            self.dead = f"tool {name!r} raised on the server"
+            if ending:  # a crashed submit must never score 0
+                self.infra.append(f"{kind} {name!r} raised on the server: {what}")
+                return _error(f"Tool {name!r} failed in the environment ({what}).", "env_error")
+            self.tool_errors.append(f"{name}: {what}")
+            return _error(f"Tool {name!r} raised {what}", "tool_raised")
+        except TimeoutError:
+            self.dead = f"tool {name!r} did not answer within {timeout:g} s"
+            self.infra.append(f"{kind} {name!r} did not answer within {timeout:g} s")
+            return _error(f"Tool {name!r} did not answer within {timeout:g} s.", "env_timeout")
+        except Exception as exc:  # the server went away or ended the session: the measurement failed
+            what = _why(exc)
+            self.dead = f"the server stopped answering ({what})"
+            self.unreachable = True
+            self.infra.append(f"{kind} {name!r}: the server at {self.server} stopped answering ({what})")
+            return _error(f"Tool {name!r} was not answered: the environment server failed ({what}).", "env_error")
+        finally:
+            self.ending_in_flight -= ending
+        metadata = dict(output.get("metadata") or {})
+        blocks = [_wire_block(b) for b in output.get("blocks") or []]
+        result = ToolResult(
+            blocks,
+            is_error=bool(metadata.get(_TOOL_ERROR_KEY)),
+            finished=bool(output.get("finished")),
+            reward=output.get("reward"),
+            metadata=metadata,
+        )
+        reward = _number(result.reward)
+        if reward is not None:
+            self.last_reward = reward
+        if result.finished and not self.finished:
+            self.finished = True
+            self.terminal = result
+            if not self.table.declares_terminal:
+                self.service.learn_terminal(name)
+        if self.service.result_format == "bridge_json":
+            return _bridged(result)
+        return result
+
+    async def _close(self) -> None:
+        timeout = self.service.close_timeout_s
+        drained = await self.gate.drain(timeout)
+        self.gate.close()
+        if not drained:
+            log.warning("%s: calls still running after %g s; cancelling them", self.label, timeout)
+            self.gate.cancel_in_flight()
+        session = self.env
+        record = OpenSession(self.server, session.sid, self.service.api_key, session.deployment or "")
+        if self.unreachable:
+            # One plain attempt: the SDK would retry for seconds against a server that is gone.
+            _stop_ping(session)
+            failed = await delete_sessions([record], timeout_s=min(timeout, 5.0))
+        else:
+            await _quiet_exit(session, timeout)
+            failed = []
+        if not failed:
+            registry.remove(record.sid)
+        log.debug("%s: closed after %d tool call(s)", self.label, self.turns)
+
+
+def _bridged(result: ToolResult) -> ToolResult:
+    """`result_format: bridge_json`: one text block with the whole result as JSON."""
+    payload = {
+        "finished": result.finished,
+        "reward": result.reward,
+        "text": result.as_text(),
+        "blocks": result.content,
+        "metadata": result.metadata,
+    }
+    try:
+        text = json.dumps(payload)
+    except (TypeError, ValueError):
+        text = json.dumps({"raw": repr(payload)})
+    bridged = ToolResult.text(text, is_error=result.is_error)
+    bridged.finished, bridged.reward, bridged.metadata = result.finished, result.reward, result.metadata
+    return bridged
+
+
+class RemoteOrsSession(InProcessOrsSession):
+    """A view of a session on an ORS server: tools, calls through the gate, grading, forks (`shared`, `fresh`)."""
+
+    _lease: _RemoteLease
+
+    @property
+    def server(self) -> str:
+        """The URL of the server this session lives on."""
+        return self._lease.server
+
+    @property
+    def env(self) -> Any:
+        """The SDK's session object (for tests and debugging)."""
+        return self._lease.env
+
+    async def tools(self) -> list[ToolSpec]:
+        lease = self._lease
+        if lease.tools is None:
+            service = lease.service
+
+            async def listing() -> list[ToolSpec]:
+                if lease.tools is not None:  # listed while this one waited for its turn
+                    return lease.tools
+                session = lease.env
+                try:
+                    specs = await _bounded(session.list_tools(), service.call_timeout_s)
+                    terminal = await session.terminal_tool()
+                except Exception as exc:
+                    lease.dead = f"listing the tools failed ({_why(exc)})"
+                    lease.unreachable = True
+                    lease.infra.append(f"listing the tools on {lease.server} failed: {_why(exc)}")
+                    return []
+                lease._table = service.table_for(lease.server, specs, terminal)
+                return lease._table.listing(service._learned_terminal)
+
+            try:
+                lease.tools = await lease.gate.run(listing, "exclusive", caller=self, what="tool listing")
+            except (EnvBusy, GateClosed):
+                return []
+        return list(lease.tools)
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any], *, on_behalf_of: str | None = None
+    ) -> ToolResult:
+        if self._lease._table is None and not self._closed and self._lease.dead is None:
+            await self.tools()
+        if self._lease._table is None:
+            reason = self._lease.dead or "the session is closed"
+            return _error(f"Not run: the environment session is over ({reason}).", "session_dead")
+        return await super().call_tool(name, arguments, on_behalf_of=on_behalf_of)
+
+    async def fork(
+        self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None
+    ) -> InProcessOrsSession:
+        mode = ForkMode(mode)
+        lease = self._lease
+        if lease.closed or self._closed:
+            raise EnvSetupError("env_setup", f"{lease.label}: cannot fork a closed session")
+        if mode is ForkMode.COPY:
+            raise EnvSetupError(
+                "env_config", f"{lease.label}: a copy fork needs the environment in process; fork shared or fresh"
+            )
+        if mode is ForkMode.FRESH:
+            return await lease.service.open(task or self._task, rollout_id=self._rollout_id, server=lease.server)
+        lease.refs += 1
+        return RemoteOrsSession(lease, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id)

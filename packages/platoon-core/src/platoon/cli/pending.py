@@ -46,5 +46,7 @@ def prepare_first(config: str, overrides: list[str] | None) -> int:
 
 
 def viz(argv: list[str]) -> int:
-    """`platoon viz tail|replay|show-dump` bypasses typer."""
-    return not_available("viz", "the trajectory viewer")
+    """`platoon viz tail|replay|show-dump` bypasses typer: the viewer parses its own arguments."""
+    from platoon.viz.cli import main
+
+    return main(argv, prog="platoon viz")

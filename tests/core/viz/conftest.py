@@ -1,0 +1,40 @@
+"""Fixtures of the viewer's tests: event files of real number-search rollouts, made once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import viz_runs  # noqa: E402
+
+
+@dataclass
+class Runs:
+    """The event files (and the collection dumps beside them) of the three rollouts."""
+
+    codeact: Path
+    react: Path
+    tree: Path
+
+    @staticmethod
+    def dump_of(events: Path) -> Path:
+        """`trajectory_collection.json`, which `run_episode` writes in the rollout's output dir."""
+        return events.parent.parent / "trajectory_collection.json"
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    base = tmp_path_factory.mktemp("viz-runs")
+    return Runs(
+        codeact=viz_runs.codeact_run(base / "codeact"),
+        react=viz_runs.react_run(base / "react"),
+        tree=viz_runs.tree_run(base / "tree"),
+    )

@@ -551,8 +551,23 @@ async def workdir_problem(sandbox: Any, workdir: str) -> str | None:
     return None if answer == "ok" else answer
 
 
-async def reset_dirs(sandbox: Any) -> None:
-    result = await sandbox.exec(RESET_SCRIPT, timeout_s=120, cwd="/")
+# A separate verifier image that bundles its tests (built from tests/Dockerfile) keeps its own /tests: the agent
+# never reached that sandbox, and nothing uploads the tests again. Only /logs/verifier is made afresh there.
+RESET_LOGS_SCRIPT = r"""
+cd / || exit 90
+if [ -L /logs ] || { [ -e /logs ] && [ ! -d /logs ]; }; then rm -f /logs || exit 92; fi
+mkdir -p /logs || exit 93
+chmod u+rwx /logs 2>/dev/null
+d=/logs/verifier
+if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
+if [ -d "$d" ]; then chmod -R u+rwx "$d" 2>/dev/null; rm -rf "$d" 2>/dev/null; fi
+mkdir -p "$d" 2>/dev/null
+exit 0
+"""
+
+
+async def reset_dirs(sandbox: Any, *, keep_tests: bool = False) -> None:
+    result = await sandbox.exec(RESET_LOGS_SCRIPT if keep_tests else RESET_SCRIPT, timeout_s=120, cwd="/")
     if result.exit_code != 0:
         raise RuntimeError(
             f"resetting /tests and /logs/verifier failed (exit {result.exit_code}): {result.stderr.strip()[:300]}"
@@ -826,7 +841,7 @@ async def grade_separate(g: SeparateGrading) -> Outcome:
         )
     try:
         try:
-            await reset_dirs(sandbox)
+            await reset_dirs(sandbox, keep_tests=g.bundled_tests)
             made = await sandbox.exec(["mkdir", "-p", g.workdir, "/logs/artifacts"], timeout_s=60, cwd="/")
             if made.exit_code != 0:
                 raise RuntimeError(made.stderr.strip()[:300])

@@ -13,6 +13,11 @@ the harness, the recording gateway: render -> sample -> parse -> record exact to
 
     uv run --frozen python benchmarks/episodes.py [--episodes 128] [--concurrency 32] [--profile]
     uv run --frozen python benchmarks/episodes.py --baseline-python /tmp/p020/bin/python
+    uv run --frozen python benchmarks/episodes.py --remote [--path rollout]
+
+`--remote` measures number search three ways in the same run: in process (`python://`), on one local ORS server
+and on a pool of two (`ors+http://`, each server the openreward SDK's `Server` in a process of its own on
+127.0.0.1, started here). Target: one server at least 60 % of the in-process episodes/s.
 
 Targets on the 2-core machine: `run_episode` at least 3x platoon 0.2.0's episodes/s in the same run; `rollout` at
 least 100 episodes/s. `--profile` prints where the time goes (cProfile, this installation only).
@@ -32,6 +37,7 @@ import resource
 import subprocess
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +64,17 @@ def _solved(reward: Any) -> bool:
     return reward == 1.0
 
 
-async def run_episodes(episodes: int, concurrency: int, profiler: Any = None) -> dict[str, Any]:
-    """`episodes` calls of `run_episode`, `concurrency` at a time, each with its own scripted policy."""
-    from platoon.testing import ScriptedPolicy, run_episode
-
+async def time_episodes(
+    play: Callable[[int, Path], Awaitable[Any]], episodes: int, concurrency: int, profiler: Any = None
+) -> dict[str, Any]:
+    """`episodes` calls of `play(index, output_dir)` (each an `EpisodeRun`), `concurrency` at a time, timed after
+    one warm-up episode (index `episodes`). benchmarks/textcraft.py times its episodes with this too."""
     limit = asyncio.Semaphore(concurrency)
     with tempfile.TemporaryDirectory(prefix="platoon-bench-episodes-") as scratch:
 
         async def one(index: int) -> Any:
             async with limit:
-                return await run_episode(
-                    f"train:{index}",
-                    service=SERVICE,
-                    harness="platoon-react",
-                    policy=ScriptedPolicy(binary_search),
-                    harness_options={"system_prompt": SYSTEM_PROMPT},
-                    output_dir=Path(scratch) / str(index),
-                )
+                return await play(index, Path(scratch) / str(index))
 
         # one warm-up episode: imports and first-use caches are not what a long run pays per episode
         await one(episodes)
@@ -96,7 +96,28 @@ async def run_episodes(episodes: int, concurrency: int, profiler: Any = None) ->
     }
 
 
-async def run_rollouts(episodes: int, concurrency: int, profiler: Any = None) -> dict[str, Any]:
+async def run_episodes(
+    episodes: int, concurrency: int, profiler: Any = None, service: str = SERVICE
+) -> dict[str, Any]:
+    """`episodes` calls of `run_episode`, `concurrency` at a time, each with its own scripted policy."""
+    from platoon.testing import ScriptedPolicy, run_episode
+
+    async def play(index: int, output_dir: Path) -> Any:
+        return await run_episode(
+            f"train:{index}",
+            service=SERVICE,
+            harness="platoon-react",
+            policy=ScriptedPolicy(binary_search),
+            harness_options={"system_prompt": SYSTEM_PROMPT},
+            output_dir=output_dir,
+        )
+
+    return await time_episodes(play, episodes, concurrency, profiler)
+
+
+async def run_rollouts(
+    episodes: int, concurrency: int, profiler: Any = None, service_ref: str = SERVICE
+) -> dict[str, Any]:
     """`episodes` calls of `harness_rollout` on one shared gateway, no HTTP server."""
     from platoon.config.environments import AgentsConfig
     from platoon.config_defs import RolloutConfig
@@ -104,7 +125,7 @@ async def run_rollouts(episodes: int, concurrency: int, profiler: Any = None) ->
     from platoon.episode.rollout import Route, harness_rollout
     from platoon.testing import make_gateway
 
-    service = resolve_service(SERVICE)
+    service = resolve_service(service_ref)
     gateway = make_gateway(binary_search)
     route = Route(
         harness="platoon-react",
@@ -140,7 +161,7 @@ async def run_rollouts(episodes: int, concurrency: int, profiler: Any = None) ->
 
 
 def measure(
-    path: str, episodes: int, concurrency: int, repeats: int, profile: bool = False
+    path: str, episodes: int, concurrency: int, repeats: int, profile: bool = False, service: str = SERVICE
 ) -> dict[str, Any]:
     """The median run of `repeats` (by seconds), in this process, with the peak memory and the version."""
     import cProfile
@@ -154,7 +175,7 @@ def measure(
     runner = run_episodes if path == "run_episode" else run_rollouts
     for _ in range(repeats):
         # only the timed episodes are profiled: imports and the warm-up are paid once per process
-        results.append(asyncio.run(runner(episodes, concurrency, profiler)))
+        results.append(asyncio.run(runner(episodes, concurrency, profiler, service)))
     result = sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
     result["all_seconds"] = [r["seconds"] for r in results]
     result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -175,6 +196,75 @@ def in_fresh_process(python: str, path: str, episodes: int, concurrency: int, re
     if done.returncode != 0:
         raise SystemExit(f"the worker under {python} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+SERVER_CODE = (
+    "import sys; from openreward.environments import Server; "
+    "from platoon.envs.number_search.env import NumberSearchEnvironment; "
+    "Server([NumberSearchEnvironment]).run(host='127.0.0.1', port=int(sys.argv[1]))"
+)
+
+
+def start_servers(count: int) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """`count` local ORS servers serving number search, each ready (answering /health)."""
+    import socket
+    import sys
+    import urllib.request
+
+    started = []
+    for _ in range(count):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER_CODE, str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        started.append((proc, f"127.0.0.1:{port}"))
+    for proc, host in started:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"the ORS server on {host} exited ({proc.returncode})")
+            try:
+                with urllib.request.urlopen(f"http://{host}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.2)
+    return started
+
+
+def remote(args: argparse.Namespace) -> None:
+    """In process, one server, two servers: the same episodes, the same path, one run."""
+    servers = start_servers(2)
+    hosts = [host for _, host in servers]
+    try:
+        print(
+            f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
+        )
+        services = {
+            "in process (python://)": SERVICE,
+            "one ORS server": f"ors+http://{hosts[0]}/NumberSearchEnvironment",
+            "two ORS servers": f"ors+http://{','.join(hosts)}/NumberSearchEnvironment",
+        }
+        results = {
+            label: measure(args.path, args.episodes, args.concurrency, args.repeats, service=ref)
+            for label, ref in services.items()
+        }
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait()
+    for label, result in results.items():
+        report(label, result, args.episodes)
+    base = results["in process (python://)"]["seconds"]
+    for label in ("one ORS server", "two ORS servers"):
+        print(f"{label}: {100 * base / results[label]['seconds']:.0f} % of the in-process episodes/s")
+    print("target: one ORS server >= 60 %")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
 
 
 def report(label: str, result: dict[str, Any], episodes: int) -> None:
@@ -199,12 +289,18 @@ def main() -> None:
         help="also run the run_episode path under this Python's platoon (e.g. a venv with platoon==0.2.0)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line: {ours, baseline?}")
+    parser.add_argument(
+        "--remote", action="store_true", help="in process beside one and two local ORS servers (ors+http://)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(measure(args.path, args.episodes, args.concurrency, args.repeats)))
         return
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    if args.remote:
+        remote(args)
+        return
     if not args.json:
         print(
             f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "

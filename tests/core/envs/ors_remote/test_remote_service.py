@@ -1,0 +1,265 @@
+"""`ors+http://` services against real openreward servers (`Server([...]).run` on 127.0.0.1, one process each):
+the same rewards as in process, pools sharded by rollout, a server killed mid-episode, graders that raise or hang,
+and no session left open on a server afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+from platoon.envs.ors.remote import RemoteOrsService, parse_uri, resolve_pool, server_order
+from platoon.envs.ors.sessions import registry
+from platoon.envs.resolve import resolve_service
+from platoon.testing import ScriptedPolicy, run_episode, tool_call
+
+NUMBER_SEARCH = "python://platoon.envs.number_search.env:NumberSearchEnvironment"
+
+
+def remote(*servers: Any, env: str = "NumberSearchEnvironment", variant: str | None = None) -> str:
+    hosts = ",".join(s.host for s in servers)
+    return f"ors+http://{hosts}/{env}" + (f"?variant={variant}" if variant else "")
+
+
+def guess_env(*servers: Any) -> str:
+    return remote(*servers, env="GuessEnv", variant="guessenv")
+
+
+# -- the URI and the pool -------------------------------------------------------------------------------------------
+
+
+def test_the_uri_names_hosts_environment_and_query():
+    uri = parse_uri("ors+https://a:1,b:2/Env?variant=v&label=L")
+    assert (uri.scheme, uri.hosts, uri.environment, uri.query) == ("https", ("a:1", "b:2"), "Env", {"variant": "v", "label": "L"})
+    assert parse_uri("ors+http:///Env").hosts == ()
+    for bad, says in [
+        ("ors+http://a:1/Env?flavour=x", "unknown query key 'flavour'"),
+        ("ors+http://a/Env", "'a' is not HOST:PORT"),
+        ("ors+http://a:1/Env?variant=x&variant=y", "given twice"),
+        ("ors+http://a:1/E/F", "one environment name"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse_uri(bad)
+
+
+def test_the_pool_comes_from_the_uri_then_the_variables_in_order():
+    environ = {
+        "OPENREWARD_SESSION_URLS_MY_ENV_2": "h1:1, https://h2:2",
+        "OPENREWARD_SESSION_URLS": "legacy:1",
+        "OPENREWARD_SESSION_URL": "single:1",
+    }
+    assert resolve_pool(("http://u:1",), label="x", environ=environ).urls == ("http://u:1",)
+    label = resolve_pool((), label="my-env.2", environ=environ)
+    assert (label.urls, label.source) == (("http://h1:1", "https://h2:2"), "$OPENREWARD_SESSION_URLS_MY_ENV_2")
+    assert resolve_pool((), label="other", environ=environ).urls == ("http://legacy:1",)
+    assert resolve_pool((), label="other", legacy_global_pool=False, environ=environ).urls == ("http://single:1",)
+    assert resolve_pool((), label="x", session_urls_env_var="MINE", environ={"MINE": "m:9"}).urls == ("http://m:9",)
+    assert resolve_pool((), label="x", environ={}).urls == ("http://localhost:8080",)
+
+
+def test_a_rollout_keeps_its_server_and_rollouts_spread_over_the_pool():
+    urls = ["http://a:1", "http://b:2"]
+    firsts = [server_order(urls, f"rollout-{i}")[0] for i in range(64)]
+    assert firsts == [server_order(urls, f"rollout-{i}")[0] for i in range(64)]
+    assert set(firsts) == set(urls)
+
+
+def test_options_are_checked_where_the_config_writes_them():
+    with pytest.raises(ValueError, match="not an option of ors"):
+        RemoteOrsService("ors+http://a:1/Env", flavour=1)
+    with pytest.raises(ValueError, match="differ"):
+        RemoteOrsService("ors+http://a:1/Env?variant=v", variant="w")
+    with pytest.raises(ValueError, match="in the URI or in urls, not both"):
+        RemoteOrsService("ors+http://a:1/Env", urls=["b:2"])
+    with pytest.raises(ValueError, match="name the environment"):
+        RemoteOrsService("ors+http://a:1/")
+    assert RemoteOrsService("ors+http://a:1/", environment="Env").environment == "Env"
+
+
+def test_session_urls_of_the_label_are_read_at_open(monkeypatch, servers):
+    service = resolve_service("ors+http:///GuessEnv?variant=guessenv&label=guess-pool")
+    monkeypatch.setenv("OPENREWARD_SESSION_URLS_GUESS_POOL", servers[1].host)
+
+    async def go() -> str:
+        session = await service.open(await service.get_task("train:0"), rollout_id="r")
+        try:
+            return session.server
+        finally:
+            await session.close()
+
+    assert asyncio.run(go()) == servers[1].url
+    assert servers[1].open_sessions() == 0
+
+
+# -- the same rewards as in process ---------------------------------------------------------------------------------
+
+
+def binary_search(prompt: str) -> str:
+    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
+    guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
+    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
+        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+    return "\n" + tool_call("guess", {"number": (low + high) // 2})
+
+
+def always_zero(prompt: str) -> str:
+    return "\n" + tool_call("guess", {"number": 0})
+
+
+def test_number_search_remote_gives_the_in_process_rewards(servers, tmp_path):
+    def rewards(service: str) -> list[tuple[Any, int]]:
+        found = []
+        for i, policy in enumerate([binary_search, binary_search, always_zero, binary_search]):
+            run = run_episode(
+                f"train:{i}",
+                service=service,
+                harness="platoon-react",
+                policy=ScriptedPolicy(policy),
+                max_steps=4 if policy is always_zero else None,
+                output_dir=tmp_path / f"{i}-{len(service)}",
+            )
+            found.append((run.reward, len(run.policy.calls)))
+        return found
+
+    in_process = rewards(NUMBER_SEARCH)
+    assert [r for r, _ in in_process] == [1.0, 1.0, 0.0, 1.0]
+    assert rewards(remote(servers[0])) == in_process
+    assert servers[0].open_sessions() == 0
+
+
+GUESS_SCRIPTS: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = [
+    ("train:0", [("guess", {"number": 3}), ("guess", {"number": 7}), ("submit", {"answer": "7"})]),
+    ("train:1", [("guess", {"number": 2}), ("submit", {"answer": "5"})]),
+    ("train:2", [("guess", {"number": "nine"}), ("nope", {}), ("guess", {"number": 9})]),
+    ("train:0", [("submit", {"answer": "7"}), ("guess", {"number": 1})]),
+]
+
+
+async def play(service: Any, task_id: str, calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, ...]:
+    session = await service.open(await service.get_task(task_id), rollout_id=f"play-{task_id}")
+    try:
+        tools = [(t.name, t.terminal) for t in await session.tools()]
+        results = []
+        for name, arguments in calls:
+            result = await session.call_tool(name, arguments)
+            results.append((result.as_text() if not result.is_error else result.metadata.get("error"), result.reward))
+        outcome = await session.grade()
+        return session.instruction, tools, results, outcome.status, outcome.reward, outcome.reason
+    finally:
+        await session.close()
+
+
+def test_the_guessing_environment_remote_plays_as_in_process(servers, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    in_process = resolve_service("python://ors_server:GuessEnv")
+    served = resolve_service(guess_env(servers[0]))
+
+    async def both() -> None:
+        for task_id, calls in GUESS_SCRIPTS:
+            assert await play(served, task_id, calls) == await play(in_process, task_id, calls)
+
+    asyncio.run(both())
+    first = asyncio.run(play(served, *GUESS_SCRIPTS[0]))
+    assert first[3:5] == ("scored", 1.0)
+    assert servers[0].open_sessions() == 0
+
+
+# -- pools, failures ------------------------------------------------------------------------------------------------
+
+
+def test_a_pool_of_two_servers_shares_the_rollouts(servers):
+    a, b = servers
+    service = resolve_service(guess_env(a, b))
+
+    async def go() -> list[str]:
+        task = await service.get_task("train:0")
+        sessions = [await service.open(task, rollout_id=f"rollout-{i}") for i in range(12)]
+        assert a.open_sessions() + b.open_sessions() == 12
+        where = [s.server for s in sessions]
+        for s in sessions:
+            await s.close()
+        return where
+
+    where = asyncio.run(go())
+    assert where == [server_order([a.url, b.url], f"rollout-{i}")[0] for i in range(12)]
+    assert set(where) == {a.url, b.url}
+    assert (a.open_sessions(), b.open_sessions()) == (0, 0)
+    assert registry.open_sessions == []
+
+
+def test_a_server_killed_mid_episode_is_untrainable_and_the_run_goes_on(server_factory):
+    doomed, spare = server_factory(), server_factory()
+    service = resolve_service(guess_env(doomed, spare))
+    on_doomed = [f"r{i}" for i in range(32) if server_order([doomed.url, spare.url], f"r{i}")[0] == doomed.url]
+
+    async def go() -> None:
+        task = await service.get_task("train:0")
+        session = await service.open(task, rollout_id=on_doomed[0])
+        assert session.server == doomed.url
+        await session.tools()
+        assert (await session.call_tool("guess", {"number": 7})).as_text() == "right"
+        doomed.kill()
+        submitted = await session.call_tool("submit", {"answer": "7"})
+        assert submitted.is_error and submitted.metadata["error"] == "env_error"
+        outcome = await session.grade()
+        assert (outcome.status, outcome.failure_kind, outcome.reward) == ("error", "env_error", None)
+        assert not outcome.trainable
+        assert f"the server at {doomed.url} stopped answering" in (outcome.reason or "")
+        # a later call is refused without running: the session is over
+        refused = await session.call_tool("guess", {"number": 1})
+        assert refused.metadata["error"] == "session_dead"
+        await session.close()
+        # the next rollout that hashes to the dead server opens on the one left, and scores
+        moved = await service.open(task, rollout_id=on_doomed[1])
+        assert moved.server == spare.url
+        await moved.tools()
+        await moved.call_tool("submit", {"answer": "7"})
+        assert (await moved.grade()).reward == 1.0
+        await moved.close()
+
+    asyncio.run(go())
+    assert spare.open_sessions() == 0
+    assert registry.open_sessions == []
+
+
+@pytest.mark.parametrize(
+    ("task_id", "reason"),
+    [
+        ("train:3", "terminal tool 'submit' raised on the server: grader database unreachable"),
+        ("train:4", "terminal tool 'submit' did not answer within 0.5 s"),
+    ],
+)
+def test_a_grader_that_raises_or_hangs_is_an_infra_outcome(servers, task_id, reason):
+    service = resolve_service(guess_env(servers[0]), {"call_timeout_s": 0.5})
+    status, reward, why = asyncio.run(play(service, task_id, [("submit", {"answer": "4"})]))[3:]
+    assert (status, reward, why) == ("error", None, reason)
+    assert servers[0].open_sessions() == 0
+
+
+def test_a_server_that_serves_another_default_refuses_the_name_without_a_variant(servers):
+    service = resolve_service(remote(servers[0], env="GuessEnv"))
+    with pytest.raises(ValueError, match=r"'GuessEnv' is not its default .*name it with \?variant=guessenv"):
+        asyncio.run(service.list_tasks("train"))
+
+
+def test_forks_share_the_session_or_open_fresh_on_the_same_server(servers):
+    service = resolve_service(guess_env(*servers))
+
+    async def go() -> None:
+        parent = await service.open(await service.get_task("train:0"), rollout_id="forked")
+        await parent.tools()
+        shared = await parent.fork("shared")
+        fresh = await parent.fork("fresh")
+        assert fresh.server == parent.server
+        await shared.call_tool("guess", {"number": 1})
+        assert parent._lease.turns == 1 and fresh._lease.turns == 0
+        with pytest.raises(Exception, match="copy fork needs the environment in process"):
+            await parent.fork("copy")
+        for s in (shared, fresh, parent):
+            await s.close()
+
+    asyncio.run(go())
+    assert servers[0].open_sessions() + servers[1].open_sessions() == 0

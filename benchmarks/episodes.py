@@ -105,7 +105,7 @@ async def run_episodes(
     async def play(index: int, output_dir: Path) -> Any:
         return await run_episode(
             f"train:{index}",
-            service=SERVICE,
+            service=service,
             harness="platoon-react",
             policy=ScriptedPolicy(binary_search),
             harness_options={"system_prompt": SYSTEM_PROMPT},

@@ -78,7 +78,12 @@ def test_the_rao_settings_are_the_research_codes() -> None:
     assert (train.lora_rank, train.loss_fn) == (32, "cispo")
     assert train.loss_fn_config == {"clip_low_threshold": 0.0, "clip_high_threshold": 5.0}
     optimizer = train.optimizer
-    assert (optimizer.learning_rate, optimizer.beta1, optimizer.beta2, optimizer.eps) == (3e-5, 0.9, 0.95, 1e-8)
+    assert (optimizer.learning_rate, optimizer.beta1, optimizer.beta2, optimizer.eps) == (
+        3e-5,
+        0.9,
+        0.95,
+        1e-8,
+    )
     assert optimizer.grad_clip_norm == 1e12
     assert (train.max_staleness, train.num_minibatches, train.num_microbatches) == (3, 1, 2)
     assert (train.max_concurrent_rollouts, config.eval.max_concurrent_rollouts) == (128, 32)
@@ -88,7 +93,10 @@ def test_the_rao_settings_are_the_research_codes() -> None:
     assert (config.eval.every, config.eval.workflow_config.group_size) == (5, 1)
     assert (config.checkpoint.every, config.watchdog.timeout_seconds) == (1, 7200)
     assert config.stats.experiment_name == "recursive-agents"
-    assert (config.stats.wandb.project, config.stats.wandb.tags) == ("recursive-agents", ["textcraft-synth", "tinker"])
+    assert (config.stats.wandb.project, config.stats.wandb.tags) == (
+        "recursive-agents",
+        ["textcraft-synth", "tinker"],
+    )
     [entry] = config.environments
     assert (entry.env, entry.harness) == ("textcraft-synth@1", "platoon-codeact")
     assert entry.dataset_kwargs == {"split_name": "train-medium"}

@@ -99,7 +99,9 @@ def _rewards(run: Path) -> list[tuple[float, list[float]]]:
     events = sorted((run / "rollouts" / "train").glob("*/events/*.jsonl"))
     for records in by_collection(read_events(events)).values():
         parents = {
-            r["trajectory_id"]: r["trajectory"]["parent_info"] for r in records if r["type"] == "trajectory_created"
+            r["trajectory_id"]: r["trajectory"]["parent_info"]
+            for r in records
+            if r["type"] == "trajectory_created"
         }
         rewards = {r["trajectory_id"]: r["reward"] for r in records if r["type"] == "trajectory_finished"}
         [root] = [t for t, parent in parents.items() if parent is None]
@@ -117,7 +119,9 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "logs"
 
 
-def _train_one_step(arm: str, trial: str, logs: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, dict]:
+def _train_one_step(
+    arm: str, trial: str, logs: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[Path, dict]:
     with serve_policy(_policy(arm)):
         status = main(["train", str(RECIPES / f"{arm}.yaml"), f"log_path={logs}", *CPU])
     assert status == 0, capsys.readouterr().err[-3000:]

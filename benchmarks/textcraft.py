@@ -1,0 +1,136 @@
+"""TextCraft-Synth episodes per second beside number search, measured the same way in the same run.
+
+TextCraft-Synth: `platoon-codeact` with the recipe's prompt builder (`textcraft-synth@1`'s harness defaults, the
+linear prompt), a scripted policy that plays each task's gold trajectory one craft per cell and then finishes
+(reward 1), the ORS environment in process. Number search: benchmarks/episodes.py's `run_episode` path
+(`platoon-react`, a scripted binary search). Both go through `platoon.testing.run_episode` (task resolved by id,
+gateway served, collection written) and are timed by episodes.py's `time_episodes`: one warm-up episode, then
+`--episodes` at `--concurrency` on one event loop. Each repeat times number search, then TextCraft-Synth; the
+median repeat of each is reported.
+
+    uv run --frozen python benchmarks/textcraft.py [--episodes 128] [--concurrency 32] [--split train-medium]
+
+Target: TextCraft-Synth at least half number search's episodes/s (ratio >= 0.5). A gold episode's length depends on
+the split (`train-medium`, the RAO training tasks, median 18 crafts; `train-easy` median 3): calls/s is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from episodes import run_episodes, time_episodes
+
+SYNTH = "python://platoon_textcraft.env:TextCraftSynthEnvironment"
+#: what `textcraft-synth@1` gives platoon-codeact, plus the single agent's arm (recipes/rao/single.yaml)
+OPTIONS = {
+    "prompt_builder": "platoon_textcraft.prompts:TextCraftPromptBuilder",
+    "prompt_builder_options": {"synth": True, "variant": "linear"},
+    "subagents": False,
+}
+#: the recipe's step budget (the gold episodes finish well inside it)
+MAX_STEPS = 200
+
+
+def gold_cells(spec: dict[str, Any]) -> list[str]:
+    """One CodeAct cell per gold step (the craft's count is the total produced, `result_count`), then finish."""
+    cells = []
+    for step in spec["misc"]["gold_trajectory"]:
+        item, total = step["target"][0], step["result_count"]
+        cells.append(f"<python>\ncraft({json.dumps(step['ingredients'])}, ({item!r}, {total}))\n")
+    cells.append("<python>\nfinish('Crafted every target.')\n")
+    return cells
+
+
+async def run_textcraft(episodes: int, concurrency: int, split: str) -> dict[str, Any]:
+    """`episodes` gold-trajectory episodes of `split` (tasks in file order, wrapping), each with its own policy."""
+    from platoon.testing import ScriptedPolicy, run_episode
+    from platoon_textcraft.env import TextCraftSynthEnvironment
+
+    specs = TextCraftSynthEnvironment.list_tasks(split)
+
+    async def play(index: int, output_dir: Path) -> Any:
+        task = index % len(specs)
+        return await run_episode(
+            f"{split}:{task}",
+            service=SYNTH,
+            harness="platoon-codeact",
+            policy=ScriptedPolicy(gold_cells(specs[task])),
+            harness_options=OPTIONS,
+            max_steps=MAX_STEPS,
+            output_dir=output_dir,
+        )
+
+    return await time_episodes(play, episodes, concurrency)
+
+
+def median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    result = dict(sorted(results, key=lambda r: r["seconds"])[len(results) // 2])
+    result["all_seconds"] = [round(r["seconds"], 3) for r in results]
+    return result
+
+
+def report(label: str, result: dict[str, Any], episodes: int) -> None:
+    seconds = result["seconds"]
+    print(
+        f"{label:<28} {episodes / seconds:7.1f} episodes/s  {result['calls'] / seconds:6.0f} calls/s  "
+        f"{seconds:6.2f} s wall  {result['cpu']:6.2f} s CPU  solved {result['solved']}/{episodes}  "
+        f"{result['calls'] / episodes:.1f} calls/episode  (runs: {result['all_seconds']} s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the median is reported")
+    parser.add_argument(
+        "--split", default="train-medium", help="the TextCraft-Synth split the tasks come from"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    load_before = os.getloadavg()
+    if not args.json:
+        print(
+            f"{args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
+            f"{os.cpu_count()} cores, load {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}"
+        )
+    number_search, textcraft = [], []
+    for _ in range(args.repeats):
+        number_search.append(asyncio.run(run_episodes(args.episodes, args.concurrency)))
+        textcraft.append(asyncio.run(run_textcraft(args.episodes, args.concurrency, args.split)))
+    results = {"number_search": median(number_search), "textcraft_synth": median(textcraft)}
+    for result in results.values():
+        result["episodes_per_s"] = args.episodes / result["seconds"]
+    ratio = results["textcraft_synth"]["episodes_per_s"] / results["number_search"]["episodes_per_s"]
+    # the same ratio in CPU seconds per episode: less at the mercy of what else the machine runs
+    cpu_ratio = results["number_search"]["cpu"] / results["textcraft_synth"]["cpu"]
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.json:
+        print(
+            json.dumps(
+                {**results, "ratio": ratio, "cpu_ratio": cpu_ratio, "split": args.split, "peak_mib": peak_mib}
+            )
+        )
+        return
+    report("number search (react)", results["number_search"], args.episodes)
+    report(f"textcraft-synth {args.split}", results["textcraft_synth"], args.episodes)
+    load_after = os.getloadavg()
+    print(
+        f"ratio: {ratio:.2f}x number search's episodes/s (target >= 0.5); by CPU time {cpu_ratio:.2f}x  "
+        f"peak {peak_mib:.0f} MiB  "
+        f"load after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -542,7 +542,11 @@ def _open_below(root: str, relative: str) -> int | None:
             except OSError as exc:
                 if exc.errno == errno.ENOENT:
                     return None
-                if exc.errno == errno.ELOOP:
+                try:  # O_NOFOLLOW | O_DIRECTORY on a symlink says ENOTDIR: tell a symlink apart
+                    link = stat.S_ISLNK(os.stat(part, dir_fd=directory, follow_symlinks=False).st_mode)
+                except OSError:
+                    link = False
+                if link or exc.errno == errno.ELOOP:
                     raise LogError(f"{where} is a symlink") from None
                 if exc.errno == errno.ENOTDIR:
                     raise LogError(f"{where} is not a directory") from None

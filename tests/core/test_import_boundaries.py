@@ -19,6 +19,8 @@ HEAVY = [
     "starlette",
     "uvicorn",
     "tokenizers",
+    # the trajectory viewer's TUI: imported only when a `platoon viz` command runs
+    "textual",
 ]
 PLUGIN_PACKAGES = ["platoon_harnesses", "platoon_sandbox", "platoon_harbor", "platoon_textcraft"]
 CORE_SRC = Path(platoon.__file__).parent
@@ -68,6 +70,19 @@ def test_cli_help_imports_no_plugin_and_no_heavy_dependency(run_python):
     )
     loaded = _top_level(_loaded_after(run_python, code))
     assert loaded.isdisjoint(HEAVY + PLUGIN_PACKAGES), sorted(loaded & set(HEAVY + PLUGIN_PACKAGES))
+
+
+def test_the_viewer_command_line_imports_textual_only_when_a_viewer_runs(run_python):
+    code = (
+        "import contextlib, io\nfrom platoon.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['viz', '--help']) == 0\n"
+        "with contextlib.redirect_stderr(io.StringIO()):\n    assert main(['viz', 'replay', 'missing.jsonl']) == 64\n"
+        "import platoon.viz.model, platoon.viz.sources\n"
+    )
+    loaded = _top_level(_loaded_after(run_python, code))
+    assert "textual" not in loaded
+    loaded = _top_level(_loaded_after(run_python, "import platoon.viz.app"))
+    assert "textual" in loaded  # the check above would notice it
 
 
 def test_importing_every_core_module_imports_no_plugin_package(run_python):

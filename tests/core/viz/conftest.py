@@ -13,7 +13,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
-import viz_runs  # noqa: E402
+import viz_runs
 
 
 @dataclass

@@ -97,7 +97,12 @@ def test_a_verifier_naming_what_it_verifies_sits_there_and_a_child_before_its_pa
     def created(tid: str, parent: str | None = None, **misc: Any) -> dict[str, Any]:
         info = {"id": parent, "fork_step": 2} if parent else None
         trajectory = {"id": tid, "parent_info": info, "misc": misc}
-        return {"type": "trajectory_created", "collection_id": "c", "trajectory_id": tid, "trajectory": trajectory}
+        return {
+            "type": "trajectory_created",
+            "collection_id": "c",
+            "trajectory_id": tid,
+            "trajectory": trajectory,
+        }
 
     model.apply(created("child", "root"))
     assert [n.label.split(" ·")[0] for n in model.tree()[0].children] == ["traj:child"]  # parent not here yet
@@ -162,13 +167,23 @@ def test_task_labels_from_misc_keys_and_openreward_references():
         json.dumps({"environment": "acme/math", "name": "algebra-7", "index": 7, "split": "test"}).encode()
     ).decode()
     info = task_info({"id": "openreward:v1:" + reference.rstrip("="), "goal": "Solve it.\nShow work."})
-    assert info.parts(with_goal=True) == ["env:acme/math", "task:algebra-7", "index:7", "split:test", "Solve it. Show work."]
-    assert task_info({"id": "x", "misc": {"environment": "bandit", "split": "train"}}).parts(with_goal=False) == [
+    assert info.parts(with_goal=True) == [
+        "env:acme/math",
+        "task:algebra-7",
+        "index:7",
+        "split:test",
+        "Solve it. Show work.",
+    ]
+    assert task_info({"id": "x", "misc": {"environment": "bandit", "split": "train"}}).parts(
+        with_goal=False
+    ) == [
         "env:bandit",
         "task:x",
         "split:train",
     ]
-    assert task_info({"id": "openreward:v1:%%%"}).task_id == "openreward:v1:%%%"  # not decodable: shown as it is
+    assert (
+        task_info({"id": "openreward:v1:%%%"}).task_id == "openreward:v1:%%%"
+    )  # not decodable: shown as it is
     assert task_info(None).parts(with_goal=True) == []
 
 
@@ -181,7 +196,11 @@ def openhands_step() -> dict[str, Any]:
 
     def observation(call_id: str, text: str, *, error: bool = False) -> dict[str, Any]:
         content = [{"type": "text", "text": text}]
-        return {"kind": "ObservationEvent", "tool_call_id": call_id, "observation": {"content": content, "is_error": error}}
+        return {
+            "kind": "ObservationEvent",
+            "tool_call_id": call_id,
+            "observation": {"content": content, "is_error": error},
+        }
 
     return {
         "misc": {
@@ -201,7 +220,9 @@ def openhands_step() -> dict[str, Any]:
 
 
 def test_openhands_steps_resolve_call_tool_collapse_repeats_and_surface_errors():
-    trajectory = TrajectoryState("t", steps=[{"misc": {"message": {"content": "system prompt..."}}}, openhands_step()])
+    trajectory = TrajectoryState(
+        "t", steps=[{"misc": {"message": {"content": "system prompt..."}}}, openhands_step()]
+    )
     trajectory.steps[0] = {"misc": {"action_events": [], "message": {"content": "You are an agent."}}}
     group = steps_node(trajectory, "k", "auto")
     setup, step = group.children
@@ -317,3 +338,13 @@ def test_dumps_become_event_files_with_the_same_tree(tmp_path, runs):
 
 def test_torn_and_foreign_lines_are_skipped():
     assert parse_lines([b'{"a": 1}', b"{torn", b"[1, 2]", b"", b'{"b": 2}']) == [{"a": 1}, {"b": 2}]
+
+
+def test_a_file_rewritten_longer_between_two_polls_is_read_again(tmp_path, runs):
+    path = tmp_path / "events.jsonl"
+    path.write_text(runs.codeact.read_text().splitlines(keepends=True)[0])
+    tail = FileTail(path)
+    assert len(tail.poll()[0]) == 1
+    path.write_text(runs.react.read_text())  # same inode, and longer than what was read
+    records, reset = tail.poll()
+    assert reset and records == records_of(runs.react)

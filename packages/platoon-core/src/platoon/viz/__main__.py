@@ -4,4 +4,5 @@ import sys
 
 from platoon.viz.cli import main
 
-sys.exit(main(prog="python -m platoon.viz"))
+if __name__ == "__main__":  # importing the module (as the import-boundary tests do) runs nothing
+    sys.exit(main(prog="python -m platoon.viz"))

@@ -41,7 +41,9 @@ def render_sections(sections: Sequence[Section]) -> RenderableType:
     for section in sections:
         parts.append(Text(section.title, style="bold underline"))
         if section.kind == "code":
-            parts.append(Syntax(str(section.content), section.language, word_wrap=True, background_color="default"))
+            parts.append(
+                Syntax(str(section.content), section.language, word_wrap=True, background_color="default")
+            )
         elif section.kind == "json":
             parts.append(JSON.from_data(section.content, default=str))
         else:
@@ -131,7 +133,7 @@ class ViewerApp(App[int]):
         self.mode: Mode = mode
         self.model = EventModel()
         self.playing = True
-        self.mouse_captured = not selectable_text
+        self.mouse_reporting = not selectable_text
         self.nodes: dict[str, Node] = {}  # collection id -> its node tree, as last built
         self.tree_nodes: dict[str, TreeNode[Node]] = {}  # node key -> its widget node
         self.groups: list[SearchGroup] = []
@@ -146,7 +148,9 @@ class ViewerApp(App[int]):
         with Horizontal():
             with Vertical(id="left"):
                 with Vertical(id="search"):
-                    yield Input(placeholder="search (enter: first hit, f3/shift+f3: next/previous)", id="search-input")
+                    yield Input(
+                        placeholder="search (enter: first hit, f3/shift+f3: next/previous)", id="search-input"
+                    )
                     results: Tree[str] = Tree("results", id="results")
                     results.show_root = False
                     yield results
@@ -161,7 +165,7 @@ class ViewerApp(App[int]):
 
     def on_mount(self) -> None:
         self.query_one("#tree", Tree).focus()
-        if not self.mouse_captured:
+        if not self.mouse_reporting:
             self._set_mouse(False)
         if self.tailer is not None:
             self._poll()
@@ -280,8 +284,10 @@ class ViewerApp(App[int]):
             parts += [f"{len(self.tailer.tails)} file(s)", "following" if self.playing else "paused"]
         elif self.replay is not None:
             parts.append(f"record {self.replay.position}/{len(self.replay.records)}")
-            parts.append("done" if self.replay.done else "playing" if self.playing and self.delay else "paused")
-        if not self.mouse_captured:
+            parts.append(
+                "done" if self.replay.done else "playing" if self.playing and self.delay else "paused"
+            )
+        if not self.mouse_reporting:
             parts.append("mouse off (terminal selection)")
         if self.hits:
             parts.append(f"hit {self.hit_index + 1}/{len(self.hits)}")
@@ -294,9 +300,7 @@ class ViewerApp(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Typing into the search field: its letters, space and arrows are text, not commands.
-        if action in _TYPING_ACTIONS and isinstance(self.focused, Input):
-            return False
-        return True
+        return not (action in _TYPING_ACTIONS and isinstance(self.focused, Input))
 
     def action_toggle_play(self) -> None:
         self.playing = not self.playing
@@ -345,8 +349,8 @@ class ViewerApp(App[int]):
         self._move_hit(-1)
 
     def action_toggle_mouse(self) -> None:
-        self._set_mouse(not self.mouse_captured)
-        self.notify("mouse capture " + ("on" if self.mouse_captured else "off: drag to select text"))
+        self._set_mouse(not self.mouse_reporting)
+        self.notify("mouse capture " + ("on" if self.mouse_reporting else "off: drag to select text"))
 
     def action_details_only(self) -> None:
         self.screen.toggle_class("details-only")
@@ -357,7 +361,7 @@ class ViewerApp(App[int]):
 
     def _set_mouse(self, captured: bool) -> None:
         """Mouse reporting on or off in the terminal; off lets the terminal's own drag-selection work."""
-        self.mouse_captured = captured
+        self.mouse_reporting = captured
         driver = getattr(self, "_driver", None)
         switch = getattr(driver, "_enable_mouse_support" if captured else "_disable_mouse_support", None)
         if callable(switch):  # the terminal drivers have it; the headless one (tests) has no terminal
@@ -387,14 +391,18 @@ class ViewerApp(App[int]):
             self._status()
 
     def _run_search(self, query: str, *, keep_position: bool = False) -> None:
-        current = self.hits[self.hit_index] if keep_position and 0 <= self.hit_index < len(self.hits) else None
+        current = (
+            self.hits[self.hit_index] if keep_position and 0 <= self.hit_index < len(self.hits) else None
+        )
         self.groups = search(self.nodes.values(), query)
         self.hits = [hit.key for group in self.groups for hit in group.hits]
         self.hit_index = self.hits.index(current) if current in self.hits else -1
         results = self.query_one("#results", Tree)
         results.root.remove_children()
         for group in self.groups:
-            branch = results.root.add(Text(f"{group.label} ({len(group.hits)})", style="bold"), None, expand=True)
+            branch = results.root.add(
+                Text(f"{group.label} ({len(group.hits)})", style="bold"), None, expand=True
+            )
             for hit in group.hits:
                 branch.add_leaf(Text(hit.label, style=hit.style or ""), hit.key)
         self._status()

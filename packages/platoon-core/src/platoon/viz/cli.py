@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MISSING_TEXTUAL", "build", "main", "parser", "textual_available"]
 
-MISSING_TEXTUAL = "the trajectory viewer needs textual, which is not installed: pip install 'platoon-core[viz]'"
+MISSING_TEXTUAL = (
+    "the trajectory viewer needs textual, which is not installed: pip install 'platoon-core[viz]'"
+)
 DEFAULT_DELAY = 0.5
 
 
@@ -45,11 +47,15 @@ def parser(prog: str = "platoon viz") -> argparse.ArgumentParser:
         prog=prog,
         description="The trajectory viewer: follow, replay or show the event files of training, eval and rollout.",
     )
-    commands = top.add_subparsers(dest="command", required=True, metavar="{tail,replay,show-dump}", parser_class=_Parser)
+    commands = top.add_subparsers(
+        dest="command", required=True, metavar="{tail,replay,show-dump}", parser_class=_Parser
+    )
 
     def common(sub: argparse.ArgumentParser, *, rdir: bool = False) -> None:
         sub.add_argument("paths", nargs="*", metavar="PATH", help="files to read")
-        sub.add_argument("--dir", action="append", default=[], metavar="D", help="every *.jsonl of D (not descending)")
+        sub.add_argument(
+            "--dir", action="append", default=[], metavar="D", help="every *.jsonl of D (not descending)"
+        )
         if rdir:
             sub.add_argument("--rdir", action="append", default=[], metavar="R", help="every *.jsonl under R")
         sub.add_argument(
@@ -69,9 +75,15 @@ def parser(prog: str = "platoon viz") -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="replay event files, merged by time")
     common(replay)
     replay.add_argument(
-        "--delay", type=float, default=DEFAULT_DELAY, metavar="S", help="seconds between records (0: all at once)"
+        "--delay",
+        type=float,
+        default=DEFAULT_DELAY,
+        metavar="S",
+        help="seconds between records (0: all at once)",
     )
-    dump = commands.add_parser("show-dump", help="show TrajectoryCollection dumps (.json, or .jsonl one a line)")
+    dump = commands.add_parser(
+        "show-dump", help="show TrajectoryCollection dumps (.json, or .jsonl one a line)"
+    )
     common(dump)
     return top
 
@@ -81,17 +93,21 @@ def textual_available() -> bool:
 
 
 def build(args: argparse.Namespace, stack: contextlib.ExitStack, prog: str = "platoon viz") -> ViewerApp:
-    """The viewer for parsed arguments; temporary files (show-dump's event files) live as long as `stack`."""
-    from platoon.viz.app import ViewerApp
+    """The viewer for parsed arguments; temporary files (show-dump's event files) live as long as `stack`.
+    The arguments are checked before Textual is imported."""
     from platoon.viz.sources import Replay, Tailer, convert_dumps, dump_files, event_files
 
     command = args.command
     where = f"{prog} {command}"
     if not (args.paths or args.dir or getattr(args, "rdir", None)):
-        raise _UsageError(f"{where}: name at least one file or --dir" + (" or --rdir" if command == "tail" else ""))
+        raise _UsageError(
+            f"{where}: name at least one file or --dir" + (" or --rdir" if command == "tail" else "")
+        )
     if command == "tail":
         tailer = Tailer(args.paths, args.dir, args.rdir)
         title = "tail " + " ".join([*args.paths, *args.dir, *args.rdir])
+        from platoon.viz.app import ViewerApp
+
         return ViewerApp(tailer=tailer, mode=args.mode, selectable_text=args.selectable_text, title=title)
     for path in args.paths:
         if not Path(path).is_file():
@@ -114,7 +130,11 @@ def build(args: argparse.Namespace, stack: contextlib.ExitStack, prog: str = "pl
     if not files:
         raise _UsageError(f"{where}: no files to show")
     title = f"{command} " + " ".join(str(p) for p in [*args.paths, *args.dir])
-    return ViewerApp(replay=Replay(files), delay=delay, mode=args.mode, selectable_text=args.selectable_text, title=title)
+    from platoon.viz.app import ViewerApp
+
+    return ViewerApp(
+        replay=Replay(files), delay=delay, mode=args.mode, selectable_text=args.selectable_text, title=title
+    )
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "platoon viz") -> int:

@@ -91,6 +91,11 @@ def _text(value: Any) -> str | None:
     return None
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """`value` when it is a mapping, else an empty one (records are read from files anyone may have written)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _maybe_json(value: Any) -> Any:
     if isinstance(value, str):
         try:
@@ -132,7 +137,10 @@ class TaskInfo:
     def merged(self, other: TaskInfo) -> TaskInfo:
         """Fields this one lacks taken from `other` (a child's task fills gaps, never replaces the root's)."""
         return TaskInfo(
-            *(mine if mine is not None else theirs for mine, theirs in zip(_fields(self), _fields(other), strict=True))
+            *(
+                mine if mine is not None else theirs
+                for mine, theirs in zip(_fields(self), _fields(other), strict=True)
+            )
         )
 
     def parts(self, *, with_goal: bool) -> list[str]:
@@ -172,8 +180,8 @@ def task_info(task: Any) -> TaskInfo:
     """The `TaskInfo` of a task dict (as `Task.to_dict()` writes it); empty for anything else."""
     if not isinstance(task, Mapping):
         return TaskInfo()
-    misc = task.get("misc") if isinstance(task.get("misc"), Mapping) else {}
-    ors = misc.get("ors") if isinstance(misc.get("ors"), Mapping) else {}
+    misc = _mapping(task.get("misc"))
+    ors = _mapping(misc.get("ors"))
     task_id = _text(task.get("id"))
     reference = decode_openreward_reference(task_id)
 
@@ -189,9 +197,15 @@ def task_info(task: Any) -> TaskInfo:
             misc.get("env"),
             task.get("environment"),
         ),
-        name=pick(misc.get("openreward_task_name"), reference.get("name"), ors.get("name"), misc.get("task_name")),
-        index=pick(misc.get("openreward_task_index"), reference.get("index"), ors.get("index"), misc.get("index")),
-        split=pick(misc.get("openreward_task_split"), reference.get("split"), ors.get("split"), misc.get("split")),
+        name=pick(
+            misc.get("openreward_task_name"), reference.get("name"), ors.get("name"), misc.get("task_name")
+        ),
+        index=pick(
+            misc.get("openreward_task_index"), reference.get("index"), ors.get("index"), misc.get("index")
+        ),
+        split=pick(
+            misc.get("openreward_task_split"), reference.get("split"), ors.get("split"), misc.get("split")
+        ),
         task_id=task_id if not reference else None,
         goal=_text(task.get("goal")),
     )
@@ -326,7 +340,7 @@ class EventModel:
 
     def _apply_trajectory(self, kind: str, record: Mapping[str, Any], source: str) -> str | None:
         tid = record.get("trajectory_id")
-        created = record.get("trajectory") if isinstance(record.get("trajectory"), Mapping) else {}
+        created = _mapping(record.get("trajectory"))
         tid = _text(tid) or _text(created.get("id"))
         if tid is None:
             return None
@@ -447,7 +461,14 @@ def collection_node(collection: CollectionState, mode: Mode) -> Node:
         "solver_trajectories": solvers,
         "verifier_trajectories": verifiers,
     }
-    return Node(key, label, "collection", details=[Section("collection", "json", overview)], children=children, expand=True)
+    return Node(
+        key,
+        label,
+        "collection",
+        details=[Section("collection", "json", overview)],
+        children=children,
+        expand=True,
+    )
 
 
 def _placement(collection: CollectionState) -> dict[str, str | None]:
@@ -472,7 +493,9 @@ def _placement(collection: CollectionState) -> dict[str, str | None]:
     return placed
 
 
-def _subtree_counts(tid: str, collection: CollectionState, placed: Mapping[str, str | None]) -> tuple[int, int]:
+def _subtree_counts(
+    tid: str, collection: CollectionState, placed: Mapping[str, str | None]
+) -> tuple[int, int]:
     solvers = verifiers = 0
     stack = [tid]
     while stack:
@@ -527,7 +550,13 @@ def trajectory_node(
                 f"{key}/fork:{child.id}",
                 f"fork from {short_id(trajectory.id)}{at}",
                 "fork",
-                details=[Section("fork", "json", {"parent": trajectory.id, "child": child.id, "fork_step": child.fork_step})],
+                details=[
+                    Section(
+                        "fork",
+                        "json",
+                        {"parent": trajectory.id, "child": child.id, "fork_step": child.fork_step},
+                    )
+                ],
                 children=[child_node],
                 expand=True,
             )
@@ -545,7 +574,9 @@ def trajectory_node(
     }
     details = [Section("trajectory", "json", summary), Section("misc", "json", trajectory.misc)]
     kind = "verifier" if trajectory.is_verifier else "trajectory"
-    return Node(key, label, kind, style=style, details=details, children=children, expand=not trajectory.is_verifier)
+    return Node(
+        key, label, kind, style=style, details=details, children=children, expand=not trajectory.is_verifier
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -603,7 +634,7 @@ def codeact_step_node(trajectory: TrajectoryState, index: int, fields: Mapping[s
     tool-calling harness) shows its calls and the first line of its message."""
     code, thought = fields.get("code"), fields.get("thought")
     output, error = fields.get("output"), fields.get("error")
-    message = fields.get("message") if isinstance(fields.get("message"), Mapping) else {}
+    message = _mapping(fields.get("message"))
     calls = _message_tool_calls(fields)
     parts = []
     if code:
@@ -622,19 +653,43 @@ def codeact_step_node(trajectory: TrajectoryState, index: int, fields: Mapping[s
     rewards = [r["reward"] for r in results if isinstance(r.get("reward"), int | float)]
     if rewards:
         markers.append(f"[reward {rewards[-1]:g}]")
-    label = f"step {index}: " + " · ".join(parts or ["(no action)"]) + ("  " + " ".join(markers) if markers else "")
+    label = (
+        f"step {index}: "
+        + " · ".join(parts or ["(no action)"])
+        + ("  " + " ".join(markers) if markers else "")
+    )
     children = []
     details: list[Section] = []
-    for name, value, kind in (("thought", thought, "text"), ("code", code, "code"), ("output", output, "text"), ("error", error, "text")):
+    for name, value, kind in (
+        ("thought", thought, "text"),
+        ("code", code, "code"),
+        ("output", output, "text"),
+        ("error", error, "text"),
+    ):
         if value in (None, ""):
             continue
         section = Section(name, kind, str(value))  # type: ignore[arg-type]
         details.append(section)
-        children.append(Node(f"{key}/{name}", f"{name}: {first_line(value, 60)}", name, style="red" if name == "error" else None, details=[section]))
+        children.append(
+            Node(
+                f"{key}/{name}",
+                f"{name}: {first_line(value, 60)}",
+                name,
+                style="red" if name == "error" else None,
+                details=[section],
+            )
+        )
     for position, (name, arguments) in enumerate(calls):
         section = Section(f"call {name}", "json", {"name": name, "arguments": _maybe_json(arguments)})
         details.append(section)
-        children.append(Node(f"{key}/call{position}", f"call: {name}({_inline_args(arguments, 50)})", "call", details=[section]))
+        children.append(
+            Node(
+                f"{key}/call{position}",
+                f"call: {name}({_inline_args(arguments, 50)})",
+                "call",
+                details=[section],
+            )
+        )
     if message.get("content") and not code:
         details.append(Section("message", "text", str(message.get("content"))))
     if results:
@@ -665,7 +720,7 @@ def action_call(event: Mapping[str, Any]) -> tuple[str, Any]:
         name = data.get("name")
         arguments = data.get("arguments", data)
     elif isinstance(tool_call, Mapping):
-        function = tool_call.get("function") if isinstance(tool_call.get("function"), Mapping) else tool_call
+        function = _mapping(tool_call.get("function")) or tool_call
         name, arguments = function.get("name"), function.get("arguments")
     elif isinstance(action, Mapping):
         arguments = {k: v for k, v in action.items() if k != "kind"}
@@ -727,12 +782,22 @@ def openhands_step_node(trajectory: TrajectoryState, index: int, fields: Mapping
         paired = by_key.pop(action.get("id") or "", []) + by_key.pop(_pair_key(action) or "", [])
         failed = any(observation_failed(o) for o in paired)
         errors += failed
-        result = " → " + ("error: " if failed else "") + first_line(observation_text(paired[-1]), 50) if paired else ""
+        result = (
+            " → " + ("error: " if failed else "") + first_line(observation_text(paired[-1]), 50)
+            if paired
+            else ""
+        )
         details = [Section(f"action {name}", "json", {"name": name, "arguments": arguments})]
         details += [Section("observation", "text", observation_text(o)) for o in paired]
         details.append(Section("events", "json", {"action": action, "observations": paired}))
         children.append(
-            Node(f"{key}/a{position}", f"{name}({_inline_args(arguments, 40)}){result}", "action", style="red" if failed else None, details=details)
+            Node(
+                f"{key}/a{position}",
+                f"{name}({_inline_args(arguments, 40)}){result}",
+                "action",
+                style="red" if failed else None,
+                details=details,
+            )
         )
     for position, observation in enumerate(unpaired + [o for rest in by_key.values() for o in rest]):
         failed = observation_failed(observation)
@@ -743,32 +808,52 @@ def openhands_step_node(trajectory: TrajectoryState, index: int, fields: Mapping
                 ("error: " if failed else "observation: ") + first_line(observation_text(observation), 60),
                 "observation",
                 style="red" if failed else None,
-                details=[Section("observation", "text", observation_text(observation)), Section("event", "json", observation)],
+                details=[
+                    Section("observation", "text", observation_text(observation)),
+                    Section("event", "json", observation),
+                ],
             )
         )
-    reward_misc = fields.get("reward_misc") if isinstance(fields.get("reward_misc"), Mapping) else {}
+    reward_misc = _mapping(fields.get("reward_misc"))
     final = reward_misc.get(FINAL_PAYLOAD_KEY)
     if final is not None:
-        children.append(Node(f"{key}/final", f"final: {one_line(json.dumps(final, default=str), 60)}", "final", details=[Section("final payload", "json", final)]))
+        children.append(
+            Node(
+                f"{key}/final",
+                f"final: {one_line(json.dumps(final, default=str), 60)}",
+                "final",
+                details=[Section("final payload", "json", final)],
+            )
+        )
     if names:
-        collapsed = []
+        collapsed: list[tuple[str, int]] = []
         for name in names:
             if collapsed and collapsed[-1][0] == name:
-                collapsed[-1][1] += 1
+                collapsed[-1] = (name, collapsed[-1][1] + 1)
             else:
-                collapsed.append([name, 1])
+                collapsed.append((name, 1))
         summary = ", ".join(f"{n} x{c}" if c > 1 else str(n) for n, c in collapsed)
     elif index == 0:
         summary = "setup"
     else:
         message = fields.get("message")
-        summary = first_line(message.get("content") if isinstance(message, Mapping) else message, 60) or "(no action)"
+        summary = (
+            first_line(message.get("content") if isinstance(message, Mapping) else message, 60)
+            or "(no action)"
+        )
     if errors:
         summary += f"  [{errors} error{'s' if errors > 1 else ''}]"
     if final is not None:
         summary += "  [final]"
     step_details = [Section("step", "json", dict(fields))]
-    return Node(key, f"step {index}: {summary}", "step", style="red" if errors else None, details=step_details, children=children)
+    return Node(
+        key,
+        f"step {index}: {summary}",
+        "step",
+        style="red" if errors else None,
+        details=step_details,
+        children=children,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -790,24 +875,52 @@ def bridge_node(collection: CollectionState, key: str) -> Node:
     children = []
     for turn, events in sorted(turns.items()):
         calls = [e for e in events if e.get("type") == "tool_call"]
-        failed = any(e.get("type") in ("tool_error", "tool_not_run", "max_tool_calls_exceeded") for e in events)
+        failed = any(
+            e.get("type") in ("tool_error", "tool_not_run", "max_tool_calls_exceeded") for e in events
+        )
         if calls:
-            payload = calls[0].get("payload") if isinstance(calls[0].get("payload"), Mapping) else calls[0]
+            payload = _mapping(calls[0].get("payload")) or calls[0]
             name = payload.get("name") or payload.get("tool") or "tool"
-            title = f"turn {turn}: {name}({_inline_args(payload.get('arguments') or payload.get('input'), 40)})"
+            title = (
+                f"turn {turn}: {name}({_inline_args(payload.get('arguments') or payload.get('input'), 40)})"
+            )
         else:
             title = f"turn {turn}: " + ", ".join(str(e.get("type")) for e in events)
         results = [e for e in events if e.get("type") in ("tool_result", "tool_error")]
         if results:
             payload = results[-1].get("payload", results[-1])
-            title += " → " + first_line(payload if isinstance(payload, str) else json.dumps(payload, default=str), 40)
+            title += " → " + first_line(
+                payload if isinstance(payload, str) else json.dumps(payload, default=str), 40
+            )
         leaves = [
-            Node(f"{key}/turn{turn}/{i}", f"{e.get('type')}", "bridge_event", style="red" if "error" in str(e.get("type")) or e.get("type") == "tool_not_run" else None, details=[Section(str(e.get("type")), "json", e)])
+            Node(
+                f"{key}/turn{turn}/{i}",
+                f"{e.get('type')}",
+                "bridge_event",
+                style="red" if "error" in str(e.get("type")) or e.get("type") == "tool_not_run" else None,
+                details=[Section(str(e.get("type")), "json", e)],
+            )
             for i, e in enumerate(events)
         ]
-        children.append(Node(f"{key}/turn{turn}", title, "turn", style="red" if failed else None, details=[Section(f"turn {turn}", "json", events)], children=leaves))
+        children.append(
+            Node(
+                f"{key}/turn{turn}",
+                title,
+                "turn",
+                style="red" if failed else None,
+                details=[Section(f"turn {turn}", "json", events)],
+                children=leaves,
+            )
+        )
     label = f"{collection.id} · turns:{max(turns, default=0)} · events:{len(collection.bridge_events)}"
-    return Node(key, label, "bridge", details=[Section("session", "json", {"session": collection.id[len('bridge:'):]})], children=children, expand=True)
+    return Node(
+        key,
+        label,
+        "bridge",
+        details=[Section("session", "json", {"session": collection.id[len("bridge:") :]})],
+        children=children,
+        expand=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -834,13 +947,21 @@ def search(roots: Iterable[Node], query: str) -> list[SearchGroup]:
         if needle not in node.text().lower():
             continue
         owner = next(
-            (p for p in reversed((*parents, node)) if p.kind in ("trajectory", "verifier", "collection", "bridge")),
+            (
+                p
+                for p in reversed((*parents, node))
+                if p.kind in ("trajectory", "verifier", "collection", "bridge")
+            ),
             node,
         )
         group = groups.get(owner.key)
         if group is None:
             collection = parents[0] if parents else node
-            title = owner.label if owner is collection else f"{first_line(collection.label, 50)} / {first_line(owner.label, 40)}"
+            title = (
+                owner.label
+                if owner is collection
+                else f"{first_line(collection.label, 50)} / {first_line(owner.label, 40)}"
+            )
             group = groups[owner.key] = SearchGroup(owner.key, title)
         group.hits.append(node)
     return list(groups.values())

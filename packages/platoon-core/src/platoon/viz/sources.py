@@ -23,6 +23,8 @@ __all__ = ["POLL_INTERVAL", "FileTail", "Replay", "Tailer", "convert_dumps", "du
 POLL_INTERVAL = 0.2
 #: `--rdir` walks a whole tree: it is rescanned for new files every this many polls, not on every one
 RDIR_RESCAN_POLLS = 5
+#: how much of a file's beginning is kept to notice it was rewritten in place
+HEAD_BYTES = 256
 
 
 def _visible(path: Path) -> bool:
@@ -71,6 +73,9 @@ class FileTail:
     offset: int = 0
     inode: int | None = None
     partial: bytes = b""
+    #: the file's first bytes as read: a file truncated and rewritten past the old length between two polls keeps
+    #: its inode and does not look shorter, but its beginning changed
+    head: bytes = b""
 
     def poll(self) -> tuple[list[dict[str, Any]], bool]:
         """(the records of the lines completed since the last poll, whether the file was reset: truncated or
@@ -81,7 +86,7 @@ class FileTail:
             return [], False
         reset = self.inode is not None and (stat.st_ino != self.inode or stat.st_size < self.offset)
         if reset:
-            self.offset, self.partial = 0, b""
+            self.offset, self.partial, self.head = 0, b"", b""
         self.inode = stat.st_ino
         if stat.st_size == self.offset:
             return [], reset
@@ -89,10 +94,14 @@ class FileTail:
             with open(self.path, "rb") as handle:
                 if os.fstat(handle.fileno()).st_ino != self.inode:
                     return [], reset  # replaced between the stat and the open: the next poll starts over
+                if self.offset and handle.read(len(self.head)) != self.head:
+                    self.offset, self.partial, self.head, reset = 0, b"", b"", True
                 handle.seek(self.offset)
                 data = handle.read()
         except OSError:
             return [], reset
+        if len(self.head) < HEAD_BYTES:
+            self.head = (self.head + data)[:HEAD_BYTES]
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
@@ -167,7 +176,9 @@ class Replay:
         return taken
 
 
-def dump_files(paths: Sequence[str | os.PathLike[str]], directories: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], list[Path]]:
+def dump_files(
+    paths: Sequence[str | os.PathLike[str]], directories: Sequence[str | os.PathLike[str]]
+) -> tuple[list[Path], list[Path]]:
     """(dump files to read, files skipped for their suffix): `.json` and `.jsonl` are dumps, anything else is
     skipped; directories give their `.json` and `.jsonl` files."""
     named = [Path(p) for p in paths]
@@ -199,7 +210,9 @@ def convert_dumps(files: Sequence[Path], output_dir: Path) -> list[Path]:
             try:
                 collection = TrajectoryCollection.from_dict(dump)
             except (KeyError, TypeError, AttributeError, ValueError) as exc:
-                raise ValueError(f"{where}: not a trajectory collection dump ({type(exc).__name__}: {exc})") from None
+                raise ValueError(
+                    f"{where}: not a trajectory collection dump ({type(exc).__name__}: {exc})"
+                ) from None
             root = collection.root
             task_id = root.task.id if root is not None and root.task is not None else None
             written.append(write_events(collection, output_dir, task_id=task_id))

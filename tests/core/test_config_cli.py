@@ -225,27 +225,6 @@ def test_harbor_is_named_with_the_distribution_to_install_where_it_is_not_instal
         ]
 
 
-@pytest.mark.parametrize(
-    ("service", "arrives_with"),
-    [("ors+http://127.0.0.1:8080/Env", "remote ORS servers")],
-)
-def test_a_service_of_a_later_release_says_it_is_not_available_yet(configs, capsys, service, arrives_with):
-    configs(
-        c=f"extends: base.yaml\ntinker_base_url: local\n"
-        f"environments:\n  - service: '{service}'\n    harness: platoon-bandit-answer\n"
-    )
-    scheme = service.partition("://")[0]
-    code, lines = validate(capsys, "c.yaml")
-    assert code == 78 and lines[0] == "FAIL c.yaml"
-    assert lines[1].startswith(
-        f"  environments.0.service: service '{scheme}' is not available yet in this build; "
-        f"it arrives with {arrives_with}"
-    )
-    assert len(lines) == 2
-    assert main(["train", "c.yaml"]) == 78
-    assert capsys.readouterr().err.endswith(lines[1].strip() + "\n")
-
-
 def test_named_environment_expands_as_the_lowest_layer(configs, capsys, with_extensions):
     configs(c="extends: base.yaml\nenvironments:\n  - env: acme-arith\n    harness_options: {top_k: 5}\n")
     assert main(["config", "show", "c.yaml"]) == 0

@@ -279,6 +279,11 @@ def _why(exc: BaseException) -> str:
         exc = errors[-1]
     if isinstance(exc, TimeoutError):
         return "timed out"
+    os_error = getattr(exc, "os_error", None)  # aiohttp's ClientConnectorError: the socket's own error says it
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(os_error, OSError):
+        return f"cannot connect ({os_error.strerror or os_error})"
     text = _text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -127,6 +127,16 @@ def test_the_toy_tokenizer_build_script_reproduces_the_shipped_files(tmp_path):
         assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
 
 
+def test_the_textcraft_wheel_ships_its_data_and_leaves_its_configs_to_the_repository(dist_dir):
+    # textcraft.md section 1: the configs (packages/platoon-textcraft/configs) and tests are in the repository only
+    configs = {path.name for path in (ROOT / "packages/platoon-textcraft/configs").glob("*.yaml")}
+    assert configs
+    with _wheel("platoon-textcraft", dist_dir) as wheel:
+        names = [n for n in wheel.namelist() if ".dist-info/" not in n]
+    assert "platoon_textcraft/data/SHA256SUMS" in names
+    assert not [n for n in names if "configs/" in n or Path(n).name in configs]
+
+
 def test_the_meta_package_ships_no_modules_and_keeps_the_command(dist_dir):
     with _wheel("platoon", dist_dir) as wheel:
         assert not [n for n in wheel.namelist() if ".dist-info/" not in n]

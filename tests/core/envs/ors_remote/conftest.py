@@ -51,7 +51,9 @@ class OrsServer:
         deadline = time.monotonic() + 300
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the ORS server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"the ORS server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
@@ -60,7 +62,9 @@ class OrsServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the ORS server on {self.url} did not start:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"the ORS server on {self.url} did not start:\n{self.log.read_text()[-3000:]}"
+                )
             time.sleep(0.1)
 
     def open_sessions(self) -> int:

@@ -81,7 +81,9 @@ class GuessEnv(Marked, Environment):
         target = self.task_spec["target"]
         if params.number == target:
             return ToolOutput(blocks=[TextBlock(text="right")], reward=0.5)
-        return ToolOutput(blocks=[TextBlock(text="higher" if params.number < target else "lower")], reward=0.0)
+        return ToolOutput(
+            blocks=[TextBlock(text="higher" if params.number < target else "lower")], reward=0.0
+        )
 
     @terminal
     @tool

@@ -29,6 +29,8 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
 BANDIT = REPO / "examples" / "bandit" / "train.yaml"
 
 
@@ -98,7 +100,9 @@ def test_a_training_run_leaves_no_session_open(servers, workdir, capsys, session
     ]
     status = main(argv)
     assert status == 0, capsys.readouterr().err
-    rows = [json.loads(line) for line in (workdir / "bandit" / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (workdir / "bandit" / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [row["step"] for row in rows] == [1, 2]
     assert all(row["train/batch/outcome/scored"] == 4.0 for row in rows)
     assert a.open_sessions() == 0
@@ -126,7 +130,9 @@ def test_a_killed_worker_s_sessions_are_closed_by_the_next_start(servers, workdi
     a, _ = servers
     service = f"ors+http://{a.host}/GuessEnv?variant=guessenv"
     env = {**os.environ, "PLATOON_ORS_SESSION_DIR": str(session_dir), "TINKER_BASE_URL": "local"}
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, service], stdout=subprocess.PIPE, env=env, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, service], stdout=subprocess.PIPE, env=env, text=True
+    )
     assert worker.stdout is not None
     sid = worker.stdout.readline().strip()
     assert sid and a.open_sessions() == 1
@@ -140,7 +146,10 @@ def test_a_killed_worker_s_sessions_are_closed_by_the_next_start(servers, workdi
     # the next start (here `platoon config validate`, which lists the tasks) deletes it
     config = eval_config(workdir, service)
     done = subprocess.run(
-        [sys.executable, "-m", "platoon", "config", "validate", str(config)], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "platoon", "config", "validate", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert a.open_sessions() == 0
@@ -165,7 +174,9 @@ def test_a_server_not_there_at_start_is_one_line_and_78(workdir, capsys):
 @pytest.mark.slow
 def test_a_training_config_naming_a_server_not_there_is_78(workdir, capsys):
     host = f"127.0.0.1:{free_port()}"
-    entries = f"environments=[{{service: 'ors+http://{host}/BanditEnvironment', harness: platoon-bandit-answer}}]"
+    entries = (
+        f"environments=[{{service: 'ors+http://{host}/BanditEnvironment', harness: platoon-bandit-answer}}]"
+    )
     line = (
         "environments.0: listing split 'train' failed: BanditEnvironment: no ORS server answers (servers from the "
         f"service URI): http://{host}: connection refused"

@@ -33,7 +33,12 @@ def guess_env(*servers: Any) -> str:
 
 def test_the_uri_names_hosts_environment_and_query():
     uri = parse_uri("ors+https://a:1,b:2/Env?variant=v&label=L")
-    assert (uri.scheme, uri.hosts, uri.environment, uri.query) == ("https", ("a:1", "b:2"), "Env", {"variant": "v", "label": "L"})
+    assert (uri.scheme, uri.hosts, uri.environment, uri.query) == (
+        "https",
+        ("a:1", "b:2"),
+        "Env",
+        {"variant": "v", "label": "L"},
+    )
     assert parse_uri("ors+http:///Env").hosts == ()
     for bad, says in [
         ("ors+http://a:1/Env?flavour=x", "unknown query key 'flavour'"),
@@ -53,10 +58,17 @@ def test_the_pool_comes_from_the_uri_then_the_variables_in_order():
     }
     assert resolve_pool(("http://u:1",), label="x", environ=environ).urls == ("http://u:1",)
     label = resolve_pool((), label="my-env.2", environ=environ)
-    assert (label.urls, label.source) == (("http://h1:1", "https://h2:2"), "$OPENREWARD_SESSION_URLS_MY_ENV_2")
+    assert (label.urls, label.source) == (
+        ("http://h1:1", "https://h2:2"),
+        "$OPENREWARD_SESSION_URLS_MY_ENV_2",
+    )
     assert resolve_pool((), label="other", environ=environ).urls == ("http://legacy:1",)
-    assert resolve_pool((), label="other", legacy_global_pool=False, environ=environ).urls == ("http://single:1",)
-    assert resolve_pool((), label="x", session_urls_env_var="MINE", environ={"MINE": "m:9"}).urls == ("http://m:9",)
+    assert resolve_pool((), label="other", legacy_global_pool=False, environ=environ).urls == (
+        "http://single:1",
+    )
+    assert resolve_pool((), label="x", session_urls_env_var="MINE", environ={"MINE": "m:9"}).urls == (
+        "http://m:9",
+    )
     assert resolve_pool((), label="x", environ={}).urls == ("http://localhost:8080",)
 
 
@@ -145,7 +157,9 @@ async def play(service: Any, task_id: str, calls: list[tuple[str, dict[str, Any]
         results = []
         for name, arguments in calls:
             result = await session.call_tool(name, arguments)
-            results.append((result.as_text() if not result.is_error else result.metadata.get("error"), result.reward))
+            results.append(
+                (result.as_text() if not result.is_error else result.metadata.get("error"), result.reward)
+            )
         outcome = await session.grade()
         return session.instruction, tools, results, outcome.status, outcome.reward, outcome.reason
     finally:
@@ -193,7 +207,9 @@ def test_a_pool_of_two_servers_shares_the_rollouts(servers):
 def test_a_server_killed_mid_episode_is_untrainable_and_the_run_goes_on(server_factory):
     doomed, spare = server_factory(), server_factory()
     service = resolve_service(guess_env(doomed, spare))
-    on_doomed = [f"r{i}" for i in range(32) if server_order([doomed.url, spare.url], f"r{i}")[0] == doomed.url]
+    on_doomed = [
+        f"r{i}" for i in range(32) if server_order([doomed.url, spare.url], f"r{i}")[0] == doomed.url
+    ]
 
     async def go() -> None:
         task = await service.get_task("train:0")

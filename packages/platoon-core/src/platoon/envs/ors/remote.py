@@ -90,7 +90,9 @@ def parse_uri(uri: str) -> OrsUri:
     """Parse an `ors+http(s)://` service reference; a malformed one is a ValueError naming what is wrong."""
     scheme, sep, rest = uri.partition("://")
     if not sep or scheme not in SCHEMES:
-        raise ValueError(f"service {uri!r}: write ors+http://HOST:PORT[,HOST:PORT...]/EnvName (or ors+https://)")
+        raise ValueError(
+            f"service {uri!r}: write ors+http://HOST:PORT[,HOST:PORT...]/EnvName (or ors+https://)"
+        )
     rest, _, query_text = rest.partition("?")
     netloc, _, path = rest.partition("/")
     environment = path.strip("/")
@@ -193,7 +195,7 @@ def _session_class() -> type:
     from openreward.api._session.ping import ErrorResponse
     from openreward.api.errors import ToolCallError, ToolFailed
 
-    class _PlatoonSdkSession(client.AsyncSession):  # type: ignore[misc,name-defined]
+    class _PlatoonSdkSession(client.AsyncSession):  # type: ignore[name-defined]
         async def call_raw(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             """The call's output as the server sent it (`blocks`, `metadata`, `reward`, `finished`)."""
             try:
@@ -279,7 +281,8 @@ def _why(exc: BaseException) -> str:
         exc = errors[-1]
     if isinstance(exc, TimeoutError):
         return "timed out"
-    os_error = getattr(exc, "os_error", None)  # aiohttp's ClientConnectorError: the socket's own error says it
+    # aiohttp's ClientConnectorError: the socket's own error says it
+    os_error = getattr(exc, "os_error", None)
     if isinstance(os_error, ConnectionRefusedError):
         return "connection refused"
     if isinstance(os_error, OSError):
@@ -355,7 +358,7 @@ class RemoteOrsService(InProcessOrsService):
 
     path_options: tuple[str, ...] = ()
 
-    def __init__(self, service: str, /, **options: Any) -> None:  # noqa: PLR0912, PLR0915 - one check per option
+    def __init__(self, service: str, /, **options: Any) -> None:
         for key in options:
             if key not in _KNOWN:
                 raise ValueError(
@@ -371,13 +374,17 @@ class RemoteOrsService(InProcessOrsService):
         for key, value in uri.query.items():
             given = o[key] if key != "split" or "split" in options else None
             if given is not None and given != value:
-                raise ValueError(f"service {service!r}: ?{key}={value} and service_kwargs.{key}={given!r} differ")
+                raise ValueError(
+                    f"service {service!r}: ?{key}={value} and service_kwargs.{key}={given!r} differ"
+                )
             o[key] = value
         named = [v for v in (o["environment"], o["env_name"]) if v is not None]
         if o["environment"] is not None and o["env_name"] is not None:
             raise ValueError(f"service {service!r}: give environment or env_name, not both")
         if uri.environment and named and named[0] != uri.environment:
-            raise ValueError(f"service {service!r}: the URI names {uri.environment!r}, the options {named[0]!r}")
+            raise ValueError(
+                f"service {service!r}: the URI names {uri.environment!r}, the options {named[0]!r}"
+            )
         environment = uri.environment or (named[0] if named else "")
         if not isinstance(environment, str) or not environment:
             raise ValueError(f"service {service!r}: name the environment: ors+http://HOST:PORT/EnvName")
@@ -409,12 +416,16 @@ class RemoteOrsService(InProcessOrsService):
         self.task_indices = None if indices is None else list(indices)
         cap = o["max_tool_calls"]
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"{where}: max_tool_calls must be a non-negative integer (0 = no cap); got {cap!r}")
+            raise ValueError(
+                f"{where}: max_tool_calls must be a non-negative integer (0 = no cap); got {cap!r}"
+            )
         self.max_tool_calls = cap
         self.queue_timeout_s = o["queue_timeout_s"]
         Gate(queue_timeout_s=self.queue_timeout_s)  # checks the value now, where the config wrote it
         if o["result_format"] not in ("blocks", "bridge_json"):
-            raise ValueError(f"{where}: result_format must be 'blocks' or 'bridge_json'; got {o['result_format']!r}")
+            raise ValueError(
+                f"{where}: result_format must be 'blocks' or 'bridge_json'; got {o['result_format']!r}"
+            )
         self.result_format: str = o["result_format"]
         for option in ("bridge_tools", "log_dir"):
             if o[option] not in (None, False):
@@ -506,10 +517,16 @@ class RemoteOrsService(InProcessOrsService):
         where = f"{self.name}: the server at {url}"
         if self.variant is not None:
             if self.variant.lower() not in served:
-                raise ServerRefused(f"{where} serves no environment {self.variant!r} (it serves: {', '.join(served)})")
+                raise ServerRefused(
+                    f"{where} serves no environment {self.variant!r} (it serves: {', '.join(served)})"
+                )
             serving = self.variant.lower()
         else:
-            if len(served) > 1 and self.environment.lower() in served and self.environment.lower() != served[0]:
+            if (
+                len(served) > 1
+                and self.environment.lower() in served
+                and self.environment.lower() != served[0]
+            ):
                 raise ServerRefused(
                     f"{where} serves {', '.join(served)}; {self.environment!r} is not its default ({served[0]!r}): "
                     f"name it with ?variant={self.environment.lower()}"
@@ -524,8 +541,16 @@ class RemoteOrsService(InProcessOrsService):
             listing = await env.list_tools()
             terminal = await env.terminal_tool()
             served_tools = {t.name for t in listing} | ({terminal.name} if terminal is not None else set())
-            ours = set(_ToolTable(self.env_class, terminal=set(), read_only=set(), concurrent=set(), meta={},
-                                  where=self._hints.where).specs)
+            ours = set(
+                _ToolTable(
+                    self.env_class,
+                    terminal=set(),
+                    read_only=set(),
+                    concurrent=set(),
+                    meta={},
+                    where=self._hints.where,
+                ).specs
+            )
             if served_tools != ours:
                 raise ServerRefused(
                     f"{where} serves tools {sorted(served_tools)}, env_class {self.env_class.__name__} has "
@@ -546,7 +571,9 @@ class RemoteOrsService(InProcessOrsService):
                 failures.append(f"{url}: {_why(exc)}")
                 continue
             return await self._environment(url)
-        raise ValueError(f"{self.name}: no ORS server answers (servers from {pool.source}): {'; '.join(failures)}")
+        raise ValueError(
+            f"{self.name}: no ORS server answers (servers from {pool.source}): {'; '.join(failures)}"
+        )
 
     # -- tasks ---------------------------------------------------------------------------------------------------
 
@@ -582,7 +609,7 @@ class RemoteOrsService(InProcessOrsService):
 
     # -- sessions ------------------------------------------------------------------------------------------------
 
-    async def open(  # type: ignore[override]
+    async def open(
         self, task: Task, *, rollout_id: str, needs: SessionNeeds | None = None, server: str | None = None
     ) -> RemoteOrsSession:
         """Open a session on the rollout's server (or `server`), fetch the prompt (failures: `EnvSetupError`)."""
@@ -626,18 +653,28 @@ class RemoteOrsService(InProcessOrsService):
                 continue
             break
         if sdk_session is None:
-            raise EnvSetupError("env_connect", f"{label}: no ORS server took the session ({'; '.join(failures)})")
+            raise EnvSetupError(
+                "env_connect", f"{label}: no ORS server took the session ({'; '.join(failures)})"
+            )
         self._down_until.pop(url, None)
-        registry.add(OpenSession(url, sdk_session.sid, self.api_key, sdk_session.deployment or self.environment))
-        lease = _RemoteLease(self, sdk_session, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label, url)
+        registry.add(
+            OpenSession(url, sdk_session.sid, self.api_key, sdk_session.deployment or self.environment)
+        )
+        lease = _RemoteLease(
+            self, sdk_session, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label, url
+        )
         try:
-            blocks = [_wire_block(b) for b in await _bounded(_prompt_blocks(sdk_session), self.call_timeout_s)]
+            blocks = [
+                _wire_block(b) for b in await _bounded(_prompt_blocks(sdk_session), self.call_timeout_s)
+            ]
             text = _prompt_text(blocks)
             if self.prompt_filter is not None:
                 text = str(self.prompt_filter(text))
         except Exception as exc:
             await lease.release()
-            raise EnvSetupError("env_setup", f"{label}: getting the prompt on {url} failed: {_why(exc)}") from exc
+            raise EnvSetupError(
+                "env_setup", f"{label}: getting the prompt on {url} failed: {_why(exc)}"
+            ) from exc
         instruction = text or task.goal
         if task.goal is None and instruction:
             task = dataclasses.replace(task, goal=instruction)
@@ -669,7 +706,10 @@ setattr(  # noqa: B010 - config checks bind service_kwargs against this signatur
     RemoteOrsService.__init__,
     "__signature__",
     _SIGNATURE.replace(
-        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *_SIGNATURE.parameters.values()]
+        parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+            *_SIGNATURE.parameters.values(),
+        ]
     ),
 )
 
@@ -756,17 +796,23 @@ class _Hints:
                 )
         cls_table = None
         if env_class is not None:
-            cls_table = _ToolTable(env_class, terminal=set(), read_only=set(), concurrent=set(), meta={}, where=self.where)
+            cls_table = _ToolTable(
+                env_class, terminal=set(), read_only=set(), concurrent=set(), meta={}, where=self.where
+            )
         declared = set(self.terminal) | (cls_table.declared_terminal if cls_table else set())
         if terminal is not None:
             declared.add(terminal.name)
         table = _ToolTable.__new__(_ToolTable)  # the in-process table's shape, filled from the listing
         table.declared_terminal = declared
-        table.declares_terminal = bool(declared) or self.terminal_given or bool(cls_table and cls_table.declares_terminal)
+        table.declares_terminal = (
+            bool(declared) or self.terminal_given or bool(cls_table and cls_table.declares_terminal)
+        )
         table.specs = {}
         table.read_only = set()
         for name, description, schema in specs:
-            merged: dict[str, Any] = dict(cls_table.specs[name][2]) if cls_table and name in cls_table.specs else {}
+            merged: dict[str, Any] = (
+                dict(cls_table.specs[name][2]) if cls_table and name in cls_table.specs else {}
+            )
             merged.update(self.meta.get(name) or {})
             if terminal is not None and name == terminal.name:
                 merged[_TERMINAL_META_KEY] = {"arg": terminal.arg}
@@ -795,10 +841,12 @@ class _Hints:
 class _RemoteLease(_Lease):
     """One session on a server and its accounting, shared by every view forked `shared`."""
 
-    service: RemoteOrsService  # type: ignore[assignment]
+    service: RemoteOrsService
 
-    def __init__(self, service: RemoteOrsService, sdk_session: Any, gate: Gate, label: str, server: str) -> None:
-        super().__init__(service, sdk_session, {}, gate, f"{label} on {server}")  # type: ignore[arg-type]
+    def __init__(
+        self, service: RemoteOrsService, sdk_session: Any, gate: Gate, label: str, server: str
+    ) -> None:
+        super().__init__(service, sdk_session, {}, gate, f"{label} on {server}")
         self.server = server
         self._table: _ToolTable | None = None
         #: why the session cannot take calls any more (the server died, the call timed out, a tool raised)
@@ -850,7 +898,9 @@ class _RemoteLease(_Lease):
             self.dead = f"the server stopped answering ({what})"
             self.unreachable = True
             self.infra.append(f"{kind} {name!r}: the server at {self.server} stopped answering ({what})")
-            return _error(f"Tool {name!r} was not answered: the environment server failed ({what}).", "env_error")
+            return _error(
+                f"Tool {name!r} was not answered: the environment server failed ({what}).", "env_error"
+            )
         finally:
             self.ending_in_flight -= ending
         metadata = dict(output.get("metadata") or {})
@@ -973,9 +1023,14 @@ class RemoteOrsSession(InProcessOrsSession):
             raise EnvSetupError("env_setup", f"{lease.label}: cannot fork a closed session")
         if mode is ForkMode.COPY:
             raise EnvSetupError(
-                "env_config", f"{lease.label}: a copy fork needs the environment in process; fork shared or fresh"
+                "env_config",
+                f"{lease.label}: a copy fork needs the environment in process; fork shared or fresh",
             )
         if mode is ForkMode.FRESH:
-            return await lease.service.open(task or self._task, rollout_id=self._rollout_id, server=lease.server)
+            return await lease.service.open(
+                task or self._task, rollout_id=self._rollout_id, server=lease.server
+            )
         lease.refs += 1
-        return RemoteOrsSession(lease, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id)
+        return RemoteOrsSession(
+            lease, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
+        )

@@ -83,7 +83,9 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _start_time(pid) in (None, started)
 
 
-async def delete_sessions(sessions: Iterable[OpenSession], timeout_s: float = DELETE_TIMEOUT_S) -> list[OpenSession]:
+async def delete_sessions(
+    sessions: Iterable[OpenSession], timeout_s: float = DELETE_TIMEOUT_S
+) -> list[OpenSession]:
     """Delete these sessions on their servers; returns those that could not be deleted (server up but failing).
 
     A server that refuses the connection is gone, and its sessions with it: they count as deleted.
@@ -95,7 +97,11 @@ async def delete_sessions(sessions: Iterable[OpenSession], timeout_s: float = DE
     async with aiohttp.ClientSession(timeout=timeout) as http:
 
         async def one(session: OpenSession) -> None:
-            headers = {"X-Session-ID": session.sid, "X-API-Key": session.api_key, "X-Deployment": session.deployment}
+            headers = {
+                "X-Session-ID": session.sid,
+                "X-API-Key": session.api_key,
+                "X-Deployment": session.deployment,
+            }
             try:
                 for path in ("/delete", "/delete_session"):
                     async with http.post(session.url.rstrip("/") + path, headers=headers) as response:

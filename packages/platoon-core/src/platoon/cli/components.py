@@ -226,6 +226,15 @@ def program_show(name: NameArg) -> int:
 SERVICE_FORMS: dict[str, tuple[str, str]] = {
     "table": ("table", "a task table: rows of tasks from a file or inline"),
     "python": ("python://pkg.module:EnvClass", "an ORS environment class, in process"),
+    "ors+http": (
+        "ors+http://HOST:PORT[,...]/EnvName",
+        "ORS servers (also ors+https): a pool sharded by rollout, ?variant=Env",
+    ),
+}
+#: more rows of one service (a second form of it), or none (a scheme another row covers)
+SERVICE_EXTRA_ROWS: dict[str, list[tuple[str, str]]] = {
+    "ors+http": [("ors+http:///EnvName", "ORS servers from OPENREWARD_SESSION_URLS_<LABEL>")],
+    "ors+https": [],
 }
 IMPORT_STRING_SERVICE = ("pkg.module:Class", "any environment-service class")
 
@@ -236,8 +245,12 @@ def _service_rows() -> list[tuple[str, str]]:
 
     rows = []
     for info in plugins.entry_points("service"):
+        if info.name not in SERVICE_FORMS and info.name in SERVICE_EXTRA_ROWS:
+            rows += SERVICE_EXTRA_ROWS[info.name]
+            continue
         form, what = SERVICE_FORMS.get(info.name, (info.name, f"from {info.label}"))
         rows.append((form, what))
+        rows += SERVICE_EXTRA_ROWS.get(info.name, [])
     return [*rows, IMPORT_STRING_SERVICE]
 
 
@@ -336,4 +349,14 @@ def env_show(name: NameArg) -> int:
             allow_unicode=True,
         ).rstrip()
     )
+    service = entry.entry().get("service")
+    if isinstance(service, str) and plugins.service_scheme(service) in ("ors+http", "ors+https"):
+        from platoon.envs.ors.remote import describe
+
+        try:
+            remote = describe(service, entry.entry().get("service_kwargs") or {})
+        except ValueError as exc:
+            err(f"{entry.ref}: {exc}")
+            return EX_CONFIG
+        out(yaml.safe_dump({"remote": remote}, sort_keys=False, allow_unicode=True).rstrip())
     return 0

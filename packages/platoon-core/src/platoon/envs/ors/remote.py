@@ -59,7 +59,7 @@ from platoon.envs.ors.sessions import OpenSession, delete_sessions, registry
 from platoon.envs.service import EnvSetupError, ForkMode, SessionNeeds, ToolResult, ToolSpec
 from platoon.task import Task
 
-__all__ = ["OrsUri", "Pool", "RemoteOrsService", "RemoteOrsSession", "parse_uri", "resolve_pool"]
+__all__ = ["OrsUri", "Pool", "RemoteOrsService", "RemoteOrsSession", "describe", "parse_uri", "resolve_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -712,6 +712,25 @@ setattr(  # noqa: B010 - config checks bind service_kwargs against this signatur
         ]
     ),
 )
+
+
+def describe(service: str, service_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """What `platoon env show` says of a remote entry, without reaching a server: the environment, its variant,
+    split and label, and the servers a session opened now would use (and where that list comes from)."""
+    built = RemoteOrsService(service, **dict(service_kwargs))
+    pool = built.pool()
+    described: dict[str, Any] = {
+        "environment": built.environment,
+        "variant": built.variant,
+        "split": built.split,
+        "label": built.label,
+        "servers": list(pool.urls),
+        "servers_from": pool.source,
+    }
+    if not built._static:
+        described["session_urls_variable"] = built.session_urls_env_var or label_variable(built.label)
+    described["call_timeout_s"] = built.call_timeout_s
+    return described
 
 
 def _class_ref(value: Any) -> Any:

@@ -91,7 +91,7 @@ class ViewerApp(App[int]):
 
     TITLE = "platoon viz"
     CSS = """
-    #left { width: 45%; }
+    #left { width: 55%; }
     #search { height: auto; max-height: 50%; display: none; }
     #search.open { display: block; }
     #results { height: auto; max-height: 12; border-bottom: solid $panel-lighten-2; }

@@ -133,6 +133,8 @@ class SessionRegistry:
         # A forked worker owns none of its parent's sessions, and its loops are its own.
         self._lock = threading.Lock()
         self._open = {}
+        # a respawned worker sweeps what a killed sibling left, even when the process it forked from swept
+        self._swept = False
         self._sweeping = None
         self._started = _start_time(os.getpid())
 

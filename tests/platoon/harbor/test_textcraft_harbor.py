@@ -1,0 +1,103 @@
+"""Exported TextCraft-Synth tasks through `service: harbor` with the Docker engine (textcraft.md 5; harness.md 4.4,
+6): `platoon-oracle` scores 1 and `platoon-noop` 0, each task in its own image, graded by its separate verifier image
+that replays the action log with the verifier's own copies. Here, not in tests/textcraft, because it needs
+platoon-harbor and platoon-harnesses beside platoon-textcraft.
+
+The engine has no registry and no network, so the exported Dockerfiles' base (python:3.12-slim by digest) and their
+apt step (tmux) cannot be built here: the test swaps the base for `platoon-test/python:bookworm` (Debian's python3,
+built by `.ci/docker-engine start`) and drops tmux, keeping everything else of both Dockerfiles, then builds the
+images with platoon-harbor's docker builder as `platoon harbor images build` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from platoon.testing import run_episode
+from platoon_harbor import datasets, images
+from platoon_textcraft.harbor.export import BASE_IMAGE, IMAGE_RUN, export_dataset
+
+LOCAL_BASE = "platoon-test/python:bookworm"
+OFFLINE_RUN = (
+    "RUN printf '#!/bin/sh\\nexec python3 -I /app/textcraft/textcraft_game.py \"$@\"\\n' > /usr/local/bin/textcraft"
+    " && chmod 0755 /usr/local/bin/textcraft"
+)
+
+
+def _docker() -> str:
+    return os.environ.get("PLATOON_DOCKER", "docker")
+
+
+@pytest.fixture
+def env_name() -> Iterator[str]:
+    """A per-test service name (the sandboxes' `platoon.env` label); no container may carry it afterwards."""
+    binary = _docker()
+    if shutil.which(binary) is None or subprocess.run([binary, "info"], capture_output=True).returncode != 0:
+        pytest.fail(
+            f"no Docker engine answers at DOCKER_HOST={os.environ.get('DOCKER_HOST', '(unset)')}: run "
+            "`.ci/docker-engine start` and source the env file it prints",
+            pytrace=False,
+        )
+    name = f"textcraft-harbor-{uuid.uuid4().hex[:10]}"
+    yield name
+    left = subprocess.run(
+        [binary, "ps", "--all", "--quiet", "--filter", f"label=platoon.env={name}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if left:
+        subprocess.run([binary, "rm", "--force", *left], capture_output=True)
+        pytest.fail(f"the test left {len(left)} container(s) behind", pytrace=False)
+
+
+@pytest.mark.slow
+def test_exported_tasks_score_1_with_the_oracle_and_0_with_noop_in_docker(
+    tmp_path: Path, env_name: str
+) -> None:
+    dataset = tmp_path / "textcraft-synth"
+    tasks = export_dataset(dataset, splits=["train"], limit=3)  # medium, medium and hard tasks
+    index = json.loads((dataset / "task-index.json").read_text())
+    for task in tasks:  # the digest the export records is Harbor's content hash as platoon-harbor computes it
+        assert index[task.name]["digest"] == "sha256:" + datasets.content_hash(dataset / task.path)
+        for name in ("environment/Dockerfile", "tests/Dockerfile"):
+            path = dataset / task.path / name
+            text = path.read_text()
+            assert f"FROM {BASE_IMAGE}\n" in text and IMAGE_RUN in text
+            path.write_text(
+                text.replace(f"FROM {BASE_IMAGE}", f"FROM {LOCAL_BASE}").replace(IMAGE_RUN, OFFLINE_RUN)
+            )
+
+    image_map = images.ImageMap(tmp_path / "images.json")
+    _, keys = images.plan_tasks([dataset / task.path for task in tasks])
+    assert len(keys) == 2 * len(tasks)  # each task's image and its verifier's (task.json differs per task)
+    built = images.build_keys(list(keys.values()), image_map, builder="docker")
+    try:
+        assert [result.status for result in built] == ["built"] * len(keys), built
+        kwargs = {
+            "dataset_dir": str(dataset),
+            "splits": "splits.json",
+            "image_map": str(tmp_path / "images.json"),
+            "name": env_name,
+        }
+        for harness, expected in (("platoon-oracle", 1.0), ("platoon-noop", 0.0)):
+            for task in tasks:
+                episode = run_episode(task.name, service="harbor", service_kwargs=kwargs, harness=harness)
+                outcome = episode.outcome
+                assert outcome is not None, task.name
+                assert (outcome["status"], outcome["rewards"]) == ("scored", {"reward": expected}), (
+                    harness,
+                    task.name,
+                    outcome,
+                )
+    finally:
+        tags = [result.entry["image"] for result in built if result.entry]
+        if tags:
+            subprocess.run([_docker(), "rmi", "--force", *tags], capture_output=True)

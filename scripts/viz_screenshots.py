@@ -48,7 +48,11 @@ async def shoot(out: Path, events: dict[str, Path]) -> list[Path]:
     codeact = str(events["codeact"])
     tree = str(events["tree"])
     await view("viz-codeact", ["replay", codeact, "--delay", "0"], node("/steps/6"))
-    await view("viz-tree", ["replay", tree, "--delay", "0"], lambda app: next(k for k in app.tree_nodes if "/fork:" in k))
+    await view(
+        "viz-tree",
+        ["replay", tree, "--delay", "0"],
+        lambda app: next(k for k in app.tree_nodes if "/fork:" in k),
+    )
     await view(
         "viz-search",
         ["replay", codeact, str(events["react"]), "--delay", "0"],

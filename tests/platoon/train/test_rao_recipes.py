@@ -1,5 +1,5 @@
-"""The RAO recipes train on the CPU (textcraft.md section 6.3, item 2): one training step of each arm of
-recipes/rao with the spec's overrides, on the local Tinker-compatible server (the real Tinker SDK), rollouts sampled
+"""The RAO recipes and platoon-textcraft's configs run on the CPU (textcraft.md section 6.3, item 2): one training
+step of each arm of recipes/rao (and of the extension's textcraft_train.yaml) with the spec's overrides, on the local Tinker-compatible server (the real Tinker SDK), rollouts sampled
 in process from a scripted CodeAct policy (`platoon.testing.serve_policy`):
 
 - single: the root plays its task's gold trajectory and finishes (root reward 1);
@@ -7,7 +7,8 @@ in process from a scripted CodeAct policy (`platoon.testing.serve_policy`):
   root finishes short of its target (child 1, root 0);
 - recursive_sparse: the same script; the root's failure reaches the child (both 0).
 
-Each step must produce datums and complete. These tests need platoon-textcraft beside platoon's tinker and local
+Each step must produce datums and complete. The extension's two evaluation configs evaluate two tasks each with
+the gold-playing script (success 1). These tests need platoon-textcraft beside platoon's tinker and local
 extras (the workspace's full suite has them), so they are `slow` and import platoon_textcraft only when they run.
 """
 
@@ -25,6 +26,7 @@ from platoon.cli import main
 from platoon.testing import serve_policy
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes" / "rao"
+CONFIGS = Path(__file__).resolve().parents[3] / "packages" / "platoon-textcraft" / "configs"
 GOAL = re.compile(r"Craft the following items: [^\n<]*")
 USER = "<|im_start|>user\n"
 
@@ -55,11 +57,17 @@ def _goal_and_turn(prompt: str) -> tuple[str, int]:
     return found.group(0), prompt.count("<|im_start|>assistant") - 1
 
 
-def _policy(arm: str) -> Callable[[str], str]:
-    """The scripted CodeAct player of `arm`, answering any train-medium task by its goal."""
-    from platoon_textcraft.env import TextCraftSynthEnvironment
+def _policy(
+    arm: str, world: str = "TextCraftSynthEnvironment", split: str = "train-medium"
+) -> Callable[[str], str]:
+    """The scripted CodeAct player of `arm` ("single" plays the gold trajectory, else the recursive script),
+    answering any task of `world`'s `split` by its goal. (A child's goal never names a root's: its item is the
+    first gold step's, a craft from base items only, and every task's targets lie deeper.)"""
+    from platoon_textcraft import env
 
-    tasks = {task["goal"]: task for task in TextCraftSynthEnvironment.list_tasks("train-medium")}
+    tasks: dict[str, dict[str, Any]] = {}
+    for task in getattr(env, world).list_tasks(split):
+        tasks.setdefault(task["goal"], task)  # TextCraft's files repeat a few goals
     # a child's goal names its parent's first gold step: "Craft the following items: <total>x <item>"
     first_steps = {}
     for task in tasks.values():
@@ -120,12 +128,19 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _train_one_step(
-    arm: str, trial: str, logs: Path, capsys: pytest.CaptureFixture[str]
+    arm: str,
+    trial: str,
+    logs: Path,
+    capsys: pytest.CaptureFixture[str],
+    config: Path | None = None,
+    policy: Callable[[str], str] | None = None,
+    experiment: str = "recursive-agents",
 ) -> tuple[Path, dict]:
-    with serve_policy(_policy(arm)):
-        status = main(["train", str(RECIPES / f"{arm}.yaml"), f"log_path={logs}", *CPU])
+    config = config or RECIPES / f"{arm}.yaml"
+    with serve_policy(policy or _policy(arm)):
+        status = main(["train", str(config), f"log_path={logs}", *CPU])
     assert status == 0, capsys.readouterr().err[-3000:]
-    run = logs / "recursive-agents" / trial
+    run = logs / experiment / trial
     [step] = [row for row in _rows(run / "metrics.jsonl") if "train/step" in row]
     # the step produced datums and completed: its metrics row and the run's final checkpoint
     assert step["step"] == 1
@@ -160,3 +175,43 @@ def test_recursive_sparse_arm_gives_both_the_roots_zero(site: Path, capsys) -> N
     assert _rewards(run) == [(0.0, [0.0]), (0.0, [0.0])]
     assert step["train/credit/depth1/datums"] > 0
     assert step["train/batch/skipped_optimizer"] == 1.0  # every reward 0: nothing to learn from
+
+
+@pytest.mark.slow
+def test_the_extensions_textcraft_train_config_trains_the_dense_recursive_agent(site: Path, capsys) -> None:
+    run, step = _train_one_step(
+        "recursive",
+        "recursive",
+        site,
+        capsys,
+        config=CONFIGS / "textcraft_train.yaml",
+        policy=_policy("recursive", "TextCraftEnvironment", "train"),
+        experiment="textcraft",
+    )
+    assert _rewards(run) == [(0.0, [1.0]), (0.0, [1.0])]
+    assert step["train/batch/optimizer_updates"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("config", "world"),
+    [
+        ("textcraft_eval.yaml", "TextCraftEnvironment"),
+        ("textcraft_synth_eval.yaml", "TextCraftSynthEnvironment"),
+    ],
+)
+def test_the_extensions_eval_configs_score_gold_play_as_successes(
+    config: str, world: str, site: Path, tmp_path: Path, capsys
+) -> None:
+    out_dir = tmp_path / "eval"
+    # the served policy samples in process: no Tinker service is reached
+    overrides = [
+        "inference.model_name=platoon/toy",
+        f"inference.output_dir={out_dir}",
+        "environments.0.eval_dataset_kwargs.limit=2",
+    ]
+    with serve_policy(_policy("single", world, "val")):
+        status = main(["eval", str(CONFIGS / config), *overrides])
+    assert status == 0, capsys.readouterr().err[-3000:]
+    summary = json.loads((out_dir / "reports" / "final_report.json").read_text())["summary"]
+    assert (summary["total_tasks"], summary["successful_rollouts"], summary["success_rate"]) == (2, 2, 1.0)

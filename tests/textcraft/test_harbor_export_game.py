@@ -601,3 +601,16 @@ def test_the_game_runs_under_python_3_8_when_one_is_installed(dataset, tmp_path)
     assert graded.returncode == 0 and graded.stdout.startswith(
         "reward 1.0: finished with every target crafted"
     )
+
+
+def test_concurrent_commands_take_turns_on_the_log(dataset, tmp_path):
+    """The exclusive flock: commands started together each replay and append in turn, numbered 1..n."""
+    root = install(dataset / EASY, tmp_path / "root")
+    game_file = root / "app" / "textcraft" / "textcraft_game.py"
+    running = [
+        subprocess.Popen([sys.executable, "-I", str(game_file), "inventory"], stdout=subprocess.DEVNULL)
+        for _ in range(8)
+    ]
+    assert [process.wait() for process in running] == [0] * 8
+    records = [json.loads(line) for line in (game_file.parent / "actions.jsonl").read_text().splitlines()]
+    assert [record["seq"] for record in records] == list(range(1, 9))

@@ -573,6 +573,35 @@ def test_a_separate_verifier_gets_only_the_artifacts_and_main_is_released(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_verifier_image_that_bundles_its_tests_keeps_them(tmp_path, env_name):
+    """A verifier built from tests/Dockerfile carries /tests itself (nothing uploads them): grading makes only
+    /logs/verifier afresh there, never /tests."""
+    from platoon_harbor import images
+
+    test_sh = "grep -q bundled /tests/marker.txt && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    task = write_task(
+        tmp_path, "bundled", test_sh=test_sh, toml='[verifier]\nenvironment_mode = "separate"\n'
+    )
+    (task / "tests" / "marker.txt").write_text(
+        f"bundled {uuid.uuid4().hex}\n"
+    )  # a key (an image) of this test's own
+    (task / "tests" / "Dockerfile").write_text(f"FROM {PYTHON_IMAGE}\nCOPY test.sh marker.txt /tests/\n")
+    image_map = images.ImageMap(tmp_path / "images.json")
+    built = images.build_keys(list(images.plan_tasks([task])[1].values()), image_map, builder="docker")
+    try:
+        assert [result.status for result in built] == ["built"], built
+        service = HarborService(
+            dataset_dir=str(tmp_path), image_map=str(tmp_path / "images.json"), name=env_name
+        )
+        outcome, _ = run(agent_then_grade(service, "bundled", "rm -rf /tests"))
+        assert (outcome.status, outcome.rewards) == ("scored", {"reward": 1.0}), outcome
+        assert outcome.metadata["verifier_mode"] == "separate"
+    finally:
+        tags = [result.entry["image"] for result in built if result.entry]
+        subprocess.run([docker_binary(), "rmi", "--force", *tags], capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
 def test_a_verifier_that_cannot_start_is_infra_verifier_start(tmp_path, env_name):
     toml = '[verifier.environment]\ndocker_image = "platoon-test/no-such-verifier:never"\n'
     write_task(tmp_path, "bad-verifier", toml=toml)

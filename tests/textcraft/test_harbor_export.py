@@ -136,6 +136,11 @@ def test_a_task_as_harbor_reads_it(small):
     }
     task_json = (task / "environment" / "task.json").read_bytes()
     assert (task / "tests" / "task.json").read_bytes() == task_json
+    # rule 16: the task files are byte-stable, so their hashes are fixtures
+    assert (
+        hashlib.sha256(task_json).hexdigest()
+        == "cf4f8d9c2808200a37552cb4bf4a6b08f62dd86128e68e08d1bdd5b1c4de9b50"
+    )
     assert json.loads(task_json) == {
         "format": "textcraft-task/1",
         "name": "textcraft-synth/train-medium-00000",

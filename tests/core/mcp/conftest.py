@@ -1,12 +1,18 @@
 """The MCP plane's fixtures: a real openreward environment served in process, a gateway with one rollout, and the
-plane under uvicorn on 127.0.0.1 in the test's own event loop."""
+plane under uvicorn on 127.0.0.1 in the test's own event loop.
+
+`PLATOON_TEST_MCP_PLANE=sdk` serves the `mcp` SDK's plane instead (benchmarks/mcp_sdk_plane.py), the alternative
+measured against the hand-written one (docs/architecture.md, "Dependencies")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from openreward.environments import Environment, TextBlock, ToolOutput, terminal, tool
@@ -126,10 +132,23 @@ def make_gateway() -> Any:
     return ModelGateway(object(), _Renderer(), model_name="fake/model")
 
 
+def plane_factories() -> tuple[Any, Any]:
+    """`(mcp_app, mount_mcp)` of the plane under test: the product's, or the SDK's with PLATOON_TEST_MCP_PLANE=sdk."""
+    if os.environ.get("PLATOON_TEST_MCP_PLANE") == "sdk":
+        path = Path(__file__).parents[3] / "benchmarks" / "mcp_sdk_plane.py"
+        spec = importlib.util.spec_from_file_location("_platoon_mcp_sdk_plane", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.sdk_mcp_app, module.mount_sdk_mcp
+    from platoon.gateway.mcp import mcp_app, mount_mcp
+
+    return mcp_app, mount_mcp
+
+
 @contextlib.asynccontextmanager
 async def plane_server(keepalive_s: float = 10.0) -> AsyncIterator[Served]:
-    from platoon.gateway.mcp import mcp_app
-
+    mcp_app, _ = plane_factories()
     gateway = make_gateway()
     rollout = gateway.open_rollout("r")
     app = mcp_app(gateway, keepalive_s=keepalive_s)

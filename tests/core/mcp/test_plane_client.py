@@ -246,7 +246,9 @@ def test_ctx_mcp_points_next_to_the_model_endpoint():
 
 def test_the_plane_on_the_gateway_http_server_with_the_sdk_client():
     http_server = pytest.importorskip("platoon.gateway.http")
-    from platoon.gateway.mcp import mount_mcp
+    from .conftest import plane_factories
+
+    _, mount_mcp = plane_factories()
 
     async def main() -> None:
         from .conftest import make_gateway

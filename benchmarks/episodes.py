@@ -22,6 +22,11 @@ and on a pool of two (`ors+http://`, each server the openreward SDK's `Server` i
 Targets on the 2-core machine: `run_episode` at least 3x platoon 0.2.0's episodes/s in the same run; `rollout` at
 least 100 episodes/s. `--profile` prints where the time goes (cProfile, this installation only).
 
+`--records` asks whether attrs (`@frozen`/`@define` with slots) would pay on this path: it counts the hot value
+types built per episode on the rollout path, times building each as the dataclass it is and as an attrs twin with
+the same fields, sizes both, and prints the most either could save per episode against the episode's CPU time
+(docs/architecture.md, "Dependencies").
+
 This file imports nothing of platoon at module level: `--baseline-python` runs it as the worker under the other
 installation (`--worker`), and prints one JSON line.
 """
@@ -35,6 +40,7 @@ import os
 import re
 import resource
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -276,6 +282,106 @@ def report(label: str, result: dict[str, Any], episodes: int) -> None:
     )
 
 
+def _record_types() -> list[type]:
+    from platoon.envs.service import Outcome, ToolResult
+    from platoon.gateway.records import AgentRecord, CallRecord, Interaction
+    from platoon.harness.agent import AgentResult
+    from platoon.task import Task
+    from platoon.trajectory import Trajectory, TrajectoryStep
+
+    return [
+        Interaction,
+        CallRecord,
+        AgentRecord,
+        TrajectoryStep,
+        Trajectory,
+        ToolResult,
+        Outcome,
+        AgentResult,
+        Task,
+    ]
+
+
+def _attrs_twin(cls: type) -> type:
+    """An attrs class with `cls`'s fields and defaults, slotted, frozen where `cls` is (no validators)."""
+    import dataclasses
+
+    import attrs
+
+    fields = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = attrs.field(default=attrs.Factory(f.default_factory))
+        elif f.default is not dataclasses.MISSING:
+            fields[f.name] = attrs.field(default=f.default)
+        else:
+            fields[f.name] = attrs.field()
+    frozen = cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    return attrs.make_class(f"{cls.__name__}Attrs", fields, slots=True, frozen=frozen, eq=True)
+
+
+def _size(obj: Any) -> int:
+    return sys.getsizeof(obj) + (sys.getsizeof(obj.__dict__) if hasattr(obj, "__dict__") else 0)
+
+
+def records(args: argparse.Namespace) -> None:
+    """Instances per episode of the hot value types, and what attrs twins would cost instead."""
+    import dataclasses
+    import timeit
+    from collections import Counter
+
+    built: Counter[str] = Counter()
+    samples: dict[type, Any] = {}
+    originals = {}
+    for cls in _record_types():
+        init = cls.__init__  # type: ignore[misc]
+        originals[cls] = init
+
+        def counting(self: Any, *a: Any, __init: Any = init, __cls: type = cls, **k: Any) -> None:
+            __init(self, *a, **k)
+            if type(self) is __cls:
+                built[__cls.__name__] += 1
+                samples.setdefault(__cls, self)
+
+        cls.__init__ = counting  # type: ignore[misc]
+    try:
+        counted = asyncio.run(run_rollouts(args.episodes, args.concurrency))
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init  # type: ignore[misc]
+    plain = asyncio.run(run_rollouts(args.episodes, args.concurrency))
+    cpu_per_episode_us = plain["cpu"] / args.episodes * 1e6
+    print(
+        f"rollout path: {args.episodes} episodes at concurrency {args.concurrency}, {os.cpu_count()} cores, "
+        f"load {os.getloadavg()[0]:.2f}; {cpu_per_episode_us:.0f} us CPU per episode ({counted['calls']} calls)"
+    )
+    print(f"{'type':16} {'per ep':>7} {'dc ns':>7} {'attrs ns':>8} {'dc B':>6} {'attrs B':>7}")
+    saved_ns = saved_b = 0.0
+    for cls in _record_types():
+        count = built[cls.__name__] / args.episodes
+        sample = samples.get(cls)
+        if sample is None:
+            print(f"{cls.__name__:16} {count:7.1f}  (none built)")
+            continue
+        values = {f.name: getattr(sample, f.name) for f in dataclasses.fields(cls) if f.init}
+        twin = _attrs_twin(cls)
+        number = 20000
+        dc_ns = min(timeit.repeat(lambda c=cls, v=values: c(**v), number=number, repeat=5)) / number * 1e9
+        at_ns = min(timeit.repeat(lambda t=twin, v=values: t(**v), number=number, repeat=5)) / number * 1e9
+        dc_b, at_b = _size(cls(**values)), _size(twin(**values))
+        saved_ns += count * (dc_ns - at_ns)
+        saved_b += count * (dc_b - at_b)
+        print(f"{cls.__name__:16} {count:7.1f} {dc_ns:7.0f} {at_ns:8.0f} {dc_b:6d} {at_b:7d}")
+    print(
+        f"attrs twins would save {saved_ns / 1e3:+.1f} us CPU ({saved_ns / 1e3 / cpu_per_episode_us:+.2%} of the "
+        f"episode) and {saved_b:+.0f} bytes of instances per episode (peak RSS {plain_peak_mib():.0f} MiB)"
+    )
+
+
+def plain_peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", choices=["run_episode", "rollout"], default="run_episode")
@@ -292,8 +398,12 @@ def main() -> None:
     parser.add_argument(
         "--remote", action="store_true", help="in process beside one and two local ORS servers (ors+http://)"
     )
+    parser.add_argument("--records", action="store_true", help="the hot value types: dataclasses vs attrs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.records:
+        records(args)
+        return
     if args.worker:
         print(json.dumps(measure(args.path, args.episodes, args.concurrency, args.repeats)))
         return

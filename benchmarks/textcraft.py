@@ -9,9 +9,12 @@ gateway served, collection written) and are timed by episodes.py's `time_episode
 median repeat of each is reported.
 
     uv run --frozen python benchmarks/textcraft.py [--episodes 128] [--concurrency 32] [--split train-medium]
+        [--crafts-per-cell step|all]
 
 Target: TextCraft-Synth at least half number search's episodes/s (ratio >= 0.5). A gold episode's length depends on
-the split (`train-medium`, the RAO training tasks, median 18 crafts; `train-easy` median 3): calls/s is printed too.
+the split (`train-medium`, the RAO training tasks, median 18 crafts; `train-easy` median 3) and on how the policy
+writes it (`--crafts-per-cell step`: one craft a cell, a model call each; `all`: every craft in one cell, two calls
+an episode): calls/s is printed too.
 """
 
 from __future__ import annotations
@@ -40,17 +43,22 @@ OPTIONS = {
 MAX_STEPS = 200
 
 
-def gold_cells(spec: dict[str, Any]) -> list[str]:
-    """One CodeAct cell per gold step (the craft's count is the total produced, `result_count`), then finish."""
-    cells = []
-    for step in spec["misc"]["gold_trajectory"]:
-        item, total = step["target"][0], step["result_count"]
-        cells.append(f"<python>\ncraft({json.dumps(step['ingredients'])}, ({item!r}, {total}))\n")
-    cells.append("<python>\nfinish('Crafted every target.')\n")
-    return cells
+def gold_cells(spec: dict[str, Any], per_cell: str = "step") -> list[str]:
+    """The gold trajectory as CodeAct cells (a craft's count is the total produced, `result_count`), then finish:
+    one craft per cell (`step`), or every craft in one cell (`all`)."""
+    crafts = [
+        f"craft({json.dumps(step['ingredients'])}, ({step['target'][0]!r}, {step['result_count']}))"
+        for step in spec["misc"]["gold_trajectory"]
+    ]
+    finish = "<python>\nfinish('Crafted every target.')\n"
+    if per_cell == "all":
+        return ["<python>\n" + "\n".join(f"print({craft})" for craft in crafts) + "\n", finish]
+    return [f"<python>\n{craft}\n" for craft in crafts] + [finish]
 
 
-async def run_textcraft(episodes: int, concurrency: int, split: str) -> dict[str, Any]:
+async def run_textcraft(
+    episodes: int, concurrency: int, split: str, per_cell: str = "step"
+) -> dict[str, Any]:
     """`episodes` gold-trajectory episodes of `split` (tasks in file order, wrapping), each with its own policy."""
     from platoon.testing import ScriptedPolicy, run_episode
     from platoon_textcraft.env import TextCraftSynthEnvironment
@@ -63,7 +71,7 @@ async def run_textcraft(episodes: int, concurrency: int, split: str) -> dict[str
             f"{split}:{task}",
             service=SYNTH,
             harness="platoon-codeact",
-            policy=ScriptedPolicy(gold_cells(specs[task])),
+            policy=ScriptedPolicy(gold_cells(specs[task], per_cell)),
             harness_options=OPTIONS,
             max_steps=MAX_STEPS,
             output_dir=output_dir,
@@ -95,6 +103,12 @@ def main() -> None:
     parser.add_argument(
         "--split", default="train-medium", help="the TextCraft-Synth split the tasks come from"
     )
+    parser.add_argument(
+        "--crafts-per-cell",
+        choices=["step", "all"],
+        default="step",
+        help="the gold trajectory one craft per cell (default), or every craft in one cell",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
@@ -107,7 +121,9 @@ def main() -> None:
     number_search, textcraft = [], []
     for _ in range(args.repeats):
         number_search.append(asyncio.run(run_episodes(args.episodes, args.concurrency)))
-        textcraft.append(asyncio.run(run_textcraft(args.episodes, args.concurrency, args.split)))
+        textcraft.append(
+            asyncio.run(run_textcraft(args.episodes, args.concurrency, args.split, args.crafts_per_cell))
+        )
     results = {"number_search": median(number_search), "textcraft_synth": median(textcraft)}
     for result in results.values():
         result["episodes_per_s"] = args.episodes / result["seconds"]
@@ -123,7 +139,9 @@ def main() -> None:
         )
         return
     report("number search (react)", results["number_search"], args.episodes)
-    report(f"textcraft-synth {args.split}", results["textcraft_synth"], args.episodes)
+    report(
+        f"textcraft-synth {args.split} ({args.crafts_per_cell})", results["textcraft_synth"], args.episodes
+    )
     load_after = os.getloadavg()
     print(
         f"ratio: {ratio:.2f}x number search's episodes/s (target >= 0.5); by CPU time {cpu_ratio:.2f}x  "

@@ -13,7 +13,7 @@ writers); each says why in its own words:
     <!-- docs-test: skip REASON -->          not run; listed with its reason by test_exemptions_are_few_and_listed
     <!-- docs-test: compile REASON -->       compiled, not run (a fragment of a larger program); listed likewise
     <!-- docs-test: file PATH -->            the block is a file's content: written to PATH (Python is compiled)
-    <!-- docs-test: cd DIR -->               run in DIR of the working folder
+    <!-- docs-test: cd DIR -->               run in DIR of the working folder ($DOCS_REPO: the repository)
     <!-- docs-test: env NAME=VALUE -->       an environment variable for this block
     <!-- docs-test: replace OLD => NEW -->   run the block with OLD replaced by NEW (a stand-in URL, a free port)
     <!-- docs-test: before COMMAND -->       a shell command run before the block (creating what it reads)
@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import string
 import subprocess
 import sys
 import threading
@@ -353,22 +354,25 @@ def _shell(block: Block, source: str) -> str:
     return "\n".join([*lines[:index], started, *lines[index + 1 :], stop]) + "\n"
 
 
-def _prepare(block: Block) -> str:
+def _prepare(block: Block, env: dict[str, str]) -> str:
+    """The block's text with its replacements made; `${NAME}` in a replacement is NAME from the page's environment
+    (a stand-in's URL), so a file block gets the value itself."""
     source = block.text
     for rule in block.values("replace"):
         old, sep, new = rule.partition(" => ")
         assert sep, f"{block.where}: replace takes OLD => NEW"
         assert old in source, f"{block.where}: replace: {old!r} is not in the block"
-        source = source.replace(old, new)
+        source = source.replace(old, string.Template(new).safe_substitute(env))
     return source
 
 
-def _write_file(block: Block, work: Path) -> None:
+def _write_file(block: Block, work: Path, env: dict[str, str]) -> None:
     target = work / str(block.first("file"))
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(block.text, encoding="utf-8")
+    text = _prepare(block, env)
+    target.write_text(text, encoding="utf-8")
     if block.language == "python":
-        compile(block.text, block.where, "exec")
+        compile(text, block.where, "exec")
 
 
 def _missing(block: Block) -> str | None:
@@ -391,12 +395,12 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
         for source_page in {value for b in blocks for value in b.values("files-from")}:
             for other in parse(ROOT / source_page):
                 if other.first("file") is not None:
-                    _write_file(other, work)
+                    _write_file(other, work, env)
         session: PythonSession | None = None
         try:
             for block in blocks:
                 if block.first("file") is not None:
-                    _write_file(block, work)
+                    _write_file(block, work, env)
                     continue
                 if block.first("skip") is not None:
                     skipped.append(f"{block.where}: {block.first('skip')}")
@@ -408,7 +412,7 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 if missing is not None:
                     skipped.append(f"{block.where}: {missing} is not installed here")
                     continue
-                cwd = work / (block.first("cd") or ".")
+                cwd = work / (block.first("cd") or ".").replace("$DOCS_REPO", str(ROOT))
                 block_env = dict(env)
                 for assignment in block.values("env"):
                     name, _, value = assignment.partition("=")
@@ -417,7 +421,7 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                     subprocess.run(
                         ["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=block_env, check=True
                     )
-                source = _prepare(block)
+                source = _prepare(block, block_env)
                 print(f"--- {block.where} ({block.language})", flush=True)
                 started = time.monotonic()
                 if block.language == "python":

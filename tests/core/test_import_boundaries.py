@@ -21,6 +21,8 @@ HEAVY = [
     "tokenizers",
     # the trajectory viewer's TUI: imported only when a `platoon viz` command runs
     "textual",
+    # `platoon plot`'s drawing: imported only when the command runs
+    "matplotlib",
 ]
 PLUGIN_PACKAGES = ["platoon_harnesses", "platoon_sandbox", "platoon_harbor", "platoon_textcraft"]
 CORE_SRC = Path(platoon.__file__).parent

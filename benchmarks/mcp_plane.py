@@ -1,6 +1,6 @@
 """The MCP tool plane against the `mcp` SDK's: tool calls per second and p50 latency of both, in one run.
 
-    uv run --frozen python benchmarks/mcp_plane.py [--calls 2000] [--concurrency 16] [--sequential 300]
+    uv run --frozen python benchmarks/mcp_plane.py [--calls 2000] [--concurrency 16] [--sequential 300] [--rounds 3]
 
 Each plane is mounted on a `GatewayServer` in its own process (the client's work is not billed to it), serving one
 agent bound to a session whose tool answers at once, so what is measured is the protocol layer: the hand-written
@@ -133,18 +133,42 @@ async def _load(base_url: str, key: str, accept: str, args: argparse.Namespace) 
     }
 
 
-def _measure(plane: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def _start(plane: str) -> tuple[subprocess.Popen[str], str, str]:
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", plane], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert child.stdout is not None
+    base_url, key = child.stdout.readline().split()
+    return child, base_url, key
+
+
+def _measure(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]:
+    """Both servers up at once; each round measures both planes, alternating which goes first (the machine's
+    load drifts); the median round of each figure is reported."""
+    servers = {plane: _start(plane) for plane in PLANES}
+    rounds: dict[str, dict[str, list[dict[str, float]]]] = {p: {m: [] for m in MODES} for p in PLANES}
     try:
-        assert child.stdout is not None and child.stdin is not None
-        base_url, key = child.stdout.readline().split()
-        return {mode: asyncio.run(_load(base_url, key, accept, args)) for mode, accept in MODES.items()}
+        for index in range(args.rounds):
+            order = PLANES if index % 2 == 0 else PLANES[::-1]
+            for mode, accept in MODES.items():
+                for plane in order:
+                    _, base_url, key = servers[plane]
+                    rounds[plane][mode].append(asyncio.run(_load(base_url, key, accept, args)))
     finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        child.wait(timeout=60)
+        for child, _, _ in servers.values():
+            if child.stdin is not None:
+                child.stdin.close()
+            child.wait(timeout=60)
+    return {
+        plane: {
+            mode: {
+                name: sorted(r[name] for r in rounds[plane][mode])[args.rounds // 2]
+                for name in rounds[plane][mode][0]
+            }
+            for mode in MODES
+        }
+        for plane in PLANES
+    }
 
 
 def main() -> None:
@@ -154,15 +178,19 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sequential", type=int, default=300)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds, alternating the planes; medians reported"
+    )
     parser.add_argument("--serve", choices=PLANES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(_serve(args.serve))
         return
     load = os.getloadavg()
-    results = {plane: _measure(plane, args) for plane in PLANES}
+    results = _measure(args)
     print(
-        f"{args.calls} tools/call at concurrency {args.concurrency}, then {args.sequential} sequential "
+        f"{args.calls} tools/call at concurrency {args.concurrency}, then {args.sequential} sequential, "
+        f"median of {args.rounds} rounds "
         f"({os.cpu_count()} cores, load {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after)"
     )
     print(f"{'plane':8} {'reply':5} {'calls/s':>9} {'p50 ms':>8} | {'seq/s':>7} {'seq p50':>8}")

@@ -103,9 +103,12 @@ async def time_episodes(
 
 
 async def run_episodes(
-    episodes: int, concurrency: int, profiler: Any = None, service: str = SERVICE
+    episodes: int, concurrency: int, profiler: Any = None, service: Any = SERVICE
 ) -> dict[str, Any]:
-    """`episodes` calls of `run_episode`, `concurrency` at a time, each with its own scripted policy."""
+    """`episodes` calls of `run_episode`, `concurrency` at a time, each with its own scripted policy.
+
+    `service` is a reference (each episode resolves it, as a user's test does) or a service object shared by all.
+    """
     from platoon.testing import ScriptedPolicy, run_episode
 
     async def play(index: int, output_dir: Path) -> Any:
@@ -122,7 +125,7 @@ async def run_episodes(
 
 
 async def run_rollouts(
-    episodes: int, concurrency: int, profiler: Any = None, service_ref: str = SERVICE
+    episodes: int, concurrency: int, profiler: Any = None, service_ref: Any = SERVICE
 ) -> dict[str, Any]:
     """`episodes` calls of `harness_rollout` on one shared gateway, no HTTP server."""
     from platoon.config.environments import AgentsConfig
@@ -131,7 +134,7 @@ async def run_rollouts(
     from platoon.episode.rollout import Route, harness_rollout
     from platoon.testing import make_gateway
 
-    service = resolve_service(service_ref)
+    service = resolve_service(service_ref) if isinstance(service_ref, str) else service_ref
     gateway = make_gateway(binary_search)
     route = Route(
         harness="platoon-react",
@@ -167,7 +170,7 @@ async def run_rollouts(
 
 
 def measure(
-    path: str, episodes: int, concurrency: int, repeats: int, profile: bool = False, service: str = SERVICE
+    path: str, episodes: int, concurrency: int, repeats: int, profile: bool = False, service: Any = SERVICE
 ) -> dict[str, Any]:
     """The median run of `repeats` (by seconds), in this process, with the peak memory and the version."""
     import cProfile
@@ -222,7 +225,8 @@ def start_servers(count: int) -> list[tuple[subprocess.Popen[bytes], str]]:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        env = {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1"}
+        # The SDK's server logs every request at INFO; an environment server run for throughput logs warnings.
+        env = {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1", "OPENREWARD_LOG_LEVEL": "WARNING"}
         proc = subprocess.Popen(
             [sys.executable, "-c", SERVER_CODE, str(port)],
             env=env,
@@ -242,6 +246,12 @@ def start_servers(count: int) -> list[tuple[subprocess.Popen[bytes], str]]:
     return started
 
 
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def remote(args: argparse.Namespace) -> None:
     """In process, one server, two servers: the same episodes, the same path, one run."""
     servers = start_servers(2)
@@ -251,21 +261,39 @@ def remote(args: argparse.Namespace) -> None:
             f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
             f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
         )
+        from platoon.envs.resolve import resolve_service
+
         services = {
             "in process (python://)": SERVICE,
             "one ORS server": f"ors+http://{hosts[0]}/NumberSearchEnvironment",
             "two ORS servers": f"ors+http://{','.join(hosts)}/NumberSearchEnvironment",
         }
-        results = {
-            label: measure(args.path, args.episodes, args.concurrency, args.repeats, service=ref)
-            for label, ref in services.items()
-        }
+        # One service object per measurement, shared by its episodes, as a run's rollouts share theirs (a fresh
+        # remote service per episode would measure task lookups on the server, not episodes).
+        results = {}
+        for label, ref in services.items():
+            before = sum(process_cpu(proc.pid) for proc, _ in servers)
+            results[label] = measure(
+                args.path,
+                args.episodes,
+                args.concurrency,
+                args.repeats,
+                args.profile,
+                service=resolve_service(ref),
+            )
+            # the servers' CPU over the whole measurement (its warm-up episodes and every repeat)
+            results[label]["server_cpu"] = sum(process_cpu(proc.pid) for proc, _ in servers) - before
     finally:
         for proc, _ in servers:
             proc.terminate()
             proc.wait()
+    runs = (args.episodes + 1) * args.repeats
     for label, result in results.items():
         report(label, result, args.episodes)
+        if label != "in process (python://)":
+            print(f"{'':<34} servers' CPU {1000 * result['server_cpu'] / runs:.1f} ms per episode")
+        if result.get("profile"):
+            print(result["profile"])
     base = results["in process (python://)"]["seconds"]
     for label in ("one ORS server", "two ORS servers"):
         print(f"{label}: {100 * base / results[label]['seconds']:.0f} % of the in-process episodes/s")

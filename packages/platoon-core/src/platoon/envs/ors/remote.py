@@ -52,6 +52,7 @@ from platoon.envs.ors.inprocess import (
     _prompt_text,
     _resolve_callable,
     _strip_titles,
+    _task_name,
     _ToolTable,
     load_env_class,
 )
@@ -69,6 +70,10 @@ DEFAULT_URL = "http://localhost:8080"
 LABEL_VARIABLE_PREFIX = "OPENREWARD_SESSION_URLS_"
 #: how long a server that did not take a session is passed over by later opens
 DOWN_FOR_S = 30.0
+#: task specs fetched at once around one asked for (by index)
+SPEC_WINDOW = 256
+#: environments already warned about declaring no terminal tool (once per process)
+_WARNED_NO_TERMINAL: set[str] = set()
 #: resumptions of a `/call` stream cut after the server named its task (a call is never sent twice)
 CALL_RESUMES = 3
 
@@ -196,6 +201,12 @@ def _session_class() -> type:
     from openreward.api.errors import ToolCallError, ToolFailed
 
     class _PlatoonSdkSession(client.AsyncSession):  # type: ignore[name-defined]
+        async def _run_ping(self, url: str, sid: str, *args: Any, **kwargs: Any) -> None:
+            # The SDK pings at once, then every 10 s; a session was just made: its first ping can wait a round
+            # (the server reaps after 900 s without one), which spares short episodes a request each.
+            await asyncio.sleep(kwargs.get("sleep_time", 10))
+            await super()._run_ping(url, sid, *args, **kwargs)
+
         async def call_raw(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             """The call's output as the server sent it (`blocks`, `metadata`, `reward`, `finished`)."""
             try:
@@ -259,6 +270,16 @@ async def _loop_clients() -> _LoopClients:
         await holder.__anext__()  # registers it with the loop, which closes it at shutdown
         clients.holder = holder
     return clients
+
+
+@functools.cache
+def _env_config_matters() -> bool:
+    """Whether a proxy variable or a netrc file is there for aiohttp's `trust_env` to read (checked once)."""
+    proxies = ("http_proxy", "https_proxy", "ws_proxy", "wss_proxy", "all_proxy", "no_proxy")
+    if any(os.environ.get(name) or os.environ.get(name.upper()) for name in proxies):
+        return True
+    netrc = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    return os.path.exists(netrc)
 
 
 async def _bounded(awaitable: Any, timeout_s: float | None) -> Any:
@@ -457,10 +478,11 @@ class RemoteOrsService(InProcessOrsService):
         self._learned_terminal: set[str] = set()
         self._splits: list[str] | None = None
         self._task_specs: dict[str, list[dict[str, Any]]] = {}
+        self._counts: dict[str, int] = {}
+        self._one_specs: dict[tuple[str, int], dict[str, Any]] = {}
         self._checked: set[str] = set()
         self._down_until: dict[str, float] = {}
         self._tables: dict[str, _ToolTable] = {}
-        self._warned_no_terminal = False
 
     # -- the pool ------------------------------------------------------------------------------------------------
 
@@ -497,6 +519,10 @@ class RemoteOrsService(InProcessOrsService):
                     base_url=url, api_key=self.api_key, api_base_url=self.api_url
                 )
             env = clients.envs[key] = api.get(self.environment, variant=self.variant, base_url=url)
+            if not _env_config_matters():
+                # The SDK's sessions trust the environment (proxy variables, ~/.netrc), which aiohttp reads again
+                # for every request: most of a local call's client time. With none of them set it changes nothing.
+                env.client._trust_env = False
         return env
 
     async def _check_server(self, url: str) -> None:
@@ -510,7 +536,8 @@ class RemoteOrsService(InProcessOrsService):
         import aiohttp
 
         env = await self._environment(url)
-        timeout = aiohttp.ClientTimeout(total=self.connect_timeout_s)
+        # A busy server still accepts connections (the kernel does): only connecting is bounded this tightly.
+        timeout = aiohttp.ClientTimeout(sock_connect=self.connect_timeout_s, total=self.call_timeout_s)
         async with env.client.get("/list_environments", timeout=timeout) as response:
             response.raise_for_status()
             served = [str(n).lower() for n in await response.json()]
@@ -587,9 +614,8 @@ class RemoteOrsService(InProcessOrsService):
         return list(self._splits)
 
     async def _specs(self, split: str) -> Sequence[Mapping[str, Any]]:
-        splits = await self.list_splits()
-        if split not in splits:
-            raise ValueError(f"{self.name} has no split {split!r} (splits: {', '.join(splits)})")
+        """Every task spec of `split` (one listing, kept): only task names need them all."""
+        await self._check_split(split)
         if split not in self._task_specs:
             env = await self._listing_env()
             try:
@@ -597,7 +623,67 @@ class RemoteOrsService(InProcessOrsService):
             except Exception as exc:
                 raise ValueError(f"{self.name}: listing split {split!r} failed: {_why(exc)}") from None
             self._task_specs[split] = [dict(t.task_spec) for t in tasks]
+            self._counts[split] = len(self._task_specs[split])
         return self._task_specs[split]
+
+    async def _check_split(self, split: str) -> None:
+        splits = await self.list_splits()
+        if split not in splits:
+            raise ValueError(f"{self.name} has no split {split!r} (splits: {', '.join(splits)})")
+
+    async def _count(self, split: str) -> int:
+        """How many tasks `split` has, asked of the server (a task list of 50,000 specs is megabytes)."""
+        await self._check_split(split)
+        if split not in self._counts:
+            env = await self._listing_env()
+            try:
+                self._counts[split] = int(await env.num_tasks(split))
+            except Exception as exc:
+                raise ValueError(f"{self.name}: counting split {split!r} failed: {_why(exc)}") from None
+        return self._counts[split]
+
+    async def _spec(self, split: str, index: int) -> Mapping[str, Any]:
+        """One task's spec: from the listing when it was made, else asked of the server alone."""
+        listed = self._task_specs.get(split)
+        if listed is not None:
+            return listed[index]
+        key = (split, index)
+        if key not in self._one_specs:
+            # A window of tasks at once: rollouts ask for task after task, and each lookup is a session's worth
+            # of requests on the server.
+            start = index - index % SPEC_WINDOW
+            stop = min(start + SPEC_WINDOW, await self._count(split))
+            env = await self._listing_env()
+            try:
+                tasks = await env.get_task_range(split, start, stop)
+            except Exception as exc:
+                raise ValueError(f"{self.name}: getting task {split}:{index} failed: {_why(exc)}") from None
+            for offset, found in enumerate(tasks):
+                self._one_specs[(split, start + offset)] = dict(found.task_spec)
+        return self._one_specs[key]
+
+    async def list_tasks(self, split: str) -> list[str]:
+        if split == self.split and (self.task_names is not None or self.task_indices is not None):
+            return await super().list_tasks(split)  # narrowed: checked against the listing as in process
+        return [f"{split}:{i}" for i in range(await self._count(split))]
+
+    async def _locate(self, task_id: str) -> tuple[str, int]:
+        split, sep, index_text = task_id.rpartition(":") if isinstance(task_id, str) else ("", "", "")
+        if sep and index_text.isdigit() and split in await self.list_splits():
+            index, count = int(index_text), await self._count(split)
+            if index >= count:
+                raise ValueError(f"{self.name} has no task {task_id!r}: split {split!r} has {count} tasks")
+            return split, index
+        return await super()._locate(task_id)  # a task name or a reference: the listing decides
+
+    async def get_task(self, task_id: str) -> Task:
+        split, index = await self._locate(task_id)
+        spec = await self._spec(split, index)
+        goal = spec.get("goal")
+        misc_spec = spec.get("misc")
+        misc = dict(misc_spec) if isinstance(misc_spec, Mapping) else {}
+        misc["ors"] = {"split": split, "index": index, "name": _task_name(spec, index)}
+        return Task(goal=goal if isinstance(goal, str) else None, id=f"{split}:{index}", misc=misc)
 
     def _reference_names(self) -> set[str]:
         names = {self.name.lower(), self.environment.lower(), self.label.lower()}
@@ -642,7 +728,7 @@ class RemoteOrsService(InProcessOrsService):
                 secrets=dict(self._secrets) or None,
             )
             try:
-                await _bounded(sdk_session.__aenter__(), self.connect_timeout_s)
+                await _bounded(sdk_session.__aenter__(), self.call_timeout_s)
             except Exception as exc:
                 await _quiet_exit(sdk_session, self.close_timeout_s)
                 if _is_config_status(exc):
@@ -688,8 +774,8 @@ class RemoteOrsService(InProcessOrsService):
         if known is not None and list(known.specs) == names:
             return known
         table = self._hints.table(listing, terminal, self.env_class)
-        if not table.declares_terminal and not self._warned_no_terminal:
-            self._warned_no_terminal = True
+        if not table.declares_terminal and self.environment not in _WARNED_NO_TERMINAL:
+            _WARNED_NO_TERMINAL.add(self.environment)
             log.warning(
                 "%s: the server declares no terminal tool and no terminal_tools or env_class is given: any tool "
                 "may end an episode, and a failing one is an infrastructure error",
@@ -1008,7 +1094,7 @@ class RemoteOrsSession(InProcessOrsSession):
                 session = lease.env
                 try:
                     specs = await _bounded(session.list_tools(), service.call_timeout_s)
-                    terminal = await session.terminal_tool()
+                    terminal = session._terminal_tool  # read by list_tools (terminal_tool() would list again)
                 except Exception as exc:
                     lease.dead = f"listing the tools failed ({_why(exc)})"
                     lease.unreachable = True

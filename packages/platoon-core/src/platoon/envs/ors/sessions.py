@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -127,12 +126,15 @@ class SessionRegistry:
         self._sweeping: asyncio.Future[None] | None = None
         self.shut_down = False
         self._dir: Path | None = None
+        self._fd: int | None = None
+        self._fd_path: Path | None = None
         self._started = _start_time(os.getpid())
 
     def _reset_after_fork(self) -> None:
         # A forked worker owns none of its parent's sessions, and its loops are its own.
         self._lock = threading.Lock()
         self._open = {}
+        self._fd = None  # the parent's file: this process writes its own
         # a respawned worker sweeps what a killed sibling left, even when the process it forked from swept
         self._swept = False
         self._sweeping = None
@@ -166,24 +168,41 @@ class SessionRegistry:
                 self._write()
 
     def _write(self) -> None:
-        """Mirror the open sessions to this process's file (called with the lock held)."""
-        path = self._file()
-        try:
-            if not self._open:
-                path.unlink(missing_ok=True)
-                return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            data = {
+        """Mirror the open sessions to this process's file (called with the lock held).
+
+        The file stays open, written in place with `pwrite` and cut to length: opening, creating or renaming a
+        file costs milliseconds on some filesystems, twice an episode, on the event loop. A sweep that reads a
+        half-written file leaves it for later; an empty list means nothing is open.
+        """
+        data = json.dumps(
+            {
                 "pid": os.getpid(),
                 "started": self._started,
                 "sessions": [asdict(s) for s in self._open.values()],
             }
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w") as handle:  # mkstemp makes it 0600
-                json.dump(data, handle)
-            os.replace(tmp, path)
+        ).encode()
+        try:
+            path = self._file()
+            if self._fd is not None and self._fd_path != path:  # the directory was pointed elsewhere
+                os.close(self._fd)
+                self._fd = None
+            if self._fd is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                self._fd_path = path
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
         except OSError as exc:
-            log.warning("could not record open ORS sessions in %s: %s", path, exc)
+            log.warning("could not record open ORS sessions in %s: %s", self._file(), exc)
+
+    def _close_file(self) -> None:
+        """At exit, with nothing left open: the file goes."""
+        with self._lock:
+            if self._fd is not None and not self._open:
+                os.close(self._fd)
+                self._fd = None
+                if self._fd_path is not None:
+                    self._fd_path.unlink(missing_ok=True)
 
     async def sweep(self) -> None:
         """Once per process: delete the sessions of this host's registry files whose process is gone."""
@@ -211,6 +230,10 @@ class SessionRegistry:
                 continue  # being written, or not ours to understand: leave it
             if _alive(pid, data.get("started")):
                 continue
+            if not sessions:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
             log.info("deleting %d ORS session(s) left open by process %d", len(sessions), pid)
             failed = await delete_sessions(sessions)
             if failed:
@@ -226,24 +249,27 @@ class SessionRegistry:
         self.shut_down = True
         left = self.open_sessions
         if not left:
+            self._close_file()
             return
 
-        def run() -> None:
-            try:
-                failed = asyncio.run(delete_sessions(left))
-            except Exception as exc:  # at exit, say it and go
-                log.warning("could not delete %d open ORS session(s) at exit: %s", len(left), exc)
-                return
-            with self._lock:
-                for session in left:
-                    if session not in failed:
-                        self._open.pop(session.sid, None)
-                self._write()
-
-        # A thread of its own: the exiting thread may still be inside a running event loop.
-        worker = threading.Thread(target=run, name="platoon-ors-cleanup", daemon=True)
-        worker.start()
-        worker.join(DELETE_TIMEOUT_S * 2 + 1)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:  # exiting from inside a running loop: no new loop here, and no new thread at shutdown
+            log.warning("%d ORS session(s) left open at exit; the next start deletes them", len(left))
+            return
+        try:
+            failed = asyncio.run(delete_sessions(left))
+        except Exception as exc:  # at exit, say it and go
+            log.warning("could not delete %d open ORS session(s) at exit: %s", len(left), exc)
+            return
+        with self._lock:
+            for session in left:
+                if session not in failed:
+                    self._open.pop(session.sid, None)
+            self._write()
+        self._close_file()
 
     def status(self) -> dict[str, Any]:
         return {"file": str(self._file()), "open": len(self._open)}

@@ -190,3 +190,19 @@ def test_a_training_config_naming_a_server_not_there_is_78(workdir, capsys):
     assert capsys.readouterr().out.splitlines() == [f"FAIL {BANDIT}", f"  {line}"]
     assert main(["train", str(BANDIT), entries, f"log_path={workdir}"]) == 78
     assert capsys.readouterr().err.endswith(f"platoon: {line}\n")
+
+
+def test_a_mixture_reaching_one_server_under_two_names_is_refused_at_start(workdir, capsys):
+    config = eval_config(workdir, "ors+http://127.0.0.1:9/GuessEnv")
+    data = yaml.safe_load(config.read_text())
+    data["environments"] = [
+        {"name": "guess", "service": "ors+http://127.0.0.1:9/GuessEnv", "harness": "platoon-react"},
+        {"name": "search", "service": "ors+http://127.0.0.1:9/NumberSearch", "harness": "platoon-react"},
+    ]
+    config.write_text(yaml.safe_dump(data))
+    assert main(["config", "validate", str(config)]) == 78
+    assert capsys.readouterr().out.splitlines() == [
+        f"FAIL {config}",
+        "  environments.1.service: 'NumberSearch' and environments.0's 'GuessEnv' reach http://127.0.0.1:9 without "
+        "?variant=, so both would get its default environment: name each with ?variant=<name>",
+    ]

@@ -279,3 +279,22 @@ def test_forks_share_the_session_or_open_fresh_on_the_same_server(servers):
 
     asyncio.run(go())
     assert servers[0].open_sessions() + servers[1].open_sessions() == 0
+
+
+def test_a_mixture_may_not_reach_one_server_under_two_names_without_a_variant():
+    from types import SimpleNamespace
+
+    from platoon.envs.ors.remote import mixture_problems
+
+    def entry(service: str) -> SimpleNamespace:
+        return SimpleNamespace(service=service, service_kwargs={})
+
+    assert mixture_problems([entry("ors+http://a:1/One"), entry("ors+http://b:2/Two")]) == []
+    assert (
+        mixture_problems([entry("ors+http://a:1/One?variant=one"), entry("ors+http://a:1/Two?variant=two")])
+        == []
+    )
+    assert mixture_problems([entry("ors+http://a:1,b:2/One"), entry("ors+http://b:2/Two")]) == [
+        "environments.1.service: 'Two' and environments.0's 'One' reach http://b:2 without ?variant=, so both "
+        "would get its default environment: name each with ?variant=<name>"
+    ]

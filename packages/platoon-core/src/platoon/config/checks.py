@@ -185,6 +185,12 @@ def component_problems(config: Any) -> list[str]:
                 continue
             if key.startswith("harness"):
                 problems += spec_problems(entry, resolved, where=where, key=key)
+    entries = _entries(config)
+    if len(entries) > 1 and any(str(getattr(e, "service", "") or "").startswith("ors+") for e in entries):
+        from platoon.envs.ors.remote import mixture_problems
+
+        # remote entries without a variant must not reach one server under two environment names
+        problems += mixture_problems(entries)
     from platoon.sandbox_runs import provider_problems
 
     # a sandbox provider no installed distribution provides (e.g. platoon-sandbox is missing): what to install

@@ -235,6 +235,11 @@ def _session_class() -> type:
     return _PlatoonSdkSession
 
 
+def warm_sdk() -> None:
+    """Import the SDK's client and build the session class, starting nothing (a fork server calls it)."""
+    _session_class()
+
+
 class _LoopClients:
     """The SDK clients of one event loop, closed when the loop shuts down (`asyncio.run` closes async generators
     before it closes the loop: a suspended generator is the one hook a loop's end offers)."""
@@ -819,6 +824,33 @@ def describe(service: str, service_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return described
 
 
+def mixture_problems(entries: Sequence[Any]) -> list[str]:
+    """Entries of a mixture without a variant that would reach one server under different environment names
+    (each would get the server's default environment), as problem lines; nothing is reached."""
+    seen: dict[str, tuple[int, str]] = {}  # server url -> (entry index, environment name)
+    problems: list[str] = []
+    for index, entry in enumerate(entries):
+        service = getattr(entry, "service", None)
+        if not isinstance(service, str) or not service.startswith(("ors+http://", "ors+https://")):
+            continue
+        try:
+            built = RemoteOrsService(service, **dict(getattr(entry, "service_kwargs", None) or {}))
+        except (ValueError, TypeError):
+            continue  # the entry's own problem, reported where it is built
+        if built.variant is not None:
+            continue
+        for url in built.pool().urls:
+            first = seen.setdefault(url, (index, built.environment))
+            if first[1].lower() != built.environment.lower():
+                problems.append(
+                    f"environments.{index}.service: {built.environment!r} and environments.{first[0]}'s "
+                    f"{first[1]!r} reach {url} without ?variant=, so both would get its default environment: "
+                    "name each with ?variant=<name>"
+                )
+                break
+    return problems
+
+
 def _class_ref(value: Any) -> Any:
     if isinstance(value, str) and not value.startswith("python://"):
         return f"python://{value}"
@@ -966,6 +998,8 @@ class _RemoteLease(_Lease):
         return self._table
 
     def refusal(self) -> ToolResult | None:
+        if registry.shut_down and not self.closed:
+            return _error("Not run: the process is shutting down.", "session_closed")
         if self.dead is not None and not self.closed and not self.finished:
             return _error(f"Not run: the environment session is over ({self.dead}).", "session_dead")
         return super().refusal()

@@ -136,6 +136,10 @@ def _warm_service(service: str) -> None:
             from platoon.envs.ors.inprocess import load_env_class
 
             load_env_class(service)
+        elif scheme in ("ors+http", "ors+https"):
+            from platoon.envs.ors.remote import warm_sdk
+
+            warm_sdk()  # the SDK's client (seconds of imports), once here rather than in every worker
     elif ":" in service:  # module:Class
         plugins.resolve_target(service)
     else:

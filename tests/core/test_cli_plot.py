@@ -23,7 +23,9 @@ def _run_dir(tmp_path, rows, tail="", name="run"):
 
 
 def _rows():
-    rows = [{"step": s, "train/batch/task_reward/avg": r} for s, r in enumerate([0.0, 0.1, 0.5, 0.9], start=1)]
+    rows = [
+        {"step": s, "train/batch/task_reward/avg": r} for s, r in enumerate([0.0, 0.1, 0.5, 0.9], start=1)
+    ]
     rows.insert(2, {"step": 2, "eval/step": 2, "eval/reward/avg": 0.25})
     return rows
 

@@ -115,9 +115,12 @@ def test_env_list_lists_only_the_services_this_installation_has(capsys):
     services = out.split("Environment services (an environments entry's `service`):\n", 1)[1].split("\n\n")[0]
     listed = [line.split()[0] for line in services.splitlines()[1:]]
     assert "table" in listed and "python://pkg.module:EnvClass" in listed and "pkg.module:Class" in listed
-    # services whose machinery has not arrived are not offered (naming one says so: test_config_cli); harbor is
-    # offered exactly when platoon-harbor is installed
-    assert not [name for name in listed if name.startswith("ors+")]
+    # remote ORS servers in their two forms (ors+https is named in the ors+http row); harbor is offered exactly
+    # when platoon-harbor is installed
+    assert [name for name in listed if name.startswith("ors+")] == [
+        "ors+http://HOST:PORT[,...]/EnvName",
+        "ors+http:///EnvName",
+    ]
     assert ("harbor" in listed) == ("harbor" in {info.name for info in plugins.entry_points("service")})
     assert len(listed) == len(plugins.entry_points("service")) + 1
 

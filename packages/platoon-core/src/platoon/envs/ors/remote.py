@@ -486,6 +486,8 @@ class RemoteOrsService(InProcessOrsService):
         self._counts: dict[str, int] = {}
         self._one_specs: dict[tuple[str, int], dict[str, Any]] = {}
         self._checked: set[str] = set()
+        #: the environment each server serves by default (named in paths instead of the redirect to it)
+        self._serving: dict[str, str] = {}
         self._down_until: dict[str, float] = {}
         self._tables: dict[str, _ToolTable] = {}
 
@@ -514,7 +516,10 @@ class RemoteOrsService(InProcessOrsService):
     async def _environment(self, url: str) -> Any:
         """The SDK's `AsyncEnvironment` of this entry on `url`, on the running loop's client."""
         clients = await _loop_clients()
-        key = (id(self), url, self.environment, self.variant)
+        # Without a variant the SDK sends bare paths (`/call`) that the server redirects to its default
+        # environment: a second round trip for every call. Once the server said which one that is, name it.
+        variant = self.variant or self._serving.get(url)
+        key = (id(self), url, self.environment, variant)
         env = clients.envs.get(key)
         if env is None:
             api = clients.apis.get((self.api_key, self.api_url))
@@ -523,7 +528,7 @@ class RemoteOrsService(InProcessOrsService):
                 api = clients.apis[(self.api_key, self.api_url)] = client.AsyncEnvironmentsAPI(
                     base_url=url, api_key=self.api_key, api_base_url=self.api_url
                 )
-            env = clients.envs[key] = api.get(self.environment, variant=self.variant, base_url=url)
+            env = clients.envs[key] = api.get(self.environment, variant=variant, base_url=url)
             if not _env_config_matters():
                 # The SDK's sessions trust the environment (proxy variables, ~/.netrc), which aiohttp reads again
                 # for every request: most of a local call's client time. With none of them set it changes nothing.
@@ -564,6 +569,8 @@ class RemoteOrsService(InProcessOrsService):
                     f"name it with ?variant={self.environment.lower()}"
                 )
             serving = served[0] if served else ""
+            if serving:
+                self._serving[url] = serving
         if self.env_class is not None:
             if self.env_class.__name__.lower() != serving:
                 raise ServerRefused(

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 NAME_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9]+(?:[._+-][A-Za-z0-9]+)*$")
+#: a service may also be named by the URI scheme it serves (`ors+http`): the name rule, with `+` joining words
+SCHEME_RE = re.compile(r"^[a-z][a-z0-9]*(?:[.+-][a-z0-9]+)*$")
 
 #: top-level modules and distributions that are first-party
 FIRST_PARTY_MODULES = frozenset(

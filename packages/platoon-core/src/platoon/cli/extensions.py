@@ -214,7 +214,7 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
 
     from platoon import plugins
     from platoon._version import running_version
-    from platoon.naming import NAME_RE, is_reserved, owner
+    from platoon.naming import NAME_RE, SCHEME_RE, is_reserved, owner
 
     wanted = {_normalize(d) for d in dists}
 
@@ -227,7 +227,8 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
     checked_dists: dict[str, Any] = {}
     for info in infos:
         where = f"{info.group}: {info.name}"
-        if not NAME_RE.match(info.name) or info.name.endswith(".toml"):
+        scheme_ok = info.kind == "service" and SCHEME_RE.match(info.name) is not None
+        if not (NAME_RE.match(info.name) or scheme_ok) or info.name.endswith(".toml"):
             problems.append(
                 (
                     "error",

@@ -9,12 +9,14 @@ gateway served, collection written) and are timed by episodes.py's `time_episode
 median repeat of each is reported.
 
     uv run --frozen python benchmarks/textcraft.py [--episodes 128] [--concurrency 32] [--split train-medium]
-        [--crafts-per-cell step|all]
+        [--crafts-per-cell step|all] [--profile]
 
 Target: TextCraft-Synth at least half number search's episodes/s (ratio >= 0.5). A gold episode's length depends on
 the split (`train-medium`, the RAO training tasks, median 18 crafts; `train-easy` median 3) and on how the policy
 writes it (`--crafts-per-cell step`: one craft a cell, a model call each; `all`: every craft in one cell, two calls
-an episode): calls/s is printed too.
+an episode): calls/s is printed too. `--profile` times TextCraft-Synth once under cProfile instead and prints where
+the time goes (`EPISODES_PROFILE_SORT=cumulative` sorts by cumulative time, `EPISODES_PROFILE_DUMP=file` keeps
+the stats).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def gold_cells(spec: dict[str, Any], per_cell: str = "step") -> list[str]:
 
 
 async def run_textcraft(
-    episodes: int, concurrency: int, split: str, per_cell: str = "step"
+    episodes: int, concurrency: int, split: str, per_cell: str = "step", profiler: Any = None
 ) -> dict[str, Any]:
     """`episodes` gold-trajectory episodes of `split` (tasks in file order, wrapping), each with its own policy."""
     from platoon.testing import ScriptedPolicy, run_episode
@@ -77,7 +79,23 @@ async def run_textcraft(
             output_dir=output_dir,
         )
 
-    return await time_episodes(play, episodes, concurrency)
+    return await time_episodes(play, episodes, concurrency, profiler)
+
+
+def profile(args: argparse.Namespace) -> None:
+    """One TextCraft-Synth run under cProfile (Python 3.12's cProfile sees every thread: the cell threads too)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    result = asyncio.run(
+        run_textcraft(args.episodes, args.concurrency, args.split, args.crafts_per_cell, profiler)
+    )
+    print(f"textcraft-synth: {args.episodes / result['seconds']:.1f} episodes/s, {result['cpu']:.2f} s CPU")
+    stats = pstats.Stats(profiler)
+    if os.environ.get("EPISODES_PROFILE_DUMP"):
+        stats.dump_stats(os.environ["EPISODES_PROFILE_DUMP"])
+    stats.sort_stats(os.environ.get("EPISODES_PROFILE_SORT", "tottime")).print_stats(40)
 
 
 def median(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -110,8 +128,14 @@ def main() -> None:
         help="the gold trajectory one craft per cell (default), or every craft in one cell",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile one TextCraft-Synth run instead (cProfile)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    if args.profile:
+        profile(args)
+        return
     load_before = os.getloadavg()
     if not args.json:
         print(

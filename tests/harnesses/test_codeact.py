@@ -98,9 +98,10 @@ def test_cell_calls_tool_and_a_finished_result_ends_the_agent() -> None:
         "error": None,
     }
     second_prompt = ctx.chats[1]["messages"]
+    # The reply goes back as the model wrote it (not re-rendered), so the next prompt extends its sampled tokens.
     assert second_prompt[-2] == {
         "role": "assistant",
-        "content": "<thought>\nNext.\n</thought>\n<python>\nprint(guess(3))\n</python>",
+        "content": "<thought>Next.</thought>\n<python>print(guess(3))\n",
     }
     assert second_prompt[-1]["content"].startswith("[Cell 1 Output]\nToo low, try again.")
     assert ctx.chats[0]["sampling"] == {"stop": ["</python>"]}

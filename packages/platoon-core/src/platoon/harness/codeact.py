@@ -6,10 +6,19 @@ platoon-harnesses; environments ship builders (`NumberSearchPromptBuilder`) by s
 and overriding its methods or templates. Prompts are rendered from five Jinja templates in
 `platoon/harness/templates/codeact/`: `system_prompt.j2`, `action_space.j2`, `initial_user.j2`, `cell_output.j2`
 and `history.j2`.
+
+Building a prompt is on every model call's path, so the compiled templates are shared by every builder with the same
+template directory, and in `sequence_extension` mode `build_messages` renders only the cells it has not rendered
+before (the earlier turns of a conversation do not change between calls). In that mode a cell that carries the
+model's reply (`CodeActCell.reply`, which platoon-codeact sets) is sent back as the model wrote it, so the gateway
+recognises its own reply and the next prompt extends the exact tokens it sampled (docs/gateway.md, "Token-in
+history"); re-rendering it as `<thought>`/`<python>` would differ from the sample whenever the model's whitespace
+or layout does, and training would see a new sequence of text the model never wrote.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,12 +72,18 @@ class CellFunction:
 
 @dataclass
 class CodeActCell:
-    """One executed cell: the model's thought and code, what the cell printed, and its error (None if it ran)."""
+    """One executed cell: the model's thought and code, what the cell printed, and its error (None if it ran).
+
+    `reply` is the model's reply text exactly as the gateway returned it (None for a cell built by hand), and
+    `reasoning` its `reasoning_content`, if any: `sequence_extension` sends them back as the assistant turn.
+    """
 
     thought: str
     code: str
     output: str = ""
     error: str | None = None
+    reply: str | None = None
+    reasoning: str | None = None
 
 
 @dataclass
@@ -101,7 +116,12 @@ class CodeActPromptBuilder:
     constructor keyword arguments; an unknown one raises `TypeError` naming it. Override points: `system_prompt`,
     `action_space`, `initial_user_message`, `cell_output_message`, `history_message`, `assistant_message`,
     `subagent_goal`, `subagent_task_misc`, `stop_sequences`, `parse_reply`; or set `template_dir` to a directory
-    holding templates of the same names (those present replace the defaults).
+    holding templates of the same names (those present replace the defaults). Templates are read once per process
+    and directory (edits to them are not picked up while it runs).
+
+    `build_messages` keeps what it rendered: the system and first user messages per task text and action space, and
+    each cell's turn pair while the cell's fields stay the same. The prompt-part methods must therefore give the
+    same text for the same arguments (a builder whose parts change otherwise overrides `build_messages`).
     """
 
     #: a directory of templates overriding the defaults by file name; None uses only the defaults
@@ -126,26 +146,18 @@ class CodeActPromptBuilder:
         self.include_reasoning = include_reasoning
         self.prompt_mode: str = prompt_mode
         self._jinja: Any = None
+        # build_messages' memory: ((task, action_space), [system, first user]) and, per cell rendered so far,
+        # (the cell's fields, its assistant message, its output message)
+        self._head: tuple[tuple[str, str], list[dict[str, str]]] | None = None
+        self._turns: list[tuple[tuple[Any, ...], dict[str, str], dict[str, str]]] = []
 
     # -- templates -------------------------------------------------------------------------------------------
 
     def render(self, template: str, **values: Any) -> str:
         """Render one of the templates (`"system_prompt.j2"`, ...) with `values`; trailing whitespace dropped."""
         if self._jinja is None:
-            import jinja2
-
-            loaders: list[jinja2.BaseLoader] = []
-            if self.template_dir is not None:
-                loaders.append(jinja2.FileSystemLoader(str(self.template_dir)))
-            loaders.append(jinja2.FileSystemLoader(str(_TEMPLATES)))
-            self._jinja = jinja2.Environment(
-                loader=jinja2.ChoiceLoader(loaders),
-                autoescape=False,
-                trim_blocks=True,
-                lstrip_blocks=True,
-                keep_trailing_newline=False,
-                undefined=jinja2.StrictUndefined,
-            )
+            directory = self.template_dir
+            self._jinja = _environment(None if directory is None else str(Path(directory).resolve()))
         text: str = self._jinja.get_template(template).render(**values)
         return text.rstrip()
 
@@ -179,7 +191,10 @@ class CodeActPromptBuilder:
         return self.render("initial_user.j2", task=state.task, action_space=state.action_space)
 
     def assistant_message(self, cell: CodeActCell) -> str:
-        """A cell as the model's turn: `<thought>` (when reasoning is on) and `<python>` blocks."""
+        """A cell as the model's turn: the reply as the model wrote it when the cell has one, else `<thought>`
+        (when reasoning is on) and `<python>` blocks."""
+        if cell.reply is not None:
+            return cell.reply
         code = f"<python>\n{cell.code}\n</python>"
         if not self.include_reasoning:
             return code
@@ -200,15 +215,39 @@ class CodeActPromptBuilder:
         )
 
     def build_messages(self, state: CodeActState) -> list[dict[str, str]]:
-        """The Chat Completions messages for the next model call, in the builder's prompt mode."""
-        messages = [{"role": "system", "content": self.system_prompt()}]
+        """The Chat Completions messages for the next model call, in the builder's prompt mode (new dicts each
+        call: the caller may change them)."""
         if self.prompt_mode == "no_sequence_extension":
-            messages.append({"role": "user", "content": self.history_message(state)})
-            return messages
-        messages.append({"role": "user", "content": self.initial_user_message(state)})
+            return [
+                {"role": "system", "content": self.system_prompt()},
+                {"role": "user", "content": self.history_message(state)},
+            ]
+        key = (state.task, state.action_space)
+        if self._head is None or self._head[0] != key:
+            self._head = (
+                key,
+                [
+                    {"role": "system", "content": self.system_prompt()},
+                    {"role": "user", "content": self.initial_user_message(state)},
+                ],
+            )
+            self._turns.clear()
+        messages = [dict(message) for message in self._head[1]]
+        turns = self._turns
         for index, cell in enumerate(state.cells, start=1):
-            messages.append({"role": "assistant", "content": self.assistant_message(cell)})
-            messages.append({"role": "user", "content": self.cell_output_message(index, cell)})
+            fields = (cell.thought, cell.code, cell.output, cell.error, cell.reply, cell.reasoning)
+            if index > len(turns) or turns[index - 1][0] != fields:
+                # A new cell, or an earlier one changed: render it and forget the turns after it.
+                del turns[index - 1 :]
+                assistant = {"role": "assistant", "content": self.assistant_message(cell)}
+                if cell.reasoning:
+                    assistant["reasoning_content"] = cell.reasoning
+                turns.append(
+                    (fields, assistant, {"role": "user", "content": self.cell_output_message(index, cell)})
+                )
+            _, assistant, output = turns[index - 1]
+            messages.append(dict(assistant))
+            messages.append(dict(output))
         return messages
 
     # -- subagents -------------------------------------------------------------------------------------------
@@ -250,6 +289,29 @@ class CodeActPromptBuilder:
             _code(code.group(1)) if code else "",
             text,
         )
+
+
+@functools.lru_cache(maxsize=32)
+def _environment(template_dir: str | None) -> Any:
+    """The Jinja environment of a template directory (over the defaults), shared by every builder using it.
+
+    Templates compile once per process: `auto_reload` off means no file is checked again on later renders.
+    """
+    import jinja2
+
+    loaders: list[jinja2.BaseLoader] = []
+    if template_dir is not None:
+        loaders.append(jinja2.FileSystemLoader(template_dir))
+    loaders.append(jinja2.FileSystemLoader(str(_TEMPLATES)))
+    return jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+        undefined=jinja2.StrictUndefined,
+        auto_reload=False,
+    )
 
 
 def _code(text: str) -> str:

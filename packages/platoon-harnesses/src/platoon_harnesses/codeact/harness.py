@@ -234,7 +234,18 @@ async def codeact(ctx: AgentContext) -> AgentResult:
             ctx.annotate_step(
                 thought=parsed.thought, code=parsed.code, output=outcome.output, error=outcome.error
             )
-            state.cells.append(CodeActCell(parsed.thought, parsed.code, outcome.output, outcome.error))
+            # The reply as returned (not re-rendered from the parse): the gateway then recognises it, and the next
+            # prompt extends the tokens the model sampled.
+            state.cells.append(
+                CodeActCell(
+                    parsed.thought,
+                    parsed.code,
+                    outcome.output,
+                    outcome.error,
+                    reply=reply.text,
+                    reasoning=reply.reasoning,
+                )
+            )
             if outcome.timed_out:
                 # The runtime cancels this agent's children without waiting when the harness reports timeout.
                 return AgentResult("timeout", error=outcome.error)

@@ -628,15 +628,18 @@ class ModelGateway:
         # 7. Record, only while the agent is open (a closed agent's late reply is returned, not recorded).
         call_id = CALL_ID_PREFIX + uuid.uuid4().hex
         if not agent.closed:
+            prompt_tokens = tuple(prompt)
             rollout.interactions[call_id] = Interaction(
                 call_id=call_id,
-                prompt_tokens=tuple(prompt),
+                prompt_tokens=prompt_tokens,
                 sampled_tokens=tuple(tokens),
                 logprobs=tuple(sequence.logprobs or ()),
                 stop_reason=stop_reason,
                 routing_id=_routing_id(sequence),
             )
-            settings.history.record(built, call_id, tokens, message)
+            settings.history.record(
+                built, call_id, tokens, message, stop_reason=stop_reason, prompt=prompt_tokens
+            )
             generation["history"] = built.history
             n_prompt, n_completion = len(prompt), len(tokens)
             agent.calls.append(

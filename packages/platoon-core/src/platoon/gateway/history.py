@@ -12,19 +12,23 @@ A new request whose messages up to an assistant turn are exactly such a request 
     the earlier call's prompt + its sampled tokens + what the renderer writes after that turn
 
 where the last part is cut from a plain render of the new request, after the end token of the re-rendered turn.
+A turn that stopped on a stop string the caller gave (`</python>`) has no end token of its own: its sampled tokens
+are followed by the renderer's end of the turn, provided the renderer writes the turn's text as it was sampled.
 Nothing else changes: the prompt a renderer builds for a conversation it has not seen is the plain render.
 
 The reuse is refused, and the call starts a new *segment* (recorded with the reason), when a plain render would
 not keep the turn as sampled: the turn was cut short (no stop token), the renderer re-renders the earlier history
 differently once the new messages follow (thinking dropped after a new user turn), or it drops the turn's
 reasoning. A renderer opts out with the renderer attribute `token_in_history = False` (`renderer_kwargs`).
+
+This runs on every model call, over the whole conversation: each turn keeps its plain render (compared with the new
+render's prefix directly, no hashing of long token lists), and the digests of messages already seen are remembered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,7 +40,8 @@ SEGMENT_REASONS = {
     "first_call": "the agent's first call",
     "no_matching_call": "the conversation repeats none of this agent's earlier calls as they were answered",
     "opted_out": "the renderer is configured with token_in_history false",
-    "truncated": "the repeated turn did not end on a stop token (cut at the completion budget)",
+    "truncated": "the repeated turn did not end on a stop token (cut at the completion budget, or stopped on a stop "
+    "string where the renderer writes the turn differently)",
     "history_rerendered": "the renderer renders the earlier history differently once the new messages follow",
     "prefill_dropped": "the renderer opens the turn in history without the prefill it was sampled after",
     "reasoning_dropped": "the renderer drops the repeated turn's reasoning from history",
@@ -57,12 +62,14 @@ class PromptBuild:
     history: dict[str, Any] = field(default_factory=dict)
     #: the chain digest of the request (tools, render kwargs, messages): the key a later call matches against
     request_digest: bytes = b""
-    #: the length and digest of the plain render of the request, and of that render without its opening of the
-    #: turn to sample (what follows the last message's end token: the header and any prefill)
-    rendered_length: int = 0
-    rendered_digest: bytes = b""
+    #: the plain render of the request, and how many of its last tokens open the turn to sample (what follows the
+    #: last message's end token: the header and any prefill)
+    rendered: list[int] = field(default_factory=list)
     opening_length: int = 0
-    head_digest: bytes = b""
+
+    @property
+    def rendered_length(self) -> int:
+        return len(self.rendered)
 
 
 @dataclass(frozen=True)
@@ -72,14 +79,19 @@ class Turn:
     call_id: str
     prompt: tuple[int, ...]
     sampled: tuple[int, ...]
-    rendered_length: int
-    rendered_digest: bytes
+    #: the plain render of the request the turn answered (a later render must begin with it)
+    rendered: list[int]
     opening_length: int
-    head_digest: bytes
     #: the reply's visible text, reasoning and tool-call names (to check the re-rendered turn is this one)
     content: str
     reasoning: str
     tool_names: tuple[str, ...]
+    #: whether sampling stopped on its own (a stop token or a stop string) rather than at the completion budget
+    stopped: bool = True
+
+    @property
+    def rendered_length(self) -> int:
+        return len(self.rendered)
 
 
 @dataclass
@@ -88,26 +100,36 @@ class AgentHistory:
 
     turns: dict[tuple[bytes, bytes], Turn] = field(default_factory=dict)
     calls: int = 0
+    #: (chain digest, role, content) -> the chain digest after that plain text message: a conversation sends its
+    #: earlier messages again on every call, and their digests do not change
+    digests: dict[tuple[bytes, str, str], bytes] = field(default_factory=dict)
 
     def record(
-        self, build: PromptBuild, call_id: str, sampled: Sequence[int], reply: Mapping[str, Any]
+        self,
+        build: PromptBuild,
+        call_id: str,
+        sampled: Sequence[int],
+        reply: Mapping[str, Any],
+        *,
+        stop_reason: str = "stop",
+        prompt: tuple[int, ...] | None = None,
     ) -> None:
-        """Remember a recorded call so that a request repeating it reuses its tokens."""
+        """Remember a recorded call so that a request repeating it reuses its tokens (`prompt`: the call's prompt
+        tokens as a tuple already made, else made from the build)."""
         self.calls += 1
         if not build.request_digest:
             return
         key = (build.request_digest, _reply_digest(reply))
         self.turns[key] = Turn(
             call_id=call_id,
-            prompt=tuple(build.tokens),
+            prompt=tuple(build.tokens) if prompt is None else prompt,
             sampled=tuple(sampled),
-            rendered_length=build.rendered_length,
-            rendered_digest=build.rendered_digest,
+            rendered=build.rendered,
             opening_length=build.opening_length,
-            head_digest=build.head_digest,
             content=_text(reply.get("content")).strip(),
             reasoning=_reasoning(reply).strip(),
             tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
+            stopped=stop_reason != "length",
         )
 
     def match(self, chain: list[bytes], messages: Sequence[Mapping[str, Any]]) -> Turn | None:
@@ -138,16 +160,11 @@ def build_prompt(
 ) -> PromptBuild:
     """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them."""
     rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
-    chain = _chain(messages, tools, render_kwargs)
+    chain = _chain(messages, tools, render_kwargs, history.digests)
     ends = _end_ids(renderer)
     head = next((i + 1 for i in range(len(rendered) - 1, -1, -1) if rendered[i] in ends), 0)
     plain = PromptBuild(
-        rendered,
-        request_digest=chain[-1],
-        rendered_length=len(rendered),
-        rendered_digest=_token_digest(rendered),
-        opening_length=len(rendered) - head,
-        head_digest=_token_digest(rendered[:head]),
+        rendered, request_digest=chain[-1], rendered=rendered, opening_length=len(rendered) - head
     )
     if history.calls == 0:
         return _segment(plain, "first_call")
@@ -175,16 +192,18 @@ def _end_ids(renderer: Any) -> set[int]:
 
 def _splice(renderer: Any, turn: Turn, rendered: list[int], ends: set[int]) -> tuple[list[int] | None, str]:
     """The turn's prompt and sampled tokens followed by the part of `rendered` after the re-rendered turn."""
-    if not turn.sampled or turn.sampled[-1] not in renderer.stop_token_ids():
+    if not turn.sampled or not turn.stopped:
         return None, "truncated"
+    # A turn that ends on a stop token closes itself; one that stopped on a caller's stop string does not.
+    closed = turn.sampled[-1] in renderer.stop_token_ids()
     start = turn.rendered_length
     # The plain render of the new request must begin with the plain render the turn was sampled from: otherwise
     # the renderer writes the earlier history differently now, and the sampled turn cannot stand in it.
-    if len(rendered) <= start or _token_digest(rendered[:start]) != turn.rendered_digest:
+    if len(rendered) <= start or rendered[:start] != turn.rendered:
         # Either the earlier messages render differently now, or only the turn's opening does (the header and
         # prefill after the last message: an empty think block the template does not keep in history).
         head = start - turn.opening_length
-        if _token_digest(rendered[:head]) == turn.head_digest:
+        if rendered[:head] == turn.rendered[:head]:
             return None, "prefill_dropped"
         return None, "history_rerendered"
     # The re-rendered turn ends at an end token; the first one after which the rendered text holds the reply's
@@ -196,6 +215,13 @@ def _splice(renderer: Any, turn: Turn, rendered: list[int], ends: set[int]) -> t
             continue
         if turn.reasoning and turn.reasoning not in text:
             return None, "reasoning_dropped"
+        if not closed:
+            # Stopped on a stop string: the renderer's end of the turn follows the sampled tokens, as long as what
+            # it writes before that end is the sampled text itself (the tokens may differ, the text may not).
+            decode = renderer.tokenizer.decode
+            if str(decode(rendered[start:end])) != str(decode(list(turn.sampled))):
+                return None, "truncated"
+            return [*turn.prompt, *turn.sampled, *rendered[end:]], ""
         # A turn may close with several end tokens (DeepSeek: the calls' section end, then the end of sentence).
         while end + 1 < len(rendered) and rendered[end + 1] in ends:
             end += 1
@@ -228,20 +254,33 @@ def _segment(build: PromptBuild, reason: str, turn: Turn | None = None) -> Promp
 # ---- digests ------------------------------------------------------------------------------------------------
 
 
-def _token_digest(tokens: Sequence[int]) -> bytes:
-    return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
-
-
 def _chain(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     render_kwargs: Mapping[str, Any],
+    memo: dict[tuple[bytes, str, str], bytes] | None = None,
 ) -> list[bytes]:
-    """`chain[i]` = the digest of the tools, the render kwargs and `messages[:i]` (len(messages) + 1 entries)."""
+    """`chain[i]` = the digest of the tools, the render kwargs and `messages[:i]` (len(messages) + 1 entries).
+
+    `memo` remembers the digest after each plain text message (a dict of a string role and string content only,
+    whose form is exactly those two) by the digest before it: only the new messages of a conversation are hashed.
+    """
     digest = _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
     chain = [digest]
     for message in messages:
+        key: tuple[bytes, str, str] | None = None
+        if memo is not None and type(message) is dict and len(message) == 2:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and type(content) is str:
+                key = (digest, role, content)
+                known = memo.get(key)
+                if known is not None:
+                    digest = known
+                    chain.append(digest)
+                    continue
         digest = _digest(digest, _message_form(message))
+        if key is not None and memo is not None:
+            memo[key] = digest
         chain.append(digest)
     return chain
 

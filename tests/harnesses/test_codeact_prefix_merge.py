@@ -10,8 +10,10 @@ real Qwen3 tokenizer and the closing tag sampled in tokens a re-tokenization wou
 
 from __future__ import annotations
 
+import gc
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +103,7 @@ def test_turns_stopped_on_the_stop_string_merge_into_one_datum():
 
 
 @pytest.fixture(scope="module")
-def qwen3_tokenizer() -> Any:
+def qwen3_tokenizer() -> Iterator[Any]:
     from platoon.renderers.tokenizers import TokenizersTokenizer
 
     base = Path(os.environ.get("PLATOON_TEST_TOKENIZERS") or ROOT / ".cache" / "test-tokenizers")
@@ -110,7 +112,9 @@ def qwen3_tokenizer() -> Any:
         pytest.fail(
             f"the real Qwen3 tokenizer is not at {path}: run `uv run python scripts/fetch_test_tokenizers.py`"
         )
-    return TokenizersTokenizer.from_directory(path, name_or_path="Qwen/Qwen3-8B")
+    yield TokenizersTokenizer.from_directory(path, name_or_path="Qwen/Qwen3-8B")
+    # Collected now, not in some later test's gc.collect() (tests/core/renderers/test_encode_table.py counts).
+    gc.collect()
 
 
 def test_a_stop_string_sampled_in_unusual_tokens_still_merges(qwen3_tokenizer):

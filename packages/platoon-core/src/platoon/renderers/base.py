@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import json
 import logging
 import re
@@ -757,7 +758,7 @@ class Renderer(ABC):
     ) -> list[int]:
         """The generation prompt's token ids for OpenAI messages and OpenAI function tools."""
         messages = self.apply_tools(self.to_renderer_messages(openai_messages), tools)
-        return [token for chunk in self.generation_prompt_chunks(messages) for token in chunk]
+        return list(itertools.chain.from_iterable(self.generation_prompt_chunks(messages)))
 
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:
         """Read a completion (already cut after its first stop token) into content, reasoning and tool calls.

@@ -332,6 +332,9 @@ def _new_shell(namespace: Mapping[str, Any]) -> Any:
     config = Config()
     # History would open an sqlite file per shell (and keep it open); cells are recorded by the trajectory.
     config.HistoryManager.enabled = False
+    # The model reads a value's text only: computing HTML, Markdown, LaTeX, SVG, PNG, JSON, JavaScript and PDF
+    # forms of every cell's value as well would be paid per cell for nothing.
+    config.DisplayFormatter.active_types = ["text/plain"]
     saved = (sys.excepthook, sys.displayhook, sys.stdin)
     try:
         shell = _SHELL_CLASS(config=config, colors="nocolor")

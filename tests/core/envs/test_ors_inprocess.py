@@ -275,7 +275,10 @@ def test_the_python_scheme_resolves_through_its_entry_point(monkeypatch: pytest.
     factory = plugins.get_service(plugins.service_scheme("python://acme_guess_env:GuessEnv"))
     assert factory.name == "python"
     assert plugins.resolve_target(factory.factory) is InProcessOrsService
-    assert plugins.get_service_path_options("python://acme_guess_env:GuessEnv") == ()
+    # `log_dir` is the one path option: a config file's relative one is relative to that file's directory
+    assert [o.name for o in plugins.get_service_path_options("python://acme_guess_env:GuessEnv")] == [
+        "log_dir"
+    ]
     service = plugins.resolve_target(factory.factory)("python://acme_guess_env:GuessEnv", split="test")
     assert run(service.list_tasks("test")) == ["test:0"]
 

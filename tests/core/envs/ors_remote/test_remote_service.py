@@ -6,6 +6,7 @@ and no session left open on a server afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
@@ -298,3 +299,75 @@ def test_a_mixture_may_not_reach_one_server_under_two_names_without_a_variant():
         "environments.1.service: 'Two' and environments.0's 'One' reach http://b:2 without ?variant=, so both "
         "would get its default environment: name each with ?variant=<name>"
     ]
+
+
+# -- the bridge: the event log and the bridge tools (harness.md 7.6) ----------------------------------------------------
+
+
+def bridge_log(directory: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    lines = (directory / "bridge_events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines], json.loads((directory / "bridge_state.json").read_text())
+
+
+def test_a_remote_episode_writes_the_bridge_log_and_answers_the_bridge_tools(servers, tmp_path):
+    log_dir = tmp_path / "bridge"
+    run = run_episode(
+        "train:0",
+        service=remote(servers[0]),
+        service_kwargs={"log_dir": str(log_dir), "bridge_tools": True},
+        harness="platoon-react",
+        policy=ScriptedPolicy(binary_search),
+        output_dir=tmp_path / "out",
+    )
+    assert run.reward == 1.0
+    turns = len(run.policy.calls)
+    (directory,) = log_dir.iterdir()
+    records, state = bridge_log(directory)
+    assert [r["type"] for r in records] == [
+        "session_started",
+        "task_requested",
+        *["tool_call", "tool_result"] * turns,
+        "session_closing",
+    ]
+    assert records[0]["payload"]["server"] == servers[0].url
+    assert [r["turn"] for r in records if r["type"] == "tool_call"] == list(range(1, turns + 1))
+    assert records[-2]["payload"]["finished"] is True and records[-2]["payload"]["reward"] == 1.0
+    assert (state["turn"], state["finished"], state["last_reward"]) == (turns, True, 1.0)
+    assert state["session"] == records[0]["session"]
+
+    # Directly: the bridge tools are listed read-only and answer; a fresh fork shares the log on the same server.
+    service = RemoteOrsService(remote(servers[1]), log_dir=str(log_dir), bridge_tools=True)
+
+    async def go() -> tuple[Any, ...]:
+        session = await service.open(await service.get_task("train:1"), rollout_id="direct")
+        tools = [(t.name, t.read_only) for t in await session.tools()]
+        await session.call_tool("guess", {"number": -5})
+        status = json.loads((await session.call_tool("get_status", {})).as_text())
+        task = json.loads((await session.call_tool("get_task", {})).as_text())
+        fresh = await session.fork("fresh")
+        await fresh.close()
+        await session.close()
+        return tools, status, task, session.env.sid
+
+    tools, status, task, sid = asyncio.run(go())
+    assert tools == [("guess", False), ("get_task", True), ("get_status", True)]
+    assert (status["session"], status["turn"], status["finished"]) == (sid, 1, False)
+    assert [t["function"]["name"] for t in task["tools"]] == ["guess", "get_task", "get_status"]
+    assert "between" in task["prompt"] and task["completion_policy"]["mode"] in (
+        "claim_done",
+        "submit_answer",
+    )
+    records, state = bridge_log(log_dir / "direct")
+    assert [r["type"] for r in records if r["session"] == sid] == [
+        "session_started",
+        "task_requested",
+        "tool_call",
+        "tool_result",
+        "task_requested",
+        "session_closing",
+    ]
+    forked = [r for r in records if r["session"] != sid]
+    assert forked[0]["payload"]["fork"] == "fresh" and forked[0]["payload"]["parent"] == sid
+    assert forked[0]["payload"]["server"] == servers[1].url
+    assert state["session"] == sid and state["turn"] == 1
+    assert servers[0].open_sessions() + servers[1].open_sessions() == 0

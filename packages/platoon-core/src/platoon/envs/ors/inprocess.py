@@ -28,7 +28,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
+from platoon.config.paths import PathOption
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed, OpClass
+from platoon.envs.ors import bridge
 from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
 from platoon.harness.agent import FINAL_ANSWER_META_KEY
 from platoon.task import Task
@@ -53,8 +55,6 @@ _REMOTE_ONLY = (
     "legacy_global_pool",
     "env_class",
     "tool_routing_overrides",
-    "bridge_tools",
-    "log_dir",
 )
 _TASK_NAME_KEYS = ("task_name", "id", "task_id", "name")
 _TOOL_ERROR_KEY = "openhands.dev/tool-error"
@@ -370,6 +370,8 @@ def _options(
     queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S,
     tool_meta: Mapping[str, Mapping[str, Any]] | None = None,
     result_format: str = "blocks",
+    bridge_tools: bool = False,
+    log_dir: str | None = None,
     close_timeout_s: float = 30.0,
     secrets: Mapping[str, str] | None = None,
     prompt_filter: Callable[[str], str] | str | None = None,
@@ -393,7 +395,8 @@ class InProcessOrsService:
     apply in process); any other is refused naming them.
     """
 
-    path_options: tuple[str, ...] = ()
+    #: a relative `log_dir` a config file writes is relative to that file's directory
+    path_options: tuple[PathOption, ...] = (PathOption("log_dir", written=True),)
 
     def __init__(self, service: str | type, /, **options: Any) -> None:
         for key in options:
@@ -442,6 +445,7 @@ class InProcessOrsService:
                 f"{where}: close_timeout_s must be a positive number; got {o['close_timeout_s']!r}"
             )
         self.close_timeout_s = close_timeout
+        self.log_dir, self.bridge_tools = bridge.bridge_options(o["log_dir"], o["bridge_tools"], where)
         secrets = o["secrets"] or {}
         if not isinstance(secrets, Mapping):
             raise ValueError(f"{where}: secrets must be a mapping of names to strings")
@@ -561,9 +565,16 @@ class InProcessOrsService:
     # -- sessions --------------------------------------------------------------------------------------------
 
     async def open(
-        self, task: Task, *, rollout_id: str, needs: SessionNeeds | None = None
+        self,
+        task: Task,
+        *,
+        rollout_id: str,
+        needs: SessionNeeds | None = None,
+        forked_from: str | None = None,
     ) -> InProcessOrsSession:
-        """Construct the environment for `task`, run `setup`, fetch the prompt (failures: `EnvSetupError`)."""
+        """Construct the environment for `task`, run `setup`, fetch the prompt (failures: `EnvSetupError`).
+
+        `forked_from`: the session a `fresh` fork is taken from (named in the event log)."""
         try:
             split, index = self._task_position(task)
             spec = copy.deepcopy(dict((await self._specs(split))[index]))
@@ -604,6 +615,8 @@ class InProcessOrsService:
         if task.goal is None and instruction:
             task = dataclasses.replace(task, goal=instruction)
         log.debug("ors session opened: %s (rollout %s)", label, rollout_id)
+        fork = {"fork": "fresh", "parent": forked_from} if forked_from else {}
+        lease.start_bridge(rollout_id, task, instruction, **fork)
         return InProcessOrsSession(lease, task, instruction, blocks, rollout_id)
 
     def _task_position(self, task: Task) -> tuple[str, int]:
@@ -801,6 +814,9 @@ class _Lease:
         self.ending_in_flight = 0
         self.sync_work: set[asyncio.Future[None]] = set()
         self._closing: asyncio.Task[None] | None = None
+        #: the event log (`log_dir`) this lease writes under `session_id`, None without one
+        self.bridge: bridge.BridgeLog | None = None
+        self.session_id = ""
 
     @property
     def table(self) -> _ToolTable:
@@ -815,6 +831,60 @@ class _Lease:
         self.last_reward, self.turns = other.last_reward, other.turns
         self.infra, self.tool_errors = list(other.infra), list(other.tool_errors)
         self.tools = other.tools
+
+    # -- the event log (harness.md 7.6) ------------------------------------------------------------------------
+
+    def start_bridge(
+        self, rollout_id: str, task: Task, instruction: str | None, *, sid: str | None = None, **about: Any
+    ) -> None:
+        """Open the rollout's event log (with `log_dir`) and record the session's start and its task."""
+        self.session_id = sid or bridge.session_id()
+        log_dir = self.service.log_dir
+        if log_dir is None:
+            return
+        try:
+            self.bridge = bridge.open_bridge_log(log_dir, rollout_id)
+        except OSError as exc:  # the log is an aid: an unwritable directory must not fail the episode
+            log.warning("%s: no bridge event log under %s: %s", self.label, log_dir, exc)
+            return
+        self.note(
+            "session_started",
+            {"service": self.service.name, "label": self.label, "task_id": task.id, "rollout_id": rollout_id}
+            | about,
+        )
+        self.note("task_requested", {"via": "open", "task_id": task.id, "prompt": instruction})
+        self.save_state()
+
+    def note(self, kind: str, payload: Mapping[str, Any], turn: int | None = None) -> None:
+        if self.bridge is not None:
+            self.bridge.event(kind, self.session_id, self.turns if turn is None else turn, payload)
+
+    def status(self) -> dict[str, Any]:
+        cap = self.service.max_tool_calls
+        return {
+            "turn": self.turns,
+            "finished": self.finished,
+            "last_reward": self.last_reward,
+            "max_tool_calls": cap,
+            "tool_calls_left": max(cap - self.turns, 0) if cap else None,
+            "cap_hit": self.cap_hit,
+            "closed": self.closed,
+        }
+
+    def save_state(self) -> None:
+        if self.bridge is not None:
+            self.bridge.state(self.session_id, self.status())
+
+    def not_run(self, name: str, result: ToolResult) -> ToolResult:
+        """Log a refused call (`tool_not_run`, or `max_tool_calls_exceeded`) and hand its result back."""
+        if self.bridge is not None:
+            code = result.metadata.get("error")
+            kind = "max_tool_calls_exceeded" if code == "max_tool_calls_exceeded" else "tool_not_run"
+            self.note(kind, {"name": name, "code": code, "text": result.as_text()})
+            self.save_state()
+        return result
+
+    # -- calls -------------------------------------------------------------------------------------------------
 
     def refusal(self) -> ToolResult | None:
         """Why a call may not run now (not counted), or None."""
@@ -836,7 +906,21 @@ class _Lease:
         return None
 
     async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run an admitted call (`_execute`), logging it."""
         # Refusals are checked again once admitted: the call we queued behind may have ended the episode.
+        refused = self.refusal()
+        if refused is not None:
+            return self.not_run(name, refused)
+        turn = self.turns + 1  # `_execute` counts it before its first await
+        self.note("tool_call", {"name": name, "arguments": arguments}, turn)
+        result = await self._execute(name, arguments)
+        if self.bridge is not None:
+            kind = "tool_error" if result.is_error else "tool_result"
+            self.note(kind, bridge.result_payload(name, result), turn)
+            self.save_state()
+        return result
+
+    async def _execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         refused = self.refusal()
         if refused is not None:
             return refused
@@ -957,8 +1041,18 @@ class _Lease:
         if self._closing is None:
             self.closed = True
             # A task, shielded: cancelling the caller must not cut the drain and teardown short.
-            self._closing = asyncio.ensure_future(self._close())
+            self._closing = asyncio.ensure_future(self._close_logged())
         await asyncio.shield(self._closing)
+
+    async def _close_logged(self) -> None:
+        self.note("session_closing", {"tool_errors": len(self.tool_errors), "infra": list(self.infra)})
+        try:
+            await self._close()
+        finally:
+            if self.bridge is not None:
+                self.save_state()
+                self.bridge.release()
+                self.bridge = None
 
     async def _close(self) -> None:
         timeout = self.service.close_timeout_s
@@ -1064,7 +1158,14 @@ class InProcessOrsSession:
         return self._lease.finished
 
     async def tools(self) -> list[ToolSpec]:
-        """Every tool, the SDK's `@terminal` one included (harnesses keep that one from the model, not here)."""
+        """Every tool, the SDK's `@terminal` one included (harnesses keep that one from the model, not here), and
+        the read-only bridge tools with `bridge_tools: true`."""
+        listed = await self._env_tools()
+        if not self._lease.service.bridge_tools:
+            return listed
+        return listed + bridge.bridge_tool_specs([t.name for t in listed])
+
+    async def _env_tools(self) -> list[ToolSpec]:
         lease = self._lease
         if lease.tools is None:
             service = lease.service
@@ -1080,17 +1181,24 @@ class InProcessOrsSession:
         self, name: str, arguments: Mapping[str, Any], *, on_behalf_of: str | None = None
     ) -> ToolResult:
         """Run a tool; refusals, bad calls and tool failures come back as error results."""
-        if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
-            return _error(
-                f"Invalid arguments: give a JSON object with string keys; got {type(arguments).__name__}.",
-                "invalid_arguments",
-            )
         lease = self._lease
+        if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
+            return lease.not_run(
+                name,
+                _error(
+                    f"Invalid arguments: give a JSON object with string keys; got {type(arguments).__name__}.",
+                    "invalid_arguments",
+                ),
+            )
         if self._closed:
-            return _error("Not run: this session view is closed.", "session_closed")
+            return lease.not_run(name, _error("Not run: this session view is closed.", "session_closed"))
+        if name in bridge.BRIDGE_TOOLS and lease.service.bridge_tools:
+            listed = await self._env_tools()
+            if name not in {t.name for t in listed}:  # the environment's own tool of that name wins
+                return self._bridge_tool(name, listed)
         refused = lease.refusal()
         if refused is not None:
-            return refused
+            return lease.not_run(name, refused)
         args = dict(arguments)
         try:
             return await lease.gate.run(
@@ -1101,9 +1209,29 @@ class InProcessOrsSession:
             )
         except EnvBusy as exc:
             log.info("%s: %s", lease.label, exc)
-            return _error(f"Not run: env busy ({exc}). This call does not count; try again.", "env_busy")
+            return lease.not_run(
+                name, _error(f"Not run: env busy ({exc}). This call does not count; try again.", "env_busy")
+            )
         except GateClosed:
-            return _error("Not run: the environment session is closed.", "session_closed")
+            return lease.not_run(
+                name, _error("Not run: the environment session is closed.", "session_closed")
+            )
+
+    def _bridge_tool(self, name: str, listed: list[ToolSpec]) -> ToolResult:
+        """`get_task` / `get_status`: answered from platoon's state, never the environment's; not counted."""
+        lease = self._lease
+        if name == "get_status":
+            return bridge.answer({"session": lease.session_id, **lease.status()})
+        lease.note("task_requested", {"via": "get_task", "task_id": self._task.id})
+        tools = listed + bridge.bridge_tool_specs([t.name for t in listed])
+        return bridge.answer(
+            {
+                "task_id": self._task.id,
+                "prompt": self._instruction,
+                "tools": [t.as_openai_tool() for t in tools],
+                "completion_policy": bridge.completion_policy(listed),
+            }
+        )
 
     async def grade(self) -> Outcome:
         """The outcome, failing closed; never raises."""
@@ -1121,7 +1249,9 @@ class InProcessOrsSession:
         if lease.closed or self._closed:
             raise EnvSetupError("env_setup", f"{lease.label}: cannot fork a closed session")
         if mode is ForkMode.FRESH:
-            return await lease.service.open(task or self._task, rollout_id=self._rollout_id)
+            return await lease.service.open(
+                task or self._task, rollout_id=self._rollout_id, forked_from=lease.session_id
+            )
         if mode is ForkMode.COPY:
             return await self._copy(task)
         hook = getattr(lease.env, "platoon_fork", None)
@@ -1132,6 +1262,9 @@ class InProcessOrsSession:
             )
             child = _Lease(lease.service, child_env, child_spec, lease.gate, lease.label, parent=lease)
             lease.refs += 1  # the child keeps its parent alive until it closes
+            child.start_bridge(
+                self._rollout_id, task, task.goal, fork="shared (platoon_fork)", parent=lease.session_id
+            )
             return InProcessOrsSession(child, task, task.goal, self.prompt_blocks, self._rollout_id)
         lease.refs += 1
         return InProcessOrsSession(
@@ -1157,6 +1290,9 @@ class InProcessOrsSession:
         gate = Gate(queue_timeout_s=service.queue_timeout_s, name=f"{lease.label} (copy)")
         copied = _Lease(service, twin, copy.deepcopy(lease.spec), gate, f"{lease.label} (copy)")
         copied.copy_accounting(lease)
+        copied.start_bridge(
+            self._rollout_id, task or self._task, self._instruction, fork="copy", parent=lease.session_id
+        )
         return InProcessOrsSession(
             copied, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
         )

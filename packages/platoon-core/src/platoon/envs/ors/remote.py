@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
+from platoon.envs.ors import bridge
 from platoon.envs.ors.inprocess import (
     _ROUTING_KEY,
     _TERMINAL_META_KEY,
@@ -382,8 +383,6 @@ def _positive(value: Any, what: str, *, none_ok: bool = False) -> float | None:
 class RemoteOrsService(InProcessOrsService):
     """The `ors+http(s)://` service: tasks and sessions of an environment served by ORS servers."""
 
-    path_options: tuple[str, ...] = ()
-
     def __init__(self, service: str, /, **options: Any) -> None:
         for key in options:
             if key not in _KNOWN:
@@ -453,9 +452,7 @@ class RemoteOrsService(InProcessOrsService):
                 f"{where}: result_format must be 'blocks' or 'bridge_json'; got {o['result_format']!r}"
             )
         self.result_format: str = o["result_format"]
-        for option in ("bridge_tools", "log_dir"):
-            if o[option] not in (None, False):
-                raise ValueError(f"{where}: {option} is not supported by this build's remote ORS service")
+        self.log_dir, self.bridge_tools = bridge.bridge_options(o["log_dir"], o["bridge_tools"], where)
         self.close_timeout_s = _positive(o["close_timeout_s"], f"{where}: close_timeout_s") or 30.0
         self.connect_timeout_s = _positive(o["connect_timeout_s"], f"{where}: connect_timeout_s") or 10.0
         self.call_timeout_s = _positive(o["call_timeout_s"], f"{where}: call_timeout_s", none_ok=True)
@@ -708,9 +705,17 @@ class RemoteOrsService(InProcessOrsService):
     # -- sessions ------------------------------------------------------------------------------------------------
 
     async def open(
-        self, task: Task, *, rollout_id: str, needs: SessionNeeds | None = None, server: str | None = None
+        self,
+        task: Task,
+        *,
+        rollout_id: str,
+        needs: SessionNeeds | None = None,
+        server: str | None = None,
+        forked_from: str | None = None,
     ) -> RemoteOrsSession:
-        """Open a session on the rollout's server (or `server`), fetch the prompt (failures: `EnvSetupError`)."""
+        """Open a session on the rollout's server (or `server`), fetch the prompt (failures: `EnvSetupError`).
+
+        `forked_from`: the session a `fresh` fork is taken from (named in the event log)."""
         try:
             split, index = self._task_position(task)
         except ValueError as exc:
@@ -777,6 +782,8 @@ class RemoteOrsService(InProcessOrsService):
         if task.goal is None and instruction:
             task = dataclasses.replace(task, goal=instruction)
         log.debug("ors session opened: %s on %s (rollout %s)", label, url, rollout_id)
+        fork = {"fork": "fresh", "parent": forked_from} if forked_from else {}
+        lease.start_bridge(rollout_id, task, instruction, sid=str(sdk_session.sid), server=url, **fork)
         return RemoteOrsSession(lease, task, instruction, blocks, rollout_id)
 
     def table_for(self, server: str, listing: Sequence[Any], terminal: Any) -> _ToolTable:
@@ -1011,7 +1018,7 @@ class _RemoteLease(_Lease):
             return _error(f"Not run: the environment session is over ({self.dead}).", "session_dead")
         return super().refusal()
 
-    async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def _execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         from openreward.api.errors import ToolCallError, ToolFailed
 
         refused = self.refusal()
@@ -1124,7 +1131,7 @@ class RemoteOrsSession(InProcessOrsSession):
         """The SDK's session object (for tests and debugging)."""
         return self._lease.env
 
-    async def tools(self) -> list[ToolSpec]:
+    async def _env_tools(self) -> list[ToolSpec]:
         lease = self._lease
         if lease.tools is None:
             service = lease.service
@@ -1157,7 +1164,9 @@ class RemoteOrsSession(InProcessOrsSession):
             await self.tools()
         if self._lease._table is None:
             reason = self._lease.dead or "the session is closed"
-            return _error(f"Not run: the environment session is over ({reason}).", "session_dead")
+            return self._lease.not_run(
+                name, _error(f"Not run: the environment session is over ({reason}).", "session_dead")
+            )
         return await super().call_tool(name, arguments, on_behalf_of=on_behalf_of)
 
     async def fork(
@@ -1174,7 +1183,10 @@ class RemoteOrsSession(InProcessOrsSession):
             )
         if mode is ForkMode.FRESH:
             return await lease.service.open(
-                task or self._task, rollout_id=self._rollout_id, server=lease.server
+                task or self._task,
+                rollout_id=self._rollout_id,
+                server=lease.server,
+                forked_from=lease.session_id,
             )
         lease.refs += 1
         return RemoteOrsSession(

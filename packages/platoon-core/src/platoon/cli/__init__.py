@@ -79,9 +79,9 @@ def _run(args: list[str]) -> int:
 
     if args and args[0] == "viz":
         # The trajectory viewer parses its own arguments.
-        from platoon.cli.pending import viz
+        from platoon.viz.cli import main as viz_main
 
-        return viz(args[1:])
+        return viz_main(args[1:], prog="platoon viz")
 
     from typer import Abort, Exit
     from typer._click.exceptions import ClickException, UsageError

@@ -13,7 +13,7 @@ import typer
 from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
-from platoon.cli import components, config, extensions, pending, plot, rollout, root, tinker, train
+from platoon.cli import components, config, extensions, plot, prepare, rollout, root, tinker, train
 from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
 from platoon.errors import ExtensionError
@@ -105,7 +105,7 @@ def build_app() -> typer.Typer:
     app.command("train", short_help=line["train"])(train.train)
     app.command("eval", short_help=line["eval"])(eval_command.eval_)
     app.command("rollout", short_help=line["rollout"])(rollout.rollout)
-    app.command("prepare", short_help=line["prepare"])(pending.prepare)
+    app.command("prepare", short_help=line["prepare"])(prepare.prepare)
     app.command("plot", short_help=line["plot"])(plot.plot)
     app.add_typer(config.app, name="config", short_help=line["config"])
     app.add_typer(components.harness_app, name="harness", short_help=line["harness"])
@@ -126,7 +126,9 @@ def build_app() -> typer.Typer:
 
 def _viz_placeholder() -> int:
     # `main` hands `viz` to the viewer before typer parses; this entry only lists the command in --help.
-    return pending.viz([])
+    from platoon.viz.cli import main as viz_main
+
+    return viz_main([], prog="platoon viz")
 
 
 def build_command() -> _click.Command:

@@ -34,7 +34,7 @@ def eval_(
     import sys
 
     from platoon.cli.config import deprecation_lines
-    from platoon.cli.pending import prepare_first
+    from platoon.cli.prepare import prepare_first
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.eval.config_defs import PlatoonEvalConfig

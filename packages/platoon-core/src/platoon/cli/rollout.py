@@ -45,7 +45,7 @@ def rollout(
     import sys
 
     from platoon.cli.config import deprecation_lines
-    from platoon.cli.pending import prepare_first
+    from platoon.cli.prepare import prepare_first
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.errors import ConfigError

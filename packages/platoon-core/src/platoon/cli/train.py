@@ -36,7 +36,7 @@ def train(
     import threading
 
     from platoon.cli.config import deprecation_lines
-    from platoon.cli.pending import prepare_first
+    from platoon.cli.prepare import prepare_first
     from platoon.config import load_config
     from platoon.config.site import describe_site
     from platoon.config.training import PlatoonTinkerRLTrainerConfig

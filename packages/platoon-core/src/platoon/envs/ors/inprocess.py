@@ -57,10 +57,10 @@ _REMOTE_ONLY = (
     "tool_routing_overrides",
 )
 _TASK_NAME_KEYS = ("task_name", "id", "task_id", "name")
-_TOOL_ERROR_KEY = "openhands.dev/tool-error"
+TOOL_ERROR_KEY = "openhands.dev/tool-error"
 #: the SDK `@terminal` tool's descriptor: the tool harnesses keep from the model and hand the final reply to
-_TERMINAL_META_KEY = FINAL_ANSWER_META_KEY
-_ROUTING_KEY = "x-openhands-tool-routing"
+TERMINAL_META_KEY = FINAL_ANSWER_META_KEY
+ROUTING_KEY = "x-openhands-tool-routing"
 
 # The set of still-running sync environment calls of the lease whose code is running, so teardown can wait for them.
 _SYNC_WORK: contextvars.ContextVar[set[asyncio.Future[None]] | None] = contextvars.ContextVar(
@@ -289,13 +289,13 @@ def load_env_class(service: str | type) -> type:
 # -- small helpers -----------------------------------------------------------------------------------------------
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
 
 
-def _names(value: Any, what: str) -> set[str]:
+def name_set(value: Any, what: str) -> set[str]:
     if value is None:
         return set()
     if callable(value):
@@ -312,12 +312,12 @@ def _class_hook(cls: type, attr: str) -> Any:
     return value() if callable(value) else value
 
 
-def _strip_titles(schema: Any) -> Any:
+def strip_titles(schema: Any) -> Any:
     # Pydantic's generated titles are noise to a model; a property *named* "title" maps to a schema, not a string.
     if isinstance(schema, Mapping):
-        return {k: _strip_titles(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+        return {k: strip_titles(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
     if isinstance(schema, list):
-        return [_strip_titles(v) for v in schema]
+        return [strip_titles(v) for v in schema]
     return schema
 
 
@@ -328,7 +328,7 @@ def _block_dict(block: Any) -> dict[str, Any]:
     return dumped
 
 
-def _prompt_text(blocks: Iterable[dict[str, Any]]) -> str:
+def join_prompt_text(blocks: Iterable[dict[str, Any]]) -> str:
     parts = []
     for block in blocks:
         if block.get("type", "text") == "text":
@@ -338,13 +338,13 @@ def _prompt_text(blocks: Iterable[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _error(text: str, code: str, **metadata: Any) -> ToolResult:
+def error_result(text: str, code: str, **metadata: Any) -> ToolResult:
     result = ToolResult.text(text, is_error=True)
     result.metadata = {"error": code, **metadata}
     return result
 
 
-def _resolve_callable(value: Any, what: str) -> Callable[[str], str] | None:
+def resolve_callable(value: Any, what: str) -> Callable[[str], str] | None:
     if value is None or callable(value):
         return value
     if isinstance(value, str):
@@ -439,7 +439,7 @@ class InProcessOrsService:
             raise ValueError(
                 f"{where}: result_format {o['result_format']!r} is not served in process; use 'blocks'"
             )
-        close_timeout = _number(o["close_timeout_s"])
+        close_timeout = as_number(o["close_timeout_s"])
         if close_timeout is None or close_timeout <= 0:
             raise ValueError(
                 f"{where}: close_timeout_s must be a positive number; got {o['close_timeout_s']!r}"
@@ -450,18 +450,18 @@ class InProcessOrsService:
         if not isinstance(secrets, Mapping):
             raise ValueError(f"{where}: secrets must be a mapping of names to strings")
         self._secrets = {str(k): str(v) for k, v in secrets.items()}
-        self.prompt_filter = _resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
+        self.prompt_filter = resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
         tool_meta = o["tool_meta"] or {}
         if not isinstance(tool_meta, Mapping) or not all(isinstance(v, Mapping) for v in tool_meta.values()):
             raise ValueError(f"{where}: tool_meta must map tool names to mappings")
         self._learned_terminal: set[str] = set()
         self._splits: list[str] | None = None
-        self._tools = _ToolTable(
+        self._tools = ToolTable(
             self.env_class,
-            terminal=_names(o["terminal_tools"], "terminal_tools"),
+            terminal=name_set(o["terminal_tools"], "terminal_tools"),
             terminal_given=o["terminal_tools"] is not None,
-            read_only=_names(o["read_only_tools"], "read_only_tools"),
-            concurrent=_names(o["concurrent_tools"], "concurrent_tools"),
+            read_only=name_set(o["read_only_tools"], "read_only_tools"),
+            concurrent=name_set(o["concurrent_tools"], "concurrent_tools"),
             meta=tool_meta,
             where=where,
         )
@@ -494,19 +494,19 @@ class InProcessOrsService:
                 )
             indices = list(self.task_indices)
         elif split == self.split and self.task_names is not None:
-            by_name = {_task_name(spec, i): i for i, spec in enumerate(specs)}
+            by_name = {spec_task_name(spec, i): i for i, spec in enumerate(specs)}
             missing = [n for n in self.task_names if n not in by_name]
             if missing:
                 raise ValueError(
                     f"{self.name}: task_names not in split {split!r}: {', '.join(map(repr, missing[:5]))}"
                 )
             wanted = set(self.task_names)
-            indices = [i for i in indices if _task_name(specs[i], i) in wanted]
+            indices = [i for i in indices if spec_task_name(specs[i], i) in wanted]
         return [f"{split}:{i}" for i in indices]
 
     async def list_task_names(self, split: str) -> dict[str, str]:
         """Every task of `split` (not narrowed): id -> name."""
-        return {f"{split}:{i}": _task_name(spec, i) for i, spec in enumerate(await self._specs(split))}
+        return {f"{split}:{i}": spec_task_name(spec, i) for i, spec in enumerate(await self._specs(split))}
 
     async def get_task(self, task_id: str) -> Task:
         split, index = await self._locate(task_id)
@@ -514,7 +514,7 @@ class InProcessOrsService:
         goal = spec.get("goal")
         misc_spec = spec.get("misc")
         misc = dict(misc_spec) if isinstance(misc_spec, Mapping) else {}
-        misc["ors"] = {"split": split, "index": index, "name": _task_name(spec, index)}
+        misc["ors"] = {"split": split, "index": index, "name": spec_task_name(spec, index)}
         # The spec's max_steps is the environment's business: budgets come from the config.
         return Task(goal=goal if isinstance(goal, str) else None, id=f"{split}:{index}", misc=misc)
 
@@ -531,7 +531,7 @@ class InProcessOrsService:
                 raise ValueError(f"{self.name} has no task {task_id!r}: split {split!r} has {count} tasks")
             return split, index
         for i, spec in enumerate(await self._specs(self.split)):
-            if _task_name(spec, i) == task_id:
+            if spec_task_name(spec, i) == task_id:
                 return self.split, i
         raise ValueError(
             f"{self.name} has no task {task_id!r}: give <split>:<index> or a task name of split {self.split!r}"
@@ -599,7 +599,7 @@ class InProcessOrsService:
                 ) from exc
             try:
                 blocks = [_block_dict(b) for b in await _call(env.get_prompt)]
-                text = _prompt_text(blocks)
+                text = join_prompt_text(blocks)
                 if self.prompt_filter is not None:
                     text = str(self.prompt_filter(text))
             except Exception as exc:
@@ -609,7 +609,7 @@ class InProcessOrsService:
                 ) from exc
         finally:
             _SYNC_WORK.reset(token)
-        lease = _Lease(self, env, spec, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label)
+        lease = Lease(self, env, spec, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label)
         lease.sync_work = tracker
         instruction = text or task.goal
         if task.goal is None and instruction:
@@ -653,7 +653,7 @@ setattr(  # noqa: B010
 )
 
 
-def _task_name(spec: Mapping[str, Any], index: int) -> str:
+def spec_task_name(spec: Mapping[str, Any], index: int) -> str:
     for key in _TASK_NAME_KEYS:
         value = spec.get(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
@@ -673,7 +673,7 @@ async def _teardown(env: Any, timeout_s: float, label: str) -> None:
 # -- tools -------------------------------------------------------------------------------------------------------
 
 
-class _ToolTable:
+class ToolTable:
     """The class's tools with platoon's hints: terminal, read-only, call class, meta."""
 
     def __init__(
@@ -702,19 +702,19 @@ class _ToolTable:
             specs.append((term.name, term.description or (fn.__doc__ or "").strip(), schema))
         names = {name for name, _, _ in specs}
         class_terminal = _class_hook(cls, "platoon_terminal_tools")
-        declared_terminal = set(terminal) | _names(class_terminal, "platoon_terminal_tools")
+        declared_terminal = set(terminal) | name_set(class_terminal, "platoon_terminal_tools")
         if term is not None:
             declared_terminal.add(term.name)
         for name in names:
             if getattr(getattr(cls, name), "_env_tool_exclusive", False):
                 declared_terminal.add(name)
-        concurrent_names = set(concurrent) | _names(
+        concurrent_names = set(concurrent) | name_set(
             _class_hook(cls, "platoon_concurrent_tools"), "platoon_concurrent_tools"
         )
         for name in names:
             if getattr(getattr(cls, name), "_env_tool_concurrent", False):
                 concurrent_names.add(name)
-        read_only_names = set(read_only) | _names(
+        read_only_names = set(read_only) | name_set(
             _class_hook(cls, "platoon_read_only_tools"), "platoon_read_only_tools"
         )
         for option, given in (
@@ -740,9 +740,9 @@ class _ToolTable:
             merged.update(class_meta.get(name) or {})
             merged.update(meta.get(name) or {})
             if term is not None and name == term.name:
-                merged[_TERMINAL_META_KEY] = {"arg": term.arg}
-            if isinstance(schema, Mapping) and _ROUTING_KEY in schema:
-                merged[_ROUTING_KEY] = schema[_ROUTING_KEY]
+                merged[TERMINAL_META_KEY] = {"arg": term.arg}
+            if isinstance(schema, Mapping) and ROUTING_KEY in schema:
+                merged[ROUTING_KEY] = schema[ROUTING_KEY]
             annotations = merged.get("annotations")
             says_read_only = bool(
                 merged.get("platoon.dev/read-only")
@@ -751,7 +751,7 @@ class _ToolTable:
             )
             if name not in declared_terminal and (name in read_only_names or says_read_only):
                 self.read_only.add(name)
-            self.specs[name] = (description, _strip_titles(schema), merged)
+            self.specs[name] = (description, strip_titles(schema), merged)
         self.concurrent = concurrent_names - declared_terminal
 
     def listing(self, learned: set[str]) -> list[ToolSpec]:
@@ -780,7 +780,7 @@ class _ToolTable:
 # -- leases and sessions -----------------------------------------------------------------------------------------
 
 
-class _Lease:
+class Lease:
     """One live environment instance and its accounting, shared by every session view forked `shared`."""
 
     def __init__(
@@ -791,7 +791,7 @@ class _Lease:
         gate: Gate,
         label: str,
         *,
-        parent: _Lease | None = None,
+        parent: Lease | None = None,
     ) -> None:
         self.service = service
         self.env = env
@@ -819,14 +819,14 @@ class _Lease:
         self.session_id = ""
 
     @property
-    def table(self) -> _ToolTable:
+    def table(self) -> ToolTable:
         return self.service._tools
 
     def may_end(self, name: str) -> bool:
         declared = self.table.declared_terminal
         return name in declared if declared else True
 
-    def copy_accounting(self, other: _Lease) -> None:
+    def copy_accounting(self, other: Lease) -> None:
         self.finished, self.terminal, self.cap_hit = other.finished, other.terminal, other.cap_hit
         self.last_reward, self.turns = other.last_reward, other.turns
         self.infra, self.tool_errors = list(other.infra), list(other.tool_errors)
@@ -889,9 +889,9 @@ class _Lease:
     def refusal(self) -> ToolResult | None:
         """Why a call may not run now (not counted), or None."""
         if self.closed:
-            return _error("Not run: the environment session is closed.", "session_closed")
+            return error_result("Not run: the environment session is closed.", "session_closed")
         if self.finished:
-            return _error(
+            return error_result(
                 "Not run: the episode has already finished; no further tool calls are accepted.",
                 "environment_already_finished",
             )
@@ -899,7 +899,7 @@ class _Lease:
         if cap and self.turns >= cap:
             self.finished = True
             self.cap_hit = True
-            return _error(
+            return error_result(
                 f"Not run: the limit of {cap} tool calls is reached; the episode is over.",
                 "max_tool_calls_exceeded",
             )
@@ -932,7 +932,7 @@ class _Lease:
         try:
             out = await self.env._call_tool(name, arguments)
         except InvalidCall as exc:
-            return _error(str(exc) or f"Invalid call to {name!r}.", "invalid_call")
+            return error_result(str(exc) or f"Invalid call to {name!r}.", "invalid_call")
         except Exception as exc:
             what = f"{type(exc).__name__}: {exc}"
             if ending:
@@ -940,25 +940,25 @@ class _Lease:
                 # terminal tool any tool may be the submit, so the failure decides, not a declaration.
                 kind = "terminal tool" if name in self.table.declared_terminal else "tool"
                 self.infra.append(f"{kind} {name!r} raised {what}")
-                return _error(f"Tool {name!r} failed in the environment ({what}).", "env_error")
+                return error_result(f"Tool {name!r} failed in the environment ({what}).", "env_error")
             self.tool_errors.append(f"{name}: {what}")
-            return _error(f"Tool {name!r} raised {what}", "tool_raised")
+            return error_result(f"Tool {name!r} raised {what}", "tool_raised")
         finally:
             self.ending_in_flight -= ending
             _SYNC_WORK.reset(token)
         root = out.root
         if not root.ok:
-            return _error(root.error, root.reason or "invalid_call")
+            return error_result(root.error, root.reason or "invalid_call")
         output = root.output
         metadata = dict(output.metadata or {})
         result = ToolResult(
             [_block_dict(b) for b in output.blocks],
-            is_error=bool(metadata.get(_TOOL_ERROR_KEY)),
+            is_error=bool(metadata.get(TOOL_ERROR_KEY)),
             finished=bool(output.finished),
             reward=output.reward,
             metadata=metadata,
         )
-        reward = _number(output.reward)
+        reward = as_number(output.reward)
         if reward is not None:
             self.last_reward = reward
         if result.finished and not self.finished:
@@ -998,7 +998,7 @@ class _Lease:
                 return Outcome.infra(
                     "env_invalid", status="invalid", reason="the environment marked the grade invalid"
                 )
-            reward = _number(result.reward)
+            reward = as_number(result.reward)
             if reward is None:
                 return Outcome.infra(
                     "no_reward", status="invalid", reason="the finishing result has no numeric reward"
@@ -1081,7 +1081,7 @@ def _outcome_of(value: Any) -> Outcome:
     """A `platoon_grade()` return: an Outcome, a number, or a mapping / ToolOutput with `reward` / `invalid`."""
     if isinstance(value, Outcome):
         return value
-    number = _number(value)
+    number = as_number(value)
     if number is not None:
         return Outcome("scored", {"reward": number})
     if isinstance(value, Mapping):
@@ -1095,7 +1095,7 @@ def _outcome_of(value: Any) -> Outcome:
         )
     if invalid:
         return Outcome.infra("env_invalid", status="invalid", reason="platoon_grade marked the grade invalid")
-    number = _number(reward)
+    number = as_number(reward)
     if number is None:
         return Outcome.infra("no_reward", status="invalid", reason="platoon_grade gave no numeric reward")
     return Outcome("scored", {"reward": number})
@@ -1126,7 +1126,7 @@ class InProcessOrsSession:
 
     def __init__(
         self,
-        lease: _Lease,
+        lease: Lease,
         task: Task,
         instruction: str | None,
         prompt_blocks: list[dict[str, Any]],
@@ -1185,13 +1185,15 @@ class InProcessOrsSession:
         if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
             return lease.not_run(
                 name,
-                _error(
+                error_result(
                     f"Invalid arguments: give a JSON object with string keys; got {type(arguments).__name__}.",
                     "invalid_arguments",
                 ),
             )
         if self._closed:
-            return lease.not_run(name, _error("Not run: this session view is closed.", "session_closed"))
+            return lease.not_run(
+                name, error_result("Not run: this session view is closed.", "session_closed")
+            )
         if name in bridge.BRIDGE_TOOLS and lease.service.bridge_tools:
             listed = await self._env_tools()
             if name not in {t.name for t in listed}:  # the environment's own tool of that name wins
@@ -1210,11 +1212,12 @@ class InProcessOrsSession:
         except EnvBusy as exc:
             log.info("%s: %s", lease.label, exc)
             return lease.not_run(
-                name, _error(f"Not run: env busy ({exc}). This call does not count; try again.", "env_busy")
+                name,
+                error_result(f"Not run: env busy ({exc}). This call does not count; try again.", "env_busy"),
             )
         except GateClosed:
             return lease.not_run(
-                name, _error("Not run: the environment session is closed.", "session_closed")
+                name, error_result("Not run: the environment session is closed.", "session_closed")
             )
 
     def _bridge_tool(self, name: str, listed: list[ToolSpec]) -> ToolResult:
@@ -1260,7 +1263,7 @@ class InProcessOrsSession:
             child_env = await lease.gate.run(
                 lambda: _call(hook, child_spec), "exclusive", caller=self, what="fork"
             )
-            child = _Lease(lease.service, child_env, child_spec, lease.gate, lease.label, parent=lease)
+            child = Lease(lease.service, child_env, child_spec, lease.gate, lease.label, parent=lease)
             lease.refs += 1  # the child keeps its parent alive until it closes
             child.start_bridge(
                 self._rollout_id, task, task.goal, fork="shared (platoon_fork)", parent=lease.session_id
@@ -1288,7 +1291,7 @@ class InProcessOrsSession:
         twin = await lease.gate.run(take, "exclusive", caller=self, what="copy")
         service = lease.service
         gate = Gate(queue_timeout_s=service.queue_timeout_s, name=f"{lease.label} (copy)")
-        copied = _Lease(service, twin, copy.deepcopy(lease.spec), gate, f"{lease.label} (copy)")
+        copied = Lease(service, twin, copy.deepcopy(lease.spec), gate, f"{lease.label} (copy)")
         copied.copy_accounting(lease)
         copied.start_bridge(
             self._rollout_id, task or self._task, self._instruction, fork="copy", parent=lease.session_id

@@ -41,21 +41,21 @@ from typing import Any
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
 from platoon.envs.ors import bridge
 from platoon.envs.ors.inprocess import (
-    _ROUTING_KEY,
-    _TERMINAL_META_KEY,
-    _TOOL_ERROR_KEY,
+    ROUTING_KEY,
+    TERMINAL_META_KEY,
+    TOOL_ERROR_KEY,
     InProcessOrsService,
     InProcessOrsSession,
-    _error,
-    _Lease,
-    _names,
-    _number,
-    _prompt_text,
-    _resolve_callable,
-    _strip_titles,
-    _task_name,
-    _ToolTable,
+    Lease,
+    ToolTable,
+    as_number,
+    error_result,
+    join_prompt_text,
     load_env_class,
+    name_set,
+    resolve_callable,
+    spec_task_name,
+    strip_titles,
 )
 from platoon.envs.ors.sessions import OpenSession, delete_sessions, registry
 from platoon.envs.service import EnvSetupError, ForkMode, SessionNeeds, ToolResult, ToolSpec
@@ -371,7 +371,7 @@ _KNOWN = tuple(p for p in _SIGNATURE.parameters if p != "service")
 def _positive(value: Any, what: str, *, none_ok: bool = False) -> float | None:
     if value is None and none_ok:
         return None
-    number = _number(value)
+    number = as_number(value)
     if number is None or number <= 0:
         raise ValueError(f"{what} must be a positive number{' or null' if none_ok else ''}; got {value!r}")
     return number
@@ -460,7 +460,7 @@ class RemoteOrsService(InProcessOrsService):
         if not isinstance(secrets, Mapping):
             raise ValueError(f"{where}: secrets must be a mapping of names to strings")
         self._secrets = {str(k): str(v) for k, v in secrets.items()}
-        self.prompt_filter = _resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
+        self.prompt_filter = resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
         tool_meta = o["tool_meta"] or {}
         if not isinstance(tool_meta, Mapping) or not all(isinstance(v, Mapping) for v in tool_meta.values()):
             raise ValueError(f"{where}: tool_meta must map tool names to mappings")
@@ -468,10 +468,10 @@ class RemoteOrsService(InProcessOrsService):
         if not isinstance(routing, Mapping):
             raise ValueError(f"{where}: tool_routing_overrides must map tool names to routing")
         self._hints = _Hints(
-            terminal=_names(o["terminal_tools"], "terminal_tools"),
+            terminal=name_set(o["terminal_tools"], "terminal_tools"),
             terminal_given=o["terminal_tools"] is not None,
-            read_only=_names(o["read_only_tools"], "read_only_tools"),
-            concurrent=_names(o["concurrent_tools"], "concurrent_tools"),
+            read_only=name_set(o["read_only_tools"], "read_only_tools"),
+            concurrent=name_set(o["concurrent_tools"], "concurrent_tools"),
             meta={str(k): dict(v) for k, v in tool_meta.items()},
             routing={str(k): v for k, v in routing.items()},
             where=where,
@@ -486,7 +486,7 @@ class RemoteOrsService(InProcessOrsService):
         #: the environment each server serves by default (named in paths instead of the redirect to it)
         self._serving: dict[str, str] = {}
         self._down_until: dict[str, float] = {}
-        self._tables: dict[str, _ToolTable] = {}
+        self._tables: dict[str, ToolTable] = {}
 
     # -- the pool ------------------------------------------------------------------------------------------------
 
@@ -578,7 +578,7 @@ class RemoteOrsService(InProcessOrsService):
             terminal = await env.terminal_tool()
             served_tools = {t.name for t in listing} | ({terminal.name} if terminal is not None else set())
             ours = set(
-                _ToolTable(
+                ToolTable(
                     self.env_class,
                     terminal=set(),
                     read_only=set(),
@@ -691,7 +691,7 @@ class RemoteOrsService(InProcessOrsService):
         goal = spec.get("goal")
         misc_spec = spec.get("misc")
         misc = dict(misc_spec) if isinstance(misc_spec, Mapping) else {}
-        misc["ors"] = {"split": split, "index": index, "name": _task_name(spec, index)}
+        misc["ors"] = {"split": split, "index": index, "name": spec_task_name(spec, index)}
         return Task(goal=goal if isinstance(goal, str) else None, id=f"{split}:{index}", misc=misc)
 
     def _reference_names(self) -> set[str]:
@@ -770,7 +770,7 @@ class RemoteOrsService(InProcessOrsService):
             blocks = [
                 _wire_block(b) for b in await _bounded(_prompt_blocks(sdk_session), self.call_timeout_s)
             ]
-            text = _prompt_text(blocks)
+            text = join_prompt_text(blocks)
             if self.prompt_filter is not None:
                 text = str(self.prompt_filter(text))
         except Exception as exc:
@@ -786,7 +786,7 @@ class RemoteOrsService(InProcessOrsService):
         lease.start_bridge(rollout_id, task, instruction, sid=str(sdk_session.sid), server=url, **fork)
         return RemoteOrsSession(lease, task, instruction, blocks, rollout_id)
 
-    def table_for(self, server: str, listing: Sequence[Any], terminal: Any) -> _ToolTable:
+    def table_for(self, server: str, listing: Sequence[Any], terminal: Any) -> ToolTable:
         """The tool table of a session's listing (kept per server; listings of one server rarely differ)."""
         known = self._tables.get(server)
         names = [t.name for t in listing] + ([terminal.name] if terminal is not None else [])
@@ -925,7 +925,7 @@ class _Hints:
     routing: dict[str, Any]
     where: str
 
-    def table(self, listing: Sequence[Any], terminal: Any, env_class: Any) -> _ToolTable:
+    def table(self, listing: Sequence[Any], terminal: Any, env_class: Any) -> ToolTable:
         specs: list[tuple[str, str, Any]] = [(t.name, t.description, t.input_schema) for t in listing]
         if terminal is not None:
             arg = terminal.arg
@@ -947,13 +947,13 @@ class _Hints:
                 )
         cls_table = None
         if env_class is not None:
-            cls_table = _ToolTable(
+            cls_table = ToolTable(
                 env_class, terminal=set(), read_only=set(), concurrent=set(), meta={}, where=self.where
             )
         declared = set(self.terminal) | (cls_table.declared_terminal if cls_table else set())
         if terminal is not None:
             declared.add(terminal.name)
-        table = _ToolTable.__new__(_ToolTable)  # the in-process table's shape, filled from the listing
+        table = ToolTable.__new__(ToolTable)  # the in-process table's shape, filled from the listing
         table.declared_terminal = declared
         table.declares_terminal = (
             bool(declared) or self.terminal_given or bool(cls_table and cls_table.declares_terminal)
@@ -966,11 +966,11 @@ class _Hints:
             )
             merged.update(self.meta.get(name) or {})
             if terminal is not None and name == terminal.name:
-                merged[_TERMINAL_META_KEY] = {"arg": terminal.arg}
-            if isinstance(schema, Mapping) and _ROUTING_KEY in schema:
-                merged[_ROUTING_KEY] = schema[_ROUTING_KEY]
+                merged[TERMINAL_META_KEY] = {"arg": terminal.arg}
+            if isinstance(schema, Mapping) and ROUTING_KEY in schema:
+                merged[ROUTING_KEY] = schema[ROUTING_KEY]
             if name in self.routing:
-                merged[_ROUTING_KEY] = self.routing[name]
+                merged[ROUTING_KEY] = self.routing[name]
             annotations = merged.get("annotations")
             says_read_only = bool(
                 merged.get("platoon.dev/read-only")
@@ -980,7 +980,7 @@ class _Hints:
             class_read_only = bool(cls_table and name in cls_table.read_only)
             if name not in declared and (name in self.read_only or class_read_only or says_read_only):
                 table.read_only.add(name)
-            table.specs[name] = (description, _strip_titles(schema), merged)
+            table.specs[name] = (description, strip_titles(schema), merged)
         concurrent = set(self.concurrent) | (cls_table.concurrent if cls_table else set())
         table.concurrent = concurrent - declared
         return table
@@ -989,7 +989,7 @@ class _Hints:
 # -- leases and sessions -------------------------------------------------------------------------------------------
 
 
-class _RemoteLease(_Lease):
+class _RemoteLease(Lease):
     """One session on a server and its accounting, shared by every view forked `shared`."""
 
     service: RemoteOrsService
@@ -999,23 +999,23 @@ class _RemoteLease(_Lease):
     ) -> None:
         super().__init__(service, sdk_session, {}, gate, f"{label} on {server}")
         self.server = server
-        self._table: _ToolTable | None = None
+        self._table: ToolTable | None = None
         #: why the session cannot take calls any more (the server died, the call timed out, a tool raised)
         self.dead: str | None = None
         #: the server stopped answering: closing it is one attempt, not the SDK's retries
         self.unreachable = False
 
     @property
-    def table(self) -> _ToolTable:
+    def table(self) -> ToolTable:
         if self._table is None:
             raise RuntimeError("the tools of a remote session are listed before its first call")
         return self._table
 
     def refusal(self) -> ToolResult | None:
         if registry.shut_down and not self.closed:
-            return _error("Not run: the process is shutting down.", "session_closed")
+            return error_result("Not run: the process is shutting down.", "session_closed")
         if self.dead is not None and not self.closed and not self.finished:
-            return _error(f"Not run: the environment session is over ({self.dead}).", "session_dead")
+            return error_result(f"Not run: the environment session is over ({self.dead}).", "session_dead")
         return super().refusal()
 
     async def _execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
@@ -1033,25 +1033,25 @@ class _RemoteLease(_Lease):
         try:
             output = await _bounded(self.env.call_raw(name, arguments), timeout)
         except ToolCallError as exc:  # a call the policy got wrong, or one after the episode ended
-            return _error(exc.detail or f"Invalid call to {name!r}.", exc.reason or "invalid_call")
+            return error_result(exc.detail or f"Invalid call to {name!r}.", exc.reason or "invalid_call")
         except ToolFailed as exc:
             what = _text(exc.message) or "the tool raised"
             self.dead = f"tool {name!r} raised on the server"
             if ending:  # a crashed submit must never score 0
                 self.infra.append(f"{kind} {name!r} raised on the server: {what}")
-                return _error(f"Tool {name!r} failed in the environment ({what}).", "env_error")
+                return error_result(f"Tool {name!r} failed in the environment ({what}).", "env_error")
             self.tool_errors.append(f"{name}: {what}")
-            return _error(f"Tool {name!r} raised {what}", "tool_raised")
+            return error_result(f"Tool {name!r} raised {what}", "tool_raised")
         except TimeoutError:
             self.dead = f"tool {name!r} did not answer within {timeout:g} s"
             self.infra.append(f"{kind} {name!r} did not answer within {timeout:g} s")
-            return _error(f"Tool {name!r} did not answer within {timeout:g} s.", "env_timeout")
+            return error_result(f"Tool {name!r} did not answer within {timeout:g} s.", "env_timeout")
         except Exception as exc:  # the server went away or ended the session: the measurement failed
             what = _why(exc)
             self.dead = f"the server stopped answering ({what})"
             self.unreachable = True
             self.infra.append(f"{kind} {name!r}: the server at {self.server} stopped answering ({what})")
-            return _error(
+            return error_result(
                 f"Tool {name!r} was not answered: the environment server failed ({what}).", "env_error"
             )
         finally:
@@ -1060,12 +1060,12 @@ class _RemoteLease(_Lease):
         blocks = [_wire_block(b) for b in output.get("blocks") or []]
         result = ToolResult(
             blocks,
-            is_error=bool(metadata.get(_TOOL_ERROR_KEY)),
+            is_error=bool(metadata.get(TOOL_ERROR_KEY)),
             finished=bool(output.get("finished")),
             reward=output.get("reward"),
             metadata=metadata,
         )
-        reward = _number(result.reward)
+        reward = as_number(result.reward)
         if reward is not None:
             self.last_reward = reward
         if result.finished and not self.finished:
@@ -1165,7 +1165,7 @@ class RemoteOrsSession(InProcessOrsSession):
         if self._lease._table is None:
             reason = self._lease.dead or "the session is closed"
             return self._lease.not_run(
-                name, _error(f"Not run: the environment session is over ({reason}).", "session_dead")
+                name, error_result(f"Not run: the environment session is over ({reason}).", "session_dead")
             )
         return await super().call_tool(name, arguments, on_behalf_of=on_behalf_of)
 

@@ -1,7 +1,4 @@
-"""`platoon prepare`, and commands whose machinery is built in a later release step: each of those says so in one
-line and exits 1. They are registered now so that `platoon --help` shows the whole command line; none of them
-pretends to work.
-"""
+"""`platoon prepare` and the `--prepare` of train, eval and rollout: make what a config needs once per site."""
 
 from __future__ import annotations
 
@@ -10,14 +7,6 @@ from typing import Annotated
 import typer
 
 from platoon.cli.output import err
-
-NOT_AVAILABLE = 1
-
-
-def not_available(command: str, what: str) -> int:
-    err(f"`platoon {command}` is not available yet in this build; it arrives with {what}")
-    return NOT_AVAILABLE
-
 
 ConfigArg = Annotated[
     str, typer.Argument(metavar="CONFIG", help="The run's config file.", show_default=False)
@@ -43,10 +32,3 @@ def prepare_first(config: str, overrides: list[str] | None) -> int:
     from platoon.prepare import run_prepare
 
     return run_prepare(config, overrides or [], out=err)
-
-
-def viz(argv: list[str]) -> int:
-    """`platoon viz tail|replay|show-dump` bypasses typer: the viewer parses its own arguments."""
-    from platoon.viz.cli import main
-
-    return main(argv, prog="platoon viz")

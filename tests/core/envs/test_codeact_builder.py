@@ -146,3 +146,72 @@ def test_the_five_templates_ship_with_the_package():
         "initial_user.j2",
         "system_prompt.j2",
     ]
+
+
+# ------------------------------------------------------------------------------------------- incremental prompts
+
+
+class Counting(CodeActPromptBuilder):
+    """Counts the prompt parts it renders."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.rendered: list[str] = []
+
+    def render(self, template: str, **values: object) -> str:
+        self.rendered.append(template)
+        return super().render(template, **values)
+
+
+def test_build_messages_renders_each_cell_once_and_gives_what_a_fresh_builder_gives():
+    builder = Counting()
+    state = builder.initial_state(builder.task_text("Find it.", max_steps=5), FUNCTIONS)
+    for i in range(4):
+        state.cells.append(CodeActCell(f"Try {i}.", f"guess({i})", f"Too low ({i})."))
+        messages = builder.build_messages(state)
+        assert messages == CodeActPromptBuilder().build_messages(state)
+    # one system prompt, one first message, one output message per cell: nothing rendered twice
+    assert builder.rendered.count("cell_output.j2") == 4
+    assert builder.rendered.count("system_prompt.j2") == 1 and builder.rendered.count("initial_user.j2") == 1
+
+
+def test_a_changed_cell_is_rendered_again_and_the_messages_are_the_callers_to_change():
+    builder = Counting()
+    state = state_with_cells(builder)
+    first = builder.build_messages(state)
+    first[3]["content"] = "edited by the caller"
+    assert (
+        builder.build_messages(state)[3]["content"]
+        == "[Cell 1 Output]\nToo high, try again.\n\nProvide your next action."
+    )
+    state.cells[0].output = "Too low, try again."
+    again = builder.build_messages(state)
+    assert again[3]["content"].startswith("[Cell 1 Output]\nToo low, try again.")
+    assert again[5]["content"].startswith("[Cell 2 Output]\n(No output)\nError: NameError")
+    state.task = "Your Goal: Find another."
+    assert builder.build_messages(state)[1]["content"].startswith("Your Goal: Find another.")
+
+
+def test_a_cell_with_the_models_reply_goes_back_as_the_model_wrote_it():
+    builder = CodeActPromptBuilder()
+    state = builder.initial_state("Your Goal: Find it.", FUNCTIONS)
+    reply = "<thought>Middle.</thought><python>guess(512)"
+    state.cells.append(CodeActCell("Middle.", "guess(512)", "Too high.", reply=reply, reasoning="Halving."))
+    assistant = builder.build_messages(state)[2]
+    assert assistant == {"role": "assistant", "content": reply, "reasoning_content": "Halving."}
+
+
+def test_builders_over_the_same_templates_share_them_compiled(tmp_path: Path):
+    (tmp_path / "cell_output.j2").write_text("out {{ index }}\n", encoding="utf-8")
+
+    class Custom(CodeActPromptBuilder):
+        template_dir = tmp_path
+
+    one, two, plain = Custom(), Custom(), CodeActPromptBuilder()
+    for builder in (one, two, plain):
+        builder.system_prompt()
+    assert one._jinja is two._jinja and one._jinja is not plain._jinja
+    other = CodeActPromptBuilder()
+    other.system_prompt()
+    assert other._jinja is plain._jinja
+    assert one.cell_output_message(3, CodeActCell("", "x")) == "out 3"

@@ -2,7 +2,7 @@
 
     uv run --frozen python scripts/viz_screenshots.py [--out docs/images]
 
-The runs are the viewer tests' (tests/core/viz/viz_runs.py): number search through `platoon.testing.run_episode`
+The runs are the viewer tests' (tests/platoon/viz/viz_runs.py): number search through `platoon.testing.run_episode`
 with platoon-codeact, platoon-react, and a root that spawns a subagent and a verifier, each with a scripted
 binary-search policy on the CPU; their event files are written as `platoon rollout` writes them. The viewer then
 runs headless (`App.run_test`) and each view is saved with `App.save_screenshot`.
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "core" / "viz"))
+sys.path.insert(0, str(ROOT / "tests" / "platoon" / "viz"))
 
 SIZE = (130, 38)
 

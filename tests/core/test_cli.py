@@ -84,7 +84,7 @@ def test_bad_option_is_a_usage_error(capsys):
 
 
 def test_viz_hands_its_arguments_to_the_viewer(capsys):
-    # Not typer: the viewer's own parser answers (tests/core/viz has the viewer itself).
+    # Not typer: the viewer's own parser answers (tests/platoon/viz has the viewer itself).
     assert main(["viz", "tail"]) == 64
     assert capsys.readouterr().err.splitlines()[-1] == (
         "platoon viz tail: name at least one file or --dir or --rdir"

@@ -549,6 +549,7 @@ def test_through_the_spec_runner_in_a_network_none_docker_sandbox(tmp_path, inst
     log = Path(harness["logs_path"])
     # what went wrong, if it did
     said = (harness, episode.outcome, log.read_text()[-3000:] if log.is_file() else "no log")
+    print(said)  # in full with the failure's captured output (an assertion message is cut short)
     assert harness["placement"] == "task_sandbox" and harness["exit_code"] == 0, said
     assert episode.outcome["status"] == "scored" and episode.reward == 1.0
     assert service.sessions[0].answer == "42\n"  # the file mini wrote in the sandbox's workdir

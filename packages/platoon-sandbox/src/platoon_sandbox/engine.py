@@ -84,10 +84,11 @@ def run_in_container(
             # A writer of its own: a command that writes before it reads must not block on our unread output.
             threading.Thread(target=_feed, args=(raw, stdin), daemon=True).start()
         _read_frames(raw, out, err)
+        abandoned = raw.fileno() == -1  # the caller closed the socket: a timeout or a cancellation
     finally:
         with contextlib.suppress(OSError):
             raw.close()
-    return _exit_code(api, exec_id)
+    return None if abandoned else _exit_code(api, exec_id)
 
 
 def _feed(raw: socket.socket, data: bytes) -> None:
@@ -117,12 +118,21 @@ def _retried(call: Any, *args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
 
 
+#: How long the engine may take to record an exec's exit code after its streams closed. A moment on a quiet
+#: machine; over a second on a loaded one (a 1 s bound once lost the code of a command that had succeeded).
+EXIT_CODE_WAIT_S = 30.0
+
+
 def _exit_code(api: Any, exec_id: str) -> int | None:
-    # The streams close as the process exits; the engine records the code a moment later.
-    for _ in range(200):
+    # The streams close as the process exits; the engine records the code a moment later: poll, backing off.
+    deadline = time.monotonic() + EXIT_CODE_WAIT_S
+    pause = 0.005
+    while True:
         state = _retried(api.exec_inspect, exec_id)
         if not state.get("Running"):
             code = state.get("ExitCode")
             return int(code) if code is not None else None
-        time.sleep(0.005)
-    return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)

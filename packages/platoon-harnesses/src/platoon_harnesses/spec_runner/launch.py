@@ -220,6 +220,14 @@ def final_from_file(content: bytes | None, json_key: str | None) -> str | None:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def install_command_label(command: str, limit: int = 60) -> str:
+    """An install command as a failure names it: its first line, cut short. The reason a rollout records is bounded,
+    and a whole install script before the exit code and output would push them out of it."""
+    first = command.strip().splitlines()[0] if command.strip() else ""
+    more = len(first) > limit or "\n" in command.strip()
+    return repr(first[:limit] + (" ..." if more else ""))
+
+
 def tail(text: str, limit: int = _TAIL_CHARS) -> str:
     text = text.strip()
     return text if len(text) <= limit else "..." + text[-limit:]

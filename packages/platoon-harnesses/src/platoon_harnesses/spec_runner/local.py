@@ -21,6 +21,7 @@ from platoon_harnesses.spec_runner.launch import (
     Plan,
     final_from_file,
     final_from_output,
+    install_command_label,
     node_scratch,
     tail,
     with_loopback,
@@ -84,13 +85,17 @@ async def install(commands: tuple[str, ...], *, cwd: Path, env: dict[str, str], 
             output, _ = await asyncio.wait_for(process.communicate(), timeout_s)
         except TimeoutError:
             await uncancellable(end_local(process, "-", 1.0))
-            raise HarnessSetupError(f"install command {command!r} timed out after {timeout_s:g}s") from None
+            raise HarnessSetupError(
+                f"install command {install_command_label(command)} timed out after {timeout_s:g}s"
+            ) from None
         except BaseException:
             await uncancellable(end_local(process, "-", 1.0))
             raise
         if process.returncode != 0:
             text = tail(output.decode("utf-8", errors="replace"))
-            raise HarnessSetupError(f"install command {command!r} exited with {process.returncode}: {text}")
+            raise HarnessSetupError(
+                f"install command {install_command_label(command)} exited with {process.returncode}: {text}"
+            )
 
 
 @dataclass

@@ -20,6 +20,7 @@ from platoon_harnesses.spec_runner.launch import (
     Plan,
     final_from_file,
     final_from_output,
+    install_command_label,
     tail,
     with_loopback,
 )
@@ -138,11 +139,13 @@ async def install(sandbox: Any, commands: tuple[str, ...], *, timeout_s: float) 
         result = await sandbox.exec(["sh", "-c", command], timeout_s=timeout_s)
         if result.timed_out:
             raise HarnessSetupError(
-                f"install command {command!r} timed out after {timeout_s:g}s in the task sandbox"
+                f"install command {install_command_label(command)} timed out after {timeout_s:g}s in the task sandbox"
             )
         if result.exit_code != 0:
             text = tail((result.stdout or "") + (result.stderr or ""))
-            raise HarnessSetupError(f"install command {command!r} exited with {result.exit_code}: {text}")
+            raise HarnessSetupError(
+                f"install command {install_command_label(command)} exited with {result.exit_code}: {text}"
+            )
 
 
 async def check_dir(sandbox: Any, path: str, what: str) -> None:

@@ -92,11 +92,16 @@ def tree_run(output_dir: Path, task: str = "val:0") -> Path:
     run = run_episode(
         task,
         service=SERVICE,
-        harness=TREE_HARNESS,
+        # The function itself, not its name: tests that reset the harness registry may have run since this
+        # module registered it, and handing the function over registers it again.
+        harness=tree_harness,
         policy=react_policy,
         harness_options={"system_prompt": REACT_SYSTEM_PROMPT},
         agents={"max_depth": 1},
         max_steps=20,
         output_dir=output_dir,
     )
+    # The tests read a root, a child and a verifier: say why if the run made fewer.
+    made = len(run.collection.trajectories)
+    assert made == 3, (made, run.outcome, run.root.error_message, run.root.finish_message)
     return write_events(run.collection, output_dir, task_id=task)

@@ -20,7 +20,7 @@ import yaml
 from platoon.cli import main
 from platoon.testing import serve_policy
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
 """The ORS bridge in process (harness.md 7.6): the `log_dir` event log and state file, `bridge_tools`, and the
-trajectory viewer reading the log as written. The remote half is in `ors_remote/test_remote_service.py`.
+trajectory viewer reading the log as written. The remote half is in `test_remote_service.py` beside it.
 """
 
 from __future__ import annotations

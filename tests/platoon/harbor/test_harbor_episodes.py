@@ -7,12 +7,7 @@ CI starts the Docker engine and builds `platoon-test/python:bookworm` first (`.c
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import textwrap
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,32 +16,6 @@ from platoon.testing import run_episode
 
 PYTHON_IMAGE = "platoon-test/python:bookworm"
 EXAMPLE_TASKS = Path(__file__).resolve().parents[3] / "examples" / "harbor-dataset" / "tasks"
-
-
-def _docker() -> str:
-    return os.environ.get("PLATOON_DOCKER", "docker")
-
-
-@pytest.fixture
-def env_name() -> Iterator[str]:
-    """A per-test service name (the sandboxes' `platoon.env` label); no container may carry it afterwards."""
-    binary = _docker()
-    if shutil.which(binary) is None or subprocess.run([binary, "info"], capture_output=True).returncode != 0:
-        pytest.fail(
-            f"no Docker engine answers at DOCKER_HOST={os.environ.get('DOCKER_HOST', '(unset)')}: run "
-            "`.ci/docker-engine start` and source the env file it prints",
-            pytrace=False,
-        )
-    name = f"harbor-episodes-{uuid.uuid4().hex[:10]}"
-    yield name
-    left = subprocess.run(
-        [binary, "ps", "--all", "--quiet", "--filter", f"label=platoon.env={name}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if left:
-        subprocess.run([binary, "rm", "--force", *left], capture_output=True)
-        pytest.fail(f"the test left {len(left)} container(s) behind", pytrace=False)
 
 
 @pytest.mark.slow

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,32 +26,6 @@ OFFLINE_RUN = (
     "RUN printf '#!/bin/sh\\nexec python3 -I /app/textcraft/textcraft_game.py \"$@\"\\n' > /usr/local/bin/textcraft"
     " && chmod 0755 /usr/local/bin/textcraft"
 )
-
-
-def _docker() -> str:
-    return os.environ.get("PLATOON_DOCKER", "docker")
-
-
-@pytest.fixture
-def env_name() -> Iterator[str]:
-    """A per-test service name (the sandboxes' `platoon.env` label); no container may carry it afterwards."""
-    binary = _docker()
-    if shutil.which(binary) is None or subprocess.run([binary, "info"], capture_output=True).returncode != 0:
-        pytest.fail(
-            f"no Docker engine answers at DOCKER_HOST={os.environ.get('DOCKER_HOST', '(unset)')}: run "
-            "`.ci/docker-engine start` and source the env file it prints",
-            pytrace=False,
-        )
-    name = f"textcraft-harbor-{uuid.uuid4().hex[:10]}"
-    yield name
-    left = subprocess.run(
-        [binary, "ps", "--all", "--quiet", "--filter", f"label=platoon.env={name}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if left:
-        subprocess.run([binary, "rm", "--force", *left], capture_output=True)
-        pytest.fail(f"the test left {len(left)} container(s) behind", pytrace=False)
 
 
 @pytest.mark.slow
@@ -103,4 +74,6 @@ def test_exported_tasks_score_1_with_the_oracle_and_0_with_noop_in_docker(
     finally:
         tags = [result.entry["image"] for result in built if result.entry]
         if tags:
-            subprocess.run([_docker(), "rmi", "--force", *tags], capture_output=True)
+            subprocess.run(
+                [os.environ.get("PLATOON_DOCKER", "docker"), "rmi", "--force", *tags], capture_output=True
+            )

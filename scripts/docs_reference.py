@@ -113,7 +113,11 @@ def _slug(heading: str) -> str:
 
 
 def _clean(text: str) -> str:
-    # Reprs of defaults can hold addresses (`<object object at 0x7f...>`), which change with every process.
+    # Reprs of defaults can hold addresses (`<object object at 0x7f...>`), which change with every process, and
+    # paths inside the installed package, which change with every checkout or environment.
+    import platoon
+
+    text = text.replace(str(Path(platoon.__file__).resolve().parent), "<site-packages>/platoon")
     return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import importlib
 import inspect
 import re
@@ -112,12 +113,17 @@ def _slug(heading: str) -> str:
 # ------------------------------------------------------------------------------------------------ Python API
 
 
+@functools.cache
+def _package_dir() -> str:
+    import platoon
+
+    return str(Path(platoon.__file__).resolve().parent)
+
+
 def _clean(text: str) -> str:
     # Reprs of defaults can hold addresses (`<object object at 0x7f...>`), which change with every process, and
     # paths inside the installed package, which change with every checkout or environment.
-    import platoon
-
-    text = text.replace(str(Path(platoon.__file__).resolve().parent), "<site-packages>/platoon")
+    text = text.replace(_package_dir(), "<site-packages>/platoon")
     return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 

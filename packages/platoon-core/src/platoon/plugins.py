@@ -489,11 +489,8 @@ def get_environment(ref: str) -> Any:
     return resolve_environment(ref)
 
 
-#: services the docs describe whose machinery a later release brings: naming one says so instead of "unknown"
 #: services of first-party distributions installed separately: name -> the distribution that provides it
 SEPARATE_SERVICES: dict[str, str] = {"harbor": "platoon-harbor"}
-
-PLANNED_SERVICES: dict[str, str] = {}
 
 
 def get_service(name: str) -> hookspecs.ServiceFactory:
@@ -505,10 +502,6 @@ def get_service(name: str) -> hookspecs.ServiceFactory:
             what = SEPARATE_SERVICES[name]
             raise ExtensionError(
                 f"service {name!r} is provided by {what}, which is not installed: install it with `uv add {what}`"
-            ) from None
-        if name in PLANNED_SERVICES and not candidates("service", name):
-            raise ExtensionError(
-                f"service {name!r} is not available yet in this build; it arrives with {PLANNED_SERVICES[name]}"
             ) from None
         raise
     if isinstance(answer, hookspecs.ServiceFactory):

@@ -1,12 +1,17 @@
 """TextCraft-Synth episodes per second beside number search, measured the same way in the same run.
 
-TextCraft-Synth: `platoon-codeact` with the recipe's prompt builder (`textcraft-synth@1`'s harness defaults, the
-linear prompt), a scripted policy that plays each task's gold trajectory one craft per cell and then finishes
-(reward 1), the ORS environment in process. Number search: benchmarks/episodes.py's `run_episode` path
-(`platoon-react`, a scripted binary search). Both go through `platoon.testing.run_episode` (task resolved by id,
-gateway served, collection written) and are timed by episodes.py's `time_episodes`: one warm-up episode, then
-`--episodes` at `--concurrency` on one event loop. Each repeat times number search, then TextCraft-Synth; the
-median repeat of each is reported.
+Both go through `platoon-codeact` with a scripted policy, the ORS environment in process, and
+`platoon.testing.run_episode` (task resolved by id, gateway served, collection written), timed by episodes.py's
+`time_episodes`: one warm-up episode, then `--episodes` at `--concurrency` on one event loop.
+
+* TextCraft-Synth: the recipe's prompt builder (`textcraft-synth@1`'s harness defaults, the linear prompt), a
+  policy that plays each task's gold trajectory one craft per cell and then finishes (reward 1).
+* Number search: CodeAct's default prompt builder, a policy that plays a binary search one `guess` per cell (the
+  right guess ends the episode).
+* For reference, number search through `platoon-react` (benchmarks/episodes.py's path, tool calls instead of
+  cells) is printed too; the ratio is taken against the CodeAct figure, the same harness.
+
+Each repeat times the three in turn; the median repeat of each is reported.
 
     uv run --frozen python benchmarks/textcraft.py [--episodes 128] [--concurrency 32] [--split train-medium]
         [--crafts-per-cell step|all] [--profile]
@@ -14,9 +19,10 @@ median repeat of each is reported.
 Target: TextCraft-Synth at least half number search's episodes/s (ratio >= 0.5). A gold episode's length depends on
 the split (`train-medium`, the RAO training tasks, median 18 crafts; `train-easy` median 3) and on how the policy
 writes it (`--crafts-per-cell step`: one craft a cell, a model call each; `all`: every craft in one cell, two calls
-an episode): calls/s is printed too. `--profile` times TextCraft-Synth once under cProfile instead and prints where
-the time goes (`EPISODES_PROFILE_SORT=cumulative` sorts by cumulative time, `EPISODES_PROFILE_DUMP=file` keeps
-the stats).
+an episode). Number search takes about 8 calls an episode, so calls/s and the ratio per model call are printed too:
+an episode of 22 calls cannot reach half the episode rate of one of 8 unless its calls are cheaper.
+`--profile` times TextCraft-Synth once under cProfile instead and prints where the time goes
+(`EPISODES_PROFILE_SORT=cumulative` sorts by cumulative time, `EPISODES_PROFILE_DUMP=file` keeps the stats).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import sys
 from pathlib import Path
@@ -32,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from episodes import SERVICE as NUMBER_SEARCH
 from episodes import run_episodes, time_episodes
 
 SYNTH = "python://platoon_textcraft.env:TextCraftSynthEnvironment"
@@ -56,6 +64,33 @@ def gold_cells(spec: dict[str, Any], per_cell: str = "step") -> list[str]:
     if per_cell == "all":
         return ["<python>\n" + "\n".join(f"print({craft})" for craft in crafts) + "\n", finish]
     return [f"<python>\n{craft}\n" for craft in crafts] + [finish]
+
+
+def binary_search_cell(prompt: str) -> str:
+    """The next cell of a binary search: the range from the goal, then each earlier `guess` and its output."""
+    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
+    guesses = [int(n) for n in re.findall(r"guess\(number=(\d+)\)", prompt)]
+    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
+        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+    return f"<python>\nguess(number={(low + high) // 2})\n"
+
+
+async def run_number_search(episodes: int, concurrency: int) -> dict[str, Any]:
+    """`episodes` number-search episodes through platoon-codeact, each with its own binary-search policy."""
+    from platoon.testing import ScriptedPolicy, run_episode
+
+    async def play(index: int, output_dir: Path) -> Any:
+        return await run_episode(
+            f"train:{index}",
+            service=NUMBER_SEARCH,
+            harness="platoon-codeact",
+            policy=ScriptedPolicy(binary_search_cell),
+            harness_options={"subagents": False},
+            max_steps=MAX_STEPS,
+            output_dir=output_dir,
+        )
+
+    return await time_episodes(play, episodes, concurrency)
 
 
 async def run_textcraft(
@@ -107,7 +142,7 @@ def median(results: list[dict[str, Any]]) -> dict[str, Any]:
 def report(label: str, result: dict[str, Any], episodes: int) -> None:
     seconds = result["seconds"]
     print(
-        f"{label:<28} {episodes / seconds:7.1f} episodes/s  {result['calls'] / seconds:6.0f} calls/s  "
+        f"{label:<36} {episodes / seconds:7.1f} episodes/s  {result['calls'] / seconds:6.0f} calls/s  "
         f"{seconds:6.2f} s wall  {result['cpu']:6.2f} s CPU  solved {result['solved']}/{episodes}  "
         f"{result['calls'] / episodes:.1f} calls/episode  (runs: {result['all_seconds']} s)"
     )
@@ -142,34 +177,49 @@ def main() -> None:
             f"{args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
             f"{os.cpu_count()} cores, load {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}"
         )
-    number_search, textcraft = [], []
+    runs: dict[str, list[dict[str, Any]]] = {
+        "number_search": [],
+        "number_search_react": [],
+        "textcraft_synth": [],
+    }
     for _ in range(args.repeats):
-        number_search.append(asyncio.run(run_episodes(args.episodes, args.concurrency)))
-        textcraft.append(
+        runs["number_search"].append(asyncio.run(run_number_search(args.episodes, args.concurrency)))
+        runs["number_search_react"].append(asyncio.run(run_episodes(args.episodes, args.concurrency)))
+        runs["textcraft_synth"].append(
             asyncio.run(run_textcraft(args.episodes, args.concurrency, args.split, args.crafts_per_cell))
         )
-    results = {"number_search": median(number_search), "textcraft_synth": median(textcraft)}
+    results = {name: median(results) for name, results in runs.items()}
     for result in results.values():
         result["episodes_per_s"] = args.episodes / result["seconds"]
-    ratio = results["textcraft_synth"]["episodes_per_s"] / results["number_search"]["episodes_per_s"]
+        result["calls_per_s"] = result["calls"] / result["seconds"]
+    baseline, textcraft = results["number_search"], results["textcraft_synth"]
+    ratio = textcraft["episodes_per_s"] / baseline["episodes_per_s"]
     # the same ratio in CPU seconds per episode: less at the mercy of what else the machine runs
-    cpu_ratio = results["number_search"]["cpu"] / results["textcraft_synth"]["cpu"]
+    cpu_ratio = baseline["cpu"] / textcraft["cpu"]
+    # per model call: what is left when the episodes' lengths are set aside
+    call_ratio = textcraft["calls_per_s"] / baseline["calls_per_s"]
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
         print(
             json.dumps(
-                {**results, "ratio": ratio, "cpu_ratio": cpu_ratio, "split": args.split, "peak_mib": peak_mib}
+                {
+                    **results,
+                    "ratio": ratio,
+                    "cpu_ratio": cpu_ratio,
+                    "call_ratio": call_ratio,
+                    "split": args.split,
+                    "peak_mib": peak_mib,
+                }
             )
         )
         return
-    report("number search (react)", results["number_search"], args.episodes)
-    report(
-        f"textcraft-synth {args.split} ({args.crafts_per_cell})", results["textcraft_synth"], args.episodes
-    )
+    report("number search (codeact)", baseline, args.episodes)
+    report("number search (react)", results["number_search_react"], args.episodes)
+    report(f"textcraft-synth {args.split} ({args.crafts_per_cell})", textcraft, args.episodes)
     load_after = os.getloadavg()
     print(
-        f"ratio: {ratio:.2f}x number search's episodes/s (target >= 0.5); by CPU time {cpu_ratio:.2f}x  "
-        f"peak {peak_mib:.0f} MiB  "
+        f"ratio: {ratio:.2f}x number search's (codeact) episodes/s (target >= 0.5); by CPU time {cpu_ratio:.2f}x; "
+        f"per model call {call_ratio:.2f}x  peak {peak_mib:.0f} MiB  "
         f"load after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
     )
 

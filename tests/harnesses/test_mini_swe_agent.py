@@ -62,15 +62,28 @@ def python312() -> str | None:
 
 
 def python312_dir(directory: Path) -> str | None:
-    """`directory`, holding only a `python3.12` linked to `python312()`, to put first on PATH; None without one."""
+    """`directory`, holding only a `python3.12` linked to `python312()`, to put first on PATH; None without one.
+
+    The install's `uv python find 3.12` finds this link, so the tool's venv is built on it (its `bin/python` points
+    here): a mini that another test session is running goes through it. It is therefore replaced atomically and only
+    when it points elsewhere, never removed and remade (a session would find no interpreter in between)."""
     found = python312()
     if found is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     link = directory / "python3.12"
-    link.unlink(missing_ok=True)
-    link.symlink_to(found)
+    if not (link.is_symlink() and os.readlink(link) == found):
+        staged = directory / f".python3.12.{os.getpid()}"
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(found)
+        os.replace(staged, link)
     return str(directory)
+
+
+def interpreter_prefix(home: Path) -> str:
+    """The prefix of the real interpreter the installed tool's venv runs on (its `bin/python` link resolved)."""
+    venv_python = home / ".local/share/uv/tools/mini-swe-agent/bin/python"
+    return str(Path(os.path.realpath(venv_python)).parents[1])
 
 
 def host_env(home: Path, *, extra_path: str | None = None) -> dict[str, str]:
@@ -525,21 +538,25 @@ def test_through_the_spec_runner_in_a_network_none_docker_sandbox(tmp_path, inst
     runner's route. The image (Debian's minimal base with Python 3.11, no pip, no curl, no CA certificates) cannot
     install mini-swe-agent itself, so the install made on the host is bound in read-only at the same path, with
     the Python 3.12 it was built on, and HOME points at it: the spec's install command runs in the sandbox, finds
-    mini 2.4.6 there and installs nothing."""
+    mini 2.4.6 there and installs nothing.
+
+    The whole cache is bound, not only HOME: the tool's venv records the interpreter the install found, and a fresh
+    install finds the `python3.12` link in the cache's `python312/` (put first on PATH), so its `bin/python` points
+    there; without that directory `mini` has no interpreter in the container, its `--help` reports no version and
+    the install script goes on to fetch uv, which a `network: none` container cannot."""
     from platoon.testing.episode import run_episode
     from platoon_sandbox import Mount, SandboxSpec
     from platoon_sandbox.docker import DockerProvider
 
-    interpreter = python312()
-    assert interpreter is not None  # the install above found one
-    prefix = str(Path(interpreter).parents[1])
-    home = str(installed.home)
+    cache, home = str(CACHE), str(installed.home)
+    assert installed.home.is_relative_to(CACHE)
+    prefix = interpreter_prefix(installed.home)  # where the link chain from the venv ends
     sandbox_spec = SandboxSpec(
         image="docker://platoon-test/python:bookworm",
         network="none",
         workdir="/app",
         env={"HOME": home},
-        mounts=(Mount(home, home), Mount(prefix, prefix)),
+        mounts=(Mount(cache, cache), Mount(prefix, prefix)),
     )
     service = SixTimesSevenService(DockerProvider(), sandbox_spec)
     episode = run_episode(

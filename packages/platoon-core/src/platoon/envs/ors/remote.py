@@ -278,6 +278,39 @@ async def _loop_clients() -> _LoopClients:
     return clients
 
 
+#: how long a response's unread end (an SSE stream's last bytes after its `end` event) is waited for
+DRAIN_TIMEOUT_S = 1.0
+#: the most bytes read past what the SDK read, to keep a connection (more than that: the connection is closed)
+DRAIN_LIMIT = 64 * 1024
+
+
+@functools.cache
+def _draining_response() -> type:
+    """aiohttp's response, reading what is left of its body before it is released.
+
+    The SDK returns from an SSE stream (`/create_session`, `/call`) at its `end` event, before the server's last
+    chunk (the stream's close) has been read; aiohttp then closes the connection instead of keeping it. A
+    session's nine streams each cost a new TCP connection on both sides (measured: 6.3 new connections per
+    number-search episode, about a fifth of the server's CPU). Reading the rest, a few bytes sent together with the
+    end or just after it, keeps the connection for the next request. A failing request is not drained.
+    """
+    import aiohttp
+
+    class _DrainingResponse(aiohttp.ClientResponse):
+        async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            if exc_type is None and not self.closed and not self.content.at_eof():
+                try:
+                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                        left = DRAIN_LIMIT
+                        while left > 0 and not self.content.at_eof():
+                            left -= len(await self.content.readany())
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc_drain:
+                    log.debug("the rest of a response was not read (%s); its connection closes", exc_drain)
+            await super().__aexit__(exc_type, exc, tb)
+
+    return _DrainingResponse
+
+
 @functools.cache
 def _env_config_matters() -> bool:
     """Whether a proxy variable or a netrc file is there for aiohttp's `trust_env` to read (checked once)."""
@@ -530,6 +563,7 @@ class RemoteOrsService(InProcessOrsService):
                 # The SDK's sessions trust the environment (proxy variables, ~/.netrc), which aiohttp reads again
                 # for every request: most of a local call's client time. With none of them set it changes nothing.
                 env.client._trust_env = False
+            env.client._response_class = _draining_response()
         return env
 
     async def _check_server(self, url: str) -> None:

@@ -619,3 +619,35 @@ def test_a_verifier_dockerfile_without_an_image_map_is_not_prepared(tmp_path):
     service = HarborService(dataset_dir=str(tmp_path))
     with pytest.raises(EnvNotPrepared, match="image map"):
         run(opened(service, "built-verifier"))
+
+
+# --- run-start checks (6.9) -------------------------------------------------------------------------------------
+
+
+def test_a_run_start_refuses_a_task_the_provider_cannot_run(tmp_path, monkeypatch, capsys):
+    """`check_tasks` is asked at the start of a run (here through `platoon config validate`, which makes the
+    start's checks): a GPU task on the docker provider, which has no GPUs, stops it with one line and 78."""
+    from platoon.cli import main
+
+    dataset = tmp_path / "dataset"
+    write_task(dataset, "cpu")
+    write_task(dataset, "gpu", toml="gpus = 1\n")
+    assert run(HarborService(dataset_dir=str(dataset)).check_tasks("train", ["cpu"])) is None
+    (tmp_path / "train.yaml").write_text(
+        textwrap.dedent(
+            f"""
+            log_path: {tmp_path / "runs"}
+            tinker_base_url: local
+            train: {{model_name: platoon/toy, renderer_name: qwen3_instruct, batch_size: 1, max_training_steps: 1}}
+            environments:
+              - service: harbor
+                service_kwargs: {{dataset_dir: {dataset}, provider: docker}}
+                harness: platoon-bandit-answer
+            stats: {{wandb: {{mode: disabled}}}}
+            """
+        )
+    )
+    assert main(["config", "validate", str(tmp_path / "train.yaml")]) == 78
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  environments.0: Harbor task gpu needs 1 GPU(s); provider docker has none"
+    ]

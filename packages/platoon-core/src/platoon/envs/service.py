@@ -30,6 +30,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "open_accepts_needs",
+    "task_check_refusal",
 ]
 
 OutcomeStatus = Literal["scored", "invalid", "error", "timeout", "cancelled"]
@@ -229,6 +230,25 @@ class EnvNotPrepared(EnvSetupError):
 
     def __init__(self, message: str) -> None:
         super().__init__("env_config", message)
+
+
+async def task_check_refusal(service: Any, split: str, ids: Sequence[str]) -> str | None:
+    """Why `service` refuses the tasks `ids` of `split` before a run starts (its optional `check_tasks`), or None.
+
+    Training, evaluation and `platoon rollout` ask this of the tasks they listed, so that a task the environment
+    would refuse at every open (a provider that cannot run it, an image not built) stops the start with one line
+    and exit 78, instead of failing each rollout as it comes.
+    """
+    check = getattr(service, "check_tasks", None)
+    if check is None or not ids:
+        return None
+    try:
+        await check(split, list(ids))
+    except EnvSetupError as exc:
+        return exc.message
+    except Exception as exc:  # the environment's own code: one line, as a listing failure is
+        return f"checking the tasks of split {split!r} failed: {type(exc).__name__}: {exc}"
+    return None
 
 
 @runtime_checkable

@@ -229,7 +229,7 @@ async def _roll_out(
 
     config: Any = loaded.config
     training = _is_training(config)
-    item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent)
+    item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent, split=split)
     entry = entries_by_label(config)[item.label][1]
     rollout_config = _phase_rollout_config(config, split).model_copy(
         update={

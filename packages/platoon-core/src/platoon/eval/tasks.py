@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.service import task_check_refusal
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -151,9 +152,15 @@ async def _list_entry(
         }
         for name in splits
     }
-    kept = [t for _, t in listed if t not in excluded]
+    selected = [(name, t) for name, t in listed if t not in excluded]
     if limit is not None:
-        kept = kept[:limit]
+        selected = selected[:limit]
+    refusals = [
+        await task_check_refusal(service, name, [t for s, t in selected if s == name]) for name in splits
+    ]
+    if any(refusals):
+        raise ConfigError([f"{where}: {refusal}" for refusal in refusals if refusal])
+    kept = [t for _, t in selected]
     gate = asyncio.Semaphore(_LOOKUPS)
 
     async def fetch(raw: str) -> EvalTask:
@@ -190,8 +197,11 @@ async def list_tasks(config: Any, *, split: str, base_dir: str | Path) -> Listin
     return listing
 
 
-async def resolve_task(config: Any, task_id: str, *, base_dir: str | Path) -> tuple[EvalTask, Any]:
-    """The task `platoon rollout --task` names (`ENVIRONMENT::TASK_ID` in a mixture) and its entry's service."""
+async def resolve_task(
+    config: Any, task_id: str, *, base_dir: str | Path, split: str = "train"
+) -> tuple[EvalTask, Any]:
+    """The task `platoon rollout --task` names (`ENVIRONMENT::TASK_ID` in a mixture, of `split`) and its entry's
+    service, once the service's run-start checks accept it."""
     entries = entries_by_label(config)
     if not entries:
         raise ConfigError("environments: Config must define at least one environment in `environments`")
@@ -218,4 +228,7 @@ async def resolve_task(config: Any, task_id: str, *, base_dir: str | Path) -> tu
         raise ConfigError(
             f"--task {task_id!r}: environments[{label}] has no such task ({type(exc).__name__}: {exc})"
         ) from None
+    refusal = await task_check_refusal(service, split, [raw])
+    if refusal is not None:
+        raise ConfigError(f"--task {task_id!r}: environments[{label}] refuses it: {refusal}")
     return EvalTask(label, task_id, task), service

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.service import task_check_refusal
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -142,8 +143,12 @@ async def _list_entry(
     listing = entry.eval_dataset_kwargs
     ids: list[str] = []
     names: dict[str, str] = {}
+    split_of: dict[str, str] = {}  # a task listed by several splits is checked with the first
     for split in splits:
-        ids += [str(t) for t in await service.list_tasks(split)]
+        listed = [str(t) for t in await service.list_tasks(split)]
+        ids += listed
+        for task_id in listed:
+            split_of.setdefault(task_id, split)
         ask = getattr(service, "list_task_names", None)
         if ask is not None:
             names.update({str(k): str(v) for k, v in dict(await _maybe_await(ask(split)) or {}).items()})
@@ -157,6 +162,11 @@ async def _list_entry(
     limit = listing.get("limit")
     if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
         ids = ids[:limit]
+    refusals = [
+        await task_check_refusal(service, split, [t for t in ids if split_of[t] == split]) for split in splits
+    ]
+    if any(refusals):
+        raise ConfigError([f"{where}: {refusal}" for refusal in refusals if refusal])
     gate = asyncio.Semaphore(_TASK_LOOKUPS)  # remote services: a bounded number of lookups at once
 
     async def fetch(task_id: str) -> Task:

@@ -266,7 +266,8 @@ def _shell_class() -> type:
             # The model reads a value's text only: the HTML, Markdown, LaTeX, image and JSON forms the stock hook
             # computes for every cell would be paid for nothing. (Limiting the formatter's active types through
             # the config instead costs a fifth of each shell's start in trait notifications.)
-            text = self.shell.display_formatter.formatters["text/plain"](result)
+            shell: Any = self.shell
+            text = shell.display_formatter.formatters["text/plain"](result)
             return ({"text/plain": text} if text is not None else {}), {}
 
     class CellShell(InteractiveShell):

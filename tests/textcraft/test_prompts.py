@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from platoon.harness.codeact import CellFunction
 from platoon_textcraft.prompts import TextCraftPromptBuilder
 
 
@@ -59,3 +60,27 @@ def test_subagent_goal_and_misc():
         {"stick": 2}, parent_misc={"target_items": {"x": 1}, "difficulty": "easy"}
     )
     assert misc == {"target_items": {"stick": 2}, "difficulty": "easy"}
+
+
+def test_a_prompts_dir_replaces_the_system_prompt_and_the_action_space(tmp_path):
+    """The built-in wording is the package's own: a user who has the exact text an agent was trained on supplies it
+    as templates, and only the templates the directory holds replace anything."""
+    (tmp_path / "system_prompt.j2").write_text(
+        "Crafting agent ({{ variant }}, {{ 'synthetic' if synth else 'Minecraft' }})."
+        "{% if include_reasoning %} Think in <thought> tags.{% endif %}\n"
+    )
+    builder = TextCraftPromptBuilder(str(tmp_path), variant="recursive")
+    assert builder.system_prompt() == "Crafting agent (recursive, synthetic). Think in <thought> tags."
+    # No action_space.j2 there: the built-in action space stays.
+    assert builder.action_space([]) == TextCraftPromptBuilder(variant="recursive").action_space([])
+    (tmp_path / "action_space.j2").write_text(
+        "{% for f in functions %}{{ f.name }}{{ f.signature }}\n{% endfor %}{% if any_async %}await them{% endif %}"
+    )
+    functions = [
+        CellFunction("craft", "(ingredients, target)", "", False),
+        CellFunction("launch_subagent", "(targets, num_steps)", "", True),
+    ]
+    assert (
+        builder.action_space(functions)
+        == "craft(ingredients, target)\nlaunch_subagent(targets, num_steps)\nawait them"
+    )

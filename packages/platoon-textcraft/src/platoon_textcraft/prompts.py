@@ -1,12 +1,17 @@
 """`TextCraftPromptBuilder`: the CodeAct prompts of platoon's TextCraft agents (linear, recursive, depth-aware).
 
 The system prompt is the variant's instructions, a blank line and the CodeAct paragraph; the action-space text is
-fixed (whatever functions the harness built), with synthetic or Minecraft examples. Needs the `platoon` extra.
+fixed (whatever functions the harness built), with synthetic or Minecraft examples. The wording is this package's
+own, written from textcraft.md's description. `prompts_dir` replaces any of it: a `system_prompt.j2` or
+`action_space.j2` there is rendered instead of the built-in text (with `variant`, `synth` and `include_reasoning`;
+the action space also gets `functions` and `any_async`), and the core CodeAct templates (`initial_user.j2`,
+`cell_output.j2`, `history.j2`) are looked up there first. Needs the `platoon` extra.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from platoon.harness.codeact import CellFunction, CodeActPromptBuilder
@@ -88,7 +93,18 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
     def _examples(self) -> dict[str, str]:
         return _SYNTH_EXAMPLES if self.synth else _MINECRAFT_EXAMPLES
 
+    def _supplied(self, template: str) -> bool:
+        """Whether `prompts_dir` holds its own `template` (which then replaces the built-in text)."""
+        return self.template_dir is not None and (Path(self.template_dir) / template).is_file()
+
     def system_prompt(self) -> str:
+        if self._supplied("system_prompt.j2"):
+            return self.render(
+                "system_prompt.j2",
+                include_reasoning=self.include_reasoning,
+                variant=self.variant,
+                synth=self.synth,
+            )
         parts = [_GAME, _TIPS]
         if self.variant != "linear":
             steps = ", 20" if self.variant == "recursive" else ""
@@ -105,6 +121,15 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
         return f"{instructions}\n\n{codeact}"
 
     def action_space(self, functions: Sequence[CellFunction]) -> str:
+        if self._supplied("action_space.j2"):
+            return self.render(
+                "action_space.j2",
+                functions=list(functions),
+                any_async=any(f.is_async for f in functions),
+                include_reasoning=self.include_reasoning,
+                variant=self.variant,
+                synth=self.synth,
+            )
         ex = self._examples
         lines = [
             "Available Actions (python functions):",

@@ -256,6 +256,69 @@ def test_a_grader_that_raises_or_hangs_is_an_infra_outcome(servers, task_id, rea
     assert servers[0].open_sessions() == 0
 
 
+def test_a_session_dying_ends_the_call_it_waits_on(servers):
+    """The SDK marks a session dead (its ping learnt the server dropped it): a call waiting on the server ends at
+    once as an infrastructure failure, not at its timeout."""
+    from openreward.api._session.ping import ErrorResponse
+
+    service = resolve_service(guess_env(servers[0]), {"call_timeout_s": 600})
+
+    async def go() -> tuple[Any, Any]:
+        session = await service.open(await service.get_task("train:4"), rollout_id="dies")  # submit hangs
+        try:
+            await session.tools()
+            call = asyncio.ensure_future(session.call_tool("submit", {"answer": "4"}))
+            while not session.env._watched:  # the request is on its way
+                await asyncio.sleep(0.01)
+            session.env._mark_dead(ErrorResponse(type="error", message="session gone on the server"))
+            return await call, await session.grade()
+        finally:
+            await session.close()
+
+    result, outcome = asyncio.run(go())
+    assert result.metadata["error"] == "env_error"
+    assert (outcome.status, outcome.reward) == ("error", None)
+    assert "session gone on the server" in (outcome.reason or "")
+    assert servers[0].open_sessions() == 0
+
+
+def test_a_session_keeps_one_connection_for_its_streamed_calls(servers):
+    """`/call` answers are SSE streams the SDK stops reading at their `end` event; the rest is read so the
+    connection goes back to the pool instead of closing (a new TCP connection per call otherwise)."""
+    import aiohttp
+
+    service = resolve_service(remote(servers[0]))
+    made: list[str] = []
+    reused: list[str] = []
+
+    async def go() -> None:
+        session = await service.open(await service.get_task("train:0"), rollout_id="keep")
+        try:
+            trace = aiohttp.TraceConfig()
+
+            async def created(*_: Any) -> None:
+                made.append("new")
+
+            async def again(*_: Any) -> None:
+                reused.append("reused")
+
+            trace.on_connection_create_end.append(created)
+            trace.on_connection_reuseconn.append(again)
+            trace.freeze()
+            session.env.client._trace_configs.append(trace)
+            try:
+                await session.tools()
+                for number in (1, 2, 3, 4, 5):
+                    await session.call_tool("guess", {"number": number})
+            finally:
+                session.env.client._trace_configs.remove(trace)
+        finally:
+            await session.close()
+
+    asyncio.run(go())
+    assert (made, len(reused)) == ([], 6)  # the listing and five calls, each on the connection the open left
+
+
 def test_a_server_that_serves_another_default_refuses_the_name_without_a_variant(servers):
     service = resolve_service(remote(servers[0], env="GuessEnv"))
     with pytest.raises(ValueError, match=r"'GuessEnv' is not its default .*name it with \?variant=guessenv"):

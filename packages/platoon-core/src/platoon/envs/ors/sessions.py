@@ -122,6 +122,8 @@ class SessionRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, OpenSession] = {}
+        #: each open session as the file writes it (made once per session, not once per write)
+        self._entries: dict[str, dict[str, str]] = {}
         self._swept = False
         self._sweeping: asyncio.Future[None] | None = None
         self.shut_down = False
@@ -134,6 +136,7 @@ class SessionRegistry:
         # A forked worker owns none of its parent's sessions, and its loops are its own.
         self._lock = threading.Lock()
         self._open = {}
+        self._entries = {}
         self._fd = None  # the parent's file: this process writes its own
         # a respawned worker sweeps what a killed sibling left, even when the process it forked from swept
         self._swept = False
@@ -160,11 +163,13 @@ class SessionRegistry:
     def add(self, session: OpenSession) -> None:
         with self._lock:
             self._open[session.sid] = session
+            self._entries[session.sid] = asdict(session)
             self._write()
 
     def remove(self, sid: str) -> None:
         with self._lock:
             if self._open.pop(sid, None) is not None:
+                self._entries.pop(sid, None)
                 self._write()
 
     def _write(self) -> None:
@@ -178,7 +183,7 @@ class SessionRegistry:
             {
                 "pid": os.getpid(),
                 "started": self._started,
-                "sessions": [asdict(s) for s in self._open.values()],
+                "sessions": list(self._entries.values()),
             }
         ).encode()
         try:
@@ -268,6 +273,7 @@ class SessionRegistry:
             for session in left:
                 if session not in failed:
                     self._open.pop(session.sid, None)
+                    self._entries.pop(session.sid, None)
             self._write()
         self._close_file()
 

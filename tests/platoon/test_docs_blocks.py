@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import string
 import subprocess
 import sys
@@ -59,6 +60,8 @@ RUN_LANGUAGES = {"bash", "sh", "shell", "console", "python"}
 DIRECTIVE = re.compile(r"^<!--\s*docs-test:\s*(\S+)\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 BLOCK_TIMEOUT_S = 300
+#: how long a `server` block's server may take to print its URL (platoon's own START_TIMEOUT for its server child)
+SERVER_START_S = 180
 #: exemptions (skip or compile) allowed across all docs: raising it needs a reason in the block's comment
 MAX_EXEMPT = 12
 
@@ -342,16 +345,69 @@ def _shell(block: Block, source: str) -> str:
     (index,) = [i for i, line in enumerate(lines) if server in line]
     command = lines[index].split("#", 1)[0].strip()
     # Job control on: a background job otherwise starts with SIGINT ignored, and Ctrl-C is what stops the server.
+    # The wait for its URL is a hang guard (as long as platoon gives its own server child to start), and a server
+    # that never printed one fails the block instead of being interrupted and passing.
     started = (
-        f'set -m\n{command} >"$DOCS_TMP/server.log" 2>&1 &\nserver_pid=$!\n'
-        "for _ in $(seq 600); do grep -q 'http://' \"$DOCS_TMP/server.log\" && break; "
-        'kill -0 "$server_pid" 2>/dev/null || { cat "$DOCS_TMP/server.log"; exit 1; }; sleep 0.1; done\n'
+        f'set -m\n{command} >"$DOCS_TMP/server.log" 2>&1 &\nserver_pid=$!\nSECONDS=0\n'
+        "until grep -q 'http://' \"$DOCS_TMP/server.log\"; do "
+        'kill -0 "$server_pid" 2>/dev/null || { cat "$DOCS_TMP/server.log"; exit 1; }; '
+        f'[ "$SECONDS" -lt {SERVER_START_S} ] || {{ echo "docs test: the server printed no URL within '
+        f'{SERVER_START_S} s" >&2; kill -KILL "$server_pid"; cat "$DOCS_TMP/server.log"; exit 1; }}; '
+        "sleep 0.1; done\n"
     )
     stop = (
         'kill -INT "$server_pid"\nstatus=0; wait "$server_pid" || status=$?\n'
         'cat "$DOCS_TMP/server.log"; [ "$status" = 0 ] || [ "$status" = 130 ]\n'
     )
     return "\n".join([*lines[:index], started, *lines[index + 1 :], stop]) + "\n"
+
+
+def _run_shell(
+    block: Block, script: str, cwd: Path, env: dict[str, str], tmp: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run a shell block in a session of its own. Past its timeout every process of that session is killed (a
+    `server` block's server is in a process group of its own, which killing the shell would leave running) and
+    the block fails with what it and its server printed."""
+    timeout = int(block.first("timeout") or BLOCK_TIMEOUT_S)
+    with subprocess.Popen(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            left = _kill_session(process.pid)
+            stdout, stderr = process.communicate()
+            log = tmp / "server.log"
+            server = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no server log)"
+            pytest.fail(
+                f"{block.where}: the shell block ran past its {timeout} s; killed its processes {left}\n"
+                f"--- stdout\n{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}\n--- server log\n{server}"
+            )
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _kill_session(sid: int) -> list[str]:
+    """SIGKILL every process of session `sid` (field 6 of /proc/PID/stat); their pids and names."""
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(f"{entry.name} ({name})")
+    return killed
 
 
 def _prepare(block: Block, env: dict[str, str]) -> str:
@@ -430,15 +486,7 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                     error = session.run(block, source)
                     assert error is None, f"{block.where}: the Python block failed:\n{error}"
                 else:
-                    done = subprocess.run(
-                        ["bash", "-euo", "pipefail", "-c", _shell(block, source)],
-                        cwd=cwd,
-                        env=block_env,
-                        capture_output=True,
-                        text=True,
-                        timeout=int(block.first("timeout") or BLOCK_TIMEOUT_S),
-                        start_new_session=True,
-                    )
+                    done = _run_shell(block, _shell(block, source), cwd, block_env, tmp_path)
                     print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", flush=True)
                     assert done.returncode == 0, (
                         f"{block.where}: the shell block exited {done.returncode}\n--- stdout\n"

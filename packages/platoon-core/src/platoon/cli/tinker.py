@@ -1,6 +1,7 @@
 """`platoon tinker serve`: the local Tinker-compatible training server in the foreground.
 
-The server module (torch, uvicorn) is imported when the command runs, so `platoon --help` stays fast.
+The server module (torch, uvicorn) is imported when the command runs, so `platoon --help` stays fast. The command
+ends its process once the server has stopped (`exit_process`), even when `main([...])` called it in process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def serve(
     from platoon.local_server import require_torch
 
     require_torch()
-    from platoon.local_server.process import serve_foreground
+    from platoon.local_server.process import exit_process, serve_foreground
 
-    return serve_foreground(host=host, port=port, state_dir=state_dir, model=model)
+    status = serve_foreground(host=host, port=port, state_dir=state_dir, model=model)
+    # The process ends here, as the child server's does: an interpreter exit with torch loaded (or half loaded by
+    # the warm-up) can take a minute on a busy machine, and a Ctrl-C must stop the server promptly.
+    exit_process(status)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from platoon.errors import PlatoonError
 from platoon.local_server import DEFAULT_MODEL, LocalTinkerServer, require_torch
@@ -229,6 +230,25 @@ def serve_foreground(
     return 0
 
 
+def exit_process(status: int) -> NoReturn:
+    """End this server process with `status` once what it wrote is flushed, skipping the interpreter's teardown
+    and the C++ exit handlers.
+
+    By the time a server stops, torch may be loaded, or half loaded by the warm-up thread. The teardown would walk
+    and free all of it (a second or more), triton's nanobind bindings would print "leaked" reports, and libtorch's
+    static destructors deregister every operator from its dispatcher; after a Ctrl-C that lands while the warm-up
+    is still importing torch, those destructors took 57 and 80 s at load 8 on 2 cores (gdb: the main thread in
+    `TorchLibraryInit::~TorchLibraryInit` under `exit()`), so a Ctrl-C did not stop the server. Nothing of the
+    server is left to run at this point (`serve_foreground` stopped and joined it)."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: nothing more to say
+            stream.flush()
+    os._exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m platoon.local_server.process")
     parser.add_argument("--host", default="127.0.0.1")
@@ -253,13 +273,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    # Everything the server writes is written (stop() joined it). torch, transformers and triton are loaded now: the
-    # interpreter's teardown would walk and free all of it (a second or more, which the trainer waits for) and then
-    # triton's nanobind bindings would print "leaked" reports; the child flushes what it said and leaves at once.
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    # Everything the server writes is written (stop() joined it); the trainer waits for this exit.
+    exit_process(main())

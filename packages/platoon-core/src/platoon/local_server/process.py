@@ -236,10 +236,10 @@ def exit_process(status: int) -> NoReturn:
 
     By the time a server stops, torch may be loaded, or half loaded by the warm-up thread. The teardown would walk
     and free all of it (a second or more), triton's nanobind bindings would print "leaked" reports, and libtorch's
-    static destructors deregister every operator from its dispatcher; after a Ctrl-C that lands while the warm-up
-    is still importing torch, those destructors took 57 and 80 s at load 8 on 2 cores (gdb: the main thread in
-    `TorchLibraryInit::~TorchLibraryInit` under `exit()`), so a Ctrl-C did not stop the server. Nothing of the
-    server is left to run at this point (`serve_foreground` stopped and joined it)."""
+    static destructors deregister every operator from its dispatcher: after a Ctrl-C that landed while the warm-up
+    was still importing torch, they took 57 and 80 s on 2 cores busy with six other processes (gdb: the main
+    thread in `TorchLibraryInit::~TorchLibraryInit` under `exit()`), so a Ctrl-C did not stop the server. Nothing
+    of the server is left to run at this point (`serve_foreground` stopped and joined it)."""
     import logging
 
     logging.shutdown()

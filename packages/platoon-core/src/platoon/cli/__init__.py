@@ -61,7 +61,8 @@ def _before_exit() -> None:
 
     if "triton" in sys.modules:
         # torch's triton binds with nanobind, which reports every object of its types still alive at exit as a
-        # leak (a page of "nanobind: leaked ..."): a process that loaded it (`platoon tinker serve`) frees it all.
+        # leak (a page of "nanobind: leaked ..."): a command that loaded it in this process frees it all. (`platoon
+        # tinker serve`, the one that loads torch here, ends with `os._exit` before this: local_server/process.py.)
         return
     gc.freeze()
 

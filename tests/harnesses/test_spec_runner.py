@@ -148,6 +148,29 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+@pytest.fixture
+def launched_markers(monkeypatch):
+    """The markers this test's launches get: a process check looks for exactly these, never for another test
+    session's agents that happen to run on the same machine at the same time."""
+    from platoon_harnesses.spec_runner import runner
+
+    markers: list[str] = []
+    make = runner.new_marker
+
+    def recording(slug: str) -> str:
+        markers.append(make(slug))
+        return markers[-1]
+
+    monkeypatch.setattr(runner, "new_marker", recording)
+    return markers
+
+
+def live_marked(markers: list[str]) -> list[int]:
+    """The live processes carrying one of `markers` (exactly)."""
+    assert markers, "the agent was never launched"
+    return [pid for marker in markers for pid in marked_processes(marker + "\0") if alive(pid)]
+
+
 def marked_processes(prefix: str) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
@@ -211,7 +234,9 @@ def test_a_local_agent_sees_only_allowlisted_host_variables(tmp_path, monkeypatc
     assert seen["PLATOON_HARNESS_AGENT"].startswith("acme-test-agent-")
 
 
-def test_an_agent_that_hangs_is_killed_at_its_deadline_with_every_process_gone(tmp_path, quick_grace):
+def test_an_agent_that_hangs_is_killed_at_its_deadline_with_every_process_gone(
+    tmp_path, quick_grace, launched_markers
+):
     episode = run(tmp_path, [], mode="hang", rollout={"timeout": 2, "verbose": False})
     outcome = episode.outcome
     assert outcome["status"] == "timeout" and outcome["reason"] == "agent_timeout"  # untrainable, not a 0
@@ -221,7 +246,7 @@ def test_an_agent_that_hangs_is_killed_at_its_deadline_with_every_process_gone(t
     pids = [int(n) for n in re.findall(r"(?:CHILD|SELF) (\d+)", text)]
     assert len(pids) == 2  # the agent and a child that left its process group and ignores TERM
     assert not [pid for pid in pids if alive(pid)]
-    assert not [pid for pid in marked_processes("acme-test-agent-") if alive(pid)]
+    assert not live_marked(launched_markers)
 
 
 def test_an_agent_that_crashes_is_untrainable_not_zero(tmp_path):
@@ -315,14 +340,16 @@ def test_an_agent_in_a_network_none_sandbox_reaches_the_model_and_tools_through_
 
 
 @pytest.mark.parametrize("provider_name", ["docker", "process"])
-def test_an_agent_that_hangs_in_a_sandbox_is_killed_by_its_marker(tmp_path, provider_name, quick_grace):
+def test_an_agent_that_hangs_in_a_sandbox_is_killed_by_its_marker(
+    tmp_path, provider_name, quick_grace, launched_markers
+):
     provider, image = sandbox_provider(provider_name)
     service = AnswerService(provider, image)
     episode = run(tmp_path, [], mode="hang", service=service, rollout={"timeout": 3, "verbose": False})
     assert episode.outcome["status"] == "timeout"
     assert episode.root.misc["harness"]["timed_out"] is True
     assert service.sessions[0].marked_at_close == []  # killed by marker before the session closed
-    assert not [pid for pid in marked_processes("acme-test-agent-") if alive(pid)]
+    assert not live_marked(launched_markers)
 
 
 def test_an_agent_killed_by_the_sandbox_memory_limit_is_untrainable_not_zero(tmp_path):

@@ -377,6 +377,9 @@ def _run_shell(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # Ctrl-C as at a terminal: a suite started as a background job of a script inherits SIGINT ignored, and a
+        # server a block starts would then ignore the Ctrl-C that stops it (the block ran into its timeout).
+        preexec_fn=_default_sigint,
     ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
@@ -390,6 +393,10 @@ def _run_shell(
                 f"--- stdout\n{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}\n--- server log\n{server}"
             )
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _kill_session(sid: int) -> list[str]:

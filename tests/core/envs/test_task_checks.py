@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from platoon.cli import main
-from platoon.envs.service import task_check_refusal
+from platoon.envs.service import task_check_refusals
 
 SERVICE_MODULE = textwrap.dedent(
     """
@@ -166,4 +166,4 @@ def test_a_service_without_check_tasks_is_not_asked():
     class Plain:
         pass
 
-    assert asyncio.run(task_check_refusal(Plain(), "train", ["a"])) is None
+    assert asyncio.run(task_check_refusals(Plain(), [("train", "a")])) == []

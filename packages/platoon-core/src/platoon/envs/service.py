@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -30,7 +30,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "open_accepts_needs",
-    "task_check_refusal",
+    "task_check_refusals",
 ]
 
 OutcomeStatus = Literal["scored", "invalid", "error", "timeout", "cancelled"]
@@ -232,23 +232,29 @@ class EnvNotPrepared(EnvSetupError):
         super().__init__("env_config", message)
 
 
-async def task_check_refusal(service: Any, split: str, ids: Sequence[str]) -> str | None:
-    """Why `service` refuses the tasks `ids` of `split` before a run starts (its optional `check_tasks`), or None.
+async def task_check_refusals(service: Any, tasks: Iterable[tuple[str, str]]) -> list[str]:
+    """Why `service` refuses `tasks` (`(split, task id)` pairs) before a run starts: its optional `check_tasks`,
+    asked once per split with that split's ids, in order; [] when it accepts them all or has no such method.
 
-    Training, evaluation and `platoon rollout` ask this of the tasks they listed, so that a task the environment
+    Training, evaluation and `platoon rollout` ask this of the tasks they would use, so that a task the environment
     would refuse at every open (a provider that cannot run it, an image not built) stops the start with one line
     and exit 78, instead of failing each rollout as it comes.
     """
     check = getattr(service, "check_tasks", None)
-    if check is None or not ids:
-        return None
-    try:
-        await check(split, list(ids))
-    except EnvSetupError as exc:
-        return exc.message
-    except Exception as exc:  # the environment's own code: one line, as a listing failure is
-        return f"checking the tasks of split {split!r} failed: {type(exc).__name__}: {exc}"
-    return None
+    if check is None:
+        return []
+    by_split: dict[str, list[str]] = {}
+    for split, task_id in tasks:
+        by_split.setdefault(split, []).append(task_id)
+    refusals: list[str] = []
+    for split, ids in by_split.items():
+        try:
+            await check(split, ids)
+        except EnvSetupError as exc:
+            refusals.append(exc.message)
+        except Exception as exc:  # the environment's own code: one line, as a listing failure is
+            refusals.append(f"checking the tasks of split {split!r} failed: {type(exc).__name__}: {exc}")
+    return refusals
 
 
 @runtime_checkable

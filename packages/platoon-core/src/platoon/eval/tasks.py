@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.envs.service import task_check_refusal
+from platoon.envs.service import task_check_refusals
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -155,11 +155,9 @@ async def _list_entry(
     selected = [(name, t) for name, t in listed if t not in excluded]
     if limit is not None:
         selected = selected[:limit]
-    refusals = [
-        await task_check_refusal(service, name, [t for s, t in selected if s == name]) for name in splits
-    ]
-    if any(refusals):
-        raise ConfigError([f"{where}: {refusal}" for refusal in refusals if refusal])
+    refusals = await task_check_refusals(service, selected)
+    if refusals:
+        raise ConfigError([f"{where}: {refusal}" for refusal in refusals])
     kept = [t for _, t in selected]
     gate = asyncio.Semaphore(_LOOKUPS)
 
@@ -228,7 +226,7 @@ async def resolve_task(
         raise ConfigError(
             f"--task {task_id!r}: environments[{label}] has no such task ({type(exc).__name__}: {exc})"
         ) from None
-    refusal = await task_check_refusal(service, split, [raw])
-    if refusal is not None:
-        raise ConfigError(f"--task {task_id!r}: environments[{label}] refuses it: {refusal}")
+    refusals = await task_check_refusals(service, [(split, raw)])
+    if refusals:
+        raise ConfigError(f"--task {task_id!r}: environments[{label}] refuses it: {refusals[0]}")
     return EvalTask(label, task_id, task), service

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.envs.service import task_check_refusal
+from platoon.envs.service import task_check_refusals
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -162,11 +162,9 @@ async def _list_entry(
     limit = listing.get("limit")
     if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
         ids = ids[:limit]
-    refusals = [
-        await task_check_refusal(service, split, [t for t in ids if split_of[t] == split]) for split in splits
-    ]
-    if any(refusals):
-        raise ConfigError([f"{where}: {refusal}" for refusal in refusals if refusal])
+    refusals = await task_check_refusals(service, [(split_of[t], t) for t in ids])
+    if refusals:
+        raise ConfigError([f"{where}: {refusal}" for refusal in refusals])
     gate = asyncio.Semaphore(_TASK_LOOKUPS)  # remote services: a bounded number of lookups at once
 
     async def fetch(task_id: str) -> Task:

@@ -454,7 +454,7 @@ async def _list_entry(
 
     from platoon.envs import listing_cache
     from platoon.envs.resolve import entry_service_kwargs, resolve_service
-    from platoon.envs.service import task_check_refusal
+    from platoon.envs.service import task_check_refusals
 
     where = f"environments.{index}"
     label = entry.name if mixture else DEFAULT_LABEL
@@ -548,10 +548,8 @@ async def _list_entry(
     kept = [(s, t) for s, t in listed if t not in excluded]
     if limit is not None:
         kept = kept[:limit]
-    for split in splits:  # the service's own run-start checks, on the tasks the run would train on
-        refusal = await task_check_refusal(service, split, [t for s, t in kept if s == split])
-        if refusal is not None:
-            problems.append(f"{where}: {refusal}")
+    # the service's own run-start checks, on the tasks the run would train on
+    problems += [f"{where}: {refusal}" for refusal in await task_check_refusals(service, kept)]
     record = {
         split: {
             "listed": sum(1 for s, _ in listed if s == split),

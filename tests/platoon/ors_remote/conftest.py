@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# the tests import this directory's helper modules (number_search_policies) by name
+sys.path.insert(0, str(Path(__file__).parent))
+
 SERVER_SCRIPT = Path(__file__).with_name("ors_server.py")
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from number_search_policies import binary_search
 
 from platoon import plugins
 from platoon.envs.ors.bridge import rollout_slug
 from platoon.envs.ors.inprocess import InProcessOrsService
 from platoon.envs.ors.remote import RemoteOrsService
-from platoon.testing import ScriptedPolicy, run_episode, tool_call
+from platoon.testing import ScriptedPolicy, run_episode
 from platoon.viz.model import EventModel, bridge_node
 
 NUMBER_SEARCH = "python://platoon.envs.number_search.env:NumberSearchEnvironment"
@@ -28,14 +28,6 @@ def events(directory: Path) -> list[dict[str, Any]]:
 
 def state(directory: Path) -> dict[str, Any]:
     return json.loads((directory / "bridge_state.json").read_text())
-
-
-def binary_search(prompt: str) -> str:
-    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-    guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-    return "\n" + tool_call("guess", {"number": (low + high) // 2})
 
 
 def check_episode_log(directory: Path, turns: int) -> dict[str, Any]:

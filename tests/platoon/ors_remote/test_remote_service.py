@@ -11,11 +11,12 @@ import re
 from typing import Any
 
 import pytest
+from number_search_policies import always_zero, binary_search
 
 from platoon.envs.ors.remote import RemoteOrsService, parse_uri, resolve_pool, server_order
 from platoon.envs.ors.sessions import registry
 from platoon.envs.resolve import resolve_service
-from platoon.testing import ScriptedPolicy, run_episode, tool_call
+from platoon.testing import ScriptedPolicy, run_episode
 
 NUMBER_SEARCH = "python://platoon.envs.number_search.env:NumberSearchEnvironment"
 
@@ -110,18 +111,6 @@ def test_session_urls_of_the_label_are_read_at_open(monkeypatch, servers):
 # -- the same rewards as in process ---------------------------------------------------------------------------------
 
 
-def binary_search(prompt: str) -> str:
-    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-    guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-    return "\n" + tool_call("guess", {"number": (low + high) // 2})
-
-
-def always_zero(prompt: str) -> str:
-    return "\n" + tool_call("guess", {"number": 0})
-
-
 def test_number_search_remote_gives_the_in_process_rewards(servers, tmp_path):
     def rewards(service: str) -> list[tuple[Any, int]]:
         found = []
@@ -167,8 +156,7 @@ async def play(service: Any, task_id: str, calls: list[tuple[str, dict[str, Any]
         await session.close()
 
 
-def test_the_guessing_environment_remote_plays_as_in_process(servers, monkeypatch):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+def test_the_guessing_environment_remote_plays_as_in_process(servers):
     in_process = resolve_service("python://ors_server:GuessEnv")
     served = resolve_service(guess_env(servers[0]))
 

@@ -84,3 +84,8 @@ def test_a_prompts_dir_replaces_the_system_prompt_and_the_action_space(tmp_path)
         builder.action_space(functions)
         == "craft(ingredients, target)\nlaunch_subagent(targets, num_steps)\nawait them"
     )
+
+
+def test_a_prompts_dir_that_is_not_a_directory_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"prompts_dir .*missing.* is not a directory"):
+        TextCraftPromptBuilder(str(tmp_path / "missing"))

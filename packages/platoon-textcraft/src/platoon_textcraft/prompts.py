@@ -85,6 +85,9 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         super().__init__(include_reasoning=include_reasoning, prompt_mode=prompt_mode)
         if prompts_dir is not None:
+            # A mistyped directory would otherwise leave the built-in prompts in place without a word.
+            if not Path(prompts_dir).is_dir():
+                raise ValueError(f"prompts_dir {prompts_dir!r} is not a directory")
             self.template_dir = prompts_dir
         self.variant = variant
         self.synth = synth

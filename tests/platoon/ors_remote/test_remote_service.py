@@ -270,41 +270,58 @@ def test_a_session_dying_ends_the_call_it_waits_on(servers):
     assert servers[0].open_sessions() == 0
 
 
-def test_a_session_keeps_one_connection_for_its_streamed_calls(servers):
-    """`/call` answers are SSE streams the SDK stops reading at their `end` event; the rest is read so the
-    connection goes back to the pool instead of closing (a new TCP connection per call otherwise)."""
+@pytest.mark.parametrize("through", ["wire", "sdk"])
+def test_a_session_keeps_one_connection_for_all_its_requests(servers, through, monkeypatch):
+    """A session's requests (its creation, prompt, tools, calls and deletes) share one keep-alive connection:
+    on the wire (`platoon.envs.ors.wire`), and through the SDK's aiohttp when the wire is not used (httptools
+    missing, a proxy set). Through the SDK, `/call` answers are SSE streams it stops reading at their `end` event;
+    the rest is read so the connection goes back to the pool instead of closing."""
     import aiohttp
 
+    from platoon.envs.ors import remote as remote_module
+
+    if through == "sdk":
+        monkeypatch.setattr(remote_module, "wire_usable", lambda: False)
     service = resolve_service(remote(servers[0]))
     made: list[str] = []
     reused: list[str] = []
+    trace = aiohttp.TraceConfig()
 
-    async def go() -> None:
-        session = await service.open(await service.get_task("train:0"), rollout_id="keep")
+    async def created(*_: Any) -> None:
+        made.append("new")
+
+    async def again(*_: Any) -> None:
+        reused.append("reused")
+
+    trace.on_connection_create_end.append(created)
+    trace.on_connection_reuseconn.append(again)
+    trace.freeze()
+
+    async def go() -> int:
+        task = await service.get_task("train:0")
+        sdk_client = (await service._environment(servers[0].url)).client
+        sdk_client._trace_configs.append(trace)
         try:
-            trace = aiohttp.TraceConfig()
-
-            async def created(*_: Any) -> None:
-                made.append("new")
-
-            async def again(*_: Any) -> None:
-                reused.append("reused")
-
-            trace.on_connection_create_end.append(created)
-            trace.on_connection_reuseconn.append(again)
-            trace.freeze()
-            session.env.client._trace_configs.append(trace)
+            session = await service.open(task, rollout_id="keep")
             try:
                 await session.tools()
                 for number in (1, 2, 3, 4, 5):
                     await session.call_tool("guess", {"number": number})
             finally:
-                session.env.client._trace_configs.remove(trace)
+                await session.close()
         finally:
-            await session.close()
+            sdk_client._trace_configs.remove(trace)
+        wire = session.env._wire
+        return -1 if wire is None else wire.opened
 
-    asyncio.run(go())
-    assert (made, len(reused)) == ([], 6)  # the listing and five calls, each on the connection the open left
+    opened = asyncio.run(go())
+    if through == "wire":
+        # creation (2), prompt, tools, five calls, deletes (2): eleven requests on one connection, none on aiohttp
+        assert (opened, made, reused) == (1, [], [])
+    else:
+        assert opened == -1
+        # the eleven requests on the connection the task lookup left in the pool
+        assert (made, len(reused)) == ([], 11)
 
 
 def test_a_server_that_serves_another_default_refuses_the_name_without_a_variant(servers):

@@ -25,6 +25,7 @@ The SDK is imported on first use: this module is what the `ors+http` service ent
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -39,7 +40,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
-from platoon.envs.ors import bridge
+from platoon.envs.ors import bridge, wire
 from platoon.envs.ors.inprocess import (
     ROUTING_KEY,
     TERMINAL_META_KEY,
@@ -77,6 +78,10 @@ SPEC_WINDOW = 256
 _WARNED_NO_TERMINAL: set[str] = set()
 #: resumptions of a `/call` stream cut after the server named its task (a call is never sent twice)
 CALL_RESUMES = 3
+#: a `/call` stream silent this long is given up (the SDK's heartbeat; servers send a comment every 10 s)
+SSE_HEARTBEAT_S = 30.0
+#: `_call_on_wire`'s answer for a call the SDK should post itself
+_TO_SDK: Any = object()
 
 
 # -- the URI and the pool ----------------------------------------------------------------------------------------
@@ -197,15 +202,17 @@ def _sdk_client() -> Any:
 def _session_class() -> type:
     """The SDK's `AsyncSession` with the `/call` described in the module docstring."""
     client = _sdk_client()
-    from openreward.api._session.http import _RemoteSSEError, resumable_sse
+    from openreward.api._session.http import USER_AGENT, _RemoteSSEError, request_retryable, resumable_sse
     from openreward.api._session.ping import ErrorResponse
-    from openreward.api.errors import SessionTerminatedError, ToolCallError, ToolFailed
+    from openreward.api.errors import HeartbeatTimeoutError, SessionTerminatedError, ToolCallError, ToolFailed
 
     class _PlatoonSdkSession(client.AsyncSession):  # type: ignore[name-defined]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, wire: wire.Wire | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             #: the requests running under `_run_or_die`, cancelled when the session dies
             self._watched: set[asyncio.Task[Any]] = set()
+            #: the server's keep-alive connections (`platoon.envs.ors.wire`); None: every request through the SDK
+            self._wire = wire
 
         async def _run_or_die(self, coro: Any) -> Any:
             """The SDK's `_run_or_die` (a request ends with the session's death), at one task per request.
@@ -245,21 +252,232 @@ def _session_class() -> type:
             await asyncio.sleep(kwargs.get("sleep_time", 10))
             await super()._run_ping(url, sid, *args, **kwargs)
 
-        async def call_raw(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-            """The call's output as the server sent it (`blocks`, `metadata`, `reward`, `finished`)."""
+        # -- requests on the wire, each handed to the SDK when the wire does not complete it
+
+        def _headers(
+            self, sid: str | None, deployment: str | None, extra: Mapping[str, str] | None = None
+        ) -> dict[str, str]:
+            headers = {"User-Agent": USER_AGENT, "X-API-Key": self.api_key}
+            if sid:
+                headers["X-Session-ID"] = sid
+            if deployment:
+                headers["X-Deployment"] = deployment
+            return {**headers, **(extra or {})}
+
+        async def _plain(
+            self,
+            method: str,
+            path: str,
+            *,
+            expect_json: bool,
+            sid: str | None,
+            deployment: str | None = None,
+            body: Any = None,
+            extra_headers: Mapping[str, str] | None = None,
+        ) -> Any:
+            """A request answered with JSON (or nothing): on the wire, else the SDK's `request_retryable`.
+
+            An answer the wire does not complete (a status other than 2xx, a lost connection) is asked again of the
+            SDK, whose retries and errors then decide: these requests are reads, or repeat harmlessly."""
+            if self._wire is not None:
+                try:
+                    answer = await self._wire.request(
+                        method, path, self._headers(sid, deployment, extra_headers), body
+                    )
+                except wire.WireError as exc:
+                    log.debug("%s %s went to the SDK: %s", method, path, exc)
+                else:
+                    return json.loads(answer) if expect_json else None
+            return await request_retryable(
+                self.client,
+                method,
+                path,
+                expect_json=expect_json,
+                token=self.api_key,
+                json=body,
+                sid=sid,
+                deployment=deployment,
+                extra_headers=dict(extra_headers) if extra_headers else None,
+            )
+
+        async def __aenter__(self) -> Any:
+            if self._wire is None or self._external_client is None:
+                return await super().__aenter__()
+            try:
+                answer = await self._wire.request(
+                    "POST",
+                    self._creation_endpoint,
+                    self._headers(
+                        None,
+                        self.deployment,
+                        {"Accept": "text/event-stream", **(self._creation_headers or {})},
+                    ),
+                    self._creation_payload,
+                )
+            except wire.WireError as exc:
+                answer = exc.body
+            # The SDK's server names the new session in its `task_id` event (a hosted one may in `end`'s `sid`).
+            events = wire.sse_events(answer)
+            sid = next((data.strip() for event, data in events if event == "task_id"), None)
+            for event, data in events:
+                if event == "end" and data.strip().startswith("{"):
+                    sid = json.loads(data).get("sid") or sid
+            if not sid:
+                return await super().__aenter__()  # the SDK creates it, with its retries and its errors
+            self.sid = sid
+            try:
+                await self._post_create()
+            except Exception as exc:
+                raise self._annotate_error(exc) from exc.__cause__
+            self._ping_task = asyncio.create_task(
+                self._run_ping(
+                    url=f"{self.base_url}/ping",
+                    sid=self.sid,
+                    api_key=self.api_key,
+                    sleep_time=10,
+                    deployment=self.deployment,
+                )
+            )
+            return self
+
+        async def _post_create(self) -> None:
+            if self.task is not None or self.toolset_name is not None:
+                return await super()._post_create()  # not what platoon opens: the SDK's own
+            payload: dict[str, Any] = {"split": self.split, "index": self.index}
+            if self.env.variant is not None:
+                payload["env_name"] = self.env.variant
+            await self._plain(
+                "POST",
+                "/create",
+                expect_json=True,
+                sid=self.sid,
+                deployment=self.deployment,
+                body=payload,
+                extra_headers=self._secrets_headers,
+            )
+
+        async def _pre_delete(self) -> None:
+            if self.sid:
+                await self._plain("POST", "/delete", expect_json=False, sid=self.sid)
+
+        async def __aexit__(self, *exc_info: Any) -> None:
+            if self._wire is None or self._own_client is not None:
+                return await super().__aexit__(*exc_info)
+            # The SDK's exit, with its requests on the wire: stop the ping, tear the environment down, delete.
+            _stop_ping(self)
+            self._ping_task = None  # type: ignore[assignment]
+            with contextlib.suppress(Exception):
+                await self._pre_delete()
+            pending: str | None = getattr(self, "_pending_task_id", None)  # a creation the SDK left half done
+            for sid in (pending, self.sid):
+                if sid is not None:
+                    with contextlib.suppress(Exception):
+                        await self._plain("POST", "/delete_session", expect_json=False, sid=sid)
+            self._pending_task_id = None
+
+        async def list_tools(self, format: Any = None) -> Any:
+            if self._wire is None or format is not None or not self._has_task_tools:
+                return await super().list_tools(format)
             try:
                 res = await self._run_or_die(
-                    resumable_sse(
-                        self.client,
-                        self._env_path("/call"),
-                        sid=self.sid,
-                        deployment=self.deployment,
-                        token=self.api_key,
-                        json={"name": tool_name, "input": arguments},
-                        max_retries=CALL_RESUMES,
-                        resumable_only=True,
+                    self._wire.request(
+                        "GET", self._env_path("/task_tools"), self._headers(self.sid, self.deployment)
                     )
                 )
+            except wire.WireError:
+                return await super().list_tools(
+                    format
+                )  # a 404 (no per-task tools) or a failure: the SDK's way
+            listing = json.loads(res)
+            self._terminal_tool = client.parse_terminal_tool(listing)
+            self._supports_score_group = bool(listing.get("supports_score_group"))
+            self._message_block_types = listing.get("message_block_types")
+            self._score_group_fetched = True
+            return client.convert_tool_response(listing, format=format)
+
+        async def prompt_blocks(self) -> list[Any]:
+            """The prompt's blocks as the server sent them (dicts, not the SDK's pydantic copies)."""
+            blocks: list[Any] = await self._run_or_die(
+                self._plain(
+                    "GET",
+                    self._env_path("/prompt"),
+                    expect_json=True,
+                    sid=self.sid,
+                    deployment=self.deployment,
+                )
+            )
+            return blocks
+
+        async def _call_on_wire(self, payload: dict[str, Any]) -> Any:
+            """`/call` on the wire: the `end` event's JSON, or `_TO_SDK` for a call the SDK should post itself.
+
+            A call the server refused (a status other than 2xx) never ran, and nothing was sent on a connection that
+            could not be made: both go to the SDK. A stream cut after the server named its task is resumed by the
+            SDK; cut before, it raises, since the call may have run (it is never sent twice)."""
+            assert self._wire is not None
+            try:
+                answer = await self._wire.request(
+                    "POST",
+                    self._env_path("/call"),
+                    self._headers(self.sid, self.deployment, {"Accept": "text/event-stream"}),
+                    payload,
+                    idle_timeout_s=SSE_HEARTBEAT_S,
+                )
+                cut: wire.Lost | None = None
+            except wire.Refused:
+                return _TO_SDK
+            except wire.Lost as exc:
+                if not exc.sent:
+                    return _TO_SDK
+                if exc.timed_out:
+                    raise HeartbeatTimeoutError() from None  # as the SDK's stream: not resumed
+                answer, cut = exc.body, exc
+            task_id = None
+            chunks: list[str] = []
+            for event, data in wire.sse_events(answer):
+                if event == "task_id":
+                    task_id = data.strip()
+                elif event == "chunk":
+                    chunks.append(data)
+                elif event == "error":
+                    raise _RemoteSSEError(data or "Unknown SSE error")
+                elif event == "end":
+                    text = "".join(chunks) + data
+                    return json.loads(text) if text else None
+            if task_id is None:
+                raise ConnectionResetError(str(cut or "the call's stream ended without an answer"))
+            return await resumable_sse(
+                self.client,
+                self._env_path("/call"),
+                sid=self.sid,
+                deployment=self.deployment,
+                token=self.api_key,
+                json=payload,
+                task_id=task_id,
+                max_retries=CALL_RESUMES,
+                resumable_only=True,
+            )
+
+        async def call_raw(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            """The call's output as the server sent it (`blocks`, `metadata`, `reward`, `finished`)."""
+            payload = {"name": tool_name, "input": arguments}
+            try:
+                res = _TO_SDK
+                if self._wire is not None:
+                    res = await self._run_or_die(self._call_on_wire(payload))
+                if res is _TO_SDK:
+                    res = await self._run_or_die(
+                        resumable_sse(
+                            self.client,
+                            self._env_path("/call"),
+                            sid=self.sid,
+                            deployment=self.deployment,
+                            token=self.api_key,
+                            json=payload,
+                            max_retries=CALL_RESUMES,
+                            resumable_only=True,
+                        )
+                    )
             except _RemoteSSEError as exc:
                 # The tool raised on the server; as the SDK does, the session is over.
                 self._mark_dead(ErrorResponse(type="error", message=str(exc)))
@@ -285,6 +503,8 @@ class _LoopClients:
     def __init__(self) -> None:
         self.apis: dict[tuple[str, str | None], Any] = {}
         self.envs: dict[tuple[int, str, str, str | None], Any] = {}
+        #: per server URL: its keep-alive connections for sessions' requests
+        self.wires: dict[str, wire.Wire] = {}
         self.holder: AsyncIterator[None] | None = None
 
     async def _hold(self) -> AsyncIterator[None]:
@@ -298,6 +518,9 @@ class _LoopClients:
                     log.debug("closing an ORS client: %s", exc)
             self.apis.clear()
             self.envs.clear()
+            for connections in self.wires.values():
+                connections.close()
+            self.wires.clear()
 
 
 _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = weakref.WeakKeyDictionary()
@@ -356,6 +579,13 @@ def _env_config_matters() -> bool:
         return True
     netrc = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
     return os.path.exists(netrc)
+
+
+@functools.cache
+def wire_usable() -> bool:
+    """Whether sessions' requests take `platoon.envs.ors.wire` (checked once): httptools is installed, and no proxy
+    variable or netrc file is there for the SDK's aiohttp to honour."""
+    return wire.available() and not _env_config_matters()
 
 
 async def _bounded(awaitable: Any, timeout_s: float | None) -> Any:
@@ -603,6 +833,18 @@ class RemoteOrsService(InProcessOrsService):
             env.client._response_class = _draining_response()
         return env
 
+    async def _wire(self, url: str) -> wire.Wire | None:
+        """The keep-alive connections to `url` its sessions' requests take, on the running loop; None (every
+        request through the SDK's aiohttp) when httptools is missing or a proxy or netrc setting is there to
+        honour (the wire connects straight to the server)."""
+        if not wire_usable():
+            return None
+        clients = await _loop_clients()
+        connections = clients.wires.get(url)
+        if connections is None:
+            connections = clients.wires[url] = wire.Wire(url)
+        return connections
+
     async def _check_server(self, url: str) -> None:
         """Until it once succeeds, per server: it answers, and serves this entry (`ServerRefused` when not)."""
         if url in self._checked:
@@ -814,6 +1056,7 @@ class RemoteOrsService(InProcessOrsService):
                 index=index,
                 api_key=self.api_key,
                 secrets=dict(self._secrets) or None,
+                wire=await self._wire(url),
             )
             try:
                 await _bounded(sdk_session.__aenter__(), self.call_timeout_s)
@@ -839,7 +1082,7 @@ class RemoteOrsService(InProcessOrsService):
         )
         try:
             blocks = [
-                _wire_block(b) for b in await _bounded(_prompt_blocks(sdk_session), self.call_timeout_s)
+                _wire_block(b) for b in await _bounded(sdk_session.prompt_blocks(), self.call_timeout_s)
             ]
             text = join_prompt_text(blocks)
             if self.prompt_filter is not None:
@@ -940,24 +1183,6 @@ def _class_ref(value: Any) -> Any:
     if isinstance(value, str) and not value.startswith("python://"):
         return f"python://{value}"
     return value
-
-
-async def _prompt_blocks(sdk_session: Any) -> list[Any]:
-    from openreward.api._session.http import request_retryable
-
-    # The raw blocks (dicts), not the SDK's pydantic copies: the session hands dicts on anyway.
-    blocks: list[Any] = await sdk_session._run_or_die(
-        request_retryable(
-            sdk_session.client,
-            "GET",
-            sdk_session._env_path("/prompt"),
-            expect_json=True,
-            sid=sdk_session.sid,
-            deployment=sdk_session.deployment,
-            token=sdk_session.api_key,
-        )
-    )
-    return blocks
 
 
 def _wire_block(block: Any) -> dict[str, Any]:

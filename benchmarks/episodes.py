@@ -24,22 +24,25 @@ the servers on the others (`os.sched_setaffinity`).
 
     uv run --frozen python benchmarks/episodes.py --remote [--pin]
 
-Measured (2026-12-05, 2 cores shared with other sessions' work; run_episode, 128 episodes, concurrency 32):
+Measured (2026-12-05, 2 cores shared with other work; run_episode, 128 episodes, concurrency 32, median of 3).
+Each line is one run; wall-clock figures move by a tenth or more from run to run here:
 
-    load 1.6, not pinned   in process 121.7 eps/s (8.4 ms CPU/ep); one server 58.2 (48 %: client 15.2 ms +
-                           server 11.7 ms CPU/ep); two servers 43.7 (36 %)
-    load 1.1, pinned       in process 93.0 (10.7 ms); one server 40.4 (43 %: 22.5 + 16.0 ms); two 43.9 (47 %)
-    before this file's     load 1.3: one server 44.7 eps/s (48 %: 20.1 + 15.1 ms); pinned, load 1.3: 52.3 (45 %:
-    session's changes      16.7 + 14.4 ms). An ORS episode then opened 6.3 new TCP connections (now none).
+    sessions' requests on platoon's wire (platoon.envs.ors.wire, httptools; servers on uvicorn with httptools):
+    load 1.0, not pinned   in process 120.9 eps/s (8.4 ms CPU/ep); one server 78.6 (65 %: client 11.0 ms +
+                           server 8.5 ms CPU/ep); two servers 61.6 (51 %)
+    load 0.7, not pinned   in process 110.4 (9.2 ms); one server 65.1 (59 %: 13.1 + 9.8 ms)
+    load 1.2, not pinned   in process 112.5 (9.0 ms); one server 68.0 (60 %: 12.3 + 9.2 ms)
+    load 1.1, pinned       in process 118.8 (8.4 ms); one server 63.3 (53 %: 13.4 + 9.3 ms)
+    through the SDK's aiohttp client, the same day (servers on h11):
+    load 2.3, not pinned   in process 108.4 (9.3 ms); one server 61.9 (57 %: 14.1 + 11.5 ms)
+    load 1.6, not pinned   in process 121.7 (8.4 ms); one server 58.2 (48 %: 15.2 + 11.7 ms); two 43.7 (36 %)
 
-What limits it: the SDK's server spends about 1.2-1.5 ms of CPU on each `/call` (an SSE stream on FastAPI, uvicorn
-with h11 and asyncio's loop) and 0.3-1.2 ms on each of the six other requests of a session, 12-17 ms per episode:
-more than a whole in-process episode (8-12 ms). A server process on a core of its own thus serves at most 60-85
-episodes/s, and the client, at 15-22 ms per episode (the in-process episode's harness and gateway plus about 5 ms of
-HTTP: aiohttp, the SDK's client, the loopback's kernel work), is the busier side here. The last line of the output
-gives the cap a core per process allows from CPU alone (55 % in the first run above): the 60 % target is not
-reached on this machine, whose wall-clock figures also move by a third from run to run with the other work on it.
-Two servers beside the client are three processes on two cores: no faster than one.
+What limits it: the client. An episode on a server is an in-process episode's harness and gateway plus about 14
+requests; through aiohttp and the SDK's client those cost about 5 ms of the client's CPU per episode, on the wire
+about 2.6 ms (the rest is the kernel's loopback work and the event loop's polling). The server (the SDK's FastAPI
+app on uvicorn) spends 8.5-10 ms per episode with httptools, 11.5-17 ms with h11. The last line of the output gives
+the cap a core per process allows from CPU alone (63-77 % in the wire runs above, 60-66 % before). Two servers
+beside the client are three processes on two cores: no faster than one.
 
 Targets on the 2-core machine: `run_episode` at least 3x platoon 0.2.0's episodes/s in the same run; `rollout` at
 least 100 episodes/s. `--profile` prints where the time goes (cProfile, this installation only).

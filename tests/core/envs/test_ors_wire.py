@@ -196,7 +196,9 @@ def test_a_cancelled_request_does_not_leave_its_connection_to_the_next():
     async def answer(request: bytes, writer: asyncio.StreamWriter) -> bool:
         if b"/slow" in request:
             await release.wait()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n" + (b"slow" if b"/slow" in request else b"fast"))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n" + (b"slow" if b"/slow" in request else b"fast")
+        )
         await writer.drain()
         return True
 

@@ -1,5 +1,6 @@
 """`service: ors+http(s)://host:port[,host:port...]/EnvName[?variant=&split=&label=]`: ORS environments on
-environment servers (the openreward SDK's `Server`), reached through the SDK's async client.
+environment servers (the openreward SDK's `Server`), reached through the SDK's async client and, for a session's
+own requests, platoon's keep-alive connections (`platoon.envs.ors.wire`).
 
 Tasks, tool hints, the gate, grading and forks are the in-process service's (`platoon.envs.ors.inprocess`); what
 differs is where the environment lives:
@@ -13,11 +14,17 @@ differs is where the environment lives:
   infrastructure failure; a submit that raised on the server likewise.
 - Sessions are registered while open (`platoon.envs.ors.sessions`) so no exit path leaves one on a server.
 
-The SDK's client is used as is but for `/call`: its `AsyncSession.call_tool` re-posts a call that failed before the
-server named its task (so a submit could run twice) and always retries five times (about 15 s against a dead
-server). `_PlatoonSdkSession.call_tool` posts through the SDK's own `resumable_sse` with `resumable_only=True`
-(a call that may have run is only ever resumed, never re-sent) and a small retry budget. The server check
-(`GET /list_environments`) has no SDK call and is one plain request on the SDK's connection pool.
+A session is the SDK's `AsyncSession` (`_PlatoonSdkSession`): its state, ping, death and errors are the SDK's.
+Its requests (creation, prompt, tools, calls, deletes) go on the wire, at half the client CPU of the SDK's aiohttp;
+what the wire does not complete is handed to the SDK, whose retries and errors then decide (see `_plain` and
+`_call_on_wire`). The wire is skipped, and every request is the SDK's, without httptools or with a proxy or netrc
+setting to honour (`wire_usable`).
+
+`/call` never goes through the SDK's `AsyncSession.call_tool`, which re-posts a call that failed before the server
+named its task (so a submit could run twice) and always retries five times (about 15 s against a dead server): a
+call the wire cannot finish is resumed with the SDK's own `resumable_sse` and `resumable_only=True` (a call that
+may have run is only ever resumed, never re-sent). Task listings and the server check (`GET /list_environments`)
+stay on the SDK's client.
 
 The SDK is imported on first use: this module is what the `ors+http` service entry point names.
 """

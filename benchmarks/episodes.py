@@ -22,7 +22,10 @@ the CPU time per episode of this process (the client: harness, gateway, ORS clie
 same timed episodes, since on this machine they share two cores; `--pin` puts this process on the first core and
 the servers on the others (`os.sched_setaffinity`).
 
-    uv run --frozen python benchmarks/episodes.py --remote [--pin]
+    uv run --frozen python benchmarks/episodes.py --remote [--pin] [--sdk-client]
+
+`--sdk-client` sends every request of the remote sessions through the SDK's aiohttp client instead of platoon's
+wire (`PLATOON_ORS_WIRE=0`), for the comparison.
 
 Measured (2026-12-05, 2 cores shared with other work; run_episode, 128 episodes, concurrency 32, median of 3).
 Each line is one run; wall-clock figures move by a tenth or more from run to run here:
@@ -317,6 +320,8 @@ def remote(args: argparse.Namespace) -> None:
     Each measurement reports the CPU time of this process (the client: harness, gateway, ORS client) and of the
     servers it used, over the same timed episodes: on a machine whose cores the client and the servers share,
     the episodes/s of a remote run is bounded by their CPU per episode, which these figures show."""
+    if args.sdk_client:
+        os.environ["PLATOON_ORS_WIRE"] = "0"
     cores = sorted(os.sched_getaffinity(0))
     client_cores: set[int] | None = None
     server_cores: set[int] | None = None
@@ -334,7 +339,7 @@ def remote(args: argparse.Namespace) -> None:
         f"pinned: this process on core {cores[0]}, the servers on {', '.join(map(str, sorted(server_cores or ())))}"
         if args.pin
         else "not pinned: the client and the servers share the cores"
-    )
+    ) + ("; requests through the SDK's client" if args.sdk_client else "")
     try:
         print(
             f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
@@ -527,6 +532,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line: {ours, baseline?}")
     parser.add_argument(
         "--remote", action="store_true", help="in process beside one and two local ORS servers (ors+http://)"
+    )
+    parser.add_argument(
+        "--sdk-client",
+        action="store_true",
+        help="with --remote: remote sessions' requests through the SDK's aiohttp client (PLATOON_ORS_WIRE=0)",
     )
     parser.add_argument(
         "--pin",

@@ -274,14 +274,12 @@ def test_a_session_dying_ends_the_call_it_waits_on(servers):
 def test_a_session_keeps_one_connection_for_all_its_requests(servers, through, monkeypatch):
     """A session's requests (its creation, prompt, tools, calls and deletes) share one keep-alive connection:
     on the wire (`platoon.envs.ors.wire`), and through the SDK's aiohttp when the wire is not used (httptools
-    missing, a proxy set). Through the SDK, `/call` answers are SSE streams it stops reading at their `end` event;
+    missing, a proxy set, `PLATOON_ORS_WIRE=0`). Through the SDK, `/call` answers are SSE streams it stops reading at their `end` event;
     the rest is read so the connection goes back to the pool instead of closing."""
     import aiohttp
 
-    from platoon.envs.ors import remote as remote_module
-
     if through == "sdk":
-        monkeypatch.setattr(remote_module, "wire_usable", lambda: False)
+        monkeypatch.setenv("PLATOON_ORS_WIRE", "0")  # the way around the wire
     service = resolve_service(remote(servers[0]))
     made: list[str] = []
     reused: list[str] = []

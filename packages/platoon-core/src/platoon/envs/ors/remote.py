@@ -18,7 +18,7 @@ A session is the SDK's `AsyncSession` (`_PlatoonSdkSession`): its state, ping, d
 Its requests (creation, prompt, tools, calls, deletes) go on the wire, at half the client CPU of the SDK's aiohttp;
 what the wire does not complete is handed to the SDK, whose retries and errors then decide (see `_plain` and
 `_call_on_wire`). The wire is skipped, and every request is the SDK's, without httptools or with a proxy or netrc
-setting to honour (`wire_usable`).
+setting to honour, or with `PLATOON_ORS_WIRE=0` (`wire_usable`).
 
 `/call` never goes through the SDK's `AsyncSession.call_tool`, which re-posts a call that failed before the server
 named its task (so a submit could run twice) and always retries five times (about 15 s against a dead server): a
@@ -588,10 +588,20 @@ def _env_config_matters() -> bool:
     return os.path.exists(netrc)
 
 
-@functools.cache
+#: `PLATOON_ORS_WIRE=0`: every request of remote sessions through the SDK's client (a way around the wire)
+WIRE_VARIABLE = "PLATOON_ORS_WIRE"
+
+
 def wire_usable() -> bool:
-    """Whether sessions' requests take `platoon.envs.ors.wire` (checked once): httptools is installed, and no proxy
-    variable or netrc file is there for the SDK's aiohttp to honour."""
+    """Whether sessions' requests take `platoon.envs.ors.wire`: not turned off with `PLATOON_ORS_WIRE=0`,
+    httptools is installed, and no proxy variable or netrc file is there for the SDK's aiohttp to honour."""
+    if os.environ.get(WIRE_VARIABLE, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return _wire_possible()
+
+
+@functools.cache
+def _wire_possible() -> bool:
     return wire.available() and not _env_config_matters()
 
 

@@ -270,6 +270,41 @@ def test_a_session_dying_ends_the_call_it_waits_on(servers):
     assert servers[0].open_sessions() == 0
 
 
+def test_a_cold_start_looks_each_thing_up_once_for_all_its_rollouts(servers):
+    """32 rollouts starting together on a fresh service ask for tasks of one window at once: one server check, one
+    listing of the splits, one count and one window of task specs serve them all."""
+    import aiohttp
+
+    service = resolve_service(remote(servers[0]))
+    paths: list[str] = []
+    trace = aiohttp.TraceConfig()
+
+    async def started(_: Any, __: Any, params: Any) -> None:
+        paths.append(params.url.path)
+
+    trace.on_request_start.append(started)
+    trace.freeze()
+
+    async def go() -> list[Any]:
+        sdk_client = (await service._environment(servers[0].url)).client
+        sdk_client._trace_configs.append(trace)
+        try:
+            return await asyncio.gather(*(service.get_task(f"train:{i}") for i in range(32)))
+        finally:
+            sdk_client._trace_configs.remove(trace)
+
+    tasks = asyncio.run(go())
+    assert [t.id for t in tasks] == [f"train:{i}" for i in range(32)]
+    lookups = [
+        "/list_environments",
+        "/numbersearchenvironment/splits",
+        "/numbersearchenvironment/num_tasks",
+        "/numbersearchenvironment/task_range",
+    ]
+    # (the SDK wraps each listing in a session of its own: /create_session and /delete_session around it)
+    assert {path: paths.count(path) for path in lookups} == dict.fromkeys(lookups, 1)
+
+
 @pytest.mark.parametrize("through", ["wire", "sdk"])
 def test_a_session_keeps_one_connection_for_all_its_requests(servers, through, monkeypatch):
     """A session's requests (its creation, prompt, tools, calls and deletes) share one keep-alive connection:

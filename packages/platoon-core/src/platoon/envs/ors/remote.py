@@ -43,7 +43,7 @@ import os
 import re
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
@@ -804,6 +804,27 @@ class RemoteOrsService(InProcessOrsService):
         self._serving: dict[str, str] = {}
         self._down_until: dict[str, float] = {}
         self._tables: dict[str, ToolTable] = {}
+        #: lookups under way (`_single_flight`), by what they fetch
+        self._flights: dict[tuple[str, ...], asyncio.Task[None]] = {}
+
+    async def _single_flight(
+        self, key: tuple[str, ...], fetch: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        """`fetch()` once for the callers that ask at the same time on this loop: a run's first rollouts all look up
+        the same task window (and before it the server, its splits and counts) at once, and one request serves
+        them all. Its failure reaches every caller waiting; the next caller asks again."""
+        loop = asyncio.get_running_loop()
+        flight = self._flights.get(key)
+        if flight is None or flight.done() or flight.get_loop() is not loop:
+            flight = self._flights[key] = loop.create_task(fetch())
+            flight.add_done_callback(functools.partial(self._landed, key))
+        await asyncio.shield(flight)  # a caller cancelled does not cancel the others' lookup
+
+    def _landed(self, key: tuple[str, ...], flight: asyncio.Task[None]) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not flight.cancelled():
+            flight.exception()  # each waiting caller got it; none left means nobody needs it
 
     # -- the pool ------------------------------------------------------------------------------------------------
 
@@ -866,7 +887,7 @@ class RemoteOrsService(InProcessOrsService):
         """Until it once succeeds, per server: it answers, and serves this entry (`ServerRefused` when not)."""
         if url in self._checked:
             return
-        await self._check(url)
+        await self._single_flight(("check", url), functools.partial(self._check, url))
         self._checked.add(url)
 
     async def _check(self, url: str) -> None:
@@ -944,18 +965,21 @@ class RemoteOrsService(InProcessOrsService):
     # -- tasks ---------------------------------------------------------------------------------------------------
 
     async def list_splits(self) -> list[str]:
-        if self._splits is None:
+        async def fetch() -> None:
             env = await self._listing_env()
             try:
                 self._splits = [str(s) for s in await env.list_splits()]
             except Exception as exc:
                 raise ValueError(f"{self.name}: listing the splits failed: {_why(exc)}") from None
-        return list(self._splits)
+
+        if self._splits is None:
+            await self._single_flight(("splits",), fetch)
+        return list(self._splits or ())
 
     async def _specs(self, split: str) -> Sequence[Mapping[str, Any]]:
         """Every task spec of `split` (one listing, kept): only task names need them all."""
-        await self._check_split(split)
-        if split not in self._task_specs:
+
+        async def fetch() -> None:
             env = await self._listing_env()
             try:
                 tasks = await env.list_tasks(split)
@@ -963,6 +987,10 @@ class RemoteOrsService(InProcessOrsService):
                 raise ValueError(f"{self.name}: listing split {split!r} failed: {_why(exc)}") from None
             self._task_specs[split] = [dict(t.task_spec) for t in tasks]
             self._counts[split] = len(self._task_specs[split])
+
+        await self._check_split(split)
+        if split not in self._task_specs:
+            await self._single_flight(("listing", split), fetch)
         return self._task_specs[split]
 
     async def _check_split(self, split: str) -> None:
@@ -972,13 +1000,17 @@ class RemoteOrsService(InProcessOrsService):
 
     async def _count(self, split: str) -> int:
         """How many tasks `split` has, asked of the server (a task list of 50,000 specs is megabytes)."""
-        await self._check_split(split)
-        if split not in self._counts:
+
+        async def fetch() -> None:
             env = await self._listing_env()
             try:
                 self._counts[split] = int(await env.num_tasks(split))
             except Exception as exc:
                 raise ValueError(f"{self.name}: counting split {split!r} failed: {_why(exc)}") from None
+
+        await self._check_split(split)
+        if split not in self._counts:
+            await self._single_flight(("count", split), fetch)
         return self._counts[split]
 
     async def _spec(self, split: str, index: int) -> Mapping[str, Any]:
@@ -986,11 +1018,11 @@ class RemoteOrsService(InProcessOrsService):
         listed = self._task_specs.get(split)
         if listed is not None:
             return listed[index]
-        key = (split, index)
-        if key not in self._one_specs:
-            # A window of tasks at once: rollouts ask for task after task, and each lookup is a session's worth
-            # of requests on the server.
-            start = index - index % SPEC_WINDOW
+        # A window of tasks at once: rollouts ask for task after task, and each lookup is a session's worth of
+        # requests on the server.
+        start = index - index % SPEC_WINDOW
+
+        async def fetch() -> None:
             stop = min(start + SPEC_WINDOW, await self._count(split))
             env = await self._listing_env()
             try:
@@ -999,6 +1031,10 @@ class RemoteOrsService(InProcessOrsService):
                 raise ValueError(f"{self.name}: getting task {split}:{index} failed: {_why(exc)}") from None
             for offset, found in enumerate(tasks):
                 self._one_specs[(split, start + offset)] = dict(found.task_spec)
+
+        key = (split, index)
+        if key not in self._one_specs:
+            await self._single_flight(("window", split, str(start)), fetch)
         return self._one_specs[key]
 
     async def list_tasks(self, split: str) -> list[str]:

@@ -392,9 +392,8 @@ def _session_class() -> type:
                     )
                 )
             except wire.WireError:
-                return await super().list_tools(
-                    format
-                )  # a 404 (no per-task tools) or a failure: the SDK's way
+                # a 404 (the server has no per-task tools) or a failure: the SDK's way, with its fallback and errors
+                return await super().list_tools(format)
             listing = json.loads(res)
             self._terminal_tool = client.parse_terminal_tool(listing)
             self._supports_score_group = bool(listing.get("supports_score_group"))

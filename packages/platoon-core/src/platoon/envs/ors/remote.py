@@ -452,6 +452,10 @@ def _session_class() -> type:
                     return json.loads(text) if text else None
             if task_id is None:
                 raise ConnectionResetError(str(cut or "the call's stream ended without an answer"))
+            return await self._call_through_sdk(payload, task_id)
+
+        async def _call_through_sdk(self, payload: dict[str, Any], task_id: str | None = None) -> Any:
+            """`/call` through the SDK's stream: posted (`task_id` None), or the task the server named resumed."""
             return await resumable_sse(
                 self.client,
                 self._env_path("/call"),
@@ -472,18 +476,7 @@ def _session_class() -> type:
                 if self._wire is not None:
                     res = await self._run_or_die(self._call_on_wire(payload))
                 if res is _TO_SDK:
-                    res = await self._run_or_die(
-                        resumable_sse(
-                            self.client,
-                            self._env_path("/call"),
-                            sid=self.sid,
-                            deployment=self.deployment,
-                            token=self.api_key,
-                            json=payload,
-                            max_retries=CALL_RESUMES,
-                            resumable_only=True,
-                        )
-                    )
+                    res = await self._run_or_die(self._call_through_sdk(payload))
             except _RemoteSSEError as exc:
                 # The tool raised on the server; as the SDK does, the session is over.
                 self._mark_dead(ErrorResponse(type="error", message=str(exc)))

@@ -134,6 +134,8 @@ class _Connection(asyncio.Protocol):
     async def exchange(self, request: bytes, idle_timeout_s: float | None) -> tuple[int, bytes]:
         """Send `request`; the response's status and body (a `Lost` when the connection fails first)."""
         assert self.transport is not None
+        if self.closed:  # closed by the server since it was checked: nothing was sent on it
+            raise Lost("the server closed the connection", sent=False)
         self._body = []
         self._keep_alive = False
         self._done = self.loop.create_future()

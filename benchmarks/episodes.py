@@ -36,11 +36,18 @@ Each line is one run; wall-clock figures move by a tenth or more from run to run
     load 0.7, not pinned   in process 110.4 (9.2 ms); one server 65.1 (59 %: 13.1 + 9.8 ms)
     load 1.2, not pinned   in process 112.5 (9.0 ms); one server 68.0 (60 %: 12.3 + 9.2 ms)
     load 1.1, pinned       in process 118.8 (8.4 ms); one server 63.3 (53 %: 13.4 + 9.3 ms)
-    through the SDK's aiohttp client, the same day (servers on h11):
-    load 2.3, not pinned   in process 108.4 (9.3 ms); one server 61.9 (57 %: 14.1 + 11.5 ms)
-    load 1.6, not pinned   in process 121.7 (8.4 ms); one server 58.2 (48 %: 15.2 + 11.7 ms); two 43.7 (36 %)
+    load 1.2-1.4, three more runs: 57, 57, 59 %; client 11.6-11.8 ms
+    --episodes 512, load 1.6-2.0: in process 102.5-104.5 eps/s; one server 74.8-76.2 (73 %, twice: 10.4-10.9 ms)
+    through the SDK's aiohttp client (--sdk-client, servers on httptools):
+    load 1.3-1.4, not pinned   one server 56 %, 53 % (client 13.7, 14.3 ms)
+    --episodes 512, load 1.6   one server 61.3 eps/s (63 %: client 14.8 ms) against 97.9 in process
+    before this file's changes (servers on h11), load 2.3: one server 61.9 (57 %: 14.1 + 11.5 ms)
 
-What limits it: the client. An episode on a server is an in-process episode's harness and gateway plus about 14
+A batch of 128 episodes (the default) is four waves of 32: at its end fewer than 32 episodes are left, the client
+and the server no longer overlap their work, and a remote episode, longer from start to end (0.47 s against
+0.27 s), loses more there than an in-process one. 512 episodes show the steady rate.
+
+What limits it in steady state: the client. An episode on a server is an in-process episode's harness and gateway plus about 14
 requests; through aiohttp and the SDK's client those cost about 5 ms of the client's CPU per episode, on the wire
 about 2.6 ms (the rest is the kernel's loopback work and the event loop's polling). The server (the SDK's FastAPI
 app on uvicorn) spends 8.5-10 ms per episode with httptools, 11.5-17 ms with h11. The last line of the output gives

@@ -207,7 +207,7 @@ def _sdk_client() -> Any:
 
 @functools.cache
 def _session_class() -> type:
-    """The SDK's `AsyncSession` with the `/call` described in the module docstring."""
+    """The SDK's `AsyncSession` with its requests on the wire and `/call` as the module docstring describes."""
     client = _sdk_client()
     from openreward.api._session.http import USER_AGENT, _RemoteSSEError, request_retryable, resumable_sse
     from openreward.api._session.ping import ErrorResponse

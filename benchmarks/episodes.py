@@ -91,7 +91,10 @@ SYSTEM_PROMPT = (
 
 
 def binary_search(prompt: str) -> str:
-    """The next guess of a binary search, replaying the range and the feedback the prompt shows."""
+    """The next guess of a binary search, replaying the range and the feedback the prompt shows.
+
+    `platoon.testing.number_search.react_binary_search`, written out: `--baseline-python` runs this file
+    under platoon 0.2.0, which has no such module."""
     from platoon.testing import tool_call
 
     low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import resource
 import sys
 from pathlib import Path
@@ -68,10 +67,9 @@ def gold_cells(spec: dict[str, Any], per_cell: str = "step") -> list[str]:
 
 def binary_search_cell(prompt: str) -> str:
     """The next cell of a binary search: the range from the goal, then each earlier `guess` and its output."""
-    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-    guesses = [int(n) for n in re.findall(r"guess\(number=(\d+)\)", prompt)]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+    from platoon.testing.number_search import codeact_guesses, open_range
+
+    low, high = open_range(prompt, codeact_guesses(prompt))
     return f"<python>\nguess(number={(low + high) // 2})\n"
 
 

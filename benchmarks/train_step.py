@@ -25,7 +25,6 @@ import io
 import json
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 from platoon.cli import main as platoon
 from platoon.renderers.toy import toy_tokenizer
 from platoon.testing import ScriptedPolicy, serve_policy, tool_call
+from platoon.testing.number_search import open_range, react_guesses
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart" / "train.yaml"
@@ -48,11 +48,7 @@ def searcher(rng: random.Random) -> Any:
     rewards of a group differ and every step trains."""
 
     def play(prompt: str) -> str:
-        low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-        guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
-        for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-            low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-        low, high = min(low, high), max(low, high)
+        low, high = open_range(prompt, react_guesses(prompt))
         guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
         return "\n" + tool_call("guess", {"number": guess})
 

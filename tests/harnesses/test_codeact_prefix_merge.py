@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from platoon.envs.number_search import SERVICE
 from platoon.testing import make_gateway
 from platoon.testing.episode import EpisodeRun, run_episode
+from platoon.testing.number_search import codeact_guesses, open_range
 from platoon.testing.policy import Completion, ScriptedPolicy, sample_response
 from platoon.train.tinker.datums import DatumStats, trajectory_datums
 
@@ -34,10 +34,7 @@ OPTIONS = {
 
 def next_guess(prompt: str) -> int:
     """Binary search, replaying the guesses and the feedback the prompt shows."""
-    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-    guesses = [int(n) for n in re.findall(r"guess\((\d+)\)", prompt)]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
+    low, high = open_range(prompt, codeact_guesses(prompt))
     return (low + high) // 2
 
 

@@ -4,13 +4,12 @@ gateway and trace: rewards, outcomes, and the exact tokens training will use."""
 from __future__ import annotations
 
 import itertools
-import re
 
 import pytest
 
 from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
-from platoon.testing import tool_call
 from platoon.testing.episode import run_episode
+from platoon.testing.number_search import codeact_guesses, open_range, react_binary_search
 
 CODEACT_OPTIONS = {
     "prompt_builder": "platoon.envs.number_search.prompts:NumberSearchPromptBuilder",
@@ -19,24 +18,9 @@ CODEACT_OPTIONS = {
 }
 
 
-def _next_guess(prompt: str, guesses: list[int]) -> int:
-    """Binary search over [low, high], replaying every earlier guess against the feedback in the prompt."""
-    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-    return (low + high) // 2
-
-
-def react_binary_search(prompt: str) -> str:
-    # "\n" before the call is what the Qwen3 format renders in history, so each prompt extends the last exactly.
-    number = _next_guess(prompt, [int(n) for n in re.findall(r'"number": (\d+)', prompt)])
-    return "\n" + tool_call("guess", {"number": number})
-
-
 def codeact_binary_search(prompt: str) -> str:
-    return (
-        f"<python>\nguess({_next_guess(prompt, [int(n) for n in re.findall(r'guess\((\d+)\)', prompt)])})\n"
-    )
+    low, high = open_range(prompt, codeact_guesses(prompt))
+    return f"<python>\nguess({(low + high) // 2})\n"
 
 
 @pytest.mark.parametrize("task", ["train:0", "train:1", "val:0", "val:7"])

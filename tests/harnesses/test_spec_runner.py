@@ -26,6 +26,7 @@ from platoon.harness.spec import load_spec
 from platoon.task import Task
 from platoon.testing import tool_call
 from platoon.testing.episode import run_episode
+from platoon.testing.number_search import react_binary_search as binary_search
 
 AGENT_DIR = Path(__file__).with_name("spec_agent")
 PYTHON_IMAGE = "docker://platoon-test/python:bookworm"
@@ -364,15 +365,6 @@ def test_an_agent_killed_by_the_sandbox_memory_limit_is_untrainable_not_zero(tmp
 
 
 # ---------------------------------------------------------------------------------------------- platoon-bash
-
-
-def binary_search(prompt: str) -> str:
-    """Number search's next guess from what the (Qwen3-rendered) prompt shows: the range and the feedback."""
-    low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-    guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-    return "\n" + tool_call("guess", {"number": (low + high) // 2})
 
 
 def test_platoon_bash_solves_number_search_on_the_host_with_exact_tokens(tmp_path):

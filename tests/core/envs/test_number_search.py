@@ -166,3 +166,42 @@ def test_the_codeact_builder_asks_for_guesses_and_has_no_action_space():
         "content": "<python>\nguess(500)\n</python>",
     }
     assert "<thought>" in NumberSearchPromptBuilder(include_reasoning=True).system_prompt()
+
+
+# -- the scripted players (platoon.testing.number_search) ------------------------------------------------------
+
+
+def test_the_open_range_narrows_with_each_guess_and_its_feedback():
+    from platoon.testing.number_search import codeact_guesses, open_range, react_guesses
+
+    react = (
+        "Guess the correct number between 10 and 90.\n"
+        '{"name": "guess", "arguments": {"number": 50}}\nToo high, try again.\n'
+        '{"name": "guess", "arguments": {"number": 30}}\nToo low, try again.\n'
+    )
+    assert react_guesses(react) == [50, 30]
+    assert open_range(react, react_guesses(react)) == (31, 49)
+    codeact = "between 1 and 9\n<python>\nguess(5)\n</python>\nToo low, try again.\n<python>guess(number=7)"
+    assert codeact_guesses(codeact) == [5, 7]
+    assert open_range(codeact, codeact_guesses(codeact)) == (6, 9)  # the last guess has no feedback yet
+    with pytest.raises(ValueError, match="no 'between LOW and HIGH'"):
+        open_range("Guess a number.", [])
+
+
+def test_the_react_binary_search_wins_every_task_it_plays():
+    from platoon.testing import ScriptedPolicy, run_episode
+    from platoon.testing.number_search import react_binary_search
+
+    async def play(task: str) -> Any:
+        return await run_episode(
+            task,
+            service=SERVICE,
+            harness="platoon-react",
+            policy=ScriptedPolicy(react_binary_search),
+            harness_options={"system_prompt": REACT_SYSTEM_PROMPT},
+        )
+
+    for task in ("train:0", "train:1", "val:3"):
+        run = asyncio.run(play(task))
+        assert run.reward == 1.0, task
+        assert len(run.policy.calls) <= 11  # a binary search over at most 1,025 numbers (0 to MAX_TARGET)

@@ -9,21 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from platoon.testing.number_search import react_binary_search
+
 HOSTED_KEY = "sk-hosted-secret-0123456789abcdef"
 HOSTED_KEY_ENV = "EVAL_TEST_HOSTED_KEY"
 
 
-def binary_search(prompt: str) -> str:
-    """The next guess of a binary search over what the (Qwen3-rendered) prompt shows: the scripted policy."""
-    match = re.search(r"between (\d+) and (\d+)", prompt)
-    assert match is not None, prompt[-300:]
-    low, high = int(match.group(1)), int(match.group(2))
-    guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-    from platoon.testing import tool_call
-
-    return "\n" + tool_call("guess", {"number": (low + high) // 2})
+#: the tests' scripted policy: a binary search over what the (Qwen3-rendered) prompt shows
+binary_search = react_binary_search
 
 
 def number_search_eval(**inference: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-# the tests import this directory's helper modules (number_search_policies) by name
+# a test loads `ors_server.py`'s environments in process too (`python://ors_server:GuessEnv`)
 sys.path.insert(0, str(Path(__file__).parent))
 
 SERVER_SCRIPT = Path(__file__).with_name("ors_server.py")

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from number_search_policies import binary_search
 
 from platoon import plugins
 from platoon.envs.ors.bridge import rollout_slug
 from platoon.envs.ors.inprocess import InProcessOrsService
 from platoon.envs.ors.remote import RemoteOrsService
 from platoon.testing import ScriptedPolicy, run_episode
+from platoon.testing.number_search import react_binary_search as binary_search
 from platoon.viz.model import EventModel, bridge_node
 
 NUMBER_SEARCH = "python://platoon.envs.number_search.env:NumberSearchEnvironment"

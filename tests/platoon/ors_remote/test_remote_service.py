@@ -11,12 +11,12 @@ import re
 from typing import Any
 
 import pytest
-from number_search_policies import always_zero, binary_search
 
 from platoon.envs.ors.remote import RemoteOrsService, parse_uri, resolve_pool, server_order
 from platoon.envs.ors.sessions import registry
 from platoon.envs.resolve import resolve_service
-from platoon.testing import ScriptedPolicy, run_episode
+from platoon.testing import ScriptedPolicy, run_episode, tool_call
+from platoon.testing.number_search import react_binary_search as binary_search
 
 NUMBER_SEARCH = "python://platoon.envs.number_search.env:NumberSearchEnvironment"
 
@@ -28,6 +28,11 @@ def remote(*servers: Any, env: str = "NumberSearchEnvironment", variant: str | N
 
 def guess_env(*servers: Any) -> str:
     return remote(*servers, env="GuessEnv", variant="guessenv")
+
+
+def always_zero(prompt: str) -> str:
+    """A policy that never finds the number (unless it is 0)."""
+    return "\n" + tool_call("guess", {"number": 0})
 
 
 # -- the URI and the pool -------------------------------------------------------------------------------------------

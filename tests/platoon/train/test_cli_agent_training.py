@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from pathlib import Path
 
 import pytest
 
 from platoon.cli import main
 from platoon.testing import serve_policy, tool_call
+from platoon.testing.number_search import open_range, react_guesses
 
 REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "examples" / "quickstart" / "train.yaml"
@@ -25,11 +25,7 @@ def searcher(seed: int):
     def next_guess(prompt: str) -> str:
         """Half the turns a binary-search guess (from the feedback the prompt shows), half a random one in range:
         rewards differ within a group, so every step applies an update."""
-        low, high = map(int, re.search(r"between (\d+) and (\d+)", prompt).groups())  # type: ignore[union-attr]
-        guesses = [int(n) for n in re.findall(r'"number": (\d+)', prompt)]
-        for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-            low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-        low, high = min(low, high), max(low, high)
+        low, high = open_range(prompt, react_guesses(prompt))
         guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
         return "\n" + tool_call("guess", {"number": guess})
 

@@ -26,10 +26,10 @@ QUICKSTART = REPO / "examples" / "quickstart" / "train.yaml"
 DRIVER = textwrap.dedent(
     '''
     import random
-    import re
     import sys
 
     from platoon.cli import main
+    from platoon.testing.number_search import open_range, react_guesses
     from platoon.testing import serve_policy, tool_call
 
     rng = random.Random(int(sys.argv[1]))
@@ -37,11 +37,7 @@ DRIVER = textwrap.dedent(
 
     def searcher(prompt: str) -> str:
         """Half the turns a binary-search guess (replaying the feedback so far), half a random one in range."""
-        low, high = map(int, re.search(r"between (\\d+) and (\\d+)", prompt).groups())
-        guesses = [int(n) for n in re.findall(r'"number": (\\d+)', prompt)]
-        for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\\.", prompt)):
-            low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-        low, high = min(low, high), max(low, high)
+        low, high = open_range(prompt, react_guesses(prompt))
         guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
         return "\\n" + tool_call("guess", {"number": guess})
 

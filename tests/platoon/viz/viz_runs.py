@@ -9,14 +9,14 @@ spawns a subagent, plays by tool calls, then spawns a verifier — for forks and
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import platoon as pt
 from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
 from platoon.harness.agent import AgentResult
-from platoon.testing import last_user_message, tool_call
+from platoon.testing import last_user_message
 from platoon.testing.episode import run_episode
+from platoon.testing.number_search import codeact_guesses, open_range, react_binary_search
 from platoon.trajectory_events import write_events
 
 CODEACT_OPTIONS = {
@@ -27,17 +27,9 @@ CODEACT_OPTIONS = {
 TREE_HARNESS = "viz-test-tree"
 
 
-def _next_guess(prompt: str, guesses: list[int]) -> int:
-    match = re.search(r"between (\d+) and (\d+)", prompt)
-    assert match is not None, prompt[-300:]
-    low, high = int(match.group(1)), int(match.group(2))
-    for guess, word in zip(guesses, re.findall(r"Too (low|high), try again\.", prompt), strict=False):
-        low, high = (guess + 1, high) if word == "low" else (low, guess - 1)
-    return (low + high) // 2
-
-
 def codeact_policy(prompt: str) -> str:
-    number = _next_guess(prompt, [int(n) for n in re.findall(r"guess\((\d+)\)", prompt)])
+    low, high = open_range(prompt, codeact_guesses(prompt))
+    number = (low + high) // 2
     return f"<thought>\nHalve the range: try {number}.\n</thought>\n<python>\nguess({number})\n"
 
 
@@ -46,8 +38,7 @@ def react_policy(prompt: str) -> str:
         return "Start in the middle of the range."
     if last_user_message(prompt).startswith("Check"):
         return "The search halved the range each turn and ended on the number: correct."
-    number = _next_guess(prompt, [int(n) for n in re.findall(r'"number": (\d+)', prompt)])
-    return "\n" + tool_call("guess", {"number": number})
+    return react_binary_search(prompt)
 
 
 @pt.harness(TREE_HARNESS)

@@ -186,22 +186,3 @@ def test_the_open_range_narrows_with_each_guess_and_its_feedback():
     assert open_range(codeact, codeact_guesses(codeact)) == (6, 9)  # the last guess has no feedback yet
     with pytest.raises(ValueError, match="no 'between LOW and HIGH'"):
         open_range("Guess a number.", [])
-
-
-def test_the_react_binary_search_wins_every_task_it_plays():
-    from platoon.testing import ScriptedPolicy, run_episode
-    from platoon.testing.number_search import react_binary_search
-
-    async def play(task: str) -> Any:
-        return await run_episode(
-            task,
-            service=SERVICE,
-            harness="platoon-react",
-            policy=ScriptedPolicy(react_binary_search),
-            harness_options={"system_prompt": REACT_SYSTEM_PROMPT},
-        )
-
-    for task in ("train:0", "train:1", "val:3"):
-        run = asyncio.run(play(task))
-        assert run.reward == 1.0, task
-        assert len(run.policy.calls) <= 11  # a binary search over at most 1,025 numbers (0 to MAX_TARGET)

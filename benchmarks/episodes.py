@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -108,6 +109,48 @@ def _solved(reward: Any) -> bool:
     return reward == 1.0
 
 
+#: `--no-freeze` sets it False: the collector left as a process that calls platoon as a library has it
+FREEZE = True
+
+
+def settle_heap() -> None:
+    """After the warm-up: collect, then freeze what is alive, as `platoon train` and `platoon eval` do once their
+    stack is loaded (`platoon.heap`; written out here, since `--baseline-python` runs this file under 0.2.0)."""
+    if FREEZE:
+        gc.collect()
+        gc.freeze()
+
+
+class GcPauses:
+    """The cyclic garbage collector's pauses inside a `with` block (`gc.callbacks`): their total, the number of
+    full collections, the longest."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self.longest = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        self.seconds += pause
+        self.longest = max(self.longest, pause)
+        self.full += info["generation"] == 2
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def figures(self) -> dict[str, Any]:
+        return {"gc_seconds": self.seconds, "gc_full": self.full, "gc_longest": self.longest}
+
+
 async def time_episodes(
     play: Callable[[int, Path], Awaitable[Any]],
     episodes: int,
@@ -129,12 +172,14 @@ async def time_episodes(
 
         # one warm-up episode: imports and first-use caches are not what a long run pays per episode
         await one(episodes)
+        settle_heap()
         others_before = other_cpu() if other_cpu else 0.0
         cpu_before = time.process_time()
         start = time.perf_counter()
         if profiler:
             profiler.enable()
-        runs = await asyncio.gather(*(one(i) for i in range(episodes)))
+        with GcPauses() as pauses:
+            runs = await asyncio.gather(*(one(i) for i in range(episodes)))
         if profiler:
             profiler.disable()
         seconds = time.perf_counter() - start
@@ -147,6 +192,7 @@ async def time_episodes(
         "server_cpu": others,
         "solved": sum(1 for run in runs if _solved(run.reward)),
         "calls": calls,
+        **pauses.figures(),
     }
 
 
@@ -201,6 +247,7 @@ async def run_rollouts(
     config = RolloutConfig(verbose=False)
     tasks = [await service.get_task(f"train:{i}") for i in range(episodes)]
     await harness_rollout(tasks[0], service=service, route=route, config=config, gateway=gateway)
+    settle_heap()
     calls_before = len(gateway.sampler.calls)
     limit = asyncio.Semaphore(concurrency)
 
@@ -213,7 +260,8 @@ async def run_rollouts(
     start = time.perf_counter()
     if profiler:
         profiler.enable()
-    collections = await asyncio.gather(*(one(task) for task in tasks))
+    with GcPauses() as pauses:
+        collections = await asyncio.gather(*(one(task) for task in tasks))
     if profiler:
         profiler.disable()
     seconds = time.perf_counter() - start
@@ -225,6 +273,7 @@ async def run_rollouts(
         "server_cpu": others,
         "solved": sum(1 for c in collections if c.root is not None and _solved(c.root.reward)),
         "calls": len(gateway.sampler.calls) - calls_before,
+        **pauses.figures(),
     }
 
 
@@ -266,6 +315,8 @@ def in_fresh_process(python: str, path: str, episodes: int, concurrency: int, re
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     argv = [python, __file__, "--worker", "--path", path, "--episodes", str(episodes)]
     argv += ["--concurrency", str(concurrency), "--repeats", str(repeats)]
+    if not FREEZE:
+        argv.append("--no-freeze")
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
     if done.returncode != 0:
         raise SystemExit(f"the worker under {python} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -425,6 +476,11 @@ def report(label: str, result: dict[str, Any], episodes: int) -> None:
         f"{seconds:6.2f} s wall  {result['cpu']:6.2f} s CPU  solved {result['solved']}/{episodes}  "
         f"{result['calls'] / episodes:.1f} calls/episode  peak {result['peak_mib']:.0f} MiB"
     )
+    if "gc_seconds" in result:  # a 0.2.0 worker before this field
+        print(
+            f"{'':<34} garbage collector: {result['gc_seconds']:.3f} s, {result['gc_full']} full "
+            f"collection(s), the longest pause {1000 * result['gc_longest']:.0f} ms"
+        )
 
 
 def _record_types() -> list[type]:
@@ -553,9 +609,16 @@ def main() -> None:
         action="store_true",
         help="with --remote: this process on the first core, the ORS servers on the others (os.sched_setaffinity)",
     )
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the garbage collector as it is after the warm-up (the run commands freeze: platoon.heap)",
+    )
     parser.add_argument("--records", action="store_true", help="the hot value types: dataclasses vs attrs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global FREEZE
+    FREEZE = not args.no_freeze
     if args.records:
         records(args)
         return

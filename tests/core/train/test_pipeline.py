@@ -561,3 +561,30 @@ def test_an_evaluation_of_tasks_training_draws_from_is_warned_about(site: Path, 
     assert "platoon: environments[default]: the evaluation lists 1 task(s) that training draws from" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.slow
+def test_under_the_console_script_training_rolls_out_on_a_frozen_heap(
+    site: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`platoon train` freezes what its start loaded (the SDK, the tokenizer, the renderer) before the first
+    rollout (platoon.heap): full collections during training walk only what training makes."""
+    import gc
+
+    from platoon.testing import serve_policy
+
+    frozen_while_sampling: list[int] = []
+
+    def policy(prompt: str) -> str:
+        frozen_while_sampling.append(gc.get_freeze_count())
+        return "C"
+
+    monkeypatch.setattr("sys.argv", ["platoon", *_bandit(site, "train.max_training_steps=1")])
+    gc.unfreeze()
+    try:
+        with serve_policy(policy):
+            assert main() == 0, capsys.readouterr().err
+    finally:
+        gc.unfreeze()
+    # the loaded stack is hundreds of thousands of objects (importing the tinker SDK freezes a few hundred itself)
+    assert len(frozen_while_sampling) == 8 and min(frozen_while_sampling) > 10_000

@@ -5,6 +5,7 @@ start, the provenance refusal, resume, and the refusals that come before anythin
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from pathlib import Path
@@ -807,3 +808,37 @@ def test_a_missing_hosted_key_variable_is_refused_first(
     )
     assert not (workdir / "runs").exists()
     assert hosted_server.seen == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The garbage collector (platoon.heap)
+
+
+def test_under_the_console_script_the_rollouts_run_on_a_frozen_heap_and_in_process_they_do_not(
+    workdir, write_config, capsys, monkeypatch
+):
+    """The console script freezes what the evaluation loaded before its rollouts, so full collections do not
+    walk it while they run; `main([...])` in process leaves the caller's collector alone."""
+    config = write_config(number_search_eval())
+    frozen_while_sampling: list[int] = []
+
+    def policy(prompt: str) -> str:
+        frozen_while_sampling.append(gc.get_freeze_count())
+        return binary_search(prompt)
+
+    gc.unfreeze()
+    try:
+        with serve_policy(policy):
+            status, _, err = run(["eval", str(config)], capsys)
+        assert status == 0, err
+        in_process = max(frozen_while_sampling)
+        frozen_while_sampling.clear()
+        monkeypatch.setattr("sys.argv", ["platoon", "eval", str(config)])
+        with serve_policy(policy):
+            assert main() == 0, capsys.readouterr().err
+        # The loaded stack is hundreds of thousands of objects. A few hundred are frozen in process too: importing
+        # the tinker SDK does that, not platoon.
+        assert in_process < 1_000
+        assert frozen_while_sampling and min(frozen_while_sampling) > 10_000
+    finally:
+        gc.unfreeze()

@@ -19,6 +19,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report_earlier_line():
         return 1
     try:
+        if argv is None:  # the console script: this process and its heap are the command's (platoon.heap)
+            from platoon.heap import owned_by_the_command
+
+            with owned_by_the_command():
+                return _run(args)
         return _run(args)
     except BrokenPipeError:
         return _reader_went_away()

@@ -573,6 +573,7 @@ async def evaluate(
     from platoon.eval.components import component_records
     from platoon.eval.policy import PolicySpec, check_policy_key, open_policy, sample_timeout_line
     from platoon.eval.tasks import list_tasks
+    from platoon.heap import freeze_loaded_heap
     from platoon.rollouts import records
     from platoon.rollouts.eval_records import provenance_mismatch
 
@@ -618,6 +619,8 @@ async def evaluate(
             if parsing is not None:
                 fields["tool_call_parsing"] = parsing
             records.update_lock(output_dir, **fields)
+            # The policy and services are loaded: full garbage collections from here on walk only what rollouts make.
+            freeze_loaded_heap("the evaluation's policy opened")
             async with _slots(config, policy, output_dir) as slots:
                 by_task, stage = await _rollout_stage(
                     config,

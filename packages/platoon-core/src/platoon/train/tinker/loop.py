@@ -277,6 +277,7 @@ class Trainer:
 
         from platoon.gateway.core import ModelGateway
         from platoon.gateway.default import default_policy
+        from platoon.heap import freeze_loaded_heap
         from platoon.train.tinker.evaluation import evaluated_steps, list_eval_tasks
         from platoon.train.tinker.metrics_log import MetricsLog
         from platoon.train.tinker.policy import PolicyHandle
@@ -343,6 +344,8 @@ class Trainer:
                 self.config, base_dir=self.run_dir, services=self.services
             )
             self._warn_overlap()
+        # The stack is loaded: full garbage collections from here on walk only what training makes.
+        freeze_loaded_heap("training opened")
 
     def _warn_overlap(self) -> None:
         """Say so, per entry, when the evaluation lists tasks that training draws from."""

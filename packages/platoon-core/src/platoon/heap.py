@@ -1,0 +1,55 @@
+"""The cyclic garbage collector in a process the `platoon` command owns.
+
+A full collection walks every object the process tracks. Once a run's stack is loaded (the SDKs, the tokenizer,
+the renderer, the environment classes) that is half a million objects or more, and each full collection stops
+the event loop for half a second or more: every rollout in flight, and the gateway serving them, waits. The run
+commands therefore move what their start allocated into the collector's permanent generation (`gc.freeze`) once
+the stack is ready, as serving engines do after loading a model; later collections walk only what the run made
+since. Reference counting still frees frozen objects; only a cycle among them is never collected, which is why
+this is done once, on what a start loads to keep.
+
+Only a run under the console script freezes (`owned_by_the_command`): a run started by calling platoon in process
+(a test, a notebook) leaves the caller's collector as it is, unless the caller asks
+(`freeze_loaded_heap(force=True)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Iterator
+
+__all__ = ["freeze_loaded_heap", "owned_by_the_command"]
+
+log = logging.getLogger(__name__)
+
+_owned = False
+
+
+@contextlib.contextmanager
+def owned_by_the_command() -> Iterator[None]:
+    """While the `platoon` console script runs its command: the process and its heap are the command's."""
+    global _owned
+    _owned = True
+    try:
+        yield
+    finally:
+        _owned = False
+
+
+def freeze_loaded_heap(what: str, *, force: bool = False) -> int:
+    """Collect, then freeze what is alive now; returns how many objects were frozen (0 when not done).
+
+    Done in the console script's process, or anywhere with `force`. `what` names the moment, for the debug log.
+    """
+    if not (_owned or force):
+        return 0
+    started = time.perf_counter()
+    gc.collect()
+    before = gc.get_freeze_count()
+    gc.freeze()
+    frozen = gc.get_freeze_count() - before
+    log.debug("%s: froze %d objects in %.3f s", what, frozen, time.perf_counter() - started)
+    return frozen

@@ -6,7 +6,9 @@ and no session left open on a server afterwards.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import re
 from typing import Any
 
@@ -311,11 +313,13 @@ def test_a_cold_start_looks_each_thing_up_once_for_all_its_rollouts(servers):
 
 
 @pytest.mark.parametrize("through", ["wire", "sdk"])
-def test_a_session_keeps_one_connection_for_all_its_requests(servers, through, monkeypatch):
-    """A session's requests (its creation, prompt, tools, calls and deletes) share one keep-alive connection:
-    on the wire (`platoon.envs.ors.wire`), and through the SDK's aiohttp when the wire is not used (httptools
-    missing, a proxy set, `PLATOON_ORS_WIRE=0`). Through the SDK, `/call` answers are SSE streams it stops reading at their `end` event;
-    the rest is read so the connection goes back to the pool instead of closing."""
+def test_a_session_reuses_its_connections_for_all_its_requests(servers, through, monkeypatch):
+    """A session's requests (its creation, prompt, tools, calls and deletes) reuse keep-alive connections: on
+    the wire (`platoon.envs.ors.wire`), and through the SDK's aiohttp when the wire is not used (httptools
+    missing, a proxy set, `PLATOON_ORS_WIRE=0`). The prompt and the tool listing are asked for at once, so they
+    take two connections; every other request goes on one of those. Through the SDK, `/call` answers are SSE
+    streams it stops reading at their `end` event; the rest is read so the connection goes back to the pool
+    instead of closing."""
     import aiohttp
 
     if through == "sdk":
@@ -354,12 +358,35 @@ def test_a_session_keeps_one_connection_for_all_its_requests(servers, through, m
 
     opened = asyncio.run(go())
     if through == "wire":
-        # creation (2), prompt, tools, five calls, deletes (2): eleven requests on one connection, none on aiohttp
-        assert (opened, made, reused) == (1, [], [])
+        # creation (2), prompt and tools together, five calls, deletes (2): eleven requests on two connections
+        assert (opened, made, reused) == (2, [], [])
     else:
         assert opened == -1
-        # the eleven requests on the connection the task lookup left in the pool
-        assert (made, len(reused)) == ([], 11)
+        # ten on the connection the task lookup left in the pool, and one more for the listing beside the prompt
+        assert (made, len(reused)) == (["new"], 10)
+
+
+def test_a_session_closed_before_its_tools_are_listed_leaves_nothing_behind(servers, caplog, monkeypatch):
+    """The listing asked for beside the prompt is dropped when the session closes first, even one that failed:
+    no "exception was never retrieved" report, and the session is deleted on the server."""
+    from platoon.envs.ors.remote import _session_class
+
+    async def failing_listing(self: Any, format: Any = None) -> Any:
+        raise RuntimeError("the listing failed")
+
+    monkeypatch.setattr(_session_class(), "list_tools", failing_listing)
+    service = resolve_service(remote(servers[0]))
+
+    async def go() -> None:
+        session = await service.open(await service.get_task("train:0"), rollout_id="unlisted")
+        await asyncio.wait([session._lease.listing_ahead])  # it has failed (waiting does not retrieve it)
+        await session.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        asyncio.run(go())
+        gc.collect()  # an exception nobody retrieved is reported when its task is collected
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert servers[0].open_sessions() == 0
 
 
 def test_a_server_that_serves_another_default_refuses_the_name_without_a_variant(servers):

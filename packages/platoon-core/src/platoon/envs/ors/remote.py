@@ -1125,6 +1125,9 @@ class RemoteOrsService(InProcessOrsService):
         lease = _RemoteLease(
             self, sdk_session, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label, url
         )
+        # Asked beside the prompt: a harness lists the tools before its first turn, and a request sent now is a
+        # round trip the episode's start does not wait for one after the other.
+        lease.listing_ahead = asyncio.ensure_future(_bounded(sdk_session.list_tools(), self.call_timeout_s))
         try:
             blocks = [
                 _wire_block(b) for b in await _bounded(sdk_session.prompt_blocks(), self.call_timeout_s)
@@ -1345,6 +1348,8 @@ class _RemoteLease(Lease):
         self.dead: str | None = None
         #: the server stopped answering: closing it is one attempt, not the SDK's retries
         self.unreachable = False
+        #: the tool listing, asked for when the session opened (taken by the first listing)
+        self.listing_ahead: asyncio.Future[Any] | None = None
 
     @property
     def table(self) -> ToolTable:
@@ -1419,6 +1424,9 @@ class _RemoteLease(Lease):
         return result
 
     async def _close(self) -> None:
+        if self.listing_ahead is not None:  # closed before anything listed the tools
+            self.listing_ahead.cancel()  # (also a listing that failed: its error is not reported as unread)
+            self.listing_ahead = None
         timeout = self.service.close_timeout_s
         drained = await self.gate.drain(timeout)
         self.gate.close()
@@ -1481,8 +1489,9 @@ class RemoteOrsSession(InProcessOrsSession):
                 if lease.tools is not None:  # listed while this one waited for its turn
                     return lease.tools
                 session = lease.env
+                ahead, lease.listing_ahead = lease.listing_ahead, None
                 try:
-                    specs = await _bounded(session.list_tools(), service.call_timeout_s)
+                    specs = await (ahead or _bounded(session.list_tools(), service.call_timeout_s))
                     terminal = session._terminal_tool  # read by list_tools (terminal_tool() would list again)
                 except Exception as exc:
                     lease.dead = f"listing the tools failed ({_why(exc)})"

@@ -17,42 +17,49 @@ the harness, the recording gateway: render -> sample -> parse -> record exact to
 
 `--remote` measures number search three ways in the same run: in process (`python://`), on one local ORS server
 and on a pool of two (`ors+http://`, each server the openreward SDK's `Server` in a process of its own on
-127.0.0.1, started here). Target: one server at least 60 % of the in-process episodes/s. Each measurement prints
-the CPU time per episode of this process (the client: harness, gateway, ORS client) and of the server(s) over the
-same timed episodes, since on this machine they share two cores; `--pin` puts this process on the first core and
-the servers on the others (`os.sched_setaffinity`).
+127.0.0.1, started here). Target: one server at least 60 % of the in-process episodes/s. It times them round by
+round (`--repeats` rounds; each round the three one after the other, each in a fresh process that resolves its
+service once), and gives the median of the rounds' ratios: the machine's speed drifts over a minute, and a
+process that has run remote episodes runs in-process ones 5-10 % slower afterwards, so neither may tilt the
+comparison. Each measurement prints the CPU time per episode of the client (harness, gateway, ORS client) and of
+the server(s) over the same timed episodes, since on this machine they share two cores; `--pin` puts the client
+on the first core and the servers on the others (`os.sched_setaffinity`).
 
-    uv run --frozen python benchmarks/episodes.py --remote [--pin] [--sdk-client]
+    uv run --frozen python benchmarks/episodes.py --remote [--pin] [--sdk-client] [--no-freeze]
 
 `--sdk-client` sends every request of the remote sessions through the SDK's aiohttp client instead of platoon's
 wire (`PLATOON_ORS_WIRE=0`), for the comparison.
 
-Measured (2026-12-05, 2 cores shared with other work; run_episode, 128 episodes, concurrency 32, median of 3).
-Each line is one run; wall-clock figures move by a tenth or more from run to run here:
+Every path freezes the heap after its warm-up episode, as `platoon train` and `platoon eval` do once their stack is
+loaded (`platoon.heap`), and prints the garbage collector's pauses over the timed episodes. `--no-freeze` leaves
+the collector as a library caller has it: a full collection then walks half a million objects, 0.4-0.5 s here,
+about once per process and 128 episodes.
 
-    sessions' requests on platoon's wire (platoon.envs.ors.wire, httptools; servers on uvicorn with httptools):
-    load 1.0, not pinned   in process 120.9 eps/s (8.4 ms CPU/ep); one server 78.6 (65 %: client 11.0 ms +
-                           server 8.5 ms CPU/ep); two servers 61.6 (51 %)
-    load 0.7, not pinned   in process 110.4 (9.2 ms); one server 65.1 (59 %: 13.1 + 9.8 ms)
-    load 1.2, not pinned   in process 112.5 (9.0 ms); one server 68.0 (60 %: 12.3 + 9.2 ms)
-    load 1.1, pinned       in process 118.8 (8.4 ms); one server 63.3 (53 %: 13.4 + 9.3 ms)
-    load 1.2-1.4, three more runs: 57, 57, 59 %; client 11.6-11.8 ms
-    --episodes 512, load 1.6-2.0: in process 102.5-104.5 eps/s; one server 74.8-76.2 (73 %, twice: 10.4-10.9 ms)
-    through the SDK's aiohttp client (--sdk-client, servers on httptools):
-    load 1.3-1.4, not pinned   one server 56 %, 53 % (client 13.7, 14.3 ms)
-    --episodes 512, load 1.6   one server 61.3 eps/s (63 %: client 14.8 ms) against 97.9 in process
-    before this file's changes (servers on h11), load 2.3: one server 61.9 (57 %: 14.1 + 11.5 ms)
+Measured (2026-12-05, 2 cores shared with other work, load 0.7-1.3; run_episode, 128 episodes, concurrency 32,
+3 rounds; each line one run, its median and its rounds' ratios):
 
-A batch of 128 episodes (the default) is four waves of 32: at its end fewer than 32 episodes are left, the client
-and the server no longer overlap their work, and a remote episode, longer from start to end (0.47 s against
-0.27 s), loses more there than an in-process one. 512 episodes show the steady rate.
+    one server, % of in process     rounds           client + server CPU per episode (in process)
+    64                              64, 64, 65       10.4 + 9.8 ms (8.3 ms)
+    73                              55, 73, 75       10.2 + 10.5 ms (8.9 ms)
+    67                              59, 67, 76       10.5 + 10.5 ms (9.0 ms)
+    70, pinned                      65, 70, 76       10.4 + 9.8 ms (8.8 ms)
+    63, --no-freeze                 56, 63, 66       11.9 + 9.8 ms (8.8 ms)
+    59, --sdk-client                58, 59, 59       13.4 + 10.9 ms (9.1 ms)
+    82, --episodes 512              79, 82, 83       11.3 + 10.4 ms (11.2 ms)
 
-What limits it in steady state: the client. An episode on a server is an in-process episode's harness and gateway plus about 14
-requests; through aiohttp and the SDK's client those cost about 5 ms of the client's CPU per episode, on the wire
-about 2.6 ms (the rest is the kernel's loopback work and the event loop's polling). The server (the SDK's FastAPI
-app on uvicorn) spends 8.5-10 ms per episode with httptools, 11.5-17 ms with h11. The last line of the output gives
-the cap a core per process allows from CPU alone (63-77 % in the wire runs above, 60-66 % before). Two servers
-beside the client are three processes on two cores: no faster than one.
+Earlier methods and code, for the record: timing each kind's repeats together in this one process, in process
+first, the same code gave 54-74 % (median 63, six runs); before the freeze and the tool listing beside the prompt,
+57-65 % (median 59); before platoon's wire, 52-57 %.
+
+What limits it: the two processes' CPU, about 10 ms each per episode where a whole in-process episode costs 9 (the
+last line of the output gives the cap a core per process allows from CPU alone), and the end of each batch: a
+remote episode takes longer from start to end (0.3-0.45 s against 0.25 s at concurrency 32), and when fewer than
+32 are left the client and the server stop overlapping their work. An episode on a server is an in-process
+episode's harness and gateway plus about 14 requests, 1.5-2 ms of the client's CPU on the wire (4-5 ms through
+the SDK's client). The server (the SDK's FastAPI app on uvicorn, httptools) spends 10 ms per episode, a
+third of it in its garbage collector: it keeps each call's task and answer for 60 s so that a cut stream can be
+resumed, so its heap grows with the call rate. Two servers beside the client are three processes on two cores,
+no faster than one.
 
 Targets on the 2-core machine: `run_episode` at least 3x platoon 0.2.0's episodes/s in the same run; `rollout` at
 least 100 episodes/s. `--profile` prints where the time goes (cProfile, this installation only).
@@ -79,7 +86,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,13 +317,29 @@ def measure(
     return result
 
 
-def in_fresh_process(python: str, path: str, episodes: int, concurrency: int, repeats: int) -> dict[str, Any]:
-    """`measure` under `python` (another installation), from the JSON line its worker prints."""
+def in_fresh_process(
+    python: str,
+    path: str,
+    episodes: int,
+    concurrency: int,
+    repeats: int,
+    *,
+    service: str | None = None,
+    server_pids: Sequence[int] = (),
+    profile: bool = False,
+) -> dict[str, Any]:
+    """`measure` in a process of its own under `python` (this installation's or another's), from the JSON line its
+    worker prints. `service`: a reference the worker resolves once for all its episodes (default: number search
+    in process); `server_pids`: the processes whose CPU time it reads around the timed episodes."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     argv = [python, __file__, "--worker", "--path", path, "--episodes", str(episodes)]
     argv += ["--concurrency", str(concurrency), "--repeats", str(repeats)]
     if not FREEZE:
         argv.append("--no-freeze")
+    if service is not None:
+        argv += ["--service", service, "--server-pids", ",".join(map(str, server_pids))]
+    if profile:
+        argv.append("--profile")
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
     if done.returncode != 0:
         raise SystemExit(f"the worker under {python} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -406,26 +429,37 @@ def remote(args: argparse.Namespace) -> None:
             f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
             f"{os.cpu_count()} cores ({where}), load {os.getloadavg()[0]:.2f}"
         )
-        from platoon.envs.resolve import resolve_service
-
         services = {
             IN_PROCESS: (SERVICE, []),
             "one ORS server": (f"ors+http://{hosts[0]}/NumberSearchEnvironment", pids[:1]),
             "two ORS servers": (f"ors+http://{','.join(hosts)}/NumberSearchEnvironment", pids),
         }
-        # One service object per measurement, shared by its episodes, as a run's rollouts share theirs (a fresh
-        # remote service per episode would measure task lookups on the server, not episodes).
-        results = {}
-        for label, (ref, used) in services.items():
-            results[label] = measure(
-                args.path,
-                args.episodes,
-                args.concurrency,
-                args.repeats,
-                args.profile,
-                service=resolve_service(ref),
-                other_cpu=lambda used=used: sum(process_cpu(pid) for pid in used),
+        # Round by round, each round timing the three one after the other, each in a fresh process (one service
+        # object shared by its episodes, as a run's rollouts share theirs). The machine's speed drifts over a run
+        # (other tenants of its cores): a ratio of two measurements seconds apart drifts less than one of
+        # measurements a minute apart. And a process that ran one kind of episode runs the next kind slower (in
+        # process after remote: 5-10 % here), which fresh processes keep out of the comparison.
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for _ in range(args.repeats):
+            rounds.append(
+                {
+                    label: in_fresh_process(
+                        sys.executable,
+                        args.path,
+                        args.episodes,
+                        args.concurrency,
+                        1,
+                        service=ref,
+                        server_pids=used,
+                        profile=args.profile,
+                    )
+                    for label, (ref, used) in services.items()
+                }
             )
+        results = {
+            label: sorted((r[label] for r in rounds), key=lambda r: r["seconds"])[len(rounds) // 2]
+            for label in services
+        }
     finally:
         if client_cores:
             os.sched_setaffinity(0, cores)
@@ -451,10 +485,12 @@ def remote(args: argparse.Namespace) -> None:
     for label in ("one ORS server", "two ORS servers"):
         result = results[label]
         server_ms = 1000 * result["server_cpu"] / args.episodes
+        # each round's ratio, of the two measurements it took seconds apart; the median of those is the figure
+        ratios = sorted(100 * r[IN_PROCESS]["seconds"] / r[label]["seconds"] for r in rounds)
         print(
-            f"{label}: {100 * base['seconds'] / result['seconds']:.0f} % of the in-process episodes/s "
-            f"(its server(s) alone use {server_ms / (1000 * base['cpu'] / args.episodes):.2f}x the CPU of a "
-            f"whole in-process episode)"
+            f"{label}: {ratios[len(ratios) // 2]:.0f} % of the in-process episodes/s (rounds: "
+            f"{', '.join(f'{ratio:.0f}' for ratio in ratios)} %; its server(s) alone use "
+            f"{server_ms / (1000 * base['cpu'] / args.episodes):.2f}x the CPU of a whole in-process episode)"
         )
     # The same comparison from CPU time alone, which other load on the machine disturbs far less than wall time:
     # in process, an episode is one process's CPU; remote, the busier of the two processes bounds the rate.
@@ -616,6 +652,10 @@ def main() -> None:
     )
     parser.add_argument("--records", action="store_true", help="the hot value types: dataclasses vs attrs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--service", help=argparse.SUPPRESS)  # a worker's service reference
+    parser.add_argument(
+        "--server-pids", default="", help=argparse.SUPPRESS
+    )  # a worker's servers, for their CPU
     args = parser.parse_args()
     global FREEZE
     FREEZE = not args.no_freeze
@@ -623,7 +663,18 @@ def main() -> None:
         records(args)
         return
     if args.worker:
-        print(json.dumps(measure(args.path, args.episodes, args.concurrency, args.repeats)))
+        service: Any = SERVICE
+        other_cpu = None
+        if args.service:
+            from platoon.envs.resolve import resolve_service
+
+            service = resolve_service(args.service)
+            pids = [int(pid) for pid in args.server_pids.split(",") if pid]
+            other_cpu = lambda: sum(process_cpu(pid) for pid in pids)  # noqa: E731
+        result = measure(
+            args.path, args.episodes, args.concurrency, args.repeats, args.profile, service, other_cpu
+        )
+        print(json.dumps(result))
         return
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     if args.remote:

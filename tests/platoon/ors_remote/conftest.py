@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,18 +32,19 @@ def free_port() -> int:
 
 
 class OrsServer:
-    """One `ors_server.py` process."""
+    """One `ors_server.py` process; with `tls` (certificate, key, the CA that signed them: PEM files) over https."""
 
-    def __init__(self, marks: Path, log_dir: Path) -> None:
+    def __init__(self, marks: Path, log_dir: Path, tls: tuple[Path, Path, Path] | None = None) -> None:
         self.port = free_port()
         self.marks = marks
         self.host = f"127.0.0.1:{self.port}"
-        self.url = f"http://{self.host}"
+        self.url = f"{'https' if tls else 'http'}://{self.host}"
         self.log = log_dir / f"server-{self.port}.log"
+        self._ready_context = ssl.create_default_context(cafile=str(tls[2])) if tls else None
         env = {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1"}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(SERVER_SCRIPT), str(self.port), str(marks)],
+                [sys.executable, str(SERVER_SCRIPT), str(self.port), str(marks), *map(str, tls[:2] if tls else ())],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -58,7 +60,9 @@ class OrsServer:
                     f"the ORS server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}"
                 )
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                with urllib.request.urlopen(
+                    f"{self.url}/health", timeout=2, context=self._ready_context
+                ) as response:
                     if response.status == 200:
                         return
             except OSError:
@@ -89,13 +93,13 @@ class OrsServer:
 
 @pytest.fixture(scope="module")
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """`server_factory()` -> a new `OrsServer`; every one is stopped at the end of the module."""
+    """`server_factory(tls=None)` -> a new `OrsServer`; every one is stopped at the end of the module."""
     marks = tmp_path_factory.mktemp("ors-marks")
     logs = tmp_path_factory.mktemp("ors-logs")
     started: list[OrsServer] = []
 
-    def start() -> OrsServer:
-        server = OrsServer(marks, logs)
+    def start(tls: tuple[Path, Path, Path] | None = None) -> OrsServer:
+        server = OrsServer(marks, logs, tls)
         started.append(server)
         return server
 

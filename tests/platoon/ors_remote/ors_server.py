@@ -1,6 +1,7 @@
-"""An ORS environment server for the remote-service tests: `python ors_server.py PORT MARK_DIR`.
+"""An ORS environment server for the remote-service tests: `python ors_server.py PORT MARK_DIR [CERT KEY]`.
 
-It runs the openreward SDK's own server (`Server([...]).run`) on 127.0.0.1:PORT with:
+It runs the openreward SDK's own server (`Server([...]).run`) on 127.0.0.1:PORT, or with CERT and KEY (PEM files)
+the same app on uvicorn over TLS, with:
 
 - `NumberSearchEnvironment`: platoon's number search, served as is;
 - `GuessEnv`: an acceptance-style guessing environment (a `guess` tool giving hints and partial reward, a terminal
@@ -103,4 +104,18 @@ class BanditEnvironment(Marked, bandit.BanditEnvironment):  # type: ignore[misc,
 
 
 if __name__ == "__main__":
-    Server([NumberSearchEnvironment, GuessEnv, BanditEnvironment]).run(host="127.0.0.1", port=PORT)
+    server = Server([NumberSearchEnvironment, GuessEnv, BanditEnvironment])
+    if len(sys.argv) > 3:  # CERT KEY: the same app over TLS (`Server.run` serves plain HTTP only)
+        import uvicorn
+
+        uvicorn.run(
+            server.app,
+            host="127.0.0.1",
+            port=PORT,
+            ssl_certfile=sys.argv[3],
+            ssl_keyfile=sys.argv[4],
+            timeout_keep_alive=60,
+            access_log=False,
+        )
+    else:
+        server.run(host="127.0.0.1", port=PORT)

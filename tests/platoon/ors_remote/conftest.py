@@ -44,7 +44,13 @@ class OrsServer:
         env = {**os.environ, "OPENREWARD_DISABLE_UPDATE_CHECK": "1"}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(SERVER_SCRIPT), str(self.port), str(marks), *map(str, tls[:2] if tls else ())],
+                [
+                    sys.executable,
+                    str(SERVER_SCRIPT),
+                    str(self.port),
+                    str(marks),
+                    *map(str, tls[:2] if tls else ()),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -586,5 +586,5 @@ def test_under_the_console_script_training_rolls_out_on_a_frozen_heap(
             assert main() == 0, capsys.readouterr().err
     finally:
         gc.unfreeze()
-    # the loaded stack is hundreds of thousands of objects (importing the tinker SDK freezes a few hundred itself)
+    # the loaded stack is hundreds of thousands of objects (a few hundred sit frozen without platoon's doing)
     assert len(frozen_while_sampling) == 8 and min(frozen_while_sampling) > 10_000

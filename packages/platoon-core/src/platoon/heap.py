@@ -42,7 +42,8 @@ def owned_by_the_command() -> Iterator[None]:
 def freeze_loaded_heap(what: str, *, force: bool = False) -> int:
     """Collect, then freeze what is alive now; returns how many objects were frozen (0 when not done).
 
-    Done in the console script's process, or anywhere with `force`. `what` names the moment, for the debug log.
+    Done while the console script runs its command (`owned_by_the_command`), or anywhere with `force`. `what`
+    names the moment, for the debug log.
     """
     if not (_owned or force):
         return 0

@@ -42,6 +42,7 @@ Measured (2026-12-05, 2 cores shared with other work, load 0.7-1.3; run_episode,
     64                              64, 64, 65       10.4 + 9.8 ms (8.3 ms)
     73                              55, 73, 75       10.2 + 10.5 ms (8.9 ms)
     67                              59, 67, 76       10.5 + 10.5 ms (9.0 ms)
+    63                              56, 63, 66       10.5 + 11.2 ms (8.4 ms)
     70, pinned                      65, 70, 76       10.4 + 9.8 ms (8.8 ms)
     63, --no-freeze                 56, 63, 66       11.9 + 9.8 ms (8.8 ms)
     59, --sdk-client                58, 59, 59       13.4 + 10.9 ms (9.1 ms)

@@ -427,8 +427,8 @@ def remote(args: argparse.Namespace) -> None:
     ) + ("; requests through the SDK's client" if args.sdk_client else "")
     try:
         print(
-            f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, median of {args.repeats}, "
-            f"{os.cpu_count()} cores ({where}), load {os.getloadavg()[0]:.2f}"
+            f"{args.path}: {args.episodes} episodes at concurrency {args.concurrency}, {args.repeats} round(s) "
+            f"(fresh processes), {os.cpu_count()} cores ({where}), load {os.getloadavg()[0]:.2f}"
         )
         services = {
             IN_PROCESS: (SERVICE, []),
@@ -653,10 +653,9 @@ def main() -> None:
     )
     parser.add_argument("--records", action="store_true", help="the hot value types: dataclasses vs attrs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--service", help=argparse.SUPPRESS)  # a worker's service reference
-    parser.add_argument(
-        "--server-pids", default="", help=argparse.SUPPRESS
-    )  # a worker's servers, for their CPU
+    # a worker's service reference, and the servers whose CPU time it reads
+    parser.add_argument("--service", help=argparse.SUPPRESS)
+    parser.add_argument("--server-pids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     global FREEZE
     FREEZE = not args.no_freeze

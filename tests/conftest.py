@@ -5,8 +5,11 @@ on), and leaves no Tinker SDK session heartbeating after it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,3 +114,56 @@ def _no_tinker_session_outlives_its_test(request: pytest.FixtureRequest) -> Iter
     before = _heartbeats()
     yield
     _left_open(before, request.node.nodeid)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The guarantee sheet
+#
+# A fault-injection test says what it proves with `@pytest.mark.guarantee(fault, environment, holds)`. When
+# `PLATOON_GUARANTEE_RESULTS` names a file, the session writes each marked test's result there, in the order the
+# tests ran, and `scripts/guarantee_sheet.py` makes docs/reliability.md's table from it (CI checks the committed
+# table against its own run). Every test under tests/faults must carry the marker.
+
+_FAULTS_DIR = Path(__file__).parent / "faults"
+_GUARANTEES: dict[str, dict[str, str]] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _FAULTS_DIR in Path(str(item.path)).parents and item.get_closest_marker("guarantee") is None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: a fault test names its guarantee (@pytest.mark.guarantee)"
+            )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("guarantee")
+    if marker is not None:
+        fault, environment, holds = marker.args
+        _GUARANTEES.setdefault(
+            item.nodeid,
+            {
+                "nodeid": item.nodeid,
+                "fault": fault,
+                "environment": environment,
+                "holds": holds,
+                "outcome": "passed",
+            },
+        )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _GUARANTEES.get(report.nodeid)
+    if entry is None:
+        return
+    if report.failed:
+        entry["outcome"] = "failed"
+    elif report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "skipped"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("PLATOON_GUARANTEE_RESULTS")
+    if target and _GUARANTEES:
+        Path(target).write_text(json.dumps(list(_GUARANTEES.values()), indent=1) + "\n")

@@ -4,8 +4,8 @@ The API the rest of platoon-harbor builds on:
 
 - `read_task(path)` parses one task directory into a `HarborTask` without policy refusals: it raises `TaskRefused`
   only for what no entry can ever run (unreadable or malformed `task.toml`, a missing `instruction.md`, multi-step
-  tasks, non-Linux tasks, verifier `collect`, artifacts with `..` or from another service, a separate verifier with
-  `tests/docker-compose.yaml`). Compose stacks and `[agent]`/`[verifier]` users are recorded (`stack`,
+  tasks, non-Linux tasks, verifier `collect` hooks (schema 1.3's `collect = []` asks for none and passes),
+  artifacts with `..` or from another service, a separate verifier with `tests/docker-compose.yaml`). Compose stacks and `[agent]`/`[verifier]` users are recorded (`stack`,
   `agent_user`, `verifier_user`) so a fetch can record them as flags.
 - `task_refusal(task, agent_user=...)` returns the load-time refusal of 6.1 that depends on the entry (a compose stack
   with sidecars, a task user unless `agent_user: ignore`), or None. `load_task` = `read_task` plus this check, raising.
@@ -507,8 +507,7 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
     )
 
     v = _Reader(root, top.table_of("verifier"), "[verifier].")
-    if "collect" in v.table:
-        raise v.fail("collect", "verifier collect hooks are not supported")
+    _refuse_collect_hooks(v)
     mode = v.get("environment_mode", str)
     if mode is not None and mode not in ("shared", "separate"):
         raise v.fail("environment_mode", f"expected shared or separate, got {mode!r}")
@@ -544,6 +543,17 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
         metadata=dict(metadata),
         stack=stack,
     )
+
+
+def _refuse_collect_hooks(verifier: _Reader) -> None:
+    """Schema 1.3's `[[verifier.collect]]`: commands run in a service before its artifacts are collected. An empty
+    list asks for nothing (task exporters write `collect = []`); any hook is refused, since grading here runs none."""
+    hooks = verifier.get("collect", list, [])
+    if hooks:
+        raise verifier.fail(
+            "collect",
+            f"{len(hooks)} collect hook(s): commands run before artifacts are collected are not supported",
+        )
 
 
 def task_refusal(task: HarborTask, *, agent_user: str = "refuse") -> TaskRefused | None:

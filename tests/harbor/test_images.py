@@ -371,6 +371,21 @@ def test_images_commands_plan_build_verify_alias(tmp_path, builds, capsys, monke
     assert main(["harbor", "images", "verify", "c.yaml", "--image-map", "maps/process.json"]) == 0
     assert "not checked" in capsys.readouterr().err
 
+    # --key takes a key back exactly as `plan` prints it (and in full): the printed prefix round-trips
+    shown = [line.split()[0] for line in table[1:-1] if line.startswith("sha256:")]
+    assert len(shown) == 2 and all(len(k) < len(first) for k in shown)
+    alias = ["harbor", "images", "alias", "c.yaml", "--image", "local", "--image-map"]
+    assert main([*alias, "maps/one.json", "--key", shown[1]]) == 0
+    assert capsys.readouterr().out == f"{shown[1]}  alias  local\n"
+    [full] = json.loads((tmp_path / "maps" / "one.json").read_text())["images"]
+    assert full.startswith(shown[1]) and full in key
+    assert main([*alias, "maps/one.json", "--key", full, "--key", shown[1].removeprefix("sha256:")]) == 0
+    assert capsys.readouterr().out == f"{shown[1]}  alias  local\n"  # the same key named twice, aliased once
+    for wrong in ("sha256:" + "0" * 12, "sha256:"):
+        assert main([*alias, "maps/one.json", "--key", wrong]) == 64
+        [line] = capsys.readouterr().err.splitlines()
+        assert f"--key {wrong} is not a build key of these tasks" in line
+
 
 def test_a_separate_verifier_built_from_tests_dockerfile(tmp_path, builds):
     task = make_task(tmp_path, "v", SIMPLE, {"hello.txt": "main\n", **nonce()})

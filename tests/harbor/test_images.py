@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -306,6 +307,33 @@ def test_a_failed_build_is_reported_with_its_log_and_recorded_nowhere(tmp_path, 
     assert image_map.read() == {}
     with pytest.raises(images.ImageError, match="oci builder is not available"):
         images.build_keys([], image_map, builder="oci")
+
+
+@pytest.mark.slow
+def test_a_failed_classic_build_leaves_nothing_behind_and_says_so_in_one_line(
+    tmp_path, builds, capsys, monkeypatch
+):
+    monkeypatch.setenv("DOCKER_BUILDKIT", "0")
+    marker = uuid.uuid4().hex  # names this build's steps among whatever else the shared engine runs
+    make_task(tmp_path / "ds", "broken", f"FROM {BUSYBOX}\nRUN echo {marker} > /step\nRUN test -z {marker}\n")
+    Path(tmp_path / "c.yaml").write_text(
+        "environments:\n  - service: harbor\n    service_kwargs: {dataset_dir: ds, image_map: maps/docker.json}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "scratch"
+    assert main(["harbor", "images", "build", "c.yaml", "--scratch", str(scratch)]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert "  failed  docker build failed (1)" in line and "returned a non-zero code: 1" in line
+    log = Path(line.split("; log ")[1].split(":", 1)[0])
+    output = log.read_text()
+    # the first RUN made an image and the second a container before it failed: both are gone again
+    [step_image] = re.findall(r"Removing intermediate container \S+\n ---> ([0-9a-f]{12})", output)
+    assert docker("image", "inspect", step_image).returncode != 0
+    containers = docker("ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Command}}").stdout
+    assert marker not in containers
+    assert tags(builds) and docker("image", "inspect", *tags(builds)).returncode != 0  # nothing tagged
+    assert list(scratch.iterdir()) == []  # the staged context is gone
+    assert not (tmp_path / "maps" / "docker.json").exists()  # nothing recorded
 
 
 # ------------------------------------------------------------------------------------ platoon harbor images

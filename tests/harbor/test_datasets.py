@@ -4,6 +4,7 @@ dataset is missing refused as not prepared (harness.md 6.2-6.4)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -186,7 +187,8 @@ def test_input_files_are_the_dockerfile_sources_with_normalised_text(tmp_path: P
 
 
 def test_fetch_locks_and_a_second_fetch_sends_no_request(hub: Any, tmp_path: Path) -> None:
-    hub.publish("org/ds", A, dataset_files("tasks/"))
+    splits = {"train": ["t0", "t1"], "val": ["t2"]}
+    hub.publish("org/ds", A, {**dataset_files("tasks/"), "tasks/splits.json": json.dumps(splits).encode()})
     cache = tmp_path / "cache"
     config = write_config(tmp_path / "run.yaml", f"hf://org/ds@{A}#tasks")
     done = platoon(["fetch", str(config), "--cache", str(cache)], hub.url)
@@ -207,6 +209,8 @@ def test_fetch_locks_and_a_second_fetch_sends_no_request(hub: Any, tmp_path: Pat
         and lock["dataset"] == f"hf://org/ds@{A}#tasks"
     )
     assert [t["name"] for t in lock["tasks"]] == ["t0", "t1", "t2"]
+    # the dataset's splits file, fetched with the index files, in its order
+    assert lock["splits"] == [{"split": "train", "tasks": ["t0", "t1"]}, {"split": "val", "tasks": ["t2"]}]
     for task in lock["tasks"]:
         entry = cache / task["path"]
         assert task["digest"] == "sha256:" + datasets.content_hash(entry)
@@ -229,6 +233,7 @@ def test_fetch_locks_and_a_second_fetch_sends_no_request(hub: Any, tmp_path: Pat
     # A run resolves it without any network (HF_HUB_OFFLINE stays set in this process).
     resolved = datasets.resolve_dataset({"dataset": f"hf://org/ds@{A}#tasks"}, cache)
     assert sorted(resolved.tasks) == ["t0", "t1", "t2"] and resolved.lock_path == lock_path
+    assert resolved.splits() == splits
 
 
 def test_a_changed_commit_is_refused_until_it_is_fetched(hub: Any, tmp_path: Path) -> None:
@@ -322,6 +327,31 @@ def test_index_lists_tasks_with_their_split(tmp_path: Path) -> None:
     assert json_lines(platoon(["fetch", str(config), "--cache", str(cache)]).stdout)[0]["fetched"] is True
     entry = cache / datasets.read_lock(Path(json_lines(fetched.stdout)[0]["lock"]))["tasks"][0]["path"]
     assert (entry / "task.toml").stat().st_ino != (source / "t0" / "task.toml").stat().st_ino
+
+
+def test_a_fetched_dataset_lists_its_splits_file_narrowed_to_the_selection(tmp_path: Path) -> None:
+    from platoon_harbor.service import HarborService
+
+    source = tmp_path / "src"
+    _write(source, dataset_files(n=4))
+    (source / "splits.json").write_text(json.dumps({"train": ["t0", "t1", "t3"], "val": ["t2"], "test": []}))
+    (source / "allow.txt").write_text("t0\nt2\nt3\n")
+    cache = tmp_path / "cache"
+    config = write_config(tmp_path / "run.yaml", "src", tasks="src/allow.txt")
+    fetched = platoon(["fetch", str(config), "--cache", str(cache)])
+    assert fetched.returncode == 0, fetched.stderr
+    lock = datasets.read_lock(Path(json_lines(fetched.stdout)[0]["lock"]))
+    assert [(row["split"], row["tasks"]) for row in lock["splits"]] == [
+        ("train", ["t0", "t3"]),
+        ("val", ["t2"]),
+        ("test", []),
+    ]
+    service = HarborService(dataset=str(source), tasks=str(source / "allow.txt"), cache=str(cache))
+    assert asyncio.run(service.list_splits()) == ["train", "val", "test"]
+    assert asyncio.run(service.list_tasks("val")) == ["t2"]
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(service.list_tasks("validation"))
+    assert str(refused.value) == "harbor: no split 'validation'; known splits: train, val, test"
 
 
 def test_a_run_whose_dataset_is_missing_is_not_prepared(tmp_path: Path) -> None:

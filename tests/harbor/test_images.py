@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -308,6 +309,33 @@ def test_a_failed_build_is_reported_with_its_log_and_recorded_nowhere(tmp_path, 
         images.build_keys([], image_map, builder="oci")
 
 
+@pytest.mark.slow
+def test_a_failed_classic_build_leaves_nothing_behind_and_says_so_in_one_line(
+    tmp_path, builds, capsys, monkeypatch
+):
+    monkeypatch.setenv("DOCKER_BUILDKIT", "0")
+    marker = uuid.uuid4().hex  # names this build's steps among whatever else the shared engine runs
+    make_task(tmp_path / "ds", "broken", f"FROM {BUSYBOX}\nRUN echo {marker} > /step\nRUN test -z {marker}\n")
+    Path(tmp_path / "c.yaml").write_text(
+        "environments:\n  - service: harbor\n    service_kwargs: {dataset_dir: ds, image_map: maps/docker.json}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "scratch"
+    assert main(["harbor", "images", "build", "c.yaml", "--scratch", str(scratch)]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert "  failed  docker build failed (1)" in line and "returned a non-zero code: 1" in line
+    log = Path(line.split("; log ")[1].split(":", 1)[0])
+    output = log.read_text()
+    # the first RUN made an image and the second a container before it failed: both are gone again
+    [step_image] = re.findall(r"Removing intermediate container \S+\n ---> ([0-9a-f]{12})", output)
+    assert docker("image", "inspect", step_image).returncode != 0
+    containers = docker("ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Command}}").stdout
+    assert marker not in containers
+    assert tags(builds) and docker("image", "inspect", *tags(builds)).returncode != 0  # nothing tagged
+    assert list(scratch.iterdir()) == []  # the staged context is gone
+    assert not (tmp_path / "maps" / "docker.json").exists()  # nothing recorded
+
+
 # ------------------------------------------------------------------------------------ platoon harbor images
 
 
@@ -370,6 +398,21 @@ def test_images_commands_plan_build_verify_alias(tmp_path, builds, capsys, monke
     assert sorted(aliased) == sorted(key) and {e["image"] for e in aliased.values()} == {"local"}
     assert main(["harbor", "images", "verify", "c.yaml", "--image-map", "maps/process.json"]) == 0
     assert "not checked" in capsys.readouterr().err
+
+    # --key takes a key back exactly as `plan` prints it (and in full): the printed prefix round-trips
+    shown = [line.split()[0] for line in table[1:-1] if line.startswith("sha256:")]
+    assert len(shown) == 2 and all(len(k) < len(first) for k in shown)
+    alias = ["harbor", "images", "alias", "c.yaml", "--image", "local", "--image-map"]
+    assert main([*alias, "maps/one.json", "--key", shown[1]]) == 0
+    assert capsys.readouterr().out == f"{shown[1]}  alias  local\n"
+    [full] = json.loads((tmp_path / "maps" / "one.json").read_text())["images"]
+    assert full.startswith(shown[1]) and full in key
+    assert main([*alias, "maps/one.json", "--key", full, "--key", shown[1].removeprefix("sha256:")]) == 0
+    assert capsys.readouterr().out == f"{shown[1]}  alias  local\n"  # the same key named twice, aliased once
+    for wrong in ("sha256:" + "0" * 12, "sha256:"):
+        assert main([*alias, "maps/one.json", "--key", wrong]) == 64
+        [line] = capsys.readouterr().err.splitlines()
+        assert f"--key {wrong} is not a build key of these tasks" in line
 
 
 def test_a_separate_verifier_built_from_tests_dockerfile(tmp_path, builds):

@@ -457,6 +457,38 @@ def test_a_config_naming_service_harbor_resolves_to_this_service(tmp_path):
     assert service.rollout_overhead_s("a") == 800
 
 
+def test_a_dataset_directory_lists_the_splits_of_its_splits_file_and_refuses_others(tmp_path):
+    for name in ("a", "b", "c"):
+        write_task(tmp_path, name)
+    write_task(tmp_path, "hooked", toml='[[verifier.collect]]\ncommand = "true"\n')  # refused at load
+    (tmp_path / "splits.json").write_text('{"train": ["a", "b"], "val": ["c", "hooked"]}')
+    service = HarborService(dataset_dir=str(tmp_path))
+    assert run(service.list_splits()) == ["train", "val"]
+    assert run(service.list_tasks("train")) == ["a", "b"]
+    assert run(service.list_tasks("val")) == ["c"]  # the refused task is left out, never run
+    with pytest.raises(ConfigError) as refused:
+        run(service.list_tasks("test"))
+    assert str(refused.value) == "harbor: no split 'test'; known splits: train, val"
+    assert refused.value.exit_code == 78
+    # An explicit `splits:` manifest still wins over the dataset's file.
+    chosen = HarborService(dataset_dir=str(tmp_path), splits={"eval": ["b"]})
+    assert run(chosen.list_splits()) == ["eval"] and run(chosen.list_tasks("eval")) == ["b"]
+    # Without a splits file only `train` exists: a named split no longer lists every task.
+    (tmp_path / "splits.json").unlink()
+    plain = HarborService(dataset_dir=str(tmp_path))
+    assert run(plain.list_tasks("train")) == ["a", "b", "c"]
+    with pytest.raises(ConfigError, match=r"^harbor: no split 'val'; known splits: train$"):
+        run(plain.list_tasks("val"))
+
+
+def test_a_malformed_splits_file_is_one_line_naming_the_file(tmp_path):
+    write_task(tmp_path, "a")
+    (tmp_path / "splits.json").write_text('{"train": "a"}')
+    with pytest.raises(ConfigError) as info:
+        run(HarborService(dataset_dir=str(tmp_path)).list_splits())
+    assert str(info.value) == f"{tmp_path / 'splits.json'}.train: expected a list of task ids"
+
+
 # --- the process provider ---------------------------------------------------------------------------------------
 
 # On the process provider file contents are not translated: scripts prefix sandbox paths with $PLATOON_SANDBOX_ROOT.

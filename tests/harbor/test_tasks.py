@@ -121,7 +121,8 @@ def test_task_toml_keys_network_memory_healthcheck_and_legacy_forms(tmp_path):
     [
         ('steps = [{name = "a"}]', {}, "multi-step"),
         ('[environment]\nos = "windows"', {}, "only linux"),
-        ("[verifier]\ncollect = []", {}, "collect"),
+        ('[[verifier.collect]]\ncommand = "tar czf /logs/artifacts/db.tgz /var/db"', {}, "1 collect hook(s)"),
+        ('[verifier]\ncollect = "make dump"', {}, "[verifier].collect: expected a list"),
         ('artifacts = ["../secret"]', {}, "'..'"),
         ('artifacts = [{source = "/out", service = "db"}]', {}, "service 'db'"),
         (
@@ -140,6 +141,33 @@ def test_tasks_no_entry_can_run_are_refused_at_load(tmp_path, toml, files, fragm
         read_task(path)
     assert fragment in str(info.value)
     assert info.value.refused.startswith("task_config: ")
+
+
+def test_schema_1_3_empty_collect_asks_for_nothing_and_loads(tmp_path):
+    path = task(
+        tmp_path,
+        "exported",
+        """\
+        schema_version = "1.3"
+        artifacts = ["/app/out.txt"]
+        [verifier]
+        environment_mode = "shared"
+        timeout_sec = 30.0
+        collect = []
+        """,
+    )
+    loaded = load_task(path)
+    assert loaded.verifier.mode == "shared" and loaded.verifier.timeout_sec == 30.0
+    assert [a.source for a in loaded.artifacts] == ["/app/out.txt"]
+
+
+def test_a_collect_hook_is_refused_in_one_line_naming_the_task_and_the_key(tmp_path):
+    path = task(tmp_path, "hooked", '[[verifier.collect]]\ncommand = "pg_dump > /logs/artifacts/db.sql"\n')
+    with pytest.raises(TaskRefused) as info:
+        read_task(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(path) in message and "[verifier].collect" in message
 
 
 def test_a_missing_instruction_or_test_script_is_refused(tmp_path):

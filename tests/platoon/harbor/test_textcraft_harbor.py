@@ -77,3 +77,26 @@ def test_exported_tasks_score_1_with_the_oracle_and_0_with_noop_in_docker(
             subprocess.run(
                 [os.environ.get("PLATOON_DOCKER", "docker"), "rmi", "--force", *tags], capture_output=True
             )
+
+
+@pytest.mark.slow  # not for its time: the package-alone run, which lacks platoon-textcraft, deselects slow tests
+def test_an_exported_dataset_lists_its_own_splits_and_val_holds_no_training_task(tmp_path: Path) -> None:
+    """TextCraft's val file names its tasks `textcraft.train.N` (ids given before the split): the export's
+    `splits.json` keeps val to the val file's tasks, and the service lists it without a `splits:` option."""
+    import asyncio
+
+    from platoon.errors import ConfigError
+    from platoon_harbor.service import HarborService
+    from platoon_textcraft.harbor.export import export_dataset
+
+    dataset = tmp_path / "textcraft"
+    tasks = export_dataset(dataset, variant="original", limit=2)
+    service = HarborService(dataset_dir=str(dataset))
+    assert asyncio.run(service.list_splits()) == ["train", "val"]
+    train = asyncio.run(service.list_tasks("train"))
+    val = asyncio.run(service.list_tasks("val"))
+    assert train == [t.name for t in tasks if t.split == "train"] and len(train) == 2
+    assert val == [t.name for t in tasks if t.split == "val"] and len(val) == 2
+    assert not set(train) & set(val)
+    with pytest.raises(ConfigError, match=r"known splits: train, val$"):
+        asyncio.run(service.list_tasks("test"))

@@ -12,7 +12,8 @@ API for the `harbor` service and `platoon prepare`:
   current does nothing and sends no request).
 - `lock_problem(settings) -> str | None`: why the lock does not answer the config (None: current).
 - `resolve_dataset(ref, cache, *, lock=None, config=None, ...) -> ResolvedDataset`: the fetched dataset a run uses
-  (`.tasks`: id -> cached task directory, `.lock`, `.lock_path`); raises core's `EnvNotPrepared` naming
+  (`.tasks`: id -> cached task directory, `.lock`, `.lock_path`, `.splits()`: the dataset's `splits.json` as
+  fetched); raises core's `EnvNotPrepared` naming
   `platoon prepare CONFIG` when it is not fetched or its lock is stale. A local `dataset_dir` is returned as is.
 - `task_ids(root, fetched=False) -> dict[id, Path]`: the ids of a local dataset directory (6.2).
 - `verify(lock, cache, ids=None) -> list[str]`: cache entries whose files no longer hash to their digests.
@@ -779,7 +780,7 @@ def _first_files(listing: Mapping[str, Any], subdir: str) -> tuple[list[str], li
     for root in candidates:
         if (root == prefix or root.endswith("/")) and not any(root.startswith(r) for r in roots):
             roots.append(root)
-    first = [prefix + n for n in ("registry.json", "task-index.json") if prefix + n in listing]
+    first = [prefix + n for n in ("registry.json", "task-index.json", "splits.json") if prefix + n in listing]
     first += [f"{r}.gitignore" for r in roots if f"{r}.gitignore" in listing]
     return first, roots
 
@@ -985,6 +986,12 @@ def _build_lock(
     finally:
         bar.close()
     _share_keys(tasks, settings.refuse)
+    from platoon_harbor.tasks import dataset_splits, runnable_splits
+
+    # The dataset's own splits, narrowed to what this config selected (null: it has no splits file).
+    splits = dataset_splits(root)
+    if splits is not None:
+        splits = runnable_splits(splits, chosen)
     if say is not None:
         say(f"{settings.dataset.text}: {len(tasks)} task(s) cached in {settings.cache / 'tasks'}")
     return {
@@ -1003,6 +1010,8 @@ def _build_lock(
             "of": len(found),
         },
         "modes": {"refuse": settings.refuse},
+        # A list, not an object: the lock's objects are written with sorted keys, and a file's split order counts.
+        "splits": None if splits is None else [{"split": k, "tasks": v} for k, v in splits.items()],
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "tasks": tasks,
     }
@@ -1056,6 +1065,14 @@ class ResolvedDataset:
     def rows(self) -> list[dict[str, Any]]:
         """The lock's task rows (the hold-out's input)."""
         return list(self.lock["tasks"]) if self.lock is not None else []
+
+    def splits(self) -> dict[str, list[str]] | None:
+        """The dataset's splits file as fetched (`splits` of the lock; None without one, or in a lock older than
+        this field)."""
+        recorded = (self.lock or {}).get("splits")
+        if not isinstance(recorded, list):
+            return None
+        return {str(row["split"]): [str(t) for t in row["tasks"]] for row in recorded}
 
 
 def resolve_dataset(

@@ -17,7 +17,8 @@ map of a provider, the `docker` builder, and the image a session opens on.
   the classic builder; images tagged `platoon-harbor:<first 32 hex of the key>`), and `alias` (keys pointed at an
   existing image, `local` for the process provider). `ADD` of a git repository is cloned on the host into a copy of
   the context and copied from there, because dockerd 20.10's built-in Dockerfile frontend cannot fetch git sources
-  and a `# syntax=` frontend would be pulled from a registry.
+  and a `# syntax=` frontend would be pulled from a registry. A failed build leaves nothing behind: no container,
+  no image of the steps that ran, no scratch directory; only its log, which the error names.
 - **Runs never build**: `image_for` answers from the map and raises `EnvNotPrepared` for a key it lacks.
 """
 
@@ -666,6 +667,25 @@ def _run_build(argv: list[str], env: dict[str, str], log: Path, timeout: float) 
             raise
 
 
+#: the classic builder's log: a step that ran ends with its new image's id
+_CLASSIC_STEP_IMAGE = re.compile(
+    r"^Removing intermediate container \S+\n ---> ([0-9a-f]{12,64})$", re.MULTILINE
+)
+
+
+def _read_from(log: Path, offset: int) -> str:
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode(errors="replace")
+
+
+def _remove_step_images(output: str) -> None:
+    """Remove the untagged images a failed classic build made for the steps that ran (its cache hits and base
+    images are not among them), newest first; one still in use elsewhere is left (docker refuses it)."""
+    for image_id in reversed(_CLASSIC_STEP_IMAGE.findall(output)):
+        _docker("image", "rm", "--no-prune", image_id)
+
+
 def docker_build(
     plan: ImagePlan, image_map: ImageMap, *, scratch: Path | None = None, timeout: float
 ) -> dict:
@@ -696,7 +716,12 @@ def docker_build(
         used_buildkit = False
         for buildkit in modes:
             env = dict(os.environ, DOCKER_BUILDKIT="1" if buildkit else "0")
-            code = _run_build([binary, *common], env, log, timeout)
+            # The classic builder keeps a failed step's container unless told otherwise (BuildKit keeps none).
+            argv = [binary, *common] if buildkit else [binary, "build", "--force-rm", *common[1:]]
+            logged = log.stat().st_size
+            code = _run_build(argv, env, log, timeout)
+            if not buildkit and code != 0:
+                _remove_step_images(_read_from(log, logged))
             if buildkit and code != 0 and any(s in log.read_text(errors="replace") for s in _NO_BUILDKIT):
                 _BUILDKIT[binary] = (
                     False  # this client cannot reach BuildKit: the classic builder from now on

@@ -9,7 +9,7 @@ under `--cache` (default: the directory above the lock's `locks/`), the provider
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -89,6 +89,33 @@ def _targets(
         raise ConfigError(f"{target}: no environment entry has service: harbor")
 
 
+#: how many characters of a key the tables print (`sha256:` and 12 hex digits); `--key` takes this form back
+SHOWN_KEY_CHARS = 19
+
+
+def _shown(key: str) -> str:
+    return key[:SHOWN_KEY_CHARS]
+
+
+def _resolve_keys(given: list[str], known: Iterable[str]) -> list[str]:
+    """The full build keys `--key` values name: a full key, or a unique prefix of one as `plan` prints it (with or
+    without `sha256:`). Raises ValueError naming the value that matches no key or several."""
+    known = list(known)
+    chosen: list[str] = []
+    for value in given:
+        text = value.strip().lower()
+        prefix = text if text.startswith("sha256:") else f"sha256:{text}"
+        matches = [k for k in known if k == prefix] or [k for k in known if k.startswith(prefix)]
+        if len(prefix) == len("sha256:") or not matches:
+            raise ValueError(f"--key {value} is not a build key of these tasks (`images plan` lists them)")
+        if len(matches) > 1:
+            shown = ", ".join(_shown(k) for k in matches[:3])
+            raise ValueError(f"--key {value} matches {len(matches)} build keys ({shown}): give more of it")
+        if matches[0] not in chosen:
+            chosen.append(matches[0])
+    return chosen
+
+
 def _present(needs: object) -> set[str]:
     from platoon_harbor.prepare import EntryImages
 
@@ -152,7 +179,7 @@ def plan(
     header = ("key", "role", "kind", "tasks", "bases", "in map", "example task")
     table = [header] + [
         (
-            str(r["key"])[:19],
+            _shown(str(r["key"])),
             str(r["role"]),
             str(r["kind"]),
             str(r["tasks"]),
@@ -195,7 +222,8 @@ def build(
     shard: Annotated[str, typer.Option("--shard", help="i/n: build the keys at positions i mod n.")] = "0/1",
     out_dir: Annotated[str | None, typer.Option("--out", help="Where image files go (oci and def).")] = None,
     key: Annotated[
-        list[str] | None, typer.Option("--key", help="Build these keys (forcing a rebuild).")
+        list[str] | None,
+        typer.Option("--key", help="Build these keys, as `plan` prints them or in full (forcing a rebuild)."),
     ] = None,
     scratch: Annotated[
         str | None, typer.Option("--scratch", help="Build scratch (default: node scratch).")
@@ -228,26 +256,29 @@ def build(
             )
             return 1
         ordered = list(needs.keys)  # sorted: shards agree on positions everywhere
-        unknown = [k for k in key or [] if k not in needs.keys]
-        if unknown:
-            err(f"{found.label}: --key {unknown[0]} is not a build key of these tasks")
+        try:
+            forced = _resolve_keys(key or [], ordered)
+        except ValueError as exc:
+            err(f"{found.label}: {exc}")
             return EX_USAGE
-        present = set() if key else _present(needs)
+        present = set() if forced else _present(needs)
         wanted = [
             needs.keys[k]
             for n, k in enumerate(ordered)
-            if n % count == index and (k in key if key else k not in present)
+            if n % count == index and (k in forced if forced else k not in present)
         ]
 
         def progress(number: int, total: int, plan: images.KeyPlan, what: str) -> None:
-            err(f"images: {what} {number}/{total} {plan.key[:19]} ({plan.kind}, e.g. task {plan.tasks[0]})")
+            err(
+                f"images: {what} {number}/{total} {_shown(plan.key)} ({plan.kind}, e.g. task {plan.tasks[0]})"
+            )
 
         try:
             results = images.build_keys(
                 wanted,
                 needs.image_map,
                 builder=chosen,
-                force=bool(key),
+                force=bool(forced),
                 scratch=Path(scratch) if scratch else None,
                 timeout=timeout,
                 progress=progress,
@@ -256,7 +287,7 @@ def build(
             err(str(exc))
             return 1
         for result in results:
-            out(f"{result.key[:19]}  {result.status}  {result.detail}")
+            out(f"{_shown(result.key)}  {result.status}  {result.detail}")
         failed += sum(1 for r in results if r.status == "failed")
         built = sum(1 for r in results if r.status == "built")
         err(
@@ -287,27 +318,27 @@ def verify(
         for key, key_plan in needs.keys.items():
             entry = entries.get(key)
             if entry is None:
-                out(f"{key[:19]}  missing  (tasks {', '.join(key_plan.tasks[:3])})")
+                out(f"{_shown(key)}  missing  (tasks {', '.join(key_plan.tasks[:3])})")
                 bad += 1
             elif entry.get("builder") == "docker":
                 engine = engine if engine is not None else images.engine_images()
                 now = engine.get(str(entry["image"]))
                 if now != entry.get("sha256"):
                     out(
-                        f"{key[:19]}  mismatch  {entry['image']} is {now or 'gone'}, the map records {entry['sha256']}"
+                        f"{_shown(key)}  mismatch  {entry['image']} is {now or 'gone'}, the map records {entry['sha256']}"
                     )
                     bad += 1
                 else:
-                    out(f"{key[:19]}  ok  {entry['image']}")
+                    out(f"{_shown(key)}  ok  {entry['image']}")
             elif not entry.get("sha256"):
                 err(
-                    f"{key[:19]}: {entry.get('image')} ({entry.get('builder')}) not checked: no recorded hash"
+                    f"{_shown(key)}: {entry.get('image')} ({entry.get('builder')}) not checked: no recorded hash"
                 )
             else:
                 image = Path(str(entry["image"]))
                 image = image if image.is_absolute() else needs.image_map.path.parent / image
                 ok = image.is_file() and images.file_sha256(image) == entry["sha256"]
-                out(f"{key[:19]}  {'ok' if ok else 'mismatch'}  {image}")
+                out(f"{_shown(key)}  {'ok' if ok else 'mismatch'}  {image}")
                 bad += 0 if ok else 1
     return 1 if bad else 0
 
@@ -319,7 +350,10 @@ def alias(
     cache: CacheOption = None,
     provider: ProviderOption = None,
     key: Annotated[
-        list[str] | None, typer.Option("--key", help="Alias these keys (default: the missing ones).")
+        list[str] | None,
+        typer.Option(
+            "--key", help="Alias these keys, as `plan` prints them or in full (default: the missing ones)."
+        ),
     ] = None,
 ) -> int:
     """Point the missing keys (or the given keys) at an existing image, with builder `alias`."""
@@ -332,17 +366,18 @@ def alias(
         if needs.image_map is None:
             err(f"{found.label}: a directory-backed entry has no default image map: pass --image-map")
             return EX_USAGE
-        unknown = [k for k in key or [] if k not in needs.keys]
-        if unknown:
-            err(f"{found.label}: --key {unknown[0]} is not a build key of these tasks")
+        try:
+            given = _resolve_keys(key or [], needs.keys)
+        except ValueError as exc:
+            err(f"{found.label}: {exc}")
             return EX_USAGE
         present = needs.image_map.read()
-        chosen = key or [k for k in needs.keys if k not in present]
+        chosen = given or [k for k in needs.keys if k not in present]
         changes = {k: images.alias_entry(image, needs.keys[k].example) for k in chosen}
         if changes:
             needs.image_map.update(changes)
         for k in chosen:
-            out(f"{k[:19]}  alias  {image}")
+            out(f"{_shown(k)}  alias  {image}")
         err(f"{found.label}: {len(chosen)} key(s) now point at {image} in {needs.image_map.path}")
     return 0
 

@@ -38,10 +38,12 @@ from platoon_harbor.tasks import (
     HarborTask,
     TaskRefused,
     UnsetVariable,
+    dataset_splits,
     discover_tasks,
     load_splits,
     read_task,
     resolve_env,
+    runnable_splits,
     task_dirs_ids,
     task_refusal,
 )
@@ -316,13 +318,15 @@ class HarborService:
             return self._task_dirs
         opts = self.options
         splits: dict[str, list[str]] | None = None
+        own_splits: dict[str, list[str]] | None = None  # the dataset's splits.json
         if opts.fetched:
-            found, splits = self._fetched()
+            found, splits, own_splits = self._fetched()
         elif opts.task_dirs:
             found = task_dirs_ids(opts.task_dirs)
         else:
             assert opts.dataset_dir is not None
             found = discover_tasks(opts.dataset_dir)
+            own_splits = dataset_splits(opts.dataset_dir)
         runnable: dict[str, Path] = {}
         for task_id, path in found.items():
             try:
@@ -345,20 +349,25 @@ class HarborService:
             )
         if opts.splits is not None and splits is None:
             splits = load_splits(opts.splits, opts.dataset_dir, runnable)
+        elif splits is None and own_splits is not None:
+            splits = runnable_splits(own_splits, runnable)
         self._splits = splits
         self._task_dirs = runnable
         return runnable
 
-    def _fetched(self) -> tuple[dict[str, Path], dict[str, list[str]] | None]:
+    def _fetched(
+        self,
+    ) -> tuple[dict[str, Path], dict[str, list[str]] | None, dict[str, list[str]] | None]:
         """A fetched dataset's tasks from its lock (`datasets.resolve_dataset`; rollouts never fetch: a missing or
-        stale lock raises `EnvNotPrepared` naming `platoon prepare`), and with `holdout` the splits train/eval."""
+        stale lock raises `EnvNotPrepared` naming `platoon prepare`), with `holdout` the splits train/eval, and the
+        dataset's own splits as the lock recorded them."""
         from platoon_harbor.datasets import resolve_dataset
         from platoon_harbor.prepare import harbor_cache
 
         raw = self.options.raw
         resolved = resolve_dataset(raw, harbor_cache(raw, None))
         if raw.get("holdout") is None:
-            return dict(resolved.tasks), None
+            return dict(resolved.tasks), None, resolved.splits()
         from platoon_harbor.holdout import holdout_split
 
         lock = resolved.lock or {}
@@ -371,7 +380,7 @@ class HarborService:
         self._split = split
         for line in split.report_lines():
             log.info("%s: %s", self.name, line)
-        return dict(resolved.tasks), {"train": list(split.train), "eval": list(split.eval)}
+        return dict(resolved.tasks), {"train": list(split.train), "eval": list(split.eval)}, None
 
     def split_record(self) -> dict[str, Any] | None:
         """The hold-out record a run writes into identity.json (None without `holdout`)."""
@@ -393,10 +402,12 @@ class HarborService:
 
     async def list_tasks(self, split: str) -> list[str]:
         tasks = await asyncio.to_thread(self._discover)
+        known = list(self._splits) if self._splits is not None else ["train"]
+        if split not in known:
+            # Listing every task under a name the dataset does not have would train or evaluate on the wrong ones.
+            raise ConfigError(f"{self.name}: no split {split!r}; known splits: {', '.join(known) or 'none'}")
         if self._splits is None:
             return list(tasks)
-        if split not in self._splits:
-            raise ValueError(f"{self.name}: no split {split!r} (splits: {', '.join(self._splits)})")
         if split == "eval" and self._split is not None and not self._splits[split]:
             from platoon_harbor.holdout import eval_problem
 

@@ -4,15 +4,16 @@ The API the rest of platoon-harbor builds on:
 
 - `read_task(path)` parses one task directory into a `HarborTask` without policy refusals: it raises `TaskRefused`
   only for what no entry can ever run (unreadable or malformed `task.toml`, a missing `instruction.md`, multi-step
-  tasks, non-Linux tasks, verifier `collect`, artifacts with `..` or from another service, a separate verifier with
-  `tests/docker-compose.yaml`). Compose stacks and `[agent]`/`[verifier]` users are recorded (`stack`,
+  tasks, non-Linux tasks, verifier `collect` hooks (schema 1.3's `collect = []` asks for none and passes),
+  artifacts with `..` or from another service, a separate verifier with `tests/docker-compose.yaml`). Compose stacks and `[agent]`/`[verifier]` users are recorded (`stack`,
   `agent_user`, `verifier_user`) so a fetch can record them as flags.
 - `task_refusal(task, agent_user=...)` returns the load-time refusal of 6.1 that depends on the entry (a compose stack
   with sidecars, a task user unless `agent_user: ignore`), or None. `load_task` = `read_task` plus this check, raising.
 - `resolve_env(mapping, what=...)` resolves `${VAR}` / `${VAR:-default}` values from the host environment; it is
   called at session open (never at load), and an unset variable without a default raises `UnsetVariable`.
 - `discover_tasks(root)` maps task ids to directories (a `registry.json`, else a scan); `task_dirs_ids(dirs)` names
-  an explicit list of task directories; `load_splits(spec, root, ids)` reads a `splits:` manifest.
+  an explicit list of task directories; `load_splits(spec, root, ids)` reads a `splits:` manifest, and
+  `dataset_splits(root)` the dataset's own `splits.json` (what a service lists when no `splits:` is given).
 
 Refusals carry a `kind` (the part of the lock's `refused` string before the first colon): `task_config` for
 everything here.
@@ -32,6 +33,7 @@ from typing import Any, Literal
 from platoon.errors import ConfigError
 
 __all__ = [
+    "SPLITS_FILE",
     "AgentSettings",
     "Artifact",
     "EnvironmentSettings",
@@ -41,13 +43,16 @@ __all__ = [
     "TaskRefused",
     "UnsetVariable",
     "VerifierSettings",
+    "dataset_splits",
     "discover_tasks",
     "ignored_users",
     "load_splits",
     "load_task",
     "parse_memory_mb",
+    "read_splits_manifest",
     "read_task",
     "resolve_env",
+    "runnable_splits",
     "strip_canary",
     "task_dirs_ids",
     "task_refusal",
@@ -507,8 +512,7 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
     )
 
     v = _Reader(root, top.table_of("verifier"), "[verifier].")
-    if "collect" in v.table:
-        raise v.fail("collect", "verifier collect hooks are not supported")
+    _refuse_collect_hooks(v)
     mode = v.get("environment_mode", str)
     if mode is not None and mode not in ("shared", "separate"):
         raise v.fail("environment_mode", f"expected shared or separate, got {mode!r}")
@@ -544,6 +548,17 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
         metadata=dict(metadata),
         stack=stack,
     )
+
+
+def _refuse_collect_hooks(verifier: _Reader) -> None:
+    """Schema 1.3's `[[verifier.collect]]`: commands run in a service before its artifacts are collected. An empty
+    list asks for nothing (task exporters write `collect = []`); any hook is refused, since grading here runs none."""
+    hooks = verifier.get("collect", list, [])
+    if hooks:
+        raise verifier.fail(
+            "collect",
+            f"{len(hooks)} collect hook(s): commands run before artifacts are collected are not supported",
+        )
 
 
 def task_refusal(task: HarborTask, *, agent_user: str = "refuse") -> TaskRefused | None:
@@ -662,9 +677,13 @@ def task_dirs_ids(dirs: Iterable[str | Path]) -> dict[str, Path]:
     return found
 
 
-def load_splits(spec: Any, root: Path | None, ids: Iterable[str]) -> dict[str, list[str]]:
-    """A `splits:` manifest (a mapping, or a JSON/TOML file relative to `root`) checked against the runnable `ids`."""
-    known = set(ids)
+#: the splits file a dataset may carry at its root (`{split: [task ids]}`; platoon-textcraft's export writes one)
+SPLITS_FILE = "splits.json"
+
+
+def read_splits_manifest(spec: Any, root: Path | None, *, where: str = "splits") -> dict[str, list[str]]:
+    """A split manifest's shape checked: a mapping, or a JSON/TOML file relative to `root`, of split name to a list
+    of task ids. ConfigError (one line, naming `where` or the file) for anything else."""
     data: Any = spec
     if isinstance(spec, (str, Path)):
         path = Path(spec)
@@ -674,15 +693,38 @@ def load_splits(spec: Any, root: Path | None, ids: Iterable[str]) -> dict[str, l
             text = path.read_text(encoding="utf-8")
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"splits: {path} is not a readable JSON or TOML manifest ({exc})") from None
+            raise ConfigError(f"{where}: {path} is not a readable JSON or TOML manifest ({exc})") from None
     if not isinstance(data, Mapping):
-        raise ConfigError("splits: expected a mapping of split name to a list of task ids")
+        raise ConfigError(f"{where}: expected a mapping of split name to a list of task ids")
     out: dict[str, list[str]] = {}
     for split, members in data.items():
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-            raise ConfigError(f"splits.{split}: expected a list of task ids")
+            raise ConfigError(f"{where}.{split}: expected a list of task ids")
+        out[str(split)] = list(members)
+    return out
+
+
+def load_splits(spec: Any, root: Path | None, ids: Iterable[str]) -> dict[str, list[str]]:
+    """A `splits:` manifest (a mapping, or a JSON/TOML file relative to `root`) checked against the runnable `ids`."""
+    known = set(ids)
+    out = read_splits_manifest(spec, root)
+    for split, members in out.items():
         unknown = [m for m in members if m not in known]
         if unknown:
             raise ConfigError(f"splits.{split}: unknown or refused task(s) {', '.join(unknown[:5])}")
-        out[str(split)] = list(members)
     return out
+
+
+def dataset_splits(root: Path) -> dict[str, list[str]] | None:
+    """The dataset's own splits file (`<root>/splits.json`), shape-checked; None when the dataset has none."""
+    path = root / SPLITS_FILE
+    if not path.is_file():
+        return None
+    return read_splits_manifest(path, None, where=str(path))
+
+
+def runnable_splits(splits: Mapping[str, list[str]], ids: Iterable[str]) -> dict[str, list[str]]:
+    """A dataset's splits narrowed to the runnable `ids` (a selection or refusals leave tasks out), in file order;
+    every split stays listed, even one left empty."""
+    known = set(ids)
+    return {split: [m for m in members if m in known] for split, members in splits.items()}

@@ -232,6 +232,29 @@ class EnvNotPrepared(EnvSetupError):
         super().__init__("env_config", message)
 
 
+async def unknown_split(service: Any, split: str) -> str | None:
+    """Why `split` is not a split `service` has: "no split 'x'; known splits: a, b" from its optional
+    `list_splits`; None when it has the split, or lists none (then its `list_tasks` alone decides).
+
+    Training, evaluation and `platoon config validate` ask this before listing a split by name, whatever the
+    service, so that a misspelt or missing split stops the start with one line instead of listing other tasks.
+    """
+    ask = getattr(service, "list_splits", None)
+    if ask is None:
+        return None
+    try:
+        known = [str(s) for s in await _maybe_await(ask())]
+    except Exception:  # the listing that follows reports the service's failure in its own words
+        return None
+    if not known or split in known:
+        return None
+    return f"no split {split!r}; known splits: {', '.join(known)}"
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
 async def task_check_refusals(service: Any, tasks: Iterable[tuple[str, str]]) -> list[str]:
     """Why `service` refuses `tasks` (`(split, task id)` pairs) before a run starts: its optional `check_tasks`,
     asked once per split with that split's ids, in order; [] when it accepts them all or has no such method.

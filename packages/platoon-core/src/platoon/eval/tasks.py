@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.envs.service import task_check_refusals
+from platoon.envs.service import task_check_refusals, unknown_split
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -133,6 +133,10 @@ async def _list_entry(
     names: dict[str, str] = {}
     seen: set[str] = set()
     for name in splits:
+        if (problem := await unknown_split(service, name)) is not None:
+            raise ConfigError(
+                f"{where}.{key}.split_name: {problem}" if name != split else f"{where}: {problem}"
+            )
         ids = [str(t) for t in await service.list_tasks(name)]
         ask = getattr(service, "list_task_names", None)
         if ask is not None:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.envs.service import task_check_refusals
+from platoon.envs.service import task_check_refusals, unknown_split
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -145,6 +145,8 @@ async def _list_entry(
     names: dict[str, str] = {}
     split_of: dict[str, str] = {}  # a task listed by several splits is checked with the first
     for split in splits:
+        if (problem := await unknown_split(service, split)) is not None:
+            raise ConfigError([f"{where}.eval_dataset_kwargs.split_name: {problem}"])
         listed = [str(t) for t in await service.list_tasks(split)]
         ids += listed
         for task_id in listed:

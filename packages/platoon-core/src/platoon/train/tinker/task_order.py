@@ -454,7 +454,7 @@ async def _list_entry(
 
     from platoon.envs import listing_cache
     from platoon.envs.resolve import entry_service_kwargs, resolve_service
-    from platoon.envs.service import task_check_refusals
+    from platoon.envs.service import task_check_refusals, unknown_split
 
     where = f"environments.{index}"
     label = entry.name if mixture else DEFAULT_LABEL
@@ -507,6 +507,9 @@ async def _list_entry(
     names: dict[str, str] = {}
     seen: set[str] = set()
     for split in splits:
+        if (problem := await unknown_split(service, split)) is not None:
+            problems.append(f"{where}.dataset_kwargs.split_name: {problem}")
+            return None
         try:
             ids = [str(t) for t in await service.list_tasks(split)]
             names.update(await _names(service, split))

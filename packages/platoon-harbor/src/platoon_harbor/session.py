@@ -472,7 +472,7 @@ class HarborSession:
             verifier_env = {**live.opened.env, **resolve_env(task.verifier.env, what="[verifier].env")}
         except UnsetVariable as exc:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
-        if task.separate_verifier:
+        if service.grades_separately(task):
             return await self._grade_separate(extra)
         return await grading.grade_shared(
             grading.SharedGrading(
@@ -504,6 +504,9 @@ class HarborSession:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
         vspec = dataclasses.replace(opened.verifier_spec, env=env)
         base = {"verifier_mode": "separate", **extra}
+        # A task graded separately only by the service's choice declares no artifacts: its workdir is what the agent
+        # made, and it replaces the image's workdir in the verifier (so a file the agent deleted stays deleted).
+        workdir_is_artifact = not task.separate_verifier and not task.artifacts
         if live.collected is None:
             sandbox = self.sandbox
             try:
@@ -520,6 +523,8 @@ class HarborSession:
                 meta = {**base, "verifier_cwd_error": f"{self.workdir}: {problem}"}
                 return grading.platoon_zero(service.options.reward, "workdir_missing", meta)
             sources: list[tuple[str, str, tuple[str, ...]]] = [("/logs/artifacts", "/logs/artifacts", ())]
+            if workdir_is_artifact:
+                sources.append((self.workdir, vspec.workdir, ()))
             for artifact in task.artifacts:
                 if artifact.source.startswith("/"):
                     sources.append((artifact.source, artifact.source, artifact.exclude))
@@ -556,6 +561,7 @@ class HarborSession:
                 timeout_s=service.verifier_timeout_s(task),
                 contract=service.options.reward,
                 collected=live.collected,
+                fresh_workdir=workdir_is_artifact,
                 classifiers=service.options.verifier_classifiers,
                 task=task,
                 extra_metadata=extra,

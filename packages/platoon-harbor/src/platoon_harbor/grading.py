@@ -4,9 +4,12 @@
 checks the workdir from `/`, makes `/tests` and `/logs/verifier` afresh, uploads the tests only now, runs
 `test.sh`, kills again, and reads the outputs *inside the sandbox, by its own shell, from `/`*, classifying each
 file (a regular file reached through no symlink, missing, a symlink, special, under a mount, unreadable, too large)
-before reading a byte. The verdict then follows a fixed order (timeout, forged reward files, log classifiers, the
-reward contract). Every infrastructure failure is an untrainable outcome; the zeros platoon gives itself (a deleted
-workdir, a forged reward file) carry `metadata.platoon_zero`.
+before reading a byte. The verdict then follows a fixed order (timeout, forged reward files, the classifiers that
+tell a broken verifier environment from a failed agent, the reward contract). Every infrastructure failure is an
+untrainable outcome; the zeros platoon gives itself (a deleted workdir, a forged reward file) carry
+`metadata.platoon_zero`; every verifier run keeps its evidence (exit code, seconds, output tail) in
+`metadata.evidence`. `grade_separate(...)` runs the same tests in a fresh verifier sandbox holding only the agent's
+artifacts.
 """
 
 from __future__ import annotations

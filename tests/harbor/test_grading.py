@@ -225,7 +225,6 @@ DEFAULT = parse_classifiers(None)
         ("E: Unable to locate package python3-pytest\n", 0, "verifier_download"),
         ("/tests/test.sh: line 4: uvx: command not found\n", 0, "verifier_missing_tool"),
         ("/tests/test.sh: line 2: /usr/bin/python3: No such file or directory\n", 0, "verifier_missing_tool"),
-        ("/usr/bin/env: 'node': No such file or directory\n", 0, "verifier_missing_tool"),
         (
             "subprocess.TimeoutExpired: Command '['pytest']' timed out after 60 seconds\n",
             0,
@@ -250,6 +249,9 @@ def test_the_default_classifiers_name_the_broken_environment(stderr, exit_code, 
         # a script or command the task asked the agent to provide is the agent's to make
         ("", "/tests/test.sh: line 3: /app/run.sh: No such file or directory\n", 0),
         ("", "/tests/test.sh: line 3: wordcount: command not found\n", 0),
+        # a script of the agent's that the tests run chose its own tools
+        ("", "/app/run.sh: line 1: uvx: command not found\n", 0),
+        ("", "/usr/bin/env: 'node': No such file or directory\n", 0),
         # a crash may be the agent's program: not a signal from outside
         ("", "", 139),
     ],

@@ -301,6 +301,9 @@ class Classifier:
 #: the task asks the agent to provide (a script in the workdir, a CLI it installs) is the agent's to make.
 _TOOLS = r"(uv|uvx|pytest|pip3?|python3?(\.\d+)?|node|npm|npx|curl|wget|apt-get)"
 _SYSTEM_DIRS = r"/(usr/(local/)?)?s?bin/"
+#: bash names the script a line failed in: only the tests' own scripts count, not a script of the agent's they run
+#: (whose missing `uvx` or shebang interpreter is the agent's choice). The process provider writes host paths.
+_TESTS_SCRIPT = r"\S*/tests/\S+"
 
 
 def _stderr(kind: str, *patterns: str) -> tuple[Classifier, ...]:
@@ -311,7 +314,7 @@ def _stderr(kind: str, *patterns: str) -> tuple[Classifier, ...]:
 #: The built-in groups, by the name a config gives them. The patterns are the messages of resolvers, package
 #: managers and bash itself, never a test's assertion text: a failed agent must not look like a broken environment.
 #: `bash` writes "<script>: line N: <tool>: command not found" for a missing tool and "... No such file or
-#: directory" for a missing interpreter.
+#: directory" for a missing interpreter named by its path.
 COMMON_GROUPS: dict[str, tuple[Classifier, ...]] = {
     "network": _stderr(
         "verifier_network",
@@ -328,9 +331,8 @@ COMMON_GROUPS: dict[str, tuple[Classifier, ...]] = {
     ),
     "missing-tool": _stderr(
         "verifier_missing_tool",
-        rf"^\S+: line \d+: {_TOOLS}: (command )?not found$",
-        rf"^\S+: line \d+: {_SYSTEM_DIRS}{_TOOLS}: No such file or directory$",
-        rf"^/usr/bin/env: '?{_TOOLS}'?: No such file or directory$",
+        rf"^{_TESTS_SCRIPT}: line \d+: {_TOOLS}: (command )?not found$",
+        rf"^{_TESTS_SCRIPT}: line \d+: {_SYSTEM_DIRS}{_TOOLS}: No such file or directory$",
         r"No module named '?pytest'?",
     ),
     "timeout": _stderr(

@@ -504,9 +504,10 @@ class HarborSession:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
         vspec = dataclasses.replace(opened.verifier_spec, env=env)
         base = {"verifier_mode": "separate", **extra}
-        # A task graded separately only by the service's choice declares no artifacts: its workdir is what the agent
-        # made, and it replaces the image's workdir in the verifier (so a file the agent deleted stays deleted).
-        workdir_is_artifact = not task.separate_verifier and not task.artifacts
+        # A task graded separately only by the service's choice was written for tests that see the agent's sandbox:
+        # its workdir is what the agent made, and it replaces the image's workdir in the verifier (so a file the agent
+        # deleted stays deleted). Its declared artifacts (often logs kept for the record) come too.
+        workdir_is_artifact = not task.separate_verifier
         if live.collected is None:
             sandbox = self.sandbox
             try:

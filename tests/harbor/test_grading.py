@@ -26,16 +26,17 @@ from platoon_harbor.grading import (
 from platoon_harbor.session import cut_middle, format_bash
 
 
-def run(reward_json=None, reward_txt=None, *, kinds=None, log="", timed_out=False):
+def run(reward_json=None, reward_txt=None, *, kinds=None, log="", stderr="", timed_out=False, exit_code=0):
     files = {name: FileRead(name, "missing") for name in (*REWARD_FILES, *LOG_FILES)}
     for name, text in (("reward.json", reward_json), ("reward.txt", reward_txt)):
         if text is not None:
             data = text.encode()
             files[name] = FileRead(name, "regular", len(data), data)
     files["test-stdout.txt"] = FileRead("test-stdout.txt", "regular", len(log), log.encode())
+    files["test-stderr.txt"] = FileRead("test-stderr.txt", "regular", len(stderr), stderr.encode())
     for name, kind in (kinds or {}).items():
         files[name] = FileRead(name, kind, 2 << 20 if kind == "too_large" else 0)
-    return VerifierRun(0, 1.5, timed_out, files)
+    return VerifierRun(exit_code, 1.5, timed_out, files)
 
 
 def contract(value=None):
@@ -75,7 +76,7 @@ def test_the_verdict_order_timeout_then_forged_files_then_classifiers_then_the_c
     timed = verdict(run(reward_txt="1", kinds={"reward.json": "symlink"}, timed_out=True), contract())
     assert (timed.status, timed.failure_kind) == ("invalid", "verifier_timeout")
     forged = verdict(
-        run(reward_txt="1", kinds={"reward.json": "special"}, log="No module named pytest"),
+        run(reward_txt="1", kinds={"reward.json": "special"}, stderr="No module named pytest"),
         contract(["a", "b"]),
         classifiers=parse_classifiers("harbor-common"),
     )
@@ -87,7 +88,7 @@ def test_the_verdict_order_timeout_then_forged_files_then_classifiers_then_the_c
     )
     assert forged.metadata["platoon_zero"] is True
     classified = verdict(
-        run(reward_txt="1", log="E   ModuleNotFoundError: No module named 'pytest'"),
+        run(reward_txt="1", stderr="E   ModuleNotFoundError: No module named 'pytest'"),
         contract(),
         classifiers=parse_classifiers("harbor-common"),
     )
@@ -194,6 +195,105 @@ def test_reward_contract_check_hook(tmp_path, monkeypatch):
 def test_bad_reward_contracts_are_config_errors(value, fragment):
     with pytest.raises(ConfigError, match=fragment):
         RewardContract.parse(value)
+
+
+# --- the default classifiers (on unless `off`) -------------------------------------------------------------------
+
+DEFAULT = parse_classifiers(None)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "exit_code", "kind"),
+    [
+        ("curl: (6) Could not resolve host: astral.sh\n", 0, "verifier_network"),
+        (
+            "W: Failed to fetch http://deb.debian.org/x  Temporary failure resolving 'deb.debian.org'\n",
+            0,
+            "verifier_network",
+        ),
+        (
+            "urllib.error.URLError: <urlopen error [Errno -3] Temporary failure in name resolution>\n",
+            0,
+            "verifier_network",
+        ),
+        ("npm error code EAI_AGAIN\n", 0, "verifier_network"),
+        (
+            "ERROR: Could not find a version that satisfies the requirement pytest==8.4.1\n",
+            0,
+            "verifier_download",
+        ),
+        ("E: Unable to locate package python3-pytest\n", 0, "verifier_download"),
+        ("/tests/test.sh: line 4: uvx: command not found\n", 0, "verifier_missing_tool"),
+        ("/tests/test.sh: line 2: /usr/bin/python3: No such file or directory\n", 0, "verifier_missing_tool"),
+        (
+            "subprocess.TimeoutExpired: Command '['pytest']' timed out after 60 seconds\n",
+            0,
+            "verifier_grader_timeout",
+        ),
+        ("", 137, "verifier_signal"),
+        ("", 143, "verifier_signal"),
+        ("", 2, "verifier_exit_nonzero"),
+    ],
+)
+def test_the_default_classifiers_name_the_broken_environment(stderr, exit_code, kind):
+    out = verdict(run(reward_txt="0", stderr=stderr, exit_code=exit_code), contract(), classifiers=DEFAULT)
+    assert (out.status, out.failure_kind, out.trainable) == ("invalid", kind, False)
+    assert out.metadata["evidence"]["exit_code"] == exit_code
+
+
+@pytest.mark.parametrize(
+    ("log", "stderr", "exit_code"),
+    [
+        # the agent's code printed it, and the test runner showed it on stdout
+        ("E  AssertionError: got 'curl: (6) Could not resolve host: x'\nNo module named pytest\n", "", 0),
+        # a script or command the task asked the agent to provide is the agent's to make
+        ("", "/tests/test.sh: line 3: /app/run.sh: No such file or directory\n", 0),
+        ("", "/tests/test.sh: line 3: wordcount: command not found\n", 0),
+        # a script of the agent's that the tests run chose its own tools
+        ("", "/app/run.sh: line 1: uvx: command not found\n", 0),
+        ("", "/usr/bin/env: 'node': No such file or directory\n", 0),
+        # a crash may be the agent's program: not a signal from outside
+        ("", "", 139),
+    ],
+)
+def test_a_failed_agent_is_not_excused_by_the_default_classifiers(log, stderr, exit_code):
+    # exit-nonzero is left out here: it trusts test.sh's exit code, not the agent (docs/harbor.md)
+    rules = [c for c in DEFAULT if c.kind != "verifier_exit_nonzero"]
+    out = verdict(
+        run(reward_txt="0", log=log, stderr=stderr, exit_code=exit_code), contract(), classifiers=rules
+    )
+    assert (out.status, out.rewards) == ("scored", {"reward": 0.0})
+
+
+def test_a_verifier_that_failed_without_a_reward_is_still_no_reward():
+    out = verdict(run(exit_code=1), contract(), classifiers=DEFAULT)
+    assert (out.status, out.failure_kind) == ("error", "verifier_no_reward")
+
+
+def test_classifiers_are_on_by_default_and_a_config_turns_them_off_or_picks_them():
+    assert parse_classifiers(None) == parse_classifiers("harbor-common") == DEFAULT
+    assert {c.kind for c in DEFAULT} == {
+        "verifier_network",
+        "verifier_download",
+        "verifier_missing_tool",
+        "verifier_grader_timeout",
+        "verifier_signal",
+        "verifier_exit_nonzero",
+    }
+    assert parse_classifiers("off") == parse_classifiers([]) == ()
+    picked = parse_classifiers(["network", {"pattern": "^FATAL", "kind": "grader_disk"}])
+    assert [c.kind for c in picked] == ["verifier_network", "grader_disk"]
+    offline = run(reward_txt="0", stderr="curl: (6) Could not resolve host: x\n")
+    assert verdict(offline, contract(), classifiers=()).rewards == {"reward": 0.0}
+    with pytest.raises(ConfigError, match=r"verifier_classifiers\[0\]: 'netwrok' is not a classifier"):
+        parse_classifiers(["netwrok"])
+
+
+def test_the_evidence_keeps_the_last_16_kib_of_the_output():
+    log = "start\n" + "x" * 20_000 + "\nthe end\n"
+    evidence = verdict(run(reward_txt="1", log=log), contract()).metadata["evidence"]
+    assert evidence["output"].endswith("the end\n") and len(evidence["output"].encode()) == 16 * 1024
+    assert (evidence["exit_code"], evidence["seconds"], evidence["mode"]) == (0, 1.5, "shared")
 
 
 def test_custom_classifiers_and_bad_patterns():

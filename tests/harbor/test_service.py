@@ -453,8 +453,9 @@ def test_a_config_naming_service_harbor_resolves_to_this_service(tmp_path):
     task = run(service.get_task("a"))
     assert task.goal == "Task a.\n" and task.misc["harbor"]["task_dir"] == str(tmp_path / "a")
     assert service.agent_timeout_s("a") == 200
-    # 600 start + no healthcheck + 50 verifier + 120 grading + 30 close
-    assert service.rollout_overhead_s("a") == 800
+    # 2 x 600 start (the agents' sandbox and the verifier's, separate by default) + no healthcheck + 50 verifier
+    # + 120 grading + 30 close
+    assert service.rollout_overhead_s("a") == 1400
 
 
 def test_a_dataset_directory_lists_the_splits_of_its_splits_file_and_refuses_others(tmp_path):

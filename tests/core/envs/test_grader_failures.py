@@ -213,4 +213,5 @@ def test_the_sdks_tool_failure_log_goes_through_logging_not_stdout(capfd, caplog
     assert [r.getMessage().split()[0] for r in records] == ["tool_call_failed"]
     (record,) = records
     assert record.levelno == logging.ERROR and "tool=submit" in record.getMessage()
-    assert record.exc_info is not None and isinstance(record.exc_info[1], RuntimeError)
+    # one line naming the exception, not a traceback per crashed call
+    assert record.exc_info is None and "error='RuntimeError: " in record.getMessage()

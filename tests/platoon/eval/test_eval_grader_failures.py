@@ -156,9 +156,10 @@ def test_stdout_is_the_json_summary_alone_and_the_tracebacks_go_to_stderr(
     summary = json.loads(done.stdout)  # all of stdout
     summary.pop("elapsed_seconds")
     assert summary == SUMMARY
-    assert "tool_call_failed tool=guess" in done.stderr
-    assert "Traceback (most recent call last)" in done.stderr
-    assert "RuntimeError: grader database unreachable" in done.stderr
+    # one line per crashed call, naming the exception; its traceback only at OPENREWARD_LOG_LEVEL=DEBUG
+    failed = [line for line in done.stderr.splitlines() if "tool_call_failed tool=guess" in line]
+    assert failed and all("RuntimeError: grader database unreachable" in line for line in failed)
+    assert "Traceback (most recent call last)" not in done.stderr
     assert "grading right-a" in done.stderr
 
 

@@ -43,7 +43,8 @@ def test_a_codeact_rollout_becomes_collection_trajectory_task_and_steps(runs):
     [trajectory] = collection.children
     assert trajectory.label == f"traj:{root_id[:8]} · subtree:solver=1,verifier=0 · reward:1.000"
     assert trajectory.style == "green"
-    task, steps_group = trajectory.children
+    task, steps_group, outcome = trajectory.children
+    assert (outcome.kind, outcome.label, outcome.style) == ("outcome", "outcome:scored", None)
     assert task.label == "task:number_search.train.3 · index:3 · split:train · " + records[1]["task"]["goal"]
     assert steps_group.label == f"steps ({len(steps)})"
     for index, (node, step) in enumerate(zip(steps_group.children, steps, strict=True)):
@@ -81,7 +82,7 @@ def test_forks_sit_under_their_parent_and_verifiers_under_what_they_verify(runs)
     assert "trajs:solver=2,verifier=1" in collection.label
     [root_node] = collection.children
     assert root_node.label.startswith(f"traj:{root[:8]} · subtree:solver=2,verifier=1 · reward:")
-    fork, verifier_node = root_node.children[2:]
+    fork, verifier_node = root_node.children[3:]  # after the task, the steps and the outcome
     fork_step = created[1]["trajectory"]["parent_info"]["fork_step"]
     assert fork.label == f"fork from {root[:8]} @ step {fork_step}"
     [child_node] = fork.children

@@ -4,9 +4,12 @@
 checks the workdir from `/`, makes `/tests` and `/logs/verifier` afresh, uploads the tests only now, runs
 `test.sh`, kills again, and reads the outputs *inside the sandbox, by its own shell, from `/`*, classifying each
 file (a regular file reached through no symlink, missing, a symlink, special, under a mount, unreadable, too large)
-before reading a byte. The verdict then follows a fixed order (timeout, forged reward files, log classifiers, the
-reward contract). Every infrastructure failure is an untrainable outcome; the zeros platoon gives itself (a deleted
-workdir, a forged reward file) carry `metadata.platoon_zero`.
+before reading a byte. The verdict then follows a fixed order (timeout, forged reward files, the classifiers that
+tell a broken verifier environment from a failed agent, the reward contract). Every infrastructure failure is an
+untrainable outcome; the zeros platoon gives itself (a deleted workdir, a forged reward file) carry
+`metadata.platoon_zero`; every verifier run keeps its evidence (exit code, seconds, output tail) in
+`metadata.evidence`. `grade_separate(...)` runs the same tests in a fresh verifier sandbox holding only the agent's
+artifacts.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from platoon.envs.service import Outcome
 from platoon.errors import ConfigError
 
 __all__ = [
+    "COMMON_GROUPS",
     "REWARD_FILES",
+    "Classifier",
     "FileRead",
     "RewardContract",
     "VerifierRun",
-    "classify_logs",
+    "classify",
     "parse_classifiers",
     "read_outputs",
     "verdict",
@@ -46,6 +51,8 @@ LOG_FILES = ("test-stdout.txt", "test-stderr.txt", "stdout.txt", "stderr.txt")
 LOG_TAIL_BYTES = 1024 * 1024
 #: the characters of the test output kept in the outcome metadata
 TEST_OUTPUT_CHARS = 4096
+#: the bytes of the verifier's output kept as the outcome's evidence (`metadata.evidence.output`)
+EVIDENCE_BYTES = 16 * 1024
 VERIFIER_DIR = "/logs/verifier"
 RESERVED_KEYS = ("invalid", "failure_kind")
 
@@ -253,28 +260,118 @@ def _is_number(value: Any) -> bool:
 
 # --- log classifiers --------------------------------------------------------------------------------------------
 
-#: the named set `harbor-common`: (pattern, kind)
-HARBOR_COMMON: tuple[tuple[str, str], ...] = (
-    (r"subprocess\.TimeoutExpired|timed out after \d+(\.\d+)? ?s(econds)?", "verifier_grader_timeout"),
-    (r"(^|\W)(uv|uvx|pytest): (command )?not found", "verifier_missing_tool"),
-    (r"No module named '?pytest'?", "verifier_missing_tool"),
-)
+#: the file `test.sh`'s own stderr is copied to while the tests run (its stdout and stderr still go, interleaved, to
+#: test-stdout.txt); the built-in classifiers read only this stream (see `Classifier`)
+VERIFIER_STDERR = "test-stderr.txt"
+#: exit codes of a `test.sh` killed from outside: 128 + SIGHUP, SIGINT, SIGKILL (the OOM killer), SIGTERM. Crashes
+#: (SIGSEGV, SIGABRT, ...) are left out: the program that crashed may be the agent's code under test.
+KILLED_BY_SIGNAL = frozenset({129, 130, 137, 143})
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """One rule that turns a verifier run into an infrastructure outcome of `kind`.
+
+    A `pattern` is a multiline regex, over `test.sh`'s own stderr when `stderr_only` (the built-in rules: a test
+    runner reports the agent's code on stdout, so the agent's prints rarely reach this stream), else over every log
+    tail (`{pattern, kind}` entries of a config, as the spec had them). `exit_rule` reads the exit code instead:
+    `signal` (killed from outside) or `nonzero_after_reward` (a reward was written, then `test.sh` failed)."""
+
+    kind: str
+    pattern: str | None = None
+    stderr_only: bool = False
+    exit_rule: str | None = None
+
+    def matches(self, run: VerifierRun) -> bool:
+        if self.exit_rule == "signal":
+            return run.exit_code in KILLED_BY_SIGNAL
+        if self.exit_rule == "nonzero_after_reward":
+            return run.exit_code not in (None, 0) and _reward_written(run.files)
+        assert self.pattern is not None
+        names = (VERIFIER_STDERR,) if self.stderr_only else LOG_FILES
+        regex = re.compile(self.pattern, re.MULTILINE)
+        return any(
+            regex.search(run.files[name].text)
+            for name in names
+            if name in run.files and run.files[name].kind == REGULAR
+        )
+
+
+#: the test runners, interpreters and installers a `test.sh` calls. Only these count as a missing tool: a command
+#: the task asks the agent to provide (a script in the workdir, a CLI it installs) is the agent's to make.
+_TOOLS = r"(uv|uvx|pytest|pip3?|python3?(\.\d+)?|node|npm|npx|curl|wget|apt-get)"
+_SYSTEM_DIRS = r"/(usr/(local/)?)?s?bin/"
+#: bash names the script a line failed in: only the tests' own scripts count, not a script of the agent's they run
+#: (whose missing `uvx` or shebang interpreter is the agent's choice). The process provider writes host paths.
+_TESTS_SCRIPT = r"\S*/tests/\S+"
+
+
+def _stderr(kind: str, *patterns: str) -> tuple[Classifier, ...]:
+    """One classifier of `kind` over test.sh's stderr, matching any of `patterns`."""
+    return (Classifier(kind, "|".join(f"(?:{pattern})" for pattern in patterns), stderr_only=True),)
+
+
+#: The built-in groups, by the name a config gives them. The patterns are the messages of resolvers, package
+#: managers and bash itself, never a test's assertion text: a failed agent must not look like a broken environment.
+#: `bash` writes "<script>: line N: <tool>: command not found" for a missing tool and "... No such file or
+#: directory" for a missing interpreter named by its path.
+COMMON_GROUPS: dict[str, tuple[Classifier, ...]] = {
+    "network": _stderr(
+        "verifier_network",
+        r"Could not resolve host|Could not resolve '[^']+'|Temporary failure (in name resolution|resolving)",
+        r"Name or service not known|nodename nor servname provided|unable to resolve host address",
+        r"Network is unreachable|getaddrinfo (EAI_AGAIN|ENOTFOUND)|^npm (ERR!|error) code E(AI_AGAIN|NOTFOUND)",
+    ),
+    "download": _stderr(
+        "verifier_download",
+        r"Could not find a version that satisfies the requirement|No matching distribution found for",
+        r"^E: (Unable to locate package|Failed to fetch|Package '[^']+' has no installation candidate)",
+        r"^npm (ERR!|error) (code E(CONNREFUSED|CONNRESET|TIMEDOUT)|network)",
+        r"Failed to (download|fetch)[: ].*(https?://|pypi|index)",
+    ),
+    "missing-tool": _stderr(
+        "verifier_missing_tool",
+        rf"^{_TESTS_SCRIPT}: line \d+: {_TOOLS}: (command )?not found$",
+        rf"^{_TESTS_SCRIPT}: line \d+: {_SYSTEM_DIRS}{_TOOLS}: No such file or directory$",
+        r"No module named '?pytest'?",
+    ),
+    "timeout": _stderr(
+        "verifier_grader_timeout", r"subprocess\.TimeoutExpired|timed out after \d+(\.\d+)? ?s(econds)?"
+    ),
+    "signal": (Classifier("verifier_signal", exit_rule="signal"),),
+    "exit-nonzero": (Classifier("verifier_exit_nonzero", exit_rule="nonzero_after_reward"),),
+}
+#: the name of the whole built-in set, the default
+COMMON = "harbor-common"
+DEFAULT_CLASSIFIERS: tuple[Classifier, ...] = tuple(c for group in COMMON_GROUPS.values() for c in group)
+#: `verifier_classifiers: off` (or `[]`) turns classification off
+OFF = "off"
 
 
 def parse_classifiers(
     value: Any, where: str = "service_kwargs.verifier_classifiers"
-) -> tuple[tuple[str, str], ...]:
-    """`harbor-common`, a list of it and/or `{pattern, kind}` entries; each pattern compiled now."""
-    if value is None:
+) -> tuple[Classifier, ...]:
+    """The classifiers a config names: absent → the built-in set; `off` or `[]` → none; else a list (or one item)
+    of `harbor-common`, built-in group names and `{pattern, kind}` entries, in that order. Patterns compile now."""
+    if value is None or value == COMMON:
+        return DEFAULT_CLASSIFIERS
+    if value == OFF:
         return ()
     items = value if isinstance(value, list) else [value]
-    out: list[tuple[str, str]] = []
+    names = ", ".join([COMMON, *COMMON_GROUPS])
+    out: list[Classifier] = []
     for i, item in enumerate(items):
-        if item == "harbor-common":
-            out.extend(HARBOR_COMMON)
+        if item == COMMON:
+            out.extend(DEFAULT_CLASSIFIERS)
+            continue
+        if isinstance(item, str) and item in COMMON_GROUPS:
+            out.extend(COMMON_GROUPS[item])
             continue
         if not isinstance(item, Mapping) or set(item) != {"pattern", "kind"}:
-            raise ConfigError(f"{where}[{i}]: `harbor-common` or a table {{pattern, kind}}")
+            raise ConfigError(
+                f"{where}[{i}]: {item!r} is not a classifier; give `off`, or a list of {names} or "
+                "{pattern, kind} tables"
+            )
         pattern, kind = item["pattern"], item["kind"]
         if not isinstance(pattern, str) or not isinstance(kind, str) or not kind:
             raise ConfigError(f"{where}[{i}]: pattern and kind are strings")
@@ -282,20 +379,19 @@ def parse_classifiers(
             re.compile(pattern, re.MULTILINE)
         except re.error as exc:
             raise ConfigError(f"{where}[{i}].pattern: {exc}") from None
-        out.append((pattern, kind))
+        out.append(Classifier(kind, pattern))
     return tuple(out)
 
 
-def classify_logs(files: Mapping[str, FileRead], classifiers: Sequence[tuple[str, str]]) -> str | None:
-    """The kind of the first classifier whose pattern matches a log tail, or None."""
-    if not classifiers:
-        return None
-    tails = [files[name].text for name in LOG_FILES if name in files and files[name].kind == REGULAR]
-    for pattern, kind in classifiers:
-        regex = re.compile(pattern, re.MULTILINE)
-        if any(regex.search(tail) for tail in tails):
-            return kind
-    return None
+def classify(run: VerifierRun, classifiers: Sequence[Classifier]) -> str | None:
+    """The kind of the first classifier that matches the run, or None."""
+    return next((c.kind for c in classifiers if c.matches(run)), None)
+
+
+def _reward_written(files: Mapping[str, FileRead]) -> bool:
+    return any(
+        name in files and files[name].kind == REGULAR and files[name].text.strip() for name in REWARD_FILES
+    )
 
 
 # --- the verdict ------------------------------------------------------------------------------------------------
@@ -321,10 +417,24 @@ class VerifierRun:
             "test_output": stdout.text[-TEST_OUTPUT_CHARS:] if stdout and stdout.kind == REGULAR else "",
             "verifier_mode": self.mode,
         }
+        out["evidence"] = self.evidence()
         if self.cwd_error:
             out["verifier_cwd_error"] = self.cwd_error
         out.update(self.extra)
         return out
+
+    def evidence(self) -> dict[str, Any]:
+        """What tells a broken environment from a failed agent, kept with the trajectory: the exit code, the
+        seconds, the mode and the last 16 KiB of the verifier's output (stdout and stderr as they interleaved)."""
+        stdout = self.files.get("test-stdout.txt")
+        tail = (stdout.data or b"")[-EVIDENCE_BYTES:] if stdout and stdout.kind == REGULAR else b""
+        return {
+            "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+            "timed_out": self.timed_out,
+            "mode": self.mode,
+            "output": tail.decode("utf-8", errors="replace"),
+        }
 
 
 def platoon_zero(contract: RewardContract, reason: str, metadata: Mapping[str, Any]) -> Outcome:
@@ -342,7 +452,7 @@ def verdict(
     run: VerifierRun,
     contract: RewardContract,
     *,
-    classifiers: Sequence[tuple[str, str]] = (),
+    classifiers: Sequence[Classifier] = (),
     task: Any = None,
 ) -> Outcome:
     """The outcome of a verifier run, in the order of 6.7."""
@@ -363,10 +473,13 @@ def verdict(
             else "reward_file_not_regular"
         )
         return platoon_zero(contract, reason, meta)
-    kind = classify_logs(run.files, classifiers)
+    kind = classify(run, classifiers)
     if kind is not None:
         return Outcome.infra(
-            kind, status="invalid", reason="a verifier log classifier matched", metadata=meta
+            kind,
+            status="invalid",
+            reason=f"the verifier's environment failed ({kind}; exit {run.exit_code}), not the agent",
+            metadata=meta,
         )
     return _contract_outcome(run.files, contract, meta, task)
 
@@ -600,7 +713,7 @@ class SharedGrading:
     verifier_env: Mapping[str, str]
     timeout_s: float
     contract: RewardContract
-    classifiers: Sequence[tuple[str, str]] = ()
+    classifiers: Sequence[Classifier] = ()
     task: Any = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
 
@@ -617,6 +730,18 @@ async def grade_shared(g: SharedGrading) -> Outcome:
         await remove_tests(sandbox)
 
 
+# `bash /tests/test.sh`, its stdout and stderr interleaved in test-stdout.txt as Harbor has them, and its stderr also
+# copied to test-stderr.txt (the stream the built-in classifiers read); the exit code is test.sh's own. An image
+# without `tee` gets the plain redirection.
+RUN_TESTS = r"""
+out=/logs/verifier/test-stdout.txt
+if ! command -v tee >/dev/null 2>&1; then bash /tests/test.sh > "$out" 2>&1; exit $?; fi
+: > "$out"
+bash /tests/test.sh 2>&1 >> "$out" | tee -a "$out" > /logs/verifier/test-stderr.txt
+exit "${PIPESTATUS[0]}"
+"""
+
+
 async def _run_tests(
     sandbox: Any, workdir: str, timeout_s: float | None, verifier_env: Mapping[str, str]
 ) -> tuple[int, bool, str | None, float]:
@@ -625,7 +750,7 @@ async def _run_tests(
     started = time.monotonic()
     try:
         result = await sandbox.exec(
-            "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
+            RUN_TESTS,
             timeout_s=timeout_s,
             env=dict(verifier_env),
             cwd=workdir,
@@ -823,7 +948,9 @@ class SeparateGrading:
     timeout_s: float
     contract: RewardContract
     collected: Collected
-    classifiers: Sequence[tuple[str, str]] = ()
+    #: empty the verifier's workdir before the artifacts go in (the workdir itself is the artifact)
+    fresh_workdir: bool = False
+    classifiers: Sequence[Classifier] = ()
     task: Any = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
 
@@ -842,6 +969,10 @@ async def grade_separate(g: SeparateGrading) -> Outcome:
     try:
         try:
             await reset_dirs(sandbox, keep_tests=g.bundled_tests)
+            if g.fresh_workdir:
+                cleared = await sandbox.exec(["rm", "-rf", "--", g.workdir], timeout_s=300, cwd="/")
+                if cleared.exit_code != 0:
+                    raise RuntimeError(f"emptying {g.workdir} failed: {cleared.stderr.strip()[:300]}")
             made = await sandbox.exec(["mkdir", "-p", g.workdir, "/logs/artifacts"], timeout_s=60, cwd="/")
             if made.exit_code != 0:
                 raise RuntimeError(made.stderr.strip()[:300])

@@ -32,7 +32,7 @@ from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, Gate
 from platoon.envs.service import EnvNotPrepared, EnvSetupError, SessionNeeds
 from platoon.errors import ConfigError
 from platoon.task import Task
-from platoon_harbor.grading import RewardContract, parse_classifiers
+from platoon_harbor.grading import DEFAULT_CLASSIFIERS, Classifier, RewardContract, parse_classifiers
 from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
 from platoon_harbor.tasks import (
     HarborTask,
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PROVIDER = "docker"
 #: the grading allowance of the rollout overhead (6.8)
 GRADING_ALLOWANCE_S = 120.0
+#: `service_kwargs.verifier_mode`, the first the default
+VERIFIER_MODES = ("separate", "shared")
 
 #: every `service_kwargs` key of `service: harbor` (6.9)
 KNOWN_KEYS = (
@@ -85,6 +87,7 @@ KNOWN_KEYS = (
     "close_timeout_s",
     "reward",
     "verifier_classifiers",
+    "verifier_mode",
     "agent_user",
     "max_artifact_bytes",
     "sandbox_start_budget_s",
@@ -149,7 +152,10 @@ class HarborOptions:
     queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S
     close_timeout_s: float = 30.0
     reward: RewardContract = field(default_factory=RewardContract)
-    verifier_classifiers: tuple[tuple[str, str], ...] = ()
+    verifier_classifiers: tuple[Classifier, ...] = DEFAULT_CLASSIFIERS
+    #: `separate` grades every task in a fresh verifier sandbox; `shared` only the tasks that ask for one; None
+    #: (not given) is `separate`, except on the process provider (see `grades_separately`)
+    verifier_mode: str | None = None
     agent_user: str = "refuse"
     max_artifact_bytes: int = 1 << 30
     sandbox_start_budget_s: float = 600.0
@@ -223,6 +229,12 @@ class HarborOptions:
         max_artifact = kwargs.get("max_artifact_bytes", 1 << 30)
         if isinstance(max_artifact, bool) or not isinstance(max_artifact, int) or max_artifact <= 0:
             raise ConfigError(f"{_WHERE}.max_artifact_bytes: a positive integer")
+        verifier_mode = kwargs.get("verifier_mode")
+        if verifier_mode is not None and verifier_mode not in VERIFIER_MODES:
+            raise ConfigError(
+                f"{_WHERE}.verifier_mode: separate (a fresh sandbox grades the agent's artifacts) or shared (the "
+                f"agent's own sandbox grades it; see docs/harbor.md for what it trusts); got {verifier_mode!r}"
+            )
         queue_timeout = _positive(kwargs, "queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S, allow_none=True)
         Gate(queue_timeout_s=queue_timeout)  # the gate's own check, where the config wrote it
         return cls(
@@ -244,6 +256,7 @@ class HarborOptions:
             close_timeout_s=_positive(kwargs, "close_timeout_s", 30.0) or 30.0,
             reward=RewardContract.parse(kwargs.get("reward"), f"{_WHERE}.reward"),
             verifier_classifiers=parse_classifiers(kwargs.get("verifier_classifiers")),
+            verifier_mode=verifier_mode,
             agent_user=agent_user,
             max_artifact_bytes=max_artifact,
             sandbox_start_budget_s=_positive(kwargs, "sandbox_start_budget_s", 600.0) or 600.0,
@@ -435,6 +448,16 @@ class HarborService:
     def agent_timeout_s(self, task_id: str) -> float | None:
         return self.agent_timeout_for(self.harbor_task(task_id))
 
+    def grades_separately(self, task: HarborTask) -> bool:
+        """Whether `task` is graded in a fresh verifier sandbox: always under `verifier_mode: separate` (the
+        default), and under `shared` when the task itself asks for a separate verifier. Left unset on the process
+        provider it is `shared`: that provider isolates nothing (the agent's commands run on the host), so a second
+        sandbox would guard nothing."""
+        mode = self.options.verifier_mode
+        if mode is None:
+            mode = "shared" if self.options.provider == "process" else "separate"
+        return mode == "separate" or task.separate_verifier
+
     def verifier_timeout_s(self, task: HarborTask) -> float:
         return task.verifier.timeout_sec * self.options.verifier_timeout_multiplier
 
@@ -443,7 +466,7 @@ class HarborService:
         for grading + the close drain, so worker alarms never kill grading."""
         task = self.harbor_task(task_id)
         opts = self.options
-        starts = opts.sandbox_start_budget_s * (2 if task.separate_verifier else 1)
+        starts = opts.sandbox_start_budget_s * (2 if self.grades_separately(task) else 1)
         health = task.environment.healthcheck.budget_s if task.environment.healthcheck else 0.0
         return starts + health + self.verifier_timeout_s(task) + GRADING_ALLOWANCE_S + opts.close_timeout_s
 
@@ -612,7 +635,9 @@ class HarborService:
                 raise EnvSetupError("env_config", refusal)
             spec, env = self._spec(htask, rollout_id, needs)
             verifier_spec, bundled = (
-                self._verifier_spec(htask, spec, rollout_id) if htask.separate_verifier else (None, False)
+                self._verifier_spec(htask, spec, rollout_id)
+                if self.grades_separately(htask)
+                else (None, False)
             )
             provider = self.provider()
         except ConfigError as exc:
@@ -651,6 +676,8 @@ class HarborService:
         provider = self.provider()
         if getattr(provider, "name", None) == "process":
             image = "local"
+        elif not task.separate_verifier:  # separate only by the service's choice: the task's own image
+            image = main.image
         elif venv is not None and venv.docker_image:
             image = _scheme(venv.docker_image)
         elif task.verifier_dockerfile is not None:

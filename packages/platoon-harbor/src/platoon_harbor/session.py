@@ -472,7 +472,7 @@ class HarborSession:
             verifier_env = {**live.opened.env, **resolve_env(task.verifier.env, what="[verifier].env")}
         except UnsetVariable as exc:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
-        if task.separate_verifier:
+        if service.grades_separately(task):
             return await self._grade_separate(extra)
         return await grading.grade_shared(
             grading.SharedGrading(
@@ -504,6 +504,10 @@ class HarborSession:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
         vspec = dataclasses.replace(opened.verifier_spec, env=env)
         base = {"verifier_mode": "separate", **extra}
+        # A task graded separately only by the service's choice was written for tests that see the agent's sandbox:
+        # its workdir is what the agent made, and it replaces the image's workdir in the verifier (so a file the agent
+        # deleted stays deleted). Its declared artifacts (often logs kept for the record) come too.
+        workdir_is_artifact = not task.separate_verifier
         if live.collected is None:
             sandbox = self.sandbox
             try:
@@ -520,6 +524,8 @@ class HarborSession:
                 meta = {**base, "verifier_cwd_error": f"{self.workdir}: {problem}"}
                 return grading.platoon_zero(service.options.reward, "workdir_missing", meta)
             sources: list[tuple[str, str, tuple[str, ...]]] = [("/logs/artifacts", "/logs/artifacts", ())]
+            if workdir_is_artifact:
+                sources.append((self.workdir, vspec.workdir, ()))
             for artifact in task.artifacts:
                 if artifact.source.startswith("/"):
                     sources.append((artifact.source, artifact.source, artifact.exclude))
@@ -556,6 +562,7 @@ class HarborSession:
                 timeout_s=service.verifier_timeout_s(task),
                 contract=service.options.reward,
                 collected=live.collected,
+                fresh_workdir=workdir_is_artifact,
                 classifiers=service.options.verifier_classifiers,
                 task=task,
                 extra_metadata=extra,

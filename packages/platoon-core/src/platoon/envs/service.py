@@ -44,8 +44,9 @@ class Outcome:
     """The result of grading a session (or of failing to).
 
     A `scored` outcome carries its primary reward under `rewards[primary]`; every other status is untrainable.
-    Metadata `grade_reason` keeps the grader's own reason when the rollout reports another, and
-    `platoon_zero: true` marks a zero platoon assigned itself.
+    Metadata `grade_reason` keeps the grader's own reason when the rollout reports another,
+    `platoon_zero: true` marks a zero platoon assigned itself, and `evidence` (a mapping: what the grader ran and
+    saw, such as a verifier's `exit_code`, `seconds` and `output`) is written with the trajectory's outcome.
     """
 
     status: OutcomeStatus

@@ -6,7 +6,8 @@
     └─ subagent 77c0e1d2  steps 1  reward 1  goal 'Suggest a first guess.'
 
 A reward is `-` where an agent's outcome is untrainable (its trajectory's 0 is no score). With the entry's reward
-processor, each reward is the processor's score, as training would use it.
+processor, each reward is the processor's score, as training would use it. Where the grader kept evidence (a
+verifier's exit code, seconds and output), the tree ends with it: one line, then the output's last lines.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["rollout_summary", "rollout_tree"]
 
 TEXT_LIMIT = 60
+#: the lines of the grader's output the tree shows (the JSON summary has the whole kept tail)
+EVIDENCE_LINES = 8
 ID_CHARS = 8
 _UNTRAINABLE = ("trajectory_invalid", "trajectory_timed_out", "trajectory_cancelled")
 
@@ -141,4 +144,26 @@ def rollout_tree(summary: Mapping[str, Any]) -> str:
     if agents:
         lines.append(_agent_line(agents[0]))
         walk(agents[0], "")
+    lines += _evidence_lines(summary["outcome"])
     return "\n".join(lines)
+
+
+def _evidence_lines(outcome: Mapping[str, Any] | None) -> list[str]:
+    """`evidence  exit 1  2.31 s  mode separate` and the last lines of the output under `| `; none without it."""
+    evidence = outcome.get("evidence") if outcome else None
+    if not isinstance(evidence, Mapping):
+        return []
+    parts = ["evidence"]
+    if "exit_code" in evidence:
+        parts.append(f"exit {'-' if evidence['exit_code'] is None else evidence['exit_code']}")
+    if isinstance(evidence.get("seconds"), (int, float)):
+        parts.append(f"{evidence['seconds']:.2f} s")
+    if evidence.get("timed_out"):
+        parts.append("timed out")
+    if evidence.get("mode"):
+        parts.append(f"mode {evidence['mode']}")
+    if outcome and outcome.get("failure_kind"):
+        parts.append(f"kind {outcome['failure_kind']}")
+    output = str(evidence.get("output") or "").rstrip("\n")
+    tail = output.splitlines()[-EVIDENCE_LINES:] if output else []
+    return ["  ".join(parts), *(f"| {line}" for line in tail)]

@@ -7,6 +7,7 @@ ancestor. Rewards and untrainable markers come from the episode outcome or the a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from platoon.harness.agent import LIMIT_MESSAGE
@@ -186,6 +187,10 @@ def _outcome_misc(outcome: Outcome) -> dict[str, Any]:
     grade_reason = outcome.metadata.get("grade_reason")
     if grade_reason is not None:
         entry["grade_reason"] = grade_reason
+    evidence = outcome.metadata.get("evidence")
+    if isinstance(evidence, Mapping):
+        # what the grader ran and saw (a verifier's exit code, seconds, output tail): why a run was excused
+        entry["evidence"] = dict(evidence)
     if outcome.status == "scored":
         # null when platoon gave the zero itself: there is no grader's key to credit
         entry["reward_key"] = None if outcome.metadata.get("platoon_zero") else outcome.primary

@@ -537,6 +537,9 @@ def trajectory_node(
             )
         )
     children.append(steps_node(trajectory, f"{key}/steps", mode))
+    outcome = trajectory.misc.get("outcome")
+    if isinstance(outcome, Mapping):
+        children.append(outcome_node(outcome, f"{key}/outcome"))
     for child in collection.trajectories.values():
         if placed.get(child.id) != trajectory.id:
             continue
@@ -577,6 +580,28 @@ def trajectory_node(
     return Node(
         key, label, kind, style=style, details=details, children=children, expand=not trajectory.is_verifier
     )
+
+
+def outcome_node(outcome: Mapping[str, Any], key: str) -> Node:
+    """How the trajectory was graded: status, kind and reason in the label; the grader's evidence (a verifier's exit
+    code, seconds and output) in the details, its output as text so its lines read as they were printed."""
+    evidence = _mapping(outcome.get("evidence"))
+    parts = [f"outcome:{_text(outcome.get('status')) or '?'}"]
+    if outcome.get("failure_kind"):
+        parts.append(str(outcome["failure_kind"]))
+    if "exit_code" in evidence:
+        parts.append(f"exit {evidence['exit_code']}")
+    if isinstance(evidence.get("seconds"), (int, float)):
+        parts.append(f"{evidence['seconds']:.2f} s")
+    if outcome.get("reason"):
+        parts.append(one_line(outcome["reason"], 60))
+    summary = {k: v for k, v in outcome.items() if k != "evidence"}
+    details = [Section("outcome", "json", summary)]
+    if evidence:
+        details.append(Section("evidence", "json", {k: v for k, v in evidence.items() if k != "output"}))
+        details.append(Section("grader output (last 16 KiB)", "text", str(evidence.get("output") or "")))
+    style = None if outcome.get("status") == "scored" else "red"
+    return Node(key, " · ".join(parts), "outcome", style=style, details=details)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -202,6 +202,8 @@ def _sdk_logger() -> Any:
 
     Its level is `OPENREWARD_LOG_LEVEL` when set, else WARNING: the SDK logs every tool call at INFO. A tool's
     `InvalidCall` is dropped: that call is answered to the policy, not an environment failure worth a traceback.
+    A tool that raised is one line naming the exception (training may log it once per rollout); its traceback is
+    kept at `OPENREWARD_LOG_LEVEL=DEBUG`.
     """
     import structlog
 
@@ -218,6 +220,10 @@ def _sdk_logger() -> Any:
         if isinstance(exc_info, tuple) and isinstance(exc_info[1], InvalidCall):
             raise structlog.DropEvent
         event.pop("logger_name", None)
+        if isinstance(exc_info, tuple) and exc_info[1] is not None and level > logging.DEBUG:
+            error = exc_info[1]
+            event["error"] = repr(f"{type(error).__name__}: {error}"[:300])
+            exc_info = None
         message = " ".join([str(event.pop("event", "")), *(f"{k}={v}" for k, v in event.items())])
         return (message,), {"exc_info": exc_info} if exc_info else {}
 

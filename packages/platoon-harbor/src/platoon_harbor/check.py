@@ -15,8 +15,8 @@ import asyncio
 import datetime as _dt
 import hashlib
 import json
-import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -34,10 +34,10 @@ __all__ = [
     "check_mode",
     "check_path",
     "check_state",
+    "say_once",
     "task_digests",
 ]
 
-log = logging.getLogger(__name__)
 
 CHECK_MODES = ("required", "warn", "off")
 CHECK_VERSION = 1
@@ -71,6 +71,16 @@ def check_mode(options: Mapping[str, Any], config: str | None) -> str:
     except ConfigError:
         return "warn"  # the run's own loading reports the file's problem
     return "required" if choose_kind(data) == "train" else "warn"
+
+
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    """A `platoon: ...` line on stderr, once per process (each service instance of a run lists its tasks)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(f"platoon: {line}", file=sys.stderr, flush=True)
 
 
 # -- the check file --------------------------------------------------------------------------------------------------

@@ -370,20 +370,15 @@ class HarborService:
 
         path = check.check_path(self.options.raw, harbor_cache(self.options.raw, None))
         if not path.is_file():
-            log.warning("%s: the dataset is not checked: run `platoon harbor check CONFIG`", self.name)
+            check.say_once(f"{self.name}: the dataset is not checked: run `platoon harbor check CONFIG`")
             return runnable
         state = check.check_state(path, check.task_digests(runnable, fetched=self.options.fetched))
         for task_id, reason in state.quarantined.items():
-            log.warning(
-                "%s: task %s skipped, quarantined by the dataset check: %s", self.name, task_id, reason
-            )
+            check.say_once(f"{self.name}: task {task_id} skipped, quarantined by the dataset check: {reason}")
         if state.unchecked:
-            log.warning(
-                "%s: %d task(s) have no dataset check for their current content (e.g. %s): run `platoon harbor "
-                "check CONFIG`",
-                self.name,
-                len(state.unchecked),
-                state.unchecked[0],
+            check.say_once(
+                f"{self.name}: {len(state.unchecked)} task(s) have no dataset check for their current content "
+                f"(e.g. {state.unchecked[0]}): run `platoon harbor check CONFIG`"
             )
         return {k: v for k, v in runnable.items() if k not in state.quarantined}
 

@@ -204,3 +204,18 @@ def test_the_verdict_needs_the_oracle_at_the_maximum_and_the_noop_at_the_minimum
     # a reward contract's range moves both bounds
     assert judge(scored(10.0), scored(-1.0), (-1.0, 10.0), {}) is None
     assert judge(scored(10.0), scored(0.0), (-1.0, 10.0), {}) is not None
+
+
+def test_the_check_of_a_dataset_not_fetched_names_prepare(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    make_task(tmp_path / "dataset", "sound", SOUND_TEST)
+    Path("train.yaml").write_text(
+        CONFIG.replace("dataset_dir: tasks, name: ENV", f"dataset: {tmp_path / 'dataset'}")
+    )
+    assert main(["harbor", "check", "train.yaml"]) == 78
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "is not fetched" in captured.err and captured.err.rstrip().endswith("platoon prepare train.yaml")
+    assert not (tmp_path / "cache" / "harbor" / "locks").exists()  # nothing checked, nothing written

@@ -201,6 +201,11 @@ def test_the_verdict_needs_the_oracle_at_the_maximum_and_the_noop_at_the_minimum
     assert judge(None, scored(0.0), bounds, {"platoon-oracle": "OSError: boom"}) == (
         "oracle produced no outcome: OSError: boom"
     )
+    # the verifier's output is the task's: a terminal escape in it reaches no terminal
+    escaped = judge(
+        Outcome("scored", {"reward": 0.0}, metadata={"test_output": "\x1b[2Jgone"}), scored(0.0), bounds, {}
+    )
+    assert escaped is not None and escaped.endswith("verifier output: ?[2Jgone")
     # a reward contract's range moves both bounds
     assert judge(scored(10.0), scored(-1.0), (-1.0, 10.0), {}) is None
     assert judge(scored(10.0), scored(0.0), (-1.0, 10.0), {}) is not None

@@ -204,7 +204,8 @@ class TaskVerdict:
 
 
 def _one_line(text: str, limit: int = REASON_OUTPUT_CHARS) -> str:
-    flat = " ".join(text.split())
+    """The text on one line, its control characters (a task's output may hold terminal escapes) shown as `?`."""
+    flat = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
     return flat if len(flat) <= limit else "..." + flat[-limit:]
 
 

@@ -160,6 +160,7 @@ def test_the_check_quarantines_unsound_tasks_and_training_skips_them(
     assert main(["config", "validate", "train.yaml"]) == 78
     assert "no verdict for 1 task(s) (e.g. sound;" in capsys.readouterr().out
     assert main(["config", "validate", "train.yaml", "environments.0.service_kwargs.harbor_check=warn"]) == 0
+    assert main(["config", "validate", "train.yaml", "environments.0.service_kwargs.harbor_check=off"]) == 0
 
 
 def test_a_bad_harbor_check_value_is_one_line(tmp_path: Path, capsys) -> None:

@@ -51,7 +51,9 @@ def parse_mode(value: Any, where: str = "service_kwargs.harbor_check") -> str | 
     """The entry's `harbor_check`, checked (None: the default of the run's kind)."""
     if value is None:
         return None
-    if value not in CHECK_MODES:
+    if value is False:  # YAML reads a bare `off` as false
+        return "off"
+    if not isinstance(value, str) or value not in CHECK_MODES:
         raise ConfigError(f"{where}: required, warn or off; got {value!r}")
     return str(value)
 

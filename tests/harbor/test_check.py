@@ -225,3 +225,30 @@ def test_the_check_of_a_dataset_not_fetched_names_prepare(tmp_path: Path, monkey
     assert captured.out == ""
     assert "is not fetched" in captured.err and captured.err.rstrip().endswith("platoon prepare train.yaml")
     assert not (tmp_path / "cache" / "harbor" / "locks").exists()  # nothing checked, nothing written
+
+
+def test_an_evaluation_config_runs_an_unchecked_dataset_by_default(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`harbor_check` defaults by the config's kind: `required` for training (the test above), `warn` for evaluation."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    make_task(tmp_path / "tasks", "sound", SOUND_TEST)
+    Path("eval.yaml").write_text(
+        "tinker_base_url: local\nsplit: train\n"
+        "inference: {model_name: platoon/toy, renderer_name: qwen3_instruct, output_dir: out}\n"
+        "environments: [{service: harbor, service_kwargs: {dataset_dir: tasks, name: unchecked-eval}, harness: platoon-oracle}]\n"
+    )
+    assert main(["config", "validate", "eval.yaml"]) == 0, capsys.readouterr()
+    assert (
+        "unchecked-eval: the dataset is not checked: run `platoon harbor check CONFIG`"
+        in capsys.readouterr().err
+    )
+    Path("strict.yaml").write_text(
+        Path("eval.yaml")
+        .read_text()
+        .replace("dataset_dir: tasks", "dataset_dir: tasks, harbor_check: required")
+    )
+    assert main(["config", "validate", "strict.yaml"]) == 78
+    assert "run `platoon harbor check strict.yaml`" in capsys.readouterr().out

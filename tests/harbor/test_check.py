@@ -22,6 +22,8 @@ from platoon.envs.service import Outcome
 from platoon_harbor.check import judge
 
 IMAGE = "platoon-test/python:bookworm"
+#: the harness of the configs the fast tests only validate (core's own: these tests also run with platoon-harbor alone)
+ANSWER = "platoon-bandit-answer"
 
 SOUND_TEST = """#!/bin/bash
 if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ]; then echo 1 > /logs/verifier/reward.txt
@@ -67,7 +69,7 @@ train:
 environments:
   - service: harbor
     service_kwargs: {dataset_dir: tasks, name: ENV}
-    harness: platoon-oracle
+    harness: HARNESS
 stats: {experiment_name: check, wandb: {mode: disabled}}
 """
 
@@ -98,7 +100,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_name: str) -> P
     make_task(tmp_path / "tasks", "sound", SOUND_TEST)
     make_task(tmp_path / "tasks", "fetches-runner", FETCHING_TEST, offline=True)
     make_task(tmp_path / "tasks", "passes-untouched", LENIENT_TEST)
-    (tmp_path / "train.yaml").write_text(CONFIG.replace("ENV", env_name))
+    (tmp_path / "train.yaml").write_text(CONFIG.replace("ENV", env_name).replace("HARNESS", "platoon-oracle"))
     return tmp_path
 
 
@@ -166,7 +168,11 @@ def test_the_check_quarantines_unsound_tasks_and_training_skips_them(
 def test_a_bad_harbor_check_value_is_one_line(tmp_path: Path, capsys) -> None:
     make_task(tmp_path / "tasks", "sound", SOUND_TEST)
     config = tmp_path / "train.yaml"
-    config.write_text(CONFIG.replace("ENV", "h").replace("name: h", "name: h, harbor_check: strict"))
+    config.write_text(
+        CONFIG.replace("ENV", "h")
+        .replace("name: h", "name: h, harbor_check: strict")
+        .replace("HARNESS", ANSWER)
+    )
     assert main(["config", "validate", str(config)]) == 78
     captured = capsys.readouterr()
     said = captured.out + captured.err
@@ -218,7 +224,9 @@ def test_the_check_of_a_dataset_not_fetched_names_prepare(tmp_path: Path, monkey
     monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
     make_task(tmp_path / "dataset", "sound", SOUND_TEST)
     Path("train.yaml").write_text(
-        CONFIG.replace("dataset_dir: tasks, name: ENV", f"dataset: {tmp_path / 'dataset'}")
+        CONFIG.replace("dataset_dir: tasks, name: ENV", f"dataset: {tmp_path / 'dataset'}").replace(
+            "HARNESS", ANSWER
+        )
     )
     assert main(["harbor", "check", "train.yaml"]) == 78
     captured = capsys.readouterr()
@@ -238,7 +246,7 @@ def test_an_evaluation_config_runs_an_unchecked_dataset_by_default(
     Path("eval.yaml").write_text(
         "tinker_base_url: local\nsplit: train\n"
         "inference: {model_name: platoon/toy, renderer_name: qwen3_instruct, output_dir: out}\n"
-        "environments: [{service: harbor, service_kwargs: {dataset_dir: tasks, name: unchecked-eval}, harness: platoon-oracle}]\n"
+        "environments: [{service: harbor, service_kwargs: {dataset_dir: tasks, name: unchecked-eval}, harness: platoon-bandit-answer}]\n"
     )
     assert main(["config", "validate", "eval.yaml"]) == 0, capsys.readouterr()
     assert (

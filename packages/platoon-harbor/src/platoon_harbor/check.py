@@ -264,20 +264,33 @@ def judge(
 
 
 class _NoModel:
-    """The sampler of the check's gateway: platoon-oracle and platoon-noop never call the model."""
+    """The renderer of the check's gateway, which has no sampler: platoon-oracle and platoon-noop never call the
+    model, so nothing is rendered (and no tokenizer is loaded)."""
 
-    async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
+    tokenizer = None
+
+    def stop_token_ids(self) -> list[int]:
+        return []
+
+    def render_prompt(self, messages: Any, tools: Any = None) -> list[int]:
         raise RuntimeError("the dataset check's harnesses (platoon-oracle, platoon-noop) make no model calls")
 
 
 def _check_gateway() -> Any:
     from platoon.gateway.core import ModelGateway
-    from platoon.renderers.base import get_renderer
-    from platoon.renderers.toy import TOY_RENDERER_NAME, toy_tokenizer
 
-    return ModelGateway(
-        _NoModel(), get_renderer(TOY_RENDERER_NAME, toy_tokenizer()), model_name="platoon-check"
-    )
+    return ModelGateway(None, _NoModel(), model_name="platoon-check")
+
+
+def _need_harnesses() -> None:
+    """Both harnesses resolve, or one line naming what to install (every task would fail the same way)."""
+    import platoon
+
+    for name in (ORACLE, NOOP):
+        try:
+            platoon.get_harness(name)
+        except ValueError as exc:
+            raise ConfigError(f"the dataset check runs {name}, which does not resolve here: {exc}") from None
 
 
 def _recording_service(options: Mapping[str, Any]) -> Any:
@@ -338,6 +351,7 @@ async def check_entry(
 ) -> list[TaskVerdict]:
     """Check the tasks (those `only` accepts) of the entry whose `service_kwargs` are `options`: oracle and noop
     for each, in the entry's sandboxes with its grading, `concurrency` tasks at a time."""
+    _need_harnesses()
     oracle_service = _recording_service(options)
     noop_service = _recording_service(options)
     tasks = await asyncio.to_thread(oracle_service._discover)

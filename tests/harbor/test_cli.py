@@ -44,7 +44,7 @@ def test_harbor_images_bad_input_is_one_line_with_its_exit_code(
 @pytest.mark.parametrize(
     ("group", "subcommands"),
     [
-        (["harbor"], ["fetch", "verify", "index", "images"]),
+        (["harbor"], ["fetch", "verify", "index", "check", "images"]),
         (["harbor", "images"], ["plan", "build", "verify", "alias"]),
     ],
 )

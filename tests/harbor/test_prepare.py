@@ -1,7 +1,7 @@
 """`platoon prepare CONFIG` for Harbor entries (core.md 3.6, harness.md 6.3/6.5): the dataset fetched into the site
-cache, the images built into `<harbor cache>/images/docker.json`, the toolchain and tokenizer steps, each with its
-line and skipped when done; the run that stops before any rollout when images are missing; an interrupted prepare
-(SIGINT in the middle of a build) that the next prepare finishes.
+cache, the images built into `<harbor cache>/images/docker.json`, the dataset check of the tasks without a verdict,
+the toolchain and tokenizer steps, each with its line and skipped when done; the run that stops before any rollout
+when images are missing; an interrupted prepare (SIGINT in the middle of a build) that the next prepare finishes.
 
 Docker builds run against the private engine (.ci/docker-engine) and never skip; base image `platoon-test/busybox`.
 """
@@ -163,11 +163,15 @@ def test_prepare_fetches_builds_and_then_finds_everything_current(tmp_path, site
     image_map = site / "harbor" / "images" / "docker.json"
     assert code == 0, err
     assert out[0].startswith("environments[tasks] dataset: done: ") and out[0].endswith(" (2/2 runnable)")
+    # the dataset check ran on both tasks: neither has a solution, and their tests pass untouched
+    check_file = next((site / "harbor" / "locks").glob("*.check.json"))
+    checked = f"2 task(s) checked, 2 quarantined ({check_file})"
     assert out[1:] == [
         f"environments[tasks] images: done: 2 built, 0 already in {image_map}",
+        f"environments[tasks] check: done: {checked}",
         "environments[tasks] toolchain tiny-agent-1: done: /toolchains/tiny-agent-1",
         "policy tokenizer: current: platoon/toy (registered with platoon)",
-        "ready: 3 made now, 1 already current",
+        "ready: 4 made now, 1 already current",
     ]
     assert "platoon: images: building 1/2 sha256:" in err and "platoon: images: building 2/2 sha256:" in err
     assert err.startswith(
@@ -186,15 +190,18 @@ def test_prepare_fetches_builds_and_then_finds_everything_current(tmp_path, site
     assert code == 0 and len(builds) == calls and image_map.read_text() == before
     assert out[1:] == [
         f"environments[tasks] images: current: 2 image(s) in {image_map}",
+        f"environments[tasks] check: current: {checked}",
         "environments[tasks] toolchain tiny-agent-1: current: /toolchains/tiny-agent-1",
         "policy tokenizer: current: platoon/toy (registered with platoon)",
-        "ready: 4 already current",
+        "ready: 5 already current",
     ]
 
     # one task changes: the dataset is re-fetched (a local directory always is) and that task alone is rebuilt
     (dataset / "beta" / "environment" / "data.txt").write_text("beta, changed\n")
     code, out, err = run(["prepare", "train.yaml"], capsys)
     assert code == 0 and out[1] == f"environments[tasks] images: done: 1 built, 1 already in {image_map}"
+    assert out[2] == f"environments[tasks] check: done: {checked}"  # beta alone, its content being new
+    assert "platoon: check: 1/1 beta: quarantined" in err
     assert {argv[argv.index("-t") + 1] for argv in builds[calls:]} == {
         images.docker_tag(images.plan_task(dataset / "beta").key)
     }

@@ -674,7 +674,7 @@ def test_a_run_start_refuses_a_task_the_provider_cannot_run(tmp_path, monkeypatc
             train: {{model_name: platoon/toy, renderer_name: qwen3_instruct, batch_size: 1, max_training_steps: 1}}
             environments:
               - service: harbor
-                service_kwargs: {{dataset_dir: {dataset}, provider: docker}}
+                service_kwargs: {{dataset_dir: {dataset}, provider: docker, harbor_check: off}}
                 harness: platoon-bandit-answer
             stats: {{wandb: {{mode: disabled}}}}
             """

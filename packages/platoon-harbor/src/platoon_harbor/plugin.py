@@ -33,7 +33,7 @@ def platoon_register_services(name: str) -> ServiceFactory | None:
 def platoon_service_prepare(
     service: str, options: Mapping[str, Any], cache_root: str | None, dry_run: bool, config: str | None
 ) -> Any:
-    """A Harbor entry's `dataset` and `images` steps, yielded one by one."""
+    """A Harbor entry's `dataset`, `images` and `check` steps, yielded one by one."""
     if service != "harbor":
         return None
     from platoon_harbor.prepare import prepare_steps

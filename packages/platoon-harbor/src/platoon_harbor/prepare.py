@@ -3,9 +3,9 @@ run whose images are not built (harness.md 6.5): core reaches both through the `
 `service.problems` seams (`platoon.hookspecs`), which platoon_harbor.plugin implements.
 
 Steps, in order: `dataset` (fetch into the lock through platoon_harbor.datasets; a directory-backed entry has
-nothing to fetch) and `images` (build the keys the image map lacks with the provider's builder). Each step is
-skipped when its work is already done, so a second prepare only reads: the lock, the map and one
-`docker images` listing.
+nothing to fetch), `images` (build the keys the image map lacks with the provider's builder) and `check` (the
+dataset check of platoon_harbor.check for tasks without a verdict). Each step is skipped when its work is already
+done, so a second prepare only reads: the lock, the map, one `docker images` listing and the check file.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 from platoon.errors import ConfigError
 from platoon.hookspecs import PrepareStep
-from platoon_harbor import images
+from platoon_harbor import check, images
 
-__all__ = ["EntryImages", "entry_images", "harbor_cache", "prepare_steps", "run_problems"]
+__all__ = ["EntryImages", "entry_images", "harbor_cache", "image_problems", "prepare_steps", "run_problems"]
 
 
 def harbor_cache(options: Mapping[str, Any], cache_root: str | os.PathLike[str] | None) -> Path:
@@ -179,22 +179,76 @@ def images_step(options: Mapping[str, Any], cache: Path, *, dry_run: bool, confi
     )
 
 
+def checked_tasks(options: Mapping[str, Any]) -> tuple[dict[str, Path], bool]:
+    """The tasks the dataset check covers: those the entry's service lists, quarantined or not; and whether the
+    dataset is fetched (its tasks' digests are in their cache paths)."""
+    from platoon_harbor.service import HarborService
+
+    service = HarborService(**{**options, "harbor_check": "off"})
+    return service._discover(), service.options.fetched
+
+
+def check_state_of(options: Mapping[str, Any], cache: Path, *, config: str | None) -> check.CheckState:
+    """What the entry's check file says about its current tasks."""
+    tasks, fetched = checked_tasks(options)
+    path = check.check_path(options, cache, config=config)
+    return check.check_state(path, check.task_digests(tasks, fetched=fetched))
+
+
+def check_step(options: Mapping[str, Any], cache: Path, *, dry_run: bool, config: str | None) -> PrepareStep:
+    """The dataset check of the tasks without a verdict for their current content (`platoon harbor check`
+    re-checks them all)."""
+    import asyncio
+
+    if check.check_mode(options, config) == "off":
+        return PrepareStep("check", "none", "harbor_check: off")
+    try:
+        state = check_state_of(options, cache, config=config)
+    except (ConfigError, ValueError, OSError) as exc:
+        return PrepareStep("check", "failed", str(exc).replace("\n", " "))
+    if state.checked:
+        return PrepareStep("check", "current", check.summary(state.records, state.path))
+    if dry_run:
+        return PrepareStep("check", "missing", f"{len(state.unchecked)} task(s) would be checked")
+    unchecked = set(state.unchecked)
+
+    def progress(verdict: check.TaskVerdict, number: int, total: int) -> None:
+        _say(f"check: {number}/{total} {verdict.task}: {verdict.verdict}")
+
+    try:
+        verdicts = asyncio.run(check.check_entry(options, only=unchecked.__contains__, progress=progress))
+    except (ConfigError, ValueError, OSError) as exc:
+        return PrepareStep("check", "failed", str(exc).replace("\n", " "))
+    records = {**state.records, **{v.task: v.record() for v in verdicts}}
+    check.write_verdicts(state.path, check.dataset_label(options), records)
+    for verdict in verdicts:
+        if verdict.reason is not None:
+            _say(f"check: {verdict.task} quarantined: {verdict.reason}")
+    return PrepareStep("check", "done", check.summary(records, state.path))
+
+
 def prepare_steps(
     options: Mapping[str, Any], cache_root: str | None, *, dry_run: bool, config: str | None
 ) -> Iterator[PrepareStep]:
-    """The entry's `dataset` and `images` steps, each yielded when it is done (core prints it at once)."""
+    """The entry's `dataset`, `images` and `check` steps, each yielded when it is done (core prints it at once)."""
     cache = harbor_cache(options, cache_root)
     dataset = dataset_step(options, cache, dry_run=dry_run, config=config)
     yield dataset
     if dataset.status == "failed" or (dry_run and dataset.status == "missing"):
         yield PrepareStep("images", "missing" if dry_run else "failed", "waits for the dataset")
         return
-    yield images_step(options, cache, dry_run=dry_run, config=config)
+    built = images_step(options, cache, dry_run=dry_run, config=config)
+    yield built
+    if built.status == "failed" or (dry_run and built.status == "missing"):
+        yield PrepareStep("check", "missing" if dry_run else "failed", "waits for the images")
+        return
+    yield check_step(options, cache, dry_run=dry_run, config=config)
 
 
 def run_problems(options: Mapping[str, Any], cache_root: str | None, *, config: str | None) -> list[str]:
-    """Why a run of this entry cannot start on this site: the dataset not fetched, or Dockerfile tasks whose keys
-    the image map lacks. Never builds, never fetches; one `docker images` call at most."""
+    """Why a run of this entry cannot start on this site: the dataset not fetched, Dockerfile tasks whose keys the
+    image map lacks, or (`harbor_check: required`) tasks the dataset check has no verdict for. Never builds, never
+    fetches, never checks; one `docker images` call at most."""
     from platoon.envs.service import EnvNotPrepared
 
     cache = harbor_cache(options, cache_root)
@@ -202,6 +256,19 @@ def run_problems(options: Mapping[str, Any], cache_root: str | None, *, config: 
         needs = entry_images(options, cache, config=config)
     except EnvNotPrepared as exc:
         return [exc.message]
+    problems = image_problems(needs)
+    if check.check_mode(options, config) == "required":
+        state = check_state_of(options, cache, config=config)
+        if not state.checked:
+            problems.append(
+                f"the dataset check has no verdict for {len(state.unchecked)} task(s) (e.g. {state.unchecked[0]}; "
+                f"check file {state.path}): run `platoon harbor check {config or 'CONFIG'}`, or set "
+                "service_kwargs.harbor_check: warn to run unchecked tasks"
+            )
+    return problems
+
+
+def image_problems(needs: EntryImages) -> list[str]:
     if needs.image_map is None or not needs.keys:
         return []
     try:

@@ -94,6 +94,7 @@ KNOWN_KEYS = (
     "image_map",
     "toolchain_root",
     "name",
+    "harbor_check",
 )
 _FETCHED_KEYS = ("dataset", "lock")
 _WHERE = "service_kwargs"
@@ -160,6 +161,8 @@ class HarborOptions:
     max_artifact_bytes: int = 1 << 30
     sandbox_start_budget_s: float = 600.0
     fetched: bool = False
+    #: the dataset check's use (`platoon_harbor.check`); None: the default of the run's kind
+    harbor_check: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -237,6 +240,9 @@ class HarborOptions:
             )
         queue_timeout = _positive(kwargs, "queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S, allow_none=True)
         Gate(queue_timeout_s=queue_timeout)  # the gate's own check, where the config wrote it
+        from platoon_harbor.check import parse_mode
+
+        harbor_check = parse_mode(kwargs.get("harbor_check"), f"{_WHERE}.harbor_check")
         return cls(
             name=name,
             dataset_dir=dataset_dir,
@@ -261,6 +267,7 @@ class HarborOptions:
             max_artifact_bytes=max_artifact,
             sandbox_start_budget_s=_positive(kwargs, "sandbox_start_budget_s", 600.0) or 600.0,
             fetched=bool(fetched),
+            harbor_check=harbor_check,
             raw=dict(kwargs),
         )
 
@@ -364,9 +371,35 @@ class HarborService:
             splits = load_splits(opts.splits, opts.dataset_dir, runnable)
         elif splits is None and own_splits is not None:
             splits = runnable_splits(own_splits, runnable)
+        checked = self._skip_quarantined(runnable)
+        if splits is not None and len(checked) < len(runnable):
+            splits = {name: [t for t in ids if t in checked] for name, ids in splits.items()}
+        runnable = checked
         self._splits = splits
         self._task_dirs = runnable
         return runnable
+
+    def _skip_quarantined(self, runnable: dict[str, Path]) -> dict[str, Path]:
+        """The tasks the dataset check did not quarantine (`platoon_harbor.check`), one line per skipped task; one
+        line when some have no verdict (a `required` run was refused before listing). `harbor_check: off`: all."""
+        if self.options.harbor_check == "off" or not runnable:
+            return runnable
+        from platoon_harbor import check
+        from platoon_harbor.prepare import harbor_cache
+
+        path = check.check_path(self.options.raw, harbor_cache(self.options.raw, None))
+        if not path.is_file():
+            check.say_once(f"{self.name}: the dataset is not checked: run `platoon harbor check CONFIG`")
+            return runnable
+        state = check.check_state(path, check.task_digests(runnable, fetched=self.options.fetched))
+        for task_id, reason in state.quarantined.items():
+            check.say_once(f"{self.name}: task {task_id} skipped, quarantined by the dataset check: {reason}")
+        if state.unchecked:
+            check.say_once(
+                f"{self.name}: {len(state.unchecked)} task(s) have no dataset check for their current content "
+                f"(e.g. {state.unchecked[0]}): run `platoon harbor check CONFIG`"
+            )
+        return {k: v for k, v in runnable.items() if k not in state.quarantined}
 
     def _fetched(
         self,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.envs.service import EnvSetupError, Outcome, open_accepts_needs
+from platoon.episode.deadlines import StepDeadline, StepDeadlineSession
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
 from platoon.errors import PlatoonError
 from platoon.harness.spec import HarnessSetupError
@@ -297,10 +298,12 @@ async def recorded_rollout(
             root = gateway.open_agent(rollout, role="policy", goal=task.goal, task=task)
             root.misc["harness"] = _harness_misc(spec, route, program)
             return build_collection(rollout, outcome), rollout
+        step_timeout = getattr(config, "step_timeout", None)
+        deadline = None if step_timeout is None else StepDeadline(step_timeout)
         try:
             episode = Episode(
                 task=task,
-                session=session,
+                session=session if deadline is None else StepDeadlineSession(session, deadline),
                 config=config,
                 route=route,
                 gateway=gateway,
@@ -309,6 +312,8 @@ async def recorded_rollout(
                 logs_dir=logs_dir,
             )
             outcome = await run_program(program, episode)
+            if deadline is not None and deadline.expired is not None:
+                outcome = deadline.expired  # whatever the harness made of its failed call: no reward for it
             spec_rollout = episode.spec_rollout  # the program may have run a spec the route did not name
             episode.root_record.misc["harness"] = _harness_misc(
                 episode.harness, route, program, episode.spec_misc

@@ -659,9 +659,11 @@ class Trainer:
 
     async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
         """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
+        from platoon.rollouts import progress as rollout_progress
         from platoon.train.tinker.supervisor import stop_requested
 
-        async with self.watchdog.keep_alive():
+        # Beats only while some rollout moves: groups that all hang let the watchdog fire.
+        async with self.watchdog.keep_alive(progress=rollout_progress.count):
             while True:
                 try:
                     return await asyncio.wait_for(self._results.get(), _STOP_POLL_SECONDS)

@@ -122,18 +122,26 @@ class Watchdog:
                 )
 
     @contextlib.asynccontextmanager
-    async def keep_alive(self) -> AsyncIterator[None]:
+    async def keep_alive(self, progress: Callable[[], int] | None = None) -> AsyncIterator[None]:
         """Beat regularly while the block awaits a long service call or in-flight groups; a blocked event loop
         stops the beats, which is what the watchdog is for, and so does a service that does not answer (waiting on
-        it is no progress)."""
+        it is no progress).
+
+        With `progress` (a count that rises while the awaited work moves: `platoon.rollouts.progress.count` for
+        in-flight rollouts), a beat comes only when it rose since the last one: rollouts that all hang are no
+        progress either, and the watchdog fires after `timeout_seconds` of them.
+        """
         if not self.enabled:
             yield
             return
 
         async def beat_forever() -> None:
+            seen = None if progress is None else progress()
             while True:
-                if self.answering is None or self.answering():
+                moved = progress is None or progress() != seen
+                if moved and (self.answering is None or self.answering()):
                     self.beat()
+                    seen = None if progress is None else progress()
                 await asyncio.sleep(self.keep_alive_seconds)
 
         beating = asyncio.ensure_future(beat_forever())

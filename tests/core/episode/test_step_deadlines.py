@@ -102,3 +102,30 @@ def test_a_grader_that_never_returns_ends_the_rollout_as_a_step_timeout(hanging_
 def test_a_grader_that_answers_within_the_step_timeout_scores(hanging_module):
     run = _run(hanging_module, "quick", step_timeout=0.5)
     assert run.outcome["status"] == "scored" and run.reward == 1.0
+
+
+class _Stated:
+    """What an environment that bounds its own calls states (as Harbor's session and service do)."""
+
+    agent_timeout_s = 900.0
+
+    def rollout_overhead_s(self, task_id: str) -> float:
+        return 1500.0 if task_id == "slow-verifier" else 60.0
+
+
+def test_an_environment_that_states_longer_limits_keeps_them():
+    import asyncio
+
+    from platoon.episode.deadlines import step_deadline_for
+
+    stated = _Stated()
+
+    def deadline(step_timeout, owner, task_id):
+        return asyncio.run(step_deadline_for(step_timeout, owner, owner, task_id))
+
+    kept = deadline(300.0, stated, "slow-verifier")
+    assert kept is not None and kept.seconds == 1500.0
+    assert kept.setting == "the environment's own time limit (above rollout_config.step_timeout)"
+    assert deadline(1000.0, stated, "quick").seconds == 1000.0
+    assert deadline(300.0, object(), "any").seconds == 300.0
+    assert deadline(None, stated, "any") is None

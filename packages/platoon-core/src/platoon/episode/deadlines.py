@@ -1,6 +1,10 @@
 """Step deadlines: `rollout_config.step_timeout` bounds every environment call of a rollout's agent steps — each
 tool call and the session's grading. A call that runs past it ends the rollout as the untrainable outcome `timeout`
 (failure kind `step_timeout`), never a reward of 0. Model calls have their own bound (the sample timeout).
+
+An environment that states its own limits (a Harbor task's agent timeout, its service's rollout overhead, which
+holds the verifier's timeout) keeps them: the step deadline is then the largest of those and `step_timeout`, so it
+only catches what the environment's own limits did not.
 """
 
 from __future__ import annotations
@@ -11,7 +15,13 @@ from typing import Any, TypeVar
 
 from platoon.envs.service import Outcome
 
-__all__ = ["STEP_TIMEOUT_KIND", "StepDeadline", "StepDeadlineSession", "StepTimeoutError"]
+__all__ = [
+    "STEP_TIMEOUT_KIND",
+    "StepDeadline",
+    "StepDeadlineSession",
+    "StepTimeoutError",
+    "step_deadline_for",
+]
 
 STEP_TIMEOUT_KIND = "step_timeout"
 
@@ -26,8 +36,10 @@ class StepTimeoutError(Exception):
 class StepDeadline:
     """One rollout's step deadline, shared by its session and every session forked from it."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, setting: str = "rollout_config.step_timeout") -> None:
         self.seconds = float(seconds)
+        #: what set the deadline, as the timeout's reason names it
+        self.setting = setting
         #: the rollout's outcome once a call ran past the deadline; None while none has
         self.expired: Outcome | None = None
 
@@ -43,9 +55,33 @@ class StepDeadline:
         except TimeoutError:
             if not scope.expired():
                 raise  # the environment's own TimeoutError: its failure, not this deadline
-        reason = f"{what} did not return within rollout_config.step_timeout ({self.seconds:g} s)"
+        reason = f"{what} did not return within {self.setting} ({self.seconds:g} s)"
         self.expired = Outcome.infra(STEP_TIMEOUT_KIND, status="timeout", reason=reason)
         raise StepTimeoutError(reason)
+
+
+async def step_deadline_for(
+    step_timeout: float | None, service: Any, session: Any, task_id: str
+) -> StepDeadline | None:
+    """The step deadline of one rollout: None without `step_timeout`; else the largest of it and the limits the
+    environment states for the task (`session.agent_timeout_s`, `service.rollout_overhead_s(task_id)`)."""
+    if step_timeout is None:
+        return None
+    limits = [float(step_timeout)]
+    own = getattr(session, "agent_timeout_s", None)
+    try:
+        overhead = getattr(service, "rollout_overhead_s", None)
+        stated = [own, overhead(task_id) if callable(overhead) else None]
+        for value in stated:
+            if asyncio.iscoroutine(value):
+                value = await value
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                limits.append(float(value))
+    except Exception:  # an environment's own limit is advice: without it, step_timeout alone
+        pass
+    if max(limits) == limits[0]:
+        return StepDeadline(limits[0])
+    return StepDeadline(max(limits), "the environment's own time limit (above rollout_config.step_timeout)")
 
 
 class StepDeadlineSession:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.envs.service import EnvSetupError, Outcome, open_accepts_needs
-from platoon.episode.deadlines import StepDeadline, StepDeadlineSession
+from platoon.episode.deadlines import StepDeadlineSession, step_deadline_for
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
 from platoon.errors import PlatoonError
 from platoon.harness.spec import HarnessSetupError
@@ -298,8 +298,7 @@ async def recorded_rollout(
             root = gateway.open_agent(rollout, role="policy", goal=task.goal, task=task)
             root.misc["harness"] = _harness_misc(spec, route, program)
             return build_collection(rollout, outcome), rollout
-        step_timeout = getattr(config, "step_timeout", None)
-        deadline = None if step_timeout is None else StepDeadline(step_timeout)
+        deadline = await step_deadline_for(getattr(config, "step_timeout", None), service, session, task.id)
         try:
             episode = Episode(
                 task=task,

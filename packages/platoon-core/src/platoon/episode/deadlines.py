@@ -61,7 +61,7 @@ class StepDeadline:
 
 
 async def step_deadline_for(
-    step_timeout: float | None, service: Any, session: Any, task_id: str
+    step_timeout: float | None, service: Any, session: Any, task_id: str | None
 ) -> StepDeadline | None:
     """The step deadline of one rollout: None without `step_timeout`; else the largest of it and the limits the
     environment states for the task (`session.agent_timeout_s`, `service.rollout_overhead_s(task_id)`)."""
@@ -71,7 +71,7 @@ async def step_deadline_for(
     own = getattr(session, "agent_timeout_s", None)
     try:
         overhead = getattr(service, "rollout_overhead_s", None)
-        stated = [own, overhead(task_id) if callable(overhead) else None]
+        stated = [own, overhead(task_id) if callable(overhead) and task_id is not None else None]
         for value in stated:
             if asyncio.iscoroutine(value):
                 value = await value

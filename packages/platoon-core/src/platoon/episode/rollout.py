@@ -22,6 +22,7 @@ from platoon.episode.deadlines import StepDeadlineSession, step_deadline_for
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
 from platoon.errors import PlatoonError
 from platoon.harness.spec import HarnessSetupError
+from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -286,6 +287,7 @@ async def recorded_rollout(
                 if needs is not None:
                     open_kwargs["needs"] = needs
             session = await service.open(task, rollout_id=rollout.rollout_id, **open_kwargs)
+            rollout_progress.note()  # a sandbox started is progress too (the watchdog follows it)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -1,6 +1,7 @@
-"""Rollout progress in this process: a count that goes up whenever a rollout moves — a model call answered, a tool
-call returned, a rollout finished (in a worker: the count its diag reports, followed by the trainer). The training
-watchdog's keep-alive beats only while it moves, so rollouts that all hang stop the beats.
+"""Rollout progress in this process: a count that goes up whenever a rollout moves — its environment session opened,
+a model call answered, a tool call returned, the rollout finished; for a rollout worker, the worker got ready and
+each rise of the count its diag reports. The training watchdog's keep-alive beats only while it moves, so rollouts
+that all hang stop the beats.
 """
 
 from __future__ import annotations

@@ -650,6 +650,7 @@ class RolloutWorkers:
             if ready_at is None and live.files["ready"].exists():
                 ready_at = now
                 telemetry.set("startup_seconds", now - launched)
+                rollout_progress.note()
                 ready()
                 deadline = now + budget + grace if budget > 0 else float("inf")
             if now >= deadline:

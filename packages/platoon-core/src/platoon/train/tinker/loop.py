@@ -585,8 +585,10 @@ class Trainer:
                 return
 
     async def _wait_for_evaluation(self, step: int) -> None:
-        """Until the eval loop has looked at `step`."""
-        async with self.watchdog.keep_alive(), self._progress:
+        """Until the eval loop has looked at `step` (beating only while its rollouts move)."""
+        from platoon.rollouts import progress as rollout_progress
+
+        async with self.watchdog.keep_alive(progress=rollout_progress.count), self._progress:
             await self._progress.wait_for(lambda: self._eval_handled >= step)
 
     # ------------------------------------------------------------------------------------------------ steps

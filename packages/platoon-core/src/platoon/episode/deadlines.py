@@ -93,6 +93,8 @@ class StepDeadlineSession:
         self.step_deadline = deadline
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_session":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
         return getattr(self._session, name)
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any], **kwargs: Any) -> Any:

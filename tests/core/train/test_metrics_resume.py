@@ -21,6 +21,7 @@ import pytest
 from platoon.cli import main
 from platoon.harness.agent import AgentResult
 from platoon.harness.function import harness
+from platoon.trajectory_events import read_events
 
 REPO = Path(__file__).resolve().parents[3]
 BANDIT = REPO / "examples" / "bandit" / "train.yaml"
@@ -124,6 +125,23 @@ def test_after_sigkill_and_a_resume_from_an_earlier_checkpoint_each_step_is_plot
     (superseded,) = _lines(run / "metrics_superseded.jsonl")
     assert superseded["superseded_by_start_at_step"] == 2
     assert {k: v for k, v in superseded.items() if not k.startswith("superseded")} == first_step_3
+
+    # The trajectory events of every step are on disk: the resumed start appended the steps it redid and trained
+    # to the step files (the redone step's file is one the killed start had written).
+    def rollouts_by_process(version: int) -> dict[int, int]:
+        events = run / "rollouts" / "train" / str(version) / "events" / f"events_train_{version}.jsonl"
+        finished = [record for record in read_events(events) if record["type"] == "trajectory_finished"]
+        counts: dict[int, int] = {}
+        for record in finished:
+            counts[record["process_id"]] = counts.get(record["process_id"], 0) + 1
+        return counts
+
+    (killed_start,) = rollouts_by_process(0)
+    for version in (0, 1):
+        assert rollouts_by_process(version) == {killed_start: 2 * 4}
+    for version in (2, 3):  # step 3 (redone) and step 4 sample policy versions 2 and 3
+        resumed_start = {pid: n for pid, n in rollouts_by_process(version).items() if pid != killed_start}
+        assert list(resumed_start.values()) == [2 * 4], version
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -283,7 +283,12 @@ class RolloutConfig(ConfigModel):
     output_dir: str = Field("rollout_results", description="where rollouts write; commands override it")
     verbose: Bool = Field(True, description="log each rollout's progress")
     timeout: Float | None = Field(None, gt=0, description="the root agent's time limit in seconds")
-    step_timeout: Float | None = Field(300.0, gt=0, description="time limit of one step in seconds")
+    step_timeout: Float | None = Field(
+        300.0,
+        gt=0,
+        description="time limit in seconds of each environment call (a tool call, the grading); past it the "
+        "rollout is a `timeout` outcome; null: none",
+    )
     return_dict: Bool = Field(False, description="return the rollout result as a dict")
     propagate_root_success: Bool | None = Field(
         None, description="give every agent of a successful tree the root's success; None = false"

@@ -150,7 +150,8 @@ def append_events(collection: TrajectoryCollection | Mapping[str, Any], path: st
     target = Path(path)
     with _APPEND_LOCK:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Read-write: the last byte of a file another process left is read to see whether it ended mid-line.
+        fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
             if target not in _APPENDED and size and os.pread(fd, 1, size - 1) != b"\n":

@@ -10,7 +10,46 @@ from typing import Any
 
 def err(message: str) -> None:
     """One diagnostic line (or block) on stderr, prefixed `platoon: `."""
-    print(f"platoon: {message}", file=sys.stderr, flush=True)
+    write_stderr(f"platoon: {message}\n")
+
+
+def write_stderr(text: str) -> None:
+    """Write `text` to stderr and flush it, never raising.
+
+    A reader that went away (`platoon train ... 2>&1 | tee log`, then Ctrl-C, which ends tee too) must not turn a
+    message on the way to a stop or a checkpoint into an exception: stderr (and stdout, when it is the same pipe)
+    then goes to /dev/null for the rest of the process, so later lines, log records and the interpreter's final
+    flush do not fail either.
+    """
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a signal handler's write inside another write
+        _send_to_devnull()
+
+
+def _send_to_devnull() -> None:
+    import contextlib
+    import os
+
+    try:
+        broken = os.fstat(2)
+    except OSError:
+        return
+    streams = [2]
+    with contextlib.suppress(OSError):
+        shown = os.fstat(1)
+        if (shown.st_dev, shown.st_ino) == (broken.st_dev, broken.st_ino):
+            streams.append(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in streams:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    for stream in (sys.stderr, sys.stdout):
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            stream.flush()  # what the closed pipe refused is dropped now, not at exit
 
 
 def out(text: str = "") -> None:

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.envs.service import EnvSetupError, Outcome, open_accepts_needs
+from platoon.episode.deadlines import StepDeadlineSession, step_deadline_for
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
 from platoon.errors import PlatoonError
 from platoon.harness.spec import HarnessSetupError
+from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -285,6 +287,7 @@ async def recorded_rollout(
                 if needs is not None:
                     open_kwargs["needs"] = needs
             session = await service.open(task, rollout_id=rollout.rollout_id, **open_kwargs)
+            rollout_progress.note()  # a sandbox started is progress too (the watchdog follows it)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -297,10 +300,11 @@ async def recorded_rollout(
             root = gateway.open_agent(rollout, role="policy", goal=task.goal, task=task)
             root.misc["harness"] = _harness_misc(spec, route, program)
             return build_collection(rollout, outcome), rollout
+        deadline = await step_deadline_for(getattr(config, "step_timeout", None), service, session, task.id)
         try:
             episode = Episode(
                 task=task,
-                session=session,
+                session=session if deadline is None else StepDeadlineSession(session, deadline),
                 config=config,
                 route=route,
                 gateway=gateway,
@@ -309,6 +313,8 @@ async def recorded_rollout(
                 logs_dir=logs_dir,
             )
             outcome = await run_program(program, episode)
+            if deadline is not None and deadline.expired is not None:
+                outcome = deadline.expired  # whatever the harness made of its failed call: no reward for it
             spec_rollout = episode.spec_rollout  # the program may have run a spec the route did not name
             episode.root_record.misc["harness"] = _harness_misc(
                 episode.harness, route, program, episode.spec_misc

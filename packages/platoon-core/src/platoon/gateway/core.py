@@ -31,6 +31,7 @@ from platoon.gateway.measure import (
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 from platoon.renderers.base import RendererError
+from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.task import Task
@@ -597,6 +598,7 @@ class ModelGateway:
                 response = await self.sampler.sample_async(
                     prompt=model_input, num_samples=1, sampling_params=sampling_params
                 )
+            rollout_progress.note()
             sequences = response.sequences
             if len(sequences) != 1:
                 raise SamplingFailed(f"the sampler returned {len(sequences)} sequences for one sample")

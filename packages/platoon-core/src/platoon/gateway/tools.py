@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from platoon.harness.agent import ToolAccess
+from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.envs.service import EnvSession, ToolResult, ToolSpec
@@ -50,6 +51,7 @@ async def run_tool(
         result = await session.call_tool(name, arguments, on_behalf_of=record.agent_id)  # type: ignore[call-arg]
     else:
         result = await session.call_tool(name, arguments)
+    rollout_progress.note()
     entry: dict[str, Any] = {
         "name": name,
         "arguments": dict(arguments),

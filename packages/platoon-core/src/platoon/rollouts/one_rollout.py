@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.rollouts import progress as rollout_progress
 from platoon.rollouts.records import NO_SPACE_ERRNOS
 
 if TYPE_CHECKING:
@@ -285,4 +286,5 @@ async def run_member(
         writer.submit(request, outcome)
     else:
         await asyncio.to_thread(_write_quietly, request, outcome)
+    rollout_progress.note()
     return outcome

@@ -1068,10 +1068,20 @@ class Lease:
             if not drained:
                 log.warning("%s: calls still running after %g s; cancelling them", self.label, timeout)
                 self.gate.cancel_in_flight()
+            running: set[asyncio.Future[None]] = set()
             if self.sync_work:
-                # Sync environment code cannot be interrupted: teardown must not run beside it.
-                await asyncio.gather(*list(self.sync_work), return_exceptions=True)
-            await _teardown(self.env, timeout, self.label)
+                # Sync environment code cannot be interrupted: teardown must not run beside it, and a call that
+                # never returns (a hung grader past its step deadline) must not hold the close forever either.
+                _, running = await asyncio.wait(list(self.sync_work), timeout=timeout)
+                if running:
+                    log.warning(
+                        "%s: %d sync environment call(s) still running after %g s; skipping the teardown",
+                        self.label,
+                        len(running),
+                        timeout,
+                    )
+            if not running:
+                await _teardown(self.env, timeout, self.label)
         log.debug("%s: closed after %d tool call(s)", self.label, self.turns)
         if self.parent is not None:
             await self.parent.release()

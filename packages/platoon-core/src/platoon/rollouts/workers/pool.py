@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import PlatoonError
+from platoon.rollouts import progress as rollout_progress
 from platoon.rollouts.workers import ipc
 from platoon.rollouts.workers.startup import ExecFailed, exec_child, worker_environment
 
@@ -43,6 +44,8 @@ WORKER_MODULE = "platoon.rollouts.workers.worker"
 MAX_FORK_SERVERS = 4
 #: how long a killed worker may take to go after SIGKILL
 KILL_WAIT_SECONDS = 30.0
+#: how often the parent reads a running worker's progress count (its diag) for the training watchdog
+PROGRESS_POLL_SECONDS = 2.0
 #: environment variables whose change makes a new fork server (they change what the server imported)
 _IMPORT_VARIABLES = ("PATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD")
 TELEMETRY_KEYS = (
@@ -641,11 +644,13 @@ class RolloutWorkers:
         deadline = launched + startup + grace if startup > 0 else float("inf")
         ready_at: float | None = None
         deadline_fired = False
+        seen_progress: str | None = None
         while not live.exited.done():
             now = time.monotonic()
             if ready_at is None and live.files["ready"].exists():
                 ready_at = now
                 telemetry.set("startup_seconds", now - launched)
+                rollout_progress.note()
                 ready()
                 deadline = now + budget + grace if budget > 0 else float("inf")
             if now >= deadline:
@@ -659,8 +664,17 @@ class RolloutWorkers:
                 telemetry.set("killed", 1)
                 await self._stop(live)
                 break
+            if ready_at is not None:
+                # The worker's progress (its diag's count of answered model and tool calls) is the trainer's
+                # too: the training watchdog beats only while some rollout moves.
+                progress = ipc.read_diag(live.files["diag"]).get("progress")
+                if progress is not None and progress != seen_progress:
+                    seen_progress = progress
+                    rollout_progress.note()
             # The ready file is polled, fast at first (most forked workers are ready within milliseconds).
-            wait = 60.0 if ready_at is not None else (0.005 if now - launched < 1.0 else 0.05)
+            wait = (
+                PROGRESS_POLL_SECONDS if ready_at is not None else (0.005 if now - launched < 1.0 else 0.05)
+            )
             await asyncio.wait({live.exited}, timeout=min(wait, max(0.0, deadline - now)))
         if ready_at is None:
             telemetry.set("startup_seconds", time.monotonic() - launched)

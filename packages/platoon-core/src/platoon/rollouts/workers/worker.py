@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.rollouts import progress as rollout_progress
 from platoon.rollouts.workers import ipc
 from platoon.rollouts.workers.startup import (
     DIAG_ENV,
@@ -296,6 +297,7 @@ class Worker:
             fields: dict[str, Any] = {"rss": rss, "peak_rss": peak_rss_bytes(), "t": f"{time.time():.3f}"}
             if self.sampler is not None:
                 fields["version"] = self.sampler.version
+            fields["progress"] = rollout_progress.count()  # the trainer's watchdog follows it
             with contextlib.suppress(Exception):
                 fields.update({f"count.{k}": v for k, v in hook_counters().items()})
                 fields.update({f"note.{k}": v for k, v in hook_diagnostics().items()})

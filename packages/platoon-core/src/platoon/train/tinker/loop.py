@@ -585,8 +585,10 @@ class Trainer:
                 return
 
     async def _wait_for_evaluation(self, step: int) -> None:
-        """Until the eval loop has looked at `step`."""
-        async with self.watchdog.keep_alive(), self._progress:
+        """Until the eval loop has looked at `step` (beating only while its rollouts move)."""
+        from platoon.rollouts import progress as rollout_progress
+
+        async with self.watchdog.keep_alive(progress=rollout_progress.count), self._progress:
             await self._progress.wait_for(lambda: self._eval_handled >= step)
 
     # ------------------------------------------------------------------------------------------------ steps
@@ -659,9 +661,11 @@ class Trainer:
 
     async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
         """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
+        from platoon.rollouts import progress as rollout_progress
         from platoon.train.tinker.supervisor import stop_requested
 
-        async with self.watchdog.keep_alive():
+        # Beats only while some rollout moves: groups that all hang let the watchdog fire.
+        async with self.watchdog.keep_alive(progress=rollout_progress.count):
             while True:
                 try:
                     return await asyncio.wait_for(self._results.get(), _STOP_POLL_SECONDS)

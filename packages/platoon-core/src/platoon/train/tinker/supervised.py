@@ -26,12 +26,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     global _interrupts
     _interrupts += 1
     if _interrupts == 1:
-        print(
-            f"platoon: {signal.Signals(signum).name}: stopping at the next step boundary (again to stop now)",
-            file=sys.stderr,
-            flush=True,
-        )
+        from platoon.cli.output import err
+
+        # The request first: telling it may fail (a closed pipe), and the stop must happen anyway.
         request_stop()
+        err(f"{signal.Signals(signum).name}: stopping at the next step boundary (again to stop now)")
         return
     _stop_now(signum, frame)
 
@@ -93,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{args[0]}: not a training config (its schema is {loaded.schema_name})")
         return asyncio.run(train(config, loaded=loaded))
     except PlatoonError as exc:
-        print(f"platoon: {exc}", file=sys.stderr, flush=True)
+        from platoon.cli.output import err
+
+        err(str(exc))
         return exc.exit_code
 
 

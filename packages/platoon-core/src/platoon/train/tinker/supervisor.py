@@ -97,7 +97,9 @@ def _exit_code(returncode: int) -> int:
 
 
 def _say(text: str) -> None:
-    print(f"platoon: {text}", file=sys.stderr, flush=True)
+    from platoon.cli.output import err
+
+    err(text)
 
 
 class _Forwarder:

@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,9 +48,10 @@ ORDER_STATE_KEY = "task_order"
 
 def say(message: str) -> None:
     """One progress line on stderr, prefixed like every diagnostic."""
+    from platoon.cli.output import write_stderr
+
     global _last_said
-    sys.stderr.write(f"platoon: {message}\n")  # one write: the heartbeat thread says lines too
-    sys.stderr.flush()
+    write_stderr(f"platoon: {message}\n")  # one write: the heartbeat thread says lines too; never raises
     _last_said = time.monotonic()
 
 

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,16 +46,17 @@ def at_hard_exit(wish: Callable[[], None]) -> Callable[[], None]:
 
 def hard_exit(code: int, message: str | None = None) -> None:
     """Print `message`, run the last wishes (each may fail on its own), and exit now with `code`."""
+    from platoon.cli.output import err
+
     if message:
-        print(f"platoon: {message}", file=sys.stderr, flush=True)
+        err(message)  # never raises: a closed stderr must not skip the last wishes or the exit
     with _last_wishes_lock:
         wishes = list(reversed(_last_wishes))
     for wish in wishes:
         try:
             wish()
         except Exception as exc:  # a last wish failing must not keep the process alive
-            print(f"platoon: while exiting: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    sys.stderr.flush()
+            err(f"while exiting: {type(exc).__name__}: {exc}")
     os._exit(code)
 
 
@@ -122,18 +122,26 @@ class Watchdog:
                 )
 
     @contextlib.asynccontextmanager
-    async def keep_alive(self) -> AsyncIterator[None]:
+    async def keep_alive(self, progress: Callable[[], int] | None = None) -> AsyncIterator[None]:
         """Beat regularly while the block awaits a long service call or in-flight groups; a blocked event loop
         stops the beats, which is what the watchdog is for, and so does a service that does not answer (waiting on
-        it is no progress)."""
+        it is no progress).
+
+        With `progress` (a count that rises while the awaited work moves: `platoon.rollouts.progress.count` for
+        in-flight rollouts), a beat comes only when it rose since the last one: rollouts that all hang are no
+        progress either, and the watchdog fires after `timeout_seconds` of them.
+        """
         if not self.enabled:
             yield
             return
 
         async def beat_forever() -> None:
+            seen = None if progress is None else progress()
             while True:
-                if self.answering is None or self.answering():
+                moved = progress is None or progress() != seen
+                if moved and (self.answering is None or self.answering()):
                     self.beat()
+                    seen = None if progress is None else progress()
                 await asyncio.sleep(self.keep_alive_seconds)
 
         beating = asyncio.ensure_future(beat_forever())
@@ -201,6 +209,8 @@ class ServiceMonitor:
 
     async def run(self, probe: Callable[[], Awaitable[object]]) -> str:
         """Probe the service until it is lost; returns why."""
+        from platoon.cli.output import err
+
         woken = asyncio.Event()
         with self._lock:
             self._wake = (asyncio.get_running_loop(), woken)
@@ -226,15 +236,13 @@ class ServiceMonitor:
                         f"{self.unreachable_seconds:g}; last error: {why})"
                     )
                 elif failures == 2:
-                    print(
-                        f"platoon: {self.name} is not answering ({why}); the run stops unless it answers within "
-                        f"{self.unreachable_seconds:g} s ({self.setting})",
-                        file=sys.stderr,
-                        flush=True,
+                    err(
+                        f"{self.name} is not answering ({why}); the run stops unless it answers within "
+                        f"{self.unreachable_seconds:g} s ({self.setting})"
                     )
                 continue
             if failures >= 2:
-                print(f"platoon: {self.name} answers again", file=sys.stderr, flush=True)
+                err(f"{self.name} answers again")
             failures = 0
             last_answer = time.monotonic()
             self._silent_since = None

@@ -67,8 +67,9 @@ def _plan(family: str, number: int) -> str:
     """What the family's rollout `number` does: `crash` (the harness raises), `X` (the grader raises), or answer.
 
     Steps 1-3 (a family's rollouts 1-12): one of each group's 4 fails (alpha: the harness; beta: the grader), the
-    others answer C, A, C, so the group trains. From step 4 on, 3 of 4 fail and the last answers A alone (nothing to
-    learn from): 75 % of a step's rollouts, so the 5-step window passes 50 % at step 6, not before.
+    others answer C, A, C, so the group trains. From step 4 on, 3 of 4 fail and the last answers A alone (under
+    `min_successful_group_size: 2`): 75 % of a step's rollouts, so the 5-step window passes 50 % at step 6, not
+    before.
     """
     step, position = (number - 1) // 4 + 1, (number - 1) % 4
     if step <= 3:
@@ -139,6 +140,8 @@ def test_infra_failures_are_counted_per_label_never_trained_and_stop_a_run_they_
         "train.workflow_config.group_size=4",
         "train.max_training_steps=10",
         "train.max_staleness=0",
+        # a group left with one scored member is dropped whole, never made up with zeros
+        "train.workflow_config.min_successful_group_size=2",
         "checkpoint.every=0",
         # two entries, so each step's metrics are also per label (an entry's name is its label), interleaved so
         # that each step draws one task of each
@@ -183,7 +186,7 @@ def test_infra_failures_are_counted_per_label_never_trained_and_stop_a_run_they_
     ] * 3
 
     # The datums themselves: none of a rollout that failed, every one of a rollout that answered in steps 1-3 (three
-    # per group); from step 4 a group's lone answer has nothing to learn from, so nothing is sent.
+    # per group); from step 4 a group's lone answer leaves it under its minimum size: dropped, nothing is sent.
     tokenizer = toy_tokenizer()
     prompts = [tokenizer.decode(datum.model_input.to_ints()) for call in sent_datums for datum in call]
     assert not [text for text in prompts if "doomed" in text]
@@ -195,11 +198,14 @@ def test_infra_failures_are_counted_per_label_never_trained_and_stop_a_run_they_
         ("recovery-000000", 0),
         ("000006_interrupted", 6),
     ]
-    # the attempt log: each group of steps 1-6 consumed once, trained while it had something to learn
+    assert [row["train/group_size_rejected"] for row in steps] == [0.0] * 3 + [2.0] * 3
+    # the attempt log: each group of steps 1-6 consumed once, trained while it had enough scored members
     attempts = _rows(run / "attempts.jsonl")
-    consumed = [(row["step"], row["state"]) for row in attempts if row["state"] != "started"]
-    assert sorted(consumed) == [(step, "trained") for step in (1, 1, 2, 2, 3, 3)] + [
-        (step, "dropped") for step in (4, 4, 5, 5, 6, 6)
+    consumed = [
+        (row["step"], row["state"], row.get("reason")) for row in attempts if row["state"] != "started"
+    ]
+    assert sorted(consumed) == [(step, "trained", None) for step in (1, 1, 2, 2, 3, 3)] + [
+        (step, "dropped", "group_size_rejected") for step in (4, 4, 5, 5, 6, 6)
     ]
 
 

@@ -996,7 +996,8 @@ class Trainer:
         self._infra.record(done, infra_kinds, rollouts)
         infra_text = ""
         if infra_kinds:
-            listed = ", ".join(f"{kind} {count}" for kind, count in infra_kinds.most_common(3))
+            ranked = sorted(infra_kinds.items(), key=lambda item: (-item[1], item[0]))  # ties by name: stable
+            listed = ", ".join(f"{kind} {count}" for kind, count in ranked[:3])
             more = ", ..." if len(infra_kinds) > 3 else ""
             infra_text = f"; {infra_kinds.total()} of {rollouts} rollouts failed in the infrastructure ({listed}{more})"
         update_text = (

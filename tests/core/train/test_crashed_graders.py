@@ -77,6 +77,8 @@ def test_crashed_rollouts_are_errors_never_trained_as_zero(tmp_path, monkeypatch
         "train.max_training_steps=2",
         "train.max_staleness=0",
         "checkpoint.every=0",
+        # 6 of its 8 rollouts crash: over the default rate, which would stop it (test_infra_accounting.py)
+        "train.max_infra_failure_rate=1",
         "environments=[{service: 'python://crashing_grader_env:CrashingGrader', harness: platoon-bandit-answer}]",
     ]
     status = main(argv)

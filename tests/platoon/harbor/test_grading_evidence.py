@@ -54,7 +54,7 @@ def offline_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_name: st
               renderer_name: qwen3_instruct
             environments:
               - service: harbor
-                service_kwargs: {{dataset_dir: tasks, name: {env_name}}}
+                service_kwargs: {{dataset_dir: tasks, name: {env_name}, harbor_check: "off"}}
                 harness: platoon-oracle
             """
         )

@@ -251,6 +251,15 @@ class TrainConfig(ConfigModel):
         gt=0,
         description="how long the Tinker service may not answer before the run stops (exit 1, resumable)",
     )
+    max_infra_failure_rate: Float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "the share of rollouts over the last 5 steps that may end in an infrastructure failure before the run "
+            "stops (exit 1, resumable); 1 never stops"
+        ),
+    )
 
     @field_validator("rollout_group_limits")
     @classmethod

@@ -18,12 +18,14 @@ __all__ = ["AdmissionQueue", "Row"]
 
 @dataclass(frozen=True)
 class Row:
-    """One task of one batch: `pool` is the environment entry it comes from, `label` its `train.label_by` label."""
+    """One task of one batch: `pool` is the environment entry it comes from, `label` its `train.label_by` label,
+    `slot` its place in the batch (a batch may hold one task twice: the batch and the slot name the group)."""
 
     batch: int
     task_id: str
     pool: str
     label: str | None
+    slot: int = 0
 
 
 class AdmissionQueue:

@@ -15,10 +15,20 @@ if TYPE_CHECKING:
     from platoon.train.tinker.workflows import GroupOutput
     from platoon.trajectory import Trajectory, TrajectoryCollection
 
-__all__ = ["OUTCOME_STATUSES", "BatchStats", "label_prefix"]
+__all__ = [
+    "INFRA_DISPOSITIONS",
+    "OUTCOME_STATUSES",
+    "BatchStats",
+    "infra_counts",
+    "infra_kind",
+    "label_prefix",
+]
 
 #: outcome statuses always logged (zeros too): `none` = a member that raised, died, was cancelled or had no outcome
 OUTCOME_STATUSES = ("scored", "invalid", "error", "timeout", "cancelled", "none")
+#: dispositions of a member without a result that the infrastructure caused (a straggler cut-off, a cancellation or
+#: an agent that made no call are not: they say nothing about the infrastructure)
+INFRA_DISPOSITIONS = ("error", "hard_timeout", "worker_crashed", "rollout_worker_oom", "worker_launch_failed")
 #: labels that get metrics of their own (most frequent first, ties by label); limits and policies apply to all
 MAX_LABELS = 64
 
@@ -36,6 +46,32 @@ def family(metrics: dict[str, float], prefix: str, values: Sequence[float]) -> N
         metrics[f"{prefix}/avg"] = statistics.fmean(values)
         metrics[f"{prefix}/min"] = min(values)
         metrics[f"{prefix}/max"] = max(values)
+
+
+def infra_kind(member: MemberOutcome) -> str | None:
+    """The kind of infrastructure failure `member` ended in (its root outcome's `failure_kind`, or the disposition of
+    a member the infrastructure left without a result), None when it did not end in one."""
+    if not member.observed or member.collection is None:
+        return member.disposition if member.disposition in INFRA_DISPOSITIONS else None
+    root = member.collection.root
+    outcome = root.misc.get("outcome") if root is not None else None
+    if not isinstance(outcome, Mapping) or outcome.get("status") == "scored":
+        return None
+    kind = outcome.get("failure_kind")
+    return str(kind) if kind else None
+
+
+def infra_counts(groups: Iterable[GroupOutput]) -> tuple[Counter[str], int]:
+    """(infrastructure failures by kind, rollouts) over the members of `groups`."""
+    kinds = Counter[str]()
+    rollouts = 0
+    for group in groups:
+        for member in group.members:
+            rollouts += 1
+            kind = infra_kind(member)
+            if kind is not None:
+                kinds[kind] += 1
+    return kinds, rollouts
 
 
 def _usage(trajectory: Trajectory) -> tuple[int, int, int]:
@@ -82,6 +118,19 @@ class BatchStats:
         self.label_column = label_column
         self.default_column = default_column
         self.reward_keys: set[str] = set()
+        #: infrastructure failure kinds seen so far (logged every later step, zero-filled)
+        self.infra_kinds: set[str] = set()
+
+    def _infra_metrics(self, metrics: dict[str, float], prefix: str, groups: Sequence[GroupOutput]) -> None:
+        """`<prefix>/infra_failed` (a count), `<prefix>/infra_failed_rate` (of the groups' rollouts; 0 without any)
+        and `<prefix>/infra_failed/<kind>` for every kind seen so far in the run."""
+        kinds, rollouts = infra_counts(groups)
+        self.infra_kinds.update(kinds)
+        failed = sum(kinds.values())
+        metrics[f"{prefix}/infra_failed"] = float(failed)
+        metrics[f"{prefix}/infra_failed_rate"] = failed / rollouts if rollouts else 0.0
+        for kind in sorted(self.infra_kinds):
+            metrics[f"{prefix}/infra_failed/{kind.replace('/', '--')}"] = float(kinds[kind])
 
     def _member_values(self, members: Iterable[MemberOutcome], out: dict[str, list[float]]) -> None:
         for member in members:
@@ -174,6 +223,7 @@ class BatchStats:
         self.reward_keys.update(keys)
         for key in sorted(self.reward_keys):
             metrics[f"train/batch/reward_key/{key.replace('/', '--')}"] = float(keys[key])
+        self._infra_metrics(metrics, "train/batch", groups)
         metrics["train/batch/reward_key_mismatch"] = float(summed.pop("reward_key_mismatch", 0.0))
         metrics["train/group_size_rejected"] = float(summed.pop("group_size_rejected", 0.0))
         for key, value in summed.items():
@@ -223,3 +273,4 @@ class BatchStats:
         )
         for status in OUTCOME_STATUSES:
             metrics[f"{prefix}/outcome/{status}"] = float(statuses[status])
+        self._infra_metrics(metrics, prefix, groups)

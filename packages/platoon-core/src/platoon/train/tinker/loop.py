@@ -18,7 +18,8 @@ import contextlib
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,15 @@ if TYPE_CHECKING:
     from platoon.train.tinker.task_order import TaskOrder
     from platoon.train.tinker.watchdog import ServiceMonitor
 
-__all__ = ["EXIT_GROUPS_FAILED", "EXIT_SERVICE_LOST", "EXIT_STOPPED", "Trainer", "stopped_before_training"]
+__all__ = [
+    "EXIT_GROUPS_FAILED",
+    "EXIT_INFRA_FAILING",
+    "EXIT_SERVICE_LOST",
+    "EXIT_STOPPED",
+    "INFRA_WINDOW_STEPS",
+    "Trainer",
+    "stopped_before_training",
+]
 
 log = logging.getLogger("platoon.train")
 
@@ -45,6 +54,12 @@ EXIT_STOPPED = 130
 EXIT_SERVICE_LOST = 1
 #: the exit status of a start stopped because its groups keep failing for one cause (a runtime failure)
 EXIT_GROUPS_FAILED = 1
+#: the exit status of a start stopped because too many rollouts failed in the infrastructure (a runtime failure, as a
+#: lost service is: the cause may pass, so a supervised run starts again, within its restart budget)
+EXIT_INFRA_FAILING = 1
+#: the steps over which `train.max_infra_failure_rate` is measured: one bad step does not stop a run, a failing
+#: environment does within a few steps
+INFRA_WINDOW_STEPS = 5
 #: consecutive steps in which every group failed for the same cause before a start stops: the policy does not
 #: move while nothing trains, so a cause that held for this many steps would hold for the rest of the run
 FAILED_STEPS_LIMIT = 3
@@ -73,6 +88,36 @@ class _Stopped(Exception):
     """A stop was requested before the current batch applied an update: the batch is abandoned."""
 
 
+class _InfraWindow:
+    """The infrastructure failures and rollouts of the last `INFRA_WINDOW_STEPS` steps of this start."""
+
+    def __init__(self) -> None:
+        self.steps: deque[tuple[int, Counter[str], int]] = deque(maxlen=INFRA_WINDOW_STEPS)
+
+    def record(self, step: int, kinds: Counter[str], rollouts: int) -> None:
+        self.steps.append((step, kinds, rollouts))
+
+    def over(self, limit: float, planned: int) -> str | None:
+        """Why the window's failure rate exceeds `limit` (one line), once it holds `INFRA_WINDOW_STEPS` steps, or
+        every step of a start that plans fewer (`planned`); else None."""
+        if len(self.steps) < min(INFRA_WINDOW_STEPS, planned):
+            return None
+        kinds = sum((found for _, found, _ in self.steps), Counter[str]())
+        rollouts = sum(count for _, _, count in self.steps)
+        failed = sum(kinds.values())
+        if not rollouts or failed / rollouts <= limit:
+            return None
+        first, last = self.steps[0][0], self.steps[-1][0]
+        steps = f"step {first}" if first == last else f"steps {first}..{last}"
+        # most frequent first; ties by name, so the line is the same from run to run
+        kind, count = sorted(kinds.items(), key=lambda item: (-item[1], item[0]))[0]
+        return (
+            f"{failed} of the {rollouts} rollouts of {steps} failed in the infrastructure "
+            f"({failed / rollouts:.0%}, over train.max_infra_failure_rate {limit:g}); the most frequent kind: "
+            f"{kind} ({count} of {failed})"
+        )
+
+
 class _FailingSteps:
     """The run of consecutive steps (ending at the last one) in which every group failed for one same cause."""
 
@@ -92,6 +137,35 @@ class _FailingSteps:
             self.last = step
         else:
             self.cause, self.first, self.last = cause, step, step
+
+
+def _group_attempts(groups: list[GroupOutput], sent: list[Any]) -> list[dict[str, Any]]:
+    """What became of each group of one microbatch whose `sent` datums went to the service: `trained` with the
+    digests of its datums among them, else `dropped` with why nothing of it was sent."""
+    from platoon.train.tinker.attempt_log import datum_digest
+
+    unclaimed = Counter(datum_digest(datum) for datum in sent)
+    attempts: list[dict[str, Any]] = []
+    for group in groups:
+        mine: list[str] = []
+        for datum in group.datums:
+            digest = datum_digest(datum)
+            if unclaimed[digest] > 0:
+                unclaimed[digest] -= 1
+                mine.append(digest)
+        rollouts = [
+            m.collection.root.id for m in group.members if m.collection is not None and m.collection.root
+        ]
+        if mine:
+            attempts.append({"row": group.row, "state": "trained", "datums": mine, "rollouts": rollouts})
+        else:
+            reason = (
+                group.result.rejection
+                or group.failure
+                or ("no datums" if not group.datums else "no datum sent (every advantage 0)")
+            )
+            attempts.append({"row": group.row, "state": "dropped", "reason": reason, "rollouts": rollouts})
+    return attempts
 
 
 def stopped_before_training(step: int) -> int:
@@ -191,6 +265,7 @@ class Trainer:
         #: finished groups: (row, its output or None, why it raised or None)
         self._results: asyncio.Queue[tuple[Row, GroupOutput | None, str | None]] = asyncio.Queue()
         self._failing = _FailingSteps()
+        self._infra = _InfraWindow()
         #: the optimizer steps the run had when this start began (whether this start trained anything)
         self._started_with_updates = self.optimizer_steps
         self._background: list[asyncio.Future[None]] = []
@@ -305,6 +380,7 @@ class Trainer:
             service.create_rest_client,
         )
         resume_run_id = self.resume.row.wandb_run_id if self.resume is not None else None
+        self._open_attempts()
         self.metrics = MetricsLog(
             self.run_dir, self.config, resume_run_id=resume_run_id, start_step=self.start_batch
         )
@@ -346,6 +422,26 @@ class Trainer:
             self._warn_overlap()
         # The stack is loaded: full garbage collections from here on walk only what training makes.
         freeze_loaded_heap("training opened")
+
+    def _open_attempts(self) -> None:
+        """Settle the attempt log for this start and plan which groups it feeds besides its own batches."""
+        from platoon.train.tinker.attempt_log import AttemptLog, ResumePlan
+
+        self.attempts = AttemptLog(self.run_dir, start_step=self.start_batch)
+        plan = self.attempts.resume_plan(
+            (batch, self.config.train.batch_size) for batch in self.attempts.unfinished_batches
+        )
+        if len(plan.carried) != len(plan.finished):
+            # Every step consumes batch_size groups, so the groups a start owes its earlier batches equal those it
+            # finished ahead; a log that says otherwise was written under another batch size (or by hand): the
+            # batches from the start step are fed whole, as they were before the log existed.
+            say(
+                f"{self.attempts.path.name} does not match this run's batches ({len(plan.carried)} group(s) owed, "
+                f"{len(plan.finished)} finished ahead): this start feeds the batches from step "
+                f"{self.start_batch + 1} whole"
+            )
+            plan = ResumePlan()
+        self._plan = plan
 
     def _warn_overlap(self) -> None:
         """Say so, per entry, when the evaluation lists tasks that training draws from."""
@@ -434,18 +530,38 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ feeder and groups
 
-    def _row(self, batch: int, label: str | None, task_id: str) -> Row:
+    def _rows(self, batch: int, slots: Iterable[int], drawn: list[tuple[str | None, str]]) -> list[Row]:
+        """The rows of `slots` of batch `batch`, whose tasks are `drawn` (`order.batch(batch)`, drawn once: drawing an
+        earlier batch again starts the order's stream over)."""
         from platoon.train.tinker.task_order import split_task_id
 
-        # A mixture's ids name their entry; the order's labels may be `label_by` values instead.
-        pool = (split_task_id(task_id)[0] or "") if self.mixture else self.order.pools[0].label
-        return Row(batch=batch, task_id=task_id, pool=pool, label=label if self.labelled else None)
+        rows = []
+        for slot in slots:
+            label, task_id = drawn[slot]
+            # A mixture's ids name their entry; the order's labels may be `label_by` values instead.
+            pool = (split_task_id(task_id)[0] or "") if self.mixture else self.order.pools[0].label
+            rows.append(
+                Row(
+                    batch=batch, task_id=task_id, pool=pool, label=label if self.labelled else None, slot=slot
+                )
+            )
+        return rows
+
+    async def _hand_over(self, rows: list[Row]) -> None:
+        """Record the rows' attempts as started, then queue them."""
+        self.attempts.started(rows)
+        for row in rows:
+            await self._queue.put(row)
 
     async def _feed(self) -> None:
         """Put every batch's rows on the admission queue, running ahead of training; with `max_staleness = k`,
         batch `i` waits until `i - train_step <= k`."""
         staleness = self.config.train.max_staleness
         try:
+            # the groups of earlier batches that the weights do not contain yet (in flight when a start ended)
+            for owed in sorted({batch for batch, _ in self._plan.carried}):
+                slots = (slot for batch, slot in self._plan.carried if batch == owed)
+                await self._hand_over(self._rows(owed, slots, self.order.batch(owed)))
             for batch in range(self.start_batch, self.end_batch):
                 if staleness is not None:
 
@@ -454,8 +570,9 @@ class Trainer:
 
                     async with self._progress:
                         await self._progress.wait_for(fresh_enough)
-                for label, task_id in self.order.batch(batch):
-                    await self._queue.put(self._row(batch, label, task_id))
+                drawn = self.order.batch(batch)
+                slots = (slot for slot in range(len(drawn)) if (batch, slot) not in self._plan.finished)
+                await self._hand_over(self._rows(batch, slots, drawn))
         finally:
             await self._queue.close()
 
@@ -620,6 +737,9 @@ class Trainer:
                     return await self._stop(step)
                 if self._failing.steps >= FAILED_STEPS_LIMIT:
                     return await self._groups_failed(step + 1)
+                infra = self._infra.over(train.max_infra_failure_rate, self.end_batch - self.start_batch)
+                if infra is not None:
+                    return await self._infra_failing(step + 1, infra)
             if self._failing.cause is not None and self.optimizer_steps == self._started_with_updates:
                 # A start that trained nothing and ended on failing groups did not succeed: no final checkpoint
                 # marks the run done, so the same command trains these steps again once the cause is fixed.
@@ -659,6 +779,15 @@ class Trainer:
         )
         return EXIT_GROUPS_FAILED
 
+    async def _infra_failing(self, reached: int, why: str) -> int:
+        """Stop because too many rollouts failed in the infrastructure (said in one line), instead of training on
+        the few left; what trained is kept in an `_interrupted` checkpoint, so the same command resumes."""
+        latest = self.checkpoints.latest_resumable()
+        if reached > self.start_batch and (latest is None or latest.batch < reached):
+            await self._save("interrupted", reached)
+        say(f"training stopped at step {reached}: {why}; fix that, then the same command resumes")
+        return EXIT_INFRA_FAILING
+
     async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
         """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
         from platoon.rollouts import progress as rollout_progress
@@ -685,6 +814,7 @@ class Trainer:
         sampler refresh, the checkpoint when due, and the step's metrics."""
         import tinker
 
+        from platoon.train.tinker.batch_stats import infra_counts
         from platoon.train.tinker.checkpoints import checkpoint_due
         from platoon.train.tinker.microbatches import action_tokens, optim_metrics, prepare_microbatch
 
@@ -697,6 +827,8 @@ class Trainer:
         counts = {"groups_dequeued": 0, "stale_groups": 0, "stale_rollouts": 0, "failed": 0}
         # why each group of the step trained nothing (None: it trained, or failed for no one cause)
         failures: list[str | None] = []
+        # what became of each group the step consumed, for the attempt log
+        attempts: list[dict[str, Any]] = []
         transform_metrics: dict[str, float] = {}
         optim_values: dict[str, list[float]] = {}
         applied = submitted = attention = 0
@@ -709,13 +841,14 @@ class Trainer:
                 groups: list[GroupOutput] = []
                 for _ in range(per_microbatch):
                     t_wait = time.monotonic()
-                    _row, output, raised = await self._next_group(can_abandon=applied == 0)
+                    row, output, raised = await self._next_group(can_abandon=applied == 0)
                     first_group_at = first_group_at or time.monotonic()
                     waited["groups"] += time.monotonic() - t_wait
                     counts["groups_dequeued"] += 1
                     failures.append(raised if output is None else output.failure)
                     if output is None:
                         counts["failed"] += 1
+                        attempts.append({"row": row, "state": "dropped", "reason": raised})
                         continue
                     oldest = output.oldest_version
                     if (
@@ -725,12 +858,14 @@ class Trainer:
                     ):
                         counts["stale_groups"] += 1  # dropped whole, never requeued
                         counts["stale_rollouts"] += len(output.members)
+                        attempts.append({"row": row, "state": "dropped", "reason": "stale"})
                         continue
                     groups.append(output)
                 consumed += groups
                 ready = prepare_microbatch(
                     [d for g in groups for d in g.datums], self.config, transform_metrics
                 )
+                attempts += _group_attempts(groups, ready.kept if ready is not None else [])
                 if ready is None:
                     continue
                 submitted += len(ready.sent)
@@ -777,6 +912,8 @@ class Trainer:
         all_datums = [d for g in consumed for d in g.datums]
 
         done = step + 1
+        # Before the step's checkpoint row: a checkpoint a resume starts from never stands without them.
+        self.attempts.consumed(done, attempts)
         metrics = self.stats.metrics(consumed)
         metrics.update({f"train/{key}": value for key, value in transform_metrics.items()})
         metrics.update({f"train/{key}": statistics.fmean(values) for key, values in optim_values.items()})
@@ -859,6 +996,14 @@ class Trainer:
         causes = set(failures)
         cause = causes.pop() if not applied and len(causes) == 1 else None
         self._failing.record(done, cause)
+        infra_kinds, rollouts = infra_counts(consumed)
+        self._infra.record(done, infra_kinds, rollouts)
+        infra_text = ""
+        if infra_kinds:
+            ranked = sorted(infra_kinds.items(), key=lambda item: (-item[1], item[0]))  # ties by name: stable
+            listed = ", ".join(f"{kind} {count}" for kind, count in ranked[:3])
+            more = ", ..." if len(infra_kinds) > 3 else ""
+            infra_text = f"; {infra_kinds.total()} of {rollouts} rollouts failed in the infrastructure ({listed}{more})"
         update_text = (
             ""
             if applied
@@ -867,5 +1012,6 @@ class Trainer:
             else f" (no update: every group failed: {cause})"
         )
         say(
-            f"step {done}/{self.end_batch}: {reward_text}{update_text}; {metrics['timing/batch_total']:.1f} s"
+            f"step {done}/{self.end_batch}: {reward_text}{update_text}{infra_text}; "
+            f"{metrics['timing/batch_total']:.1f} s"
         )

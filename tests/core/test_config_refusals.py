@@ -52,6 +52,11 @@ DUPLICATE_LINE = (
 )
 
 
+@pytest.mark.guarantee(
+    "A config key given twice",
+    "`platoon config validate`, `platoon train`",
+    "one line naming file and line, exit 78",
+)
 def test_a_key_given_twice_is_one_line_naming_file_and_line_from_validate_and_train(configs, capsys):
     configs(dup=DUPLICATE)
     assert validate(capsys, "dup.yaml") == (78, ["FAIL dup.yaml", f"  {DUPLICATE_LINE}"])

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from platoon.trajectory_events import by_collection, read_events
 
 #: one process appends one rollout (collection id argv[2]) to the event file argv[1], then exits
@@ -34,6 +36,11 @@ def _append_in_a_new_process(path: Path, collection_id: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.guarantee(
+    "A resumed run appends to the event files an earlier process wrote",
+    "trajectory event files",
+    "the new process's records are appended after the old ones",
+)
 def test_a_second_process_appends_to_an_event_file_a_first_process_wrote(tmp_path):
     path = tmp_path / "events" / "events_train_3.jsonl"
     _append_in_a_new_process(path, "first")
@@ -44,6 +51,11 @@ def test_a_second_process_appends_to_an_event_file_a_first_process_wrote(tmp_pat
     assert path.read_bytes().endswith(b"\n")
 
 
+@pytest.mark.guarantee(
+    "A writer is killed mid-line",
+    "trajectory event files",
+    "the next append starts on a line of its own; every whole record still reads",
+)
 def test_an_append_after_a_killed_writer_starts_on_a_line_of_its_own(tmp_path):
     path = tmp_path / "events" / "events_train_3.jsonl"
     _append_in_a_new_process(path, "whole")

@@ -105,6 +105,11 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_name: str) -> P
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "A task whose tests fetch their runner from the internet, or pass without the agent",
+    "Harbor dataset in Docker, offline",
+    "`platoon harbor check` quarantines it with the verifier's own reason; training refuses an unchecked dataset and skips quarantined tasks, one line each",
+)
 def test_the_check_quarantines_unsound_tasks_and_training_skips_them(
     project: Path, env_name: str, capsys
 ) -> None:

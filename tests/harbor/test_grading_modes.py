@@ -80,6 +80,11 @@ async def agent_then_grade(service: HarborService, task_id: str, *commands: str)
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "An agent replaces a tool the tests use (`/usr/local/bin/grep`)",
+    "Harbor task in Docker",
+    "graded in a fresh sandbox by default, so scored 0; `verifier_mode: shared` scores it 1, as docs/harbor.md says",
+)
 def test_a_replaced_grep_scores_0_by_default_and_1_in_shared_mode(tmp_path, env_name):
     write_task(tmp_path, "grep-check", GREP_TEST)
     default = HarborService(dataset_dir=str(tmp_path), name=env_name)
@@ -125,6 +130,11 @@ def test_a_file_the_agent_deleted_stays_deleted_in_the_verifier(tmp_path, env_na
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "A verifier installs its test runner from the internet, offline",
+    "Harbor task in Docker, no network",
+    "an infrastructure outcome (`verifier_network`) with its evidence, never a 0; text the agent's code prints does not excuse its failure",
+)
 def test_an_offline_install_is_infra_with_its_evidence_and_agent_text_is_not(tmp_path, env_name):
     # Harbor's usual test.sh: install the runner from the internet (the image has no curl: Python downloads it),
     # run it, write 1 or 0, exit 0.

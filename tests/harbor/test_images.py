@@ -310,6 +310,11 @@ def test_a_failed_build_is_reported_with_its_log_and_recorded_nowhere(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "A task image's build fails",
+    "Harbor images, classic Docker builder",
+    "one line naming the log; no container, no step image, no scratch directory left",
+)
 def test_a_failed_classic_build_leaves_nothing_behind_and_says_so_in_one_line(
     tmp_path, builds, capsys, monkeypatch
 ):

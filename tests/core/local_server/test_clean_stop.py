@@ -9,6 +9,7 @@ import sys
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 #: a hang guard only
 HANG_GUARD_SECONDS = 60
@@ -18,6 +19,11 @@ HALF_A_BODY = (
 )
 
 
+@pytest.mark.guarantee(
+    "Clients gone mid-request, a stop with requests open",
+    "local server",
+    "dropped quietly, no traceback",
+)
 def test_clients_gone_mid_request_and_a_stop_with_a_request_open_print_no_traceback(tmp_path):
     # the child-process server as `TINKER_BASE_URL=local` starts it, its stderr captured
     command = [sys.executable, "-m", "platoon.local_server.process", "--dir", str(tmp_path)]

@@ -204,6 +204,11 @@ def test_a_nan_learning_rate_on_the_wire_is_a_400(fake):
     assert answer.json()["error"] == "adam_params.learning_rate must be a finite number, got nan"
 
 
+@pytest.mark.guarantee(
+    "A request that would poison the local server (an out-of-range number)",
+    "local server, the tinker SDK",
+    "a 400 naming the field; the model keeps training and sampling",
+)
 def test_an_out_of_range_learning_rate_through_the_sdk_is_refused_and_the_model_still_samples(service):
     """With the real backend: the refused step leaves the weights as they were, so sampling still works."""
     client = service.create_lora_training_client(base_model=MODEL)
@@ -288,6 +293,11 @@ def test_a_chunked_body_is_cut_off_at_the_limit(fake):
     assert fake.state.sessions == {}
 
 
+@pytest.mark.guarantee(
+    "A request body over the cap",
+    "local server, the tinker SDK",
+    "one 413 error; the model keeps working",
+)
 def test_the_sdk_gets_a_body_over_the_limit_as_one_error_and_the_model_keeps_working(tmp_path):
     server = LocalTinkerServer(
         state_dir=tmp_path, backend_factory=CountingBackend.create, max_body_bytes=32 << 10

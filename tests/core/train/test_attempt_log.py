@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from platoon.train.tinker.admission import Row
 from platoon.train.tinker.attempt_log import ATTEMPTS_FILE, AttemptLog
 
@@ -31,6 +33,11 @@ def _first_start(run: Path) -> None:
     log.consumed(3, [{"row": _row(1, 1), "state": "trained"}, {"row": _row(2, 1), "state": "trained"}])
 
 
+@pytest.mark.guarantee(
+    "A start dies with groups in flight or run ahead (`max_staleness` > 0)",
+    "the attempt log",
+    "the resume feeds again what its weights lack and skips what ran ahead into them",
+)
 def test_a_resume_feeds_again_what_its_weights_lack_and_skips_what_ran_ahead_into_them(tmp_path, capsys):
     _first_start(tmp_path)
     log = AttemptLog(tmp_path, start_step=2)  # the checkpoint of step 2 is the newest

@@ -61,6 +61,11 @@ ENV_MODULE = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "A grader raises on some calls of a group, or on all",
+    "ORS in process, training",
+    "crashed rollouts are infrastructure `env_error`, never trained; a group that crashed whole takes no update; one log line per call, no traceback",
+)
 def test_crashed_rollouts_are_errors_never_trained_as_zero(tmp_path, monkeypatch, capfd, caplog):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     site = tmp_path / "site.yaml"

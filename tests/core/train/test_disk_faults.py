@@ -102,6 +102,11 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # Refused at start: train, eval and config validate say the same one line
 
 
+@pytest.mark.guarantee(
+    "`log_path` is a file",
+    "any run",
+    "refused before any service starts, also by `platoon config validate`: one line, exit 78",
+)
 def test_a_log_path_that_is_a_file_is_one_line_and_78_and_validate_says_so(tmp_path, site, capsys):
     log_path = tmp_path / "not-a-dir"
     log_path.write_text("a file\n")
@@ -118,6 +123,11 @@ def test_a_log_path_that_is_a_file_is_one_line_and_78_and_validate_says_so(tmp_p
     assert log_path.read_text() == "a file\n"
 
 
+@pytest.mark.guarantee(
+    "`log_path` on a read-only mount",
+    "any run",
+    "refused before any service starts: one line, exit 78",
+)
 def test_a_read_only_log_path_is_refused_before_anything_starts(read_only_dir, site, capsys, monkeypatch):
     from platoon.local_server import process
 
@@ -131,6 +141,11 @@ def test_a_read_only_log_path_is_refused_before_anything_starts(read_only_dir, s
     assert capsys.readouterr().out.splitlines() == [f"FAIL {BANDIT}", f"  {message}"]
 
 
+@pytest.mark.guarantee(
+    "The disk is full at start",
+    "any run",
+    "refused before any service starts: one line, exit 78",
+)
 def test_a_full_disk_at_start_is_refused_with_one_line(small_disk, site, capsys):
     _fill(small_disk)
     message = f"log_path: {small_disk} is on a disk with no space left; set log_path to a writable directory"
@@ -189,6 +204,11 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "The disk fills mid-run",
+    "bandit, training",
+    "stops at the step boundary with one line, exit 1; every record parses, a torn row is kept in `<file>.torn`; the step is redone on resume",
+)
 def test_a_disk_that_fills_mid_run_stops_at_the_step_boundary_with_one_line_and_resumes(
     small_disk, site, capsys
 ):

@@ -72,6 +72,11 @@ STRICT_CAUSE = "reward processor 'failing_groups_scoring:strict' raised KeyError
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "Every group fails for one cause (a reward processor that raises)",
+    "bandit, training",
+    "each step's line names the cause; after 3 such steps in a row the run stops with one line, exit 1, resumable",
+)
 def test_a_processor_failing_every_group_stops_the_run_after_three_steps_with_its_cause(site, capsys):
     argv = _bandit(
         site, "train.max_training_steps=10", "environments.0.reward_processor=failing_groups_scoring:strict"

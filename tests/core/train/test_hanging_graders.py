@@ -99,7 +99,21 @@ def _argv(tmp_path: Path, *overrides: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("isolation", ["inprocess", "process"])
+@pytest.mark.parametrize(
+    "isolation",
+    [
+        pytest.param(
+            isolation,
+            marks=pytest.mark.guarantee(
+                "A grader never returns",
+                f"ORS in process, {where}",
+                "an untrainable `timeout` outcome past `rollout_config.step_timeout`, never a 0; the other rollouts "
+                "train",
+            ),
+        )
+        for isolation, where in [("inprocess", "rollouts in the trainer"), ("process", "rollout workers")]
+    ],
+)
 def test_a_hung_grader_ends_as_a_step_timeout_never_a_zero(site, tmp_path, capsys, isolation):
     status = main(
         _argv(
@@ -127,6 +141,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "Every rollout hangs, with `step_timeout` off",
+    "ORS in process, rollout workers",
+    "the watchdog fires after `watchdog.timeout_seconds` without progress: one line, exit 2, no worker left",
+)
 def test_without_a_step_timeout_the_watchdog_ends_a_run_whose_rollouts_all_hang(site, tmp_path):
     marker = tmp_path / "hanging_worker"
     env = dict(site, HANG_MARKER=str(marker))

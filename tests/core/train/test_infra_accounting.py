@@ -118,6 +118,11 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "Most rollouts of 5 steps fail in the infrastructure (a grader raises, a harness crashes)",
+    "two ORS entries, training",
+    "no datum of a failed rollout reaches the service; counted per label and kind; past `train.max_infra_failure_rate` the run stops with one line naming the most frequent kind, exit 1",
+)
 def test_infra_failures_are_counted_per_label_never_trained_and_stop_a_run_they_overwhelm(
     tmp_path, monkeypatch, capsys, sent_datums
 ):

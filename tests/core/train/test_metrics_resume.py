@@ -115,6 +115,11 @@ KILLER = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "The trainer is SIGKILLed and resumed",
+    "bandit, training",
+    "each step's metrics once, every step's trajectory events on disk, every group of the weights' lineage trained exactly once (`attempts.jsonl`, checked on the datums the service received)",
+)
 def test_after_sigkill_and_a_resume_from_an_earlier_checkpoint_each_step_is_plotted_once(site, tmp_path):
     (tmp_path / "metrics_killer.py").write_text(KILLER)
     env = dict(os.environ)

@@ -156,6 +156,11 @@ def _platoon_lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "The local Tinker server dies (SIGKILL)",
+    "bandit, embedded local server",
+    "noticed at once: one line naming it, exit 1; the same command resumes from the kept checkpoint",
+)
 def test_a_killed_local_server_stops_the_run_at_once_with_one_line_and_the_run_resumes(tmp_path):
     logs = tmp_path / "logs"
     env = _env(tmp_path)
@@ -207,6 +212,11 @@ def _serve(state_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "The training service stops answering",
+    "bandit, a service in a process of its own",
+    "probed for `train.service_unreachable_seconds`, then one line, exit 1; resumes once the service is back",
+)
 def test_a_service_that_stops_answering_stops_the_run_after_the_configured_time_and_it_resumes(tmp_path):
     logs = tmp_path / "logs"
     env = _env(tmp_path, TINKER_API_KEY="tml-test")
@@ -255,6 +265,11 @@ _AT_A_TERMINAL = (
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "Ctrl-C at a terminal",
+    "bandit, training",
+    "stops at the step boundary: `_interrupted` checkpoint, exit 130, no traceback",
+)
 def test_ctrl_c_at_a_terminal_stops_at_the_step_boundary_with_an_interrupted_checkpoint(tmp_path):
     logs = tmp_path / "logs"
     master, slave = os.openpty()
@@ -290,6 +305,11 @@ def test_ctrl_c_at_a_terminal_stops_at_the_step_boundary_with_an_interrupted_che
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "Ctrl-C with output into a pipe whose reader has gone (`2>&1 | tee log`)",
+    "bandit, training",
+    "the stop is requested before it is said: `_interrupted` checkpoint, exit 130",
+)
 def test_sigint_with_output_into_a_pipe_whose_reader_has_gone_still_stops_with_a_checkpoint(tmp_path):
     # `platoon train ... 2>&1 | tee log`, then Ctrl-C: tee dies too, so every later write hits a closed pipe.
     logs = tmp_path / "logs"
@@ -328,6 +348,11 @@ def test_sigint_with_output_into_a_pipe_whose_reader_has_gone_still_stops_with_a
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "SIGTERM before the first step",
+    "bandit, training",
+    "nothing trains; one line, exit 130",
+)
 def test_sigterm_before_the_local_server_is_up_trains_no_step(tmp_path):
     logs = tmp_path / "logs"
     child, output = _start(_argv(logs, "train.max_training_steps=3"), _env(tmp_path))

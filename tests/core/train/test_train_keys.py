@@ -56,6 +56,11 @@ ENV_MODULE = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "Harness code reads the environment",
+    "bandit, rollouts in the trainer",
+    "the policy's key is not there, yet training authenticates",
+)
 def test_in_process_rollouts_never_find_the_tinker_key_yet_training_authenticates(
     tmp_path, monkeypatch, capsys
 ):

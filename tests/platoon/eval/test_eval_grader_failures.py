@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from eval_support import HOSTED_KEY_ENV, only_dir
 
 from platoon.cli import main
@@ -107,6 +108,11 @@ def middle_guess(prompt: str) -> str:
     return "\n" + tool_call("guess", {"number": (low + high) // 2})
 
 
+@pytest.mark.guarantee(
+    "A grader raises",
+    "ORS in process, `platoon eval`",
+    "errored rollouts, left out of `reward_mean` and the success rate",
+)
 def test_crashed_grades_are_errored_rollouts_and_the_reward_is_over_scored_ones(
     workdir, write_config, capsys, monkeypatch
 ):

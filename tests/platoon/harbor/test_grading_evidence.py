@@ -63,6 +63,11 @@ def offline_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_name: st
 
 
 @pytest.mark.slow
+@pytest.mark.guarantee(
+    "A verifier cannot reach the network",
+    "Harbor task in Docker, `platoon rollout` and `platoon viz`",
+    "the outcome's kind and evidence (exit code, seconds, the output's last 16 KiB) are shown and written with the trajectory",
+)
 def test_rollout_and_viz_show_why_an_offline_verifier_is_not_a_zero(offline_config, tmp_path, capsys):
     status = main(["rollout", str(offline_config), "--task", "offline", "--output-dir", "run"])
     captured = capsys.readouterr()

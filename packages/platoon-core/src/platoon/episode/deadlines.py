@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from platoon.envs.service import Outcome
+from platoon.rollouts import progress as rollout_progress
 
 __all__ = [
     "STEP_TIMEOUT_KIND",
@@ -50,8 +51,9 @@ class StepDeadline:
                 call.close()  # never started: no "was never awaited" warning
             raise StepTimeoutError(self.expired.reason)
         try:
-            async with asyncio.timeout(self.seconds) as scope:
-                return await call
+            with rollout_progress.bounded_wait(self.seconds):
+                async with asyncio.timeout(self.seconds) as scope:
+                    return await call
         except TimeoutError:
             if not scope.expired():
                 raise  # the environment's own TimeoutError: its failure, not this deadline

@@ -594,10 +594,11 @@ class ModelGateway:
         sampled = False
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.sample_timeout_seconds):
-                response = await self.sampler.sample_async(
-                    prompt=model_input, num_samples=1, sampling_params=sampling_params
-                )
+            with rollout_progress.bounded_wait(self.sample_timeout_seconds):
+                async with asyncio.timeout(self.sample_timeout_seconds):
+                    response = await self.sampler.sample_async(
+                        prompt=model_input, num_samples=1, sampling_params=sampling_params
+                    )
             rollout_progress.note()
             sequences = response.sequences
             if len(sequences) != 1:

@@ -235,6 +235,11 @@ def test_a_local_agent_sees_only_allowlisted_host_variables(tmp_path, monkeypatc
     assert seen["PLATOON_HARNESS_AGENT"].startswith("acme-test-agent-")
 
 
+@pytest.mark.guarantee(
+    "A command-line agent hangs (and a child of it leaves its group, ignoring SIGTERM)",
+    "TOML-spec agent on the host",
+    "killed at its deadline with every process it started; an untrainable `timeout`, never a 0",
+)
 def test_an_agent_that_hangs_is_killed_at_its_deadline_with_every_process_gone(
     tmp_path, quick_grace, launched_markers
 ):
@@ -250,6 +255,11 @@ def test_an_agent_that_hangs_is_killed_at_its_deadline_with_every_process_gone(
     assert not live_marked(launched_markers)
 
 
+@pytest.mark.guarantee(
+    "A command-line agent crashes",
+    "TOML-spec agent on the host",
+    "an untrainable `harness_crash` naming its exit code and last output, never a 0",
+)
 def test_an_agent_that_crashes_is_untrainable_not_zero(tmp_path):
     episode = run(tmp_path, [], mode="crash")
     outcome = episode.outcome
@@ -353,6 +363,11 @@ def test_an_agent_that_hangs_in_a_sandbox_is_killed_by_its_marker(
     assert not live_marked(launched_markers)
 
 
+@pytest.mark.guarantee(
+    "A command-line agent is killed by its sandbox's memory limit",
+    "TOML-spec agent in Docker",
+    "an untrainable `harness_crash` (exit 137), never a 0",
+)
 def test_an_agent_killed_by_the_sandbox_memory_limit_is_untrainable_not_zero(tmp_path):
     provider, image = sandbox_provider("docker")
     service = AnswerService(provider, image, memory_mb=128)

@@ -156,7 +156,7 @@ ENVIRONMENTS = {
         pytest.param(
             kind,
             marks=pytest.mark.guarantee(
-                "a grader raises, hangs or loses its service",
+                "A grader raises, hangs or loses its service",
                 f"ORS {kind}",
                 "each is an infrastructure outcome that trains nothing; the run ends within its step deadline with "
                 "every rollout's record on disk",
@@ -177,9 +177,13 @@ def test_grader_faults_never_train_as_zero(
     for task in GRADED:
         assert sorted(o["rewards"]["reward"] for o in outcomes[task]) == [0.0, 1.0]
         assert {o["status"] for o in outcomes[task]} == {"scored"}
-    assert {(o["status"], o["reason"]) for o in outcomes["raises"]} == {
-        ("error", "tool 'answer' raised RuntimeError: grader crashed")
-    }
+    # "raised RuntimeError: ..." in process, "raised on the server: ..." through the wire
+    [(status, reason)] = {(o["status"], o["reason"]) for o in outcomes["raises"]}
+    assert (
+        status == "error"
+        and reason.startswith("tool 'answer' raised ")
+        and reason.endswith(": grader crashed")
+    )
     [(status, reason)] = {(o["status"], o["reason"]) for o in outcomes["offline"]}
     assert status == "error" and "Connection refused" in reason, reason
     assert {(o["status"], o["reason"]) for o in outcomes["hangs"]} == {
@@ -197,7 +201,7 @@ def test_grader_faults_never_train_as_zero(
 
 @pytest.mark.slow
 @pytest.mark.guarantee(
-    "the sampler answers 5xx, or never answers",
+    "The sampler answers 5xx, or never answers",
     "ORS in process, on a service of its own",
     "a 5xx is retried; a sample past `sample_timeout_seconds` ends its rollout as an infrastructure outcome that "
     "trains nothing",

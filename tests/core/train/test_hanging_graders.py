@@ -111,7 +111,8 @@ def _argv(tmp_path: Path, *overrides: str) -> list[str]:
                 "train",
             ),
         )
-        for isolation, where in [("inprocess", "rollouts in the trainer"), ("process", "rollout workers")]
+        # in the trainer's own process, tests/faults/test_ors_faults.py hangs a grader among other faults
+        for isolation, where in [("process", "rollout workers")]
     ],
 )
 def test_a_hung_grader_ends_as_a_step_timeout_never_a_zero(site, tmp_path, capsys, isolation):

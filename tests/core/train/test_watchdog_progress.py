@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from platoon.rollouts import progress
+from platoon import rollout_progress as progress
 from platoon.train.tinker.watchdog import Watchdog
 
 #: a hang guard, not a margin

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
+from platoon import rollout_progress
 from platoon.envs.service import Outcome
-from platoon.rollouts import progress as rollout_progress
 
 __all__ = [
     "STEP_TIMEOUT_KIND",

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon import rollout_progress
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.envs.service import EnvSetupError, Outcome, open_accepts_needs
 from platoon.episode.deadlines import StepDeadlineSession, step_deadline_for
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
 from platoon.errors import PlatoonError
 from platoon.harness.spec import HarnessSetupError
-from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig

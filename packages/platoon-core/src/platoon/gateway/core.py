@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon import rollout_progress
 from platoon.gateway.history import AgentHistory, PromptBuild, build_prompt
 from platoon.gateway.measure import (
     OFF_LOOP_CHARS,
@@ -31,7 +32,6 @@ from platoon.gateway.measure import (
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 from platoon.renderers.base import RendererError
-from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.task import Task

@@ -9,8 +9,8 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from platoon import rollout_progress
 from platoon.harness.agent import ToolAccess
-from platoon.rollouts import progress as rollout_progress
 
 if TYPE_CHECKING:
     from platoon.envs.service import EnvSession, ToolResult, ToolSpec

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.rollouts import progress as rollout_progress
+from platoon import rollout_progress
 from platoon.rollouts.records import NO_SPACE_ERRNOS
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon import rollout_progress
 from platoon.errors import PlatoonError
-from platoon.rollouts import progress as rollout_progress
 from platoon.rollouts.workers import ipc
 from platoon.rollouts.workers.startup import ExecFailed, exec_child, worker_environment
 

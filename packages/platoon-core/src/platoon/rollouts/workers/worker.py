@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.rollouts import progress as rollout_progress
+from platoon import rollout_progress
 from platoon.rollouts.workers import ipc
 from platoon.rollouts.workers.startup import (
     DIAG_ENV,

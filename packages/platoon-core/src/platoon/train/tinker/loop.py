@@ -703,7 +703,7 @@ class Trainer:
 
     async def _wait_for_evaluation(self, step: int) -> None:
         """Until the eval loop has looked at `step` (beating only while its rollouts move)."""
-        from platoon.rollouts import progress as rollout_progress
+        from platoon import rollout_progress
 
         async with self.watchdog.keep_alive(progress=rollout_progress.count), self._progress:
             await self._progress.wait_for(lambda: self._eval_handled >= step)
@@ -790,7 +790,7 @@ class Trainer:
 
     async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
         """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
-        from platoon.rollouts import progress as rollout_progress
+        from platoon import rollout_progress
         from platoon.train.tinker.supervisor import stop_requested
 
         # Beats only while some rollout moves: groups that all hang let the watchdog fire.

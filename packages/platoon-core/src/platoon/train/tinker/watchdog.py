@@ -127,7 +127,7 @@ class Watchdog:
         stops the beats, which is what the watchdog is for, and so does a service that does not answer (waiting on
         it is no progress).
 
-        With `progress` (a count that rises while the awaited work moves: `platoon.rollouts.progress.count` for
+        With `progress` (a count that rises while the awaited work moves: `platoon.rollout_progress.count` for
         in-flight rollouts), a beat comes only when it rose since the last one: rollouts that all hang are no
         progress either, and the watchdog fires after `timeout_seconds` of them.
         """

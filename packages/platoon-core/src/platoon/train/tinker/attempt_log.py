@@ -16,6 +16,7 @@ import datetime as _dt
 import hashlib
 import os
 import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,13 @@ GroupKey = tuple[int, int]
 def datum_digest(datum: tinker.Datum) -> str:
     """A short fingerprint of a datum's tokens (its input and its targets): what the attempt log records of each
     datum a group sent, so that a datum the service received can be traced to the attempt that sent it."""
-    digest = hashlib.sha256()
-    digest.update(",".join(map(str, datum.model_input.to_ints())).encode())
+    # The tokens packed as 64-bit integers: it runs on the trainer's event loop for every datum of every step, and
+    # joining decimal strings cost 18 ms for a 32k-token datum where this costs 2.
+    digest = hashlib.sha256(array("q", datum.model_input.to_ints()).tobytes())
     targets = datum.loss_fn_inputs.get("target_tokens")
     if targets is not None:
-        digest.update(b"|" + ",".join(str(int(t)) for t in targets.data).encode())
+        digest.update(b"|")
+        digest.update(array("q", map(int, targets.data)).tobytes())
     return digest.hexdigest()[:16]
 
 

@@ -120,16 +120,21 @@ def _no_tinker_session_outlives_its_test(request: pytest.FixtureRequest) -> Iter
 # The guarantee sheet
 #
 # A fault-injection test says what it proves with `@pytest.mark.guarantee(fault, environment, holds)`. When
-# `PLATOON_GUARANTEE_RESULTS` names a file, the session writes each marked test's result there, in the order the
-# tests ran, and `scripts/guarantee_sheet.py` makes docs/reliability.md's table from it (CI checks the committed
-# table against its own run). Every test under tests/faults must carry the marker.
+# `PLATOON_GUARANTEE_RESULTS` names a file, the session writes each marked test's result there, in collection order,
+# and `scripts/guarantee_sheet.py` makes docs/reliability.md's table from it (CI checks the committed table against
+# its own run). Every test under tests/faults must carry the marker. Under pytest-xdist the marker's text travels to
+# the controller in the reports' user_properties, so the one file is written there, in the same order as a serial run.
 
 _FAULTS_DIR = Path(__file__).parent / "faults"
-_GUARANTEES: dict[str, dict[str, str]] = {}
+_GUARANTEE_PROPERTY = "platoon-guarantee"
+_COLLECTION_INDEX: dict[str, int] = {}
+_GUARANTEES: dict[str, dict[str, object]] = {}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
+    for index, item in enumerate(items):
+        _COLLECTION_INDEX[item.nodeid] = index
         if _FAULTS_DIR in Path(str(item.path)).parents and item.get_closest_marker("guarantee") is None:
             raise pytest.UsageError(
                 f"{item.nodeid}: a fault test names its guarantee (@pytest.mark.guarantee)"
@@ -141,22 +146,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("guarantee")
     if marker is not None:
         fault, environment, holds = marker.args
-        _GUARANTEES.setdefault(
-            item.nodeid,
-            {
-                "nodeid": item.nodeid,
-                "fault": fault,
-                "environment": environment,
-                "holds": holds,
-                "outcome": "passed",
-            },
+        guarantee = {"fault": fault, "environment": environment, "holds": holds}
+        item.user_properties.append(
+            (_GUARANTEE_PROPERTY, {**guarantee, "order": _COLLECTION_INDEX.get(item.nodeid, 0)})
         )
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    entry = _GUARANTEES.get(report.nodeid)
-    if entry is None:
+    guarantee = next((value for name, value in report.user_properties if name == _GUARANTEE_PROPERTY), None)
+    if guarantee is None:
         return
+    entry = _GUARANTEES.setdefault(report.nodeid, {"nodeid": report.nodeid, **guarantee, "outcome": "passed"})
     if report.failed:
         entry["outcome"] = "failed"
     elif report.skipped and entry["outcome"] == "passed":
@@ -165,5 +165,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get("PLATOON_GUARANTEE_RESULTS")
-    if target and _GUARANTEES:
-        Path(target).write_text(json.dumps(list(_GUARANTEES.values()), indent=1) + "\n")
+    is_xdist_worker = hasattr(session.config, "workerinput")
+    if target and _GUARANTEES and not is_xdist_worker:
+        in_collection_order = sorted(_GUARANTEES.values(), key=lambda entry: int(str(entry["order"])))
+        rows = [
+            {key: value for key, value in entry.items() if key != "order"} for entry in in_collection_order
+        ]
+        Path(target).write_text(json.dumps(rows, indent=1) + "\n")

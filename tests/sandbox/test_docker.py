@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxSpec
+from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxGone, SandboxSpec
 from platoon_sandbox.docker import DockerProvider, DockerSandbox, docker_binary
 from platoon_sandbox.registry import clear_process_labels, registry, set_process_labels
 
@@ -188,6 +188,25 @@ def test_memory_limit_kills_with_137() -> None:
             assert result.exit_code == 137 and not result.timed_out
             assert "survived" not in result.stdout
             assert (await sandbox.exec("echo still here")).stdout == "still here\n"
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_a_sandbox_killed_from_outside_is_gone_not_a_failed_command(exec_path: str) -> None:
+    """An OOM killer or a node's cleanup kills the container: the next command raises `SandboxGone` (an
+    untrainable `sandbox_gone` outcome for the rollout), where a command's own failure is only an exit code."""
+
+    async def go() -> None:
+        sandbox = await started()
+        try:
+            lie = "echo 'Error response from daemon: container is not running' >&2; exit 1"
+            assert (await sandbox.exec(lie)).exit_code == 1  # a command's words change nothing
+            docker("kill", sandbox.name)
+            with pytest.raises(SandboxGone, match=f"sandbox {sandbox.name} is gone") as gone:
+                await sandbox.exec("echo still here")
+            assert gone.value.failure_kind == "sandbox_gone"
         finally:
             await sandbox.stop()
 

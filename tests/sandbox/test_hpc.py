@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import hpc_sandbox
 import pytest
 
-from platoon_sandbox import CAPABILITIES, SandboxError, SandboxSpec
+from platoon_sandbox import CAPABILITIES, SandboxError, SandboxGone, SandboxSpec
 from platoon_sandbox import registry as registry_module
 from platoon_sandbox.hpc import EnrootProvider, SingularityProvider, _cap
 from platoon_sandbox.registry import SandboxRegistry, clear_process_labels, registry, set_process_labels
@@ -389,6 +389,8 @@ class FakeHpcSandbox:
     ) -> hpc_sandbox.ExecResult:
         if self.stopped:
             raise hpc_sandbox.SandboxError(f"sandbox {self.id} is not running")
+        if self._holder is not None and (self._holder.returncode is not None or not _alive(self._holder.pid)):
+            raise hpc_sandbox.SandboxLostError(f"pod {self.id} lost its holder")  # as hpc-sandbox's pods say
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)  # hpc-sandbox's own choice
         self.execs.append(argv)
         where = (
@@ -605,6 +607,26 @@ def fake_inner() -> Iterator[None]:
 
 def spec(**kwargs: Any) -> SandboxSpec:
     return SandboxSpec(image=kwargs.pop("image", "docker://example/python:3"), workdir="/tmp/app", **kwargs)
+
+
+@pytest.mark.usefixtures("fake_inner")
+def test_an_instance_that_dies_under_its_sandbox_is_gone() -> None:
+    """hpc-sandbox's SandboxLostError (the instance's holder died: a node's cleanup, an OOM killer) is platoon's
+    `SandboxGone`, so the rollout ends as an untrainable `sandbox_gone`, never a failed command."""
+
+    async def go() -> None:
+        sandbox = await FakeSingularity().start(spec())
+        try:
+            holder = sandbox.inner._holder
+            os.kill(holder.pid, signal.SIGKILL)
+            await holder.wait()
+            with pytest.raises(SandboxGone, match="lost its holder") as gone:
+                await sandbox.exec("echo still here")
+            assert gone.value.failure_kind == "sandbox_gone"
+        finally:
+            await sandbox.stop()
+
+    run(go())
 
 
 @pytest.mark.usefixtures("fake_inner")

@@ -8,7 +8,6 @@ between a misspelt split and a run on the wrong tasks.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import textwrap
 from pathlib import Path
@@ -101,21 +100,18 @@ def test_training_on_a_split_the_service_lacks_is_refused_with_the_known_ones(pr
     assert code == 0, lines
 
 
-def test_training_that_evaluates_a_split_the_service_lacks_is_refused_when_it_lists_them(project):
-    from platoon.config import load_config
-    from platoon.errors import ConfigError
-    from platoon.train.tinker.evaluation import list_eval_tasks
-
-    (project / "run.yaml").write_text(
-        textwrap.dedent(TRAIN.format(extra=" " * 8 + "eval_dataset_kwargs: {split_name: tst}"))
-    )
-    config = load_config("run.yaml").config
-    with pytest.raises(ConfigError) as refused:
-        asyncio.run(list_eval_tasks(config, base_dir=project))
-    assert refused.value.problems == [
-        "environments.0.eval_dataset_kwargs.split_name: no split 'tst'; known splits: train, val"
-    ]
-    assert refused.value.exit_code == 78
+def test_training_that_evaluates_a_split_the_service_lacks_is_refused_before_it_starts(project, capsys):
+    evaluates = "eval_dataset_kwargs: {split_name: tst}"
+    refused = "environments.0.eval_dataset_kwargs.split_name: no split 'tst'; known splits: train, val"
+    template = TRAIN.replace("    stats:", "    eval: {{every: 1}}\n    stats:")
+    assert validate(capsys, project, template, extra=evaluates) == (78, ["FAIL run.yaml", f"  {refused}"])
+    # `platoon train` refuses it at the same point: before the local server starts or the run dir is written.
+    assert main(["train", "run.yaml"]) == 78
+    assert refused in capsys.readouterr().err
+    assert not (project / "runs").exists()
+    # Without evaluation during training the eval split is not listed, so nothing is refused.
+    code, lines = validate(capsys, project, TRAIN, extra=evaluates)
+    assert code == 0, lines
 
 
 def test_evaluating_a_split_the_service_lacks_is_refused_with_the_known_ones(project, capsys):

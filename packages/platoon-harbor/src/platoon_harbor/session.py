@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.envs.gate import EnvBusy, Gate, GateClosed
 from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
+from platoon.episode.outcomes import infra_from_exception
 from platoon.task import Task
 from platoon_harbor import grading
 from platoon_harbor.tasks import HarborTask, UnsetVariable, resolve_env
@@ -457,7 +458,7 @@ class HarborSession:
         except GateClosed:
             return Outcome.infra("session_closed", reason="the session closed before it was graded")
         except Exception as exc:
-            return Outcome.infra(f"unexpected:{type(exc).__name__}", reason=str(exc))
+            return infra_from_exception(exc)
 
     async def _grade(self) -> Outcome:
         live = self._live

@@ -10,8 +10,18 @@ from platoon_sandbox.contract import (
     Mount,
     Sandbox,
     SandboxError,
+    SandboxGone,
     SandboxProvider,
     SandboxSpec,
 )
 
-__all__ = ["CAPABILITIES", "ExecResult", "Mount", "Sandbox", "SandboxError", "SandboxProvider", "SandboxSpec"]
+__all__ = [
+    "CAPABILITIES",
+    "ExecResult",
+    "Mount",
+    "Sandbox",
+    "SandboxError",
+    "SandboxGone",
+    "SandboxProvider",
+    "SandboxSpec",
+]

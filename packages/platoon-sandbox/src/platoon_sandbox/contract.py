@@ -20,6 +20,7 @@ __all__ = [
     "Mount",
     "Sandbox",
     "SandboxError",
+    "SandboxGone",
     "SandboxProvider",
     "SandboxSpec",
 ]
@@ -35,6 +36,13 @@ Network = Literal["host", "none"]
 
 class SandboxError(RuntimeError):
     """A sandbox that cannot start, or that failed under a command (not the command's own failure)."""
+
+
+class SandboxGone(SandboxError):
+    """The sandbox stopped under its user: killed from outside (an OOM killer, a node's cleanup) or its main process
+    exited. `failure_kind` names the untrainable outcome a rollout that meets it ends with."""
+
+    failure_kind = "sandbox_gone"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.contract import ExecResult, SandboxError, SandboxGone, SandboxSpec
 from platoon_sandbox.engine import POOL, engine_client, run_in_container
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import DRAIN_S, CappedOutput
@@ -243,7 +243,22 @@ class DockerSandbox:
         for task in pending:
             task.cancel()
         code = proc.returncode if proc.returncode is not None else -9
+        if code != 0 and not timed_out:
+            await self._raise_if_gone()
         return ExecResult(code, out.text(), err.text(), timed_out=timed_out)
+
+    async def _raise_if_gone(self) -> None:
+        """Raise `SandboxGone` when the container no longer runs. `docker exec` on a stopped container fails like a
+        command would, so the CLI path asks the engine (a command's output cannot fake the answer)."""
+        rc, out, err = await _cli(
+            self._docker, "inspect", "--format", "{{.State.Running}}", self.name, check=False
+        )
+        if rc != 0 or out.strip() != "true":
+            said = out.strip() if rc == 0 else err.strip()
+            raise SandboxGone(
+                f"sandbox {self.name} is gone (killed, or its main process exited); the engine answered: "
+                f"{'not running' if said == 'false' else said}"
+            )
 
     async def _exec_api(
         self,

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from platoon_sandbox.contract import SandboxGone
 from platoon_sandbox.output import CappedOutput
 
 log = logging.getLogger(__name__)
@@ -68,14 +69,24 @@ def run_in_container(
     The connection's socket is appended to `opened` so the caller can close it to abandon the read."""
     # From `/`, never the container's own working directory: an agent may have deleted it, and the provider's own
     # commands (the kill script above all) must still run; `exec` enters the caller's cwd itself.
-    exec_id = _retried(
-        api.exec_create,
-        container,
-        list(argv),
-        stdin=stdin is not None,
-        environment=[f"{k}={v}" for k, v in env.items()],
-        workdir="/",
-    )["Id"]
+    try:
+        exec_id = _retried(
+            api.exec_create,
+            container,
+            list(argv),
+            stdin=stdin is not None,
+            environment=[f"{k}={v}" for k, v in env.items()],
+            workdir="/",
+        )["Id"]
+    except Exception as error:
+        # The engine's own refusal, before anything ran in the container (so no command's output can fake it):
+        # 409 for a container that is not running, 404 for one that was removed.
+        if getattr(error, "status_code", None) in (404, 409):
+            raise SandboxGone(
+                f"sandbox {container} is gone (killed, or its main process exited); the engine answered: "
+                f"{getattr(error, 'explanation', None) or error}"
+            ) from error
+        raise
     conn = _retried(api.exec_start, exec_id, socket=True)
     raw: socket.socket = getattr(conn, "_sock", conn)
     opened.append(raw)

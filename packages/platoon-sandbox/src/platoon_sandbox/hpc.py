@@ -6,7 +6,7 @@ scratch. This module gives it platoon's contract (`platoon_sandbox.contract`): `
 with the options passed through; string commands under `bash -c` (hpc-sandbox would use `/bin/sh`); uploads and
 downloads from `/` (a relative path is taken from `/`, as `docker cp` does, never from a workdir the agent may have
 deleted); snapshots deleted when their sandbox stops; the sandbox's own failures (hpc-sandbox's `SandboxError`,
-`SandboxStartError`, `SandboxLostError`) raised as platoon's `SandboxError`, never turned into exit codes.
+`SandboxStartError`, `SandboxLostError`) raised as platoon's `SandboxError` (`SandboxGone` for a lost one), never turned into exit codes.
 
 hpc-sandbox is imported only when a provider is constructed (or asked whether it is available), so `import
 platoon_sandbox.hpc` and `platoon --help` stay light. Which inner class a provider wraps is the class attribute
@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import CAPABILITIES, ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.contract import CAPABILITIES, ExecResult, SandboxError, SandboxGone, SandboxSpec
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
@@ -130,7 +130,11 @@ class HpcSandbox:
         try:
             return await call
         except _hpc().SandboxError as error:
-            raise SandboxError(f"{self._provider.name} sandbox {self.name}: {what}: {error}") from error
+            # hpc-sandbox's SandboxLostError: the instance died under us, as a killed container does
+            lost = isinstance(error, getattr(_hpc(), "SandboxLostError", ()))
+            raise (SandboxGone if lost else SandboxError)(
+                f"{self._provider.name} sandbox {self.name}: {what}: {error}"
+            ) from error
 
     async def _script(self, script: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Any:
         return await self._inner_call(

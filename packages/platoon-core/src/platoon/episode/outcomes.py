@@ -104,17 +104,25 @@ def graded_with_reason(outcome: Outcome, reason: str | None) -> Outcome:
     return dataclasses.replace(outcome, reason=reason, metadata=metadata)
 
 
+def infra_from_exception(exc: BaseException, *, what: str | None = None) -> Outcome:
+    """The untrainable outcome of an infrastructure exception: the kind it names in a `failure_kind` attribute
+    (`EnvSetupError`'s, a sandbox provider's `SandboxGone` = `sandbox_gone`), else `unexpected:<Type>`."""
+    named = getattr(exc, "failure_kind", None)
+    kind = named if isinstance(named, str) and named else f"unexpected:{type(exc).__name__}"
+    said = f"{type(exc).__name__}: {exc}" if what is None else f"{what} raised {type(exc).__name__}: {exc}"
+    return Outcome.infra(kind, reason=_short(said))
+
+
 async def safe_grade(grader: Callable[[], Awaitable[Any]], *, what: str = "grader") -> Outcome:
-    """Await `grader()`; an exception or a non-Outcome answer becomes infra `unexpected:<Type>` (never raises,
+    """Await `grader()`; an exception becomes infra (`infra_from_exception`), a non-Outcome answer infra
+    `unexpected:TypeError` (never raises,
     except for cancellation, which propagates)."""
     try:
         outcome = await grader()
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        return Outcome.infra(
-            f"unexpected:{type(exc).__name__}", reason=_short(f"{what} raised {type(exc).__name__}: {exc}")
-        )
+        return infra_from_exception(exc, what=what)
     if not isinstance(outcome, Outcome):
         return Outcome.infra(
             "unexpected:TypeError",

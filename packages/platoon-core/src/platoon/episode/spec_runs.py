@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.envs.service import Outcome
+from platoon.episode.outcomes import infra_from_exception
 from platoon.harness.agent import AgentResult, AgentStatus
 from platoon.harness.spec import HarnessSetupError, SpecError
 
@@ -92,13 +93,14 @@ def failure_outcome(exc: BaseException) -> Outcome:
     """What a failure of the runner itself (not of the agent) makes of the rollout: always untrainable, never 0.
 
     Setup errors are infra `harness_setup`; spec errors (a placeholder without a value, options the spec does not
-    take, a built-ins knob it lacks) infra `harness_config`; anything else infra `unexpected:<Type>`.
+    take, a built-ins knob it lacks) infra `harness_config`; anything else the kind the exception names
+    (`sandbox_gone` for a sandbox killed under the agent), else infra `unexpected:<Type>`.
     """
     if isinstance(exc, HarnessSetupError):
         return Outcome.infra("harness_setup", reason=_short(str(exc)))
     if isinstance(exc, SpecError):
         return Outcome.infra("harness_config", reason=_short(str(exc)))
-    return Outcome.infra(f"unexpected:{type(exc).__name__}", reason=_short(f"{type(exc).__name__}: {exc}"))
+    return infra_from_exception(exc)
 
 
 async def run_spec(

@@ -193,6 +193,7 @@ class Trainer:
         sample_timeout_seconds: float,
         renderer: Any,
         service_monitor: ServiceMonitor | None = None,
+        eval_tasks: list[Any] | None = None,
     ) -> None:
         from platoon.config.training import DEFAULT_LABEL_COLUMN
         from platoon.train.tinker.batch_stats import BatchStats
@@ -206,6 +207,8 @@ class Trainer:
         self.api_key = api_key
         self.resume = resume
         self.services = dict(services)
+        #: the eval split as the start's preflight listed it (None: list it when the trainer opens)
+        self._listed_eval_tasks = eval_tasks
         self.service_kwargs = {label: dict(kwargs) for label, kwargs in service_kwargs.items()}
         train = config.train
         self.workflow_config = train.workflow_config
@@ -416,8 +419,11 @@ class Trainer:
         self.eval_every = evaluation.every or 0  # no eval section: never
         self._eval_done = evaluated_steps(self.run_dir)
         if self.eval_every >= 1:
-            self._eval_tasks = await list_eval_tasks(
-                self.config, base_dir=self.run_dir, services=self.services
+            listed = self._listed_eval_tasks
+            self._eval_tasks = (
+                listed
+                if listed is not None
+                else await list_eval_tasks(self.config, base_dir=self.run_dir, services=self.services)
             )
             self._warn_overlap()
         # The stack is loaded: full garbage collections from here on walk only what training makes.

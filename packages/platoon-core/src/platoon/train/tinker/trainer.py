@@ -298,12 +298,15 @@ class Preflight:
     service_kwargs: dict[str, dict[str, Any]]
     services: Mapping[str, Any]  # built on first lookup (`LazyServices`)
     held_out: dict[str, dict[str, Any]]
+    #: the eval split's `(label, task)`s when the config evaluates during training (`eval.every` >= 1), else None
+    eval_tasks: list[tuple[str, Any]] | None
 
 
 async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> Preflight:
     """A start's checks before it holds the run dir, writing nothing: `start_problems`, then (unless the config
     itself is wrong) the tasks listed and what the listing lets a start refuse (a batch larger than the tasks, a
-    `label_by` column without values, a hold-out no service records). Raises ConfigError with every problem;
+    `label_by` column without values, a hold-out no service records), then the eval split's tasks when the run
+    evaluates (an unknown split is refused). Raises ConfigError with every problem;
     `platoon config validate` runs this and `resume_problems`."""
     from platoon.envs.resolve import LazyServices, entry_service_kwargs
     from platoon.train.tinker.checkpoints import CheckpointLog
@@ -341,7 +344,14 @@ async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> 
         }
     )
     held_out = await _held_out(config, services)
-    return Preflight(run_dir, pools, resume, order, service_kwargs, services, held_out)
+    eval_tasks: list[tuple[str, Any]] | None = None
+    if (config.eval.every or 0) >= 1:
+        # An eval split that is misspelt or missing stops the start here, before any service starts, and
+        # `platoon config validate` says so too.
+        from platoon.train.tinker.evaluation import list_eval_tasks
+
+        eval_tasks = await list_eval_tasks(config, base_dir=base_dir, services=services)
+    return Preflight(run_dir, pools, resume, order, service_kwargs, services, held_out, eval_tasks)
 
 
 def resume_problems(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) -> list[str]:
@@ -497,6 +507,7 @@ async def _train(
             resume=resume,
             services=services,
             service_kwargs=service_kwargs,
+            eval_tasks=checked.eval_tasks,
             end_batch=end_batch,
             batches_per_epoch=per_epoch,
             sample_timeout_seconds=timeout,

@@ -129,6 +129,21 @@ def _process(argv: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.
         proc.wait()
 
 
+def _left_running(tmp_path: Path) -> list[str]:
+    """The command lines of live processes that name this test's folder (the local server, a service, workers)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone while we looked
+            continue
+        if str(tmp_path) in cmdline:
+            found.append(cmdline)
+    return found
+
+
 def _metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -159,7 +174,7 @@ ENVIRONMENTS = {
                 "A grader raises, hangs or loses its service",
                 f"ORS {kind}",
                 "each is an infrastructure outcome that trains nothing; the run ends within its step deadline with "
-                "every rollout's record on disk",
+                "every rollout's record on disk and no process of the run left",
             ),
         )
         for kind in ENVIRONMENTS
@@ -170,6 +185,7 @@ def test_grader_faults_never_train_as_zero(
 ) -> None:
     finished, run = _train(tmp_path, ENVIRONMENTS[environment](request))
     assert finished.returncode == 0, finished.stderr[-4000:]
+    assert _left_running(tmp_path) == []  # the run's local server and rollouts ended with it
     [row] = _metrics(run)
 
     outcomes = _outcomes_by_task(run)
@@ -204,7 +220,7 @@ def test_grader_faults_never_train_as_zero(
     "The sampler answers 5xx, or never answers",
     "ORS in process, on a service of its own",
     "a 5xx is retried; a sample past `sample_timeout_seconds` ends its rollout as an infrastructure outcome that "
-    "trains nothing",
+    "trains nothing; no process of the run left",
 )
 def test_sampler_faults_never_train_as_zero(tmp_path: Path) -> None:
     env = _user_env(tmp_path)
@@ -223,6 +239,9 @@ def test_sampler_faults_never_train_as_zero(tmp_path: Path) -> None:
             env=env,
         )
     assert finished.returncode == 0, finished.stderr[-4000:]
+    assert (
+        _left_running(tmp_path) == []
+    )  # the service and the proxy are stopped above; nothing else of the run
     [row] = _metrics(run)
     outcomes = [o for found in _outcomes_by_task(run).values() for o in found]
     assert len(outcomes) == len(GRADED) * GROUP_SIZE

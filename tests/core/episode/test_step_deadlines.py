@@ -129,3 +129,34 @@ def test_an_environment_that_states_longer_limits_keeps_them():
     assert deadline(1000.0, stated, "quick").seconds == 1000.0
     assert deadline(300.0, object(), "any").seconds == 300.0
     assert deadline(None, stated, "any") is None
+
+
+def test_a_function_harness_that_never_finishes_meets_the_default_deadline(hanging_module, monkeypatch):
+    """Without `rollout_config.timeout` or a limit the environment states, a function harness still has a deadline
+    (24 h, made short here): one that keeps calling the model, each call answered, ends as `timeout`, never a 0."""
+    import platoon as pt
+    from platoon.episode import program
+    from platoon.testing import Completion
+
+    @pt.harness("steptest-endless")
+    async def endless(ctx):
+        while True:
+            await ctx.chat([{"role": "user", "content": ctx.instruction}], max_tokens=1)
+
+    monkeypatch.setattr(program, "UNBOUNDED_ROLLOUT_DEADLINE_S", 1.0)
+    try:
+        run = run_episode(
+            "quick",
+            service=f"python://{hanging_module}:HangingGrader",
+            harness=endless,
+            policy=lambda prompt: Completion("ok", delay=0.25),  # a sampler's answer takes a moment
+            service_kwargs={"close_timeout_s": 1},
+            rollout={"verbose": False},
+        )
+    finally:
+        from platoon.harness.function import REGISTRY
+
+        REGISTRY._records.pop("steptest-endless@1", None)
+    assert (run.outcome["status"], run.outcome["reason"]) == ("timeout", "agent_timeout")
+    assert run.reward is None
+    assert len(run.root.steps) > 1  # it made progress all along: only the deadline ended it

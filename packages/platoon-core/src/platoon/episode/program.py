@@ -42,6 +42,12 @@ def build_collection(rollout: Any, outcome: Outcome) -> TrajectoryCollection:
     return build(rollout, episode_outcome=outcome)
 
 
+#: A function harness's deadline when neither `rollout_config.timeout` nor the session states one: the 24 h a rollout
+#: worker allows a rollout with no limit (`worker_unbounded_rollout_budget_seconds`), so that no rollout runs
+#: forever, in process or not. Each model call and tool call has its own, shorter bound besides.
+UNBOUNDED_ROLLOUT_DEADLINE_S = 24 * 3600.0
+
+
 def _min_timeout(*limits: Any) -> float | None:
     present = [float(limit) for limit in limits if limit is not None]
     return min(present) if present else None
@@ -141,7 +147,8 @@ class Episode:
         goal: str | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> AgentResult:
-        """Run the root agent once under min(rollout timeout, session agent_timeout_s)."""
+        """Run the root agent once under min(rollout timeout, session agent_timeout_s); a function harness with
+        neither runs under `UNBOUNDED_ROLLOUT_DEADLINE_S` (a spec harness under its runner's own limit)."""
         if self._ran:
             raise RuntimeError("EpisodeContext.run runs once per episode: the root agent already ran")
         chosen = harness if harness is not None else self._route.harness
@@ -172,6 +179,8 @@ class Episode:
             getattr(self._config, "timeout", None), getattr(self._session, "agent_timeout_s", None)
         )
         if isinstance(record, FunctionHarness):
+            if timeout is None:
+                timeout = UNBOUNDED_ROLLOUT_DEADLINE_S
             self._result = await run_agent(self.root_agent, timeout=timeout)
         else:
             self._result = await self._run_spec(record, self.root_agent, timeout)

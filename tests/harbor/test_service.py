@@ -258,7 +258,7 @@ def test_verifier_timeout_missing_reward_and_unset_verifier_env_are_untrainable(
     write_task(tmp_path, "slow", test_sh="sleep 30\n", toml="[verifier]\ntimeout_sec = 1\n")
     write_task(tmp_path, "silent", test_sh="echo no reward\n")
     write_task(tmp_path, "needs-var", toml='[verifier]\nenv = { TOKEN = "${PLATOON_TEST_UNSET_VAR}" }\n')
-    service = HarborService(dataset_dir=str(tmp_path), name=env_name)
+    service = HarborService(dataset_dir=str(tmp_path), name=env_name, pass_env=["PLATOON_TEST_UNSET_VAR"])
     slow, _ = run(agent_then_grade(service, "slow"))
     assert (slow.status, slow.failure_kind) == ("invalid", "verifier_timeout")
     silent, _ = run(agent_then_grade(service, "silent"))
@@ -266,6 +266,28 @@ def test_verifier_timeout_missing_reward_and_unset_verifier_env_are_untrainable(
     assert "no reward" in silent.metadata["test_output"]
     unset, _ = run(agent_then_grade(service, "needs-var"))
     assert (unset.status, unset.failure_kind) == ("error", "verifier_setup")
+
+
+def test_a_task_reading_a_host_variable_the_run_does_not_pass_on_is_refused_at_run_start(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TINKER_API_KEY", "tml-host-secret")
+    write_task(tmp_path, "greedy", toml='[verifier]\nenv = { KEY = "${TINKER_API_KEY}" }\n')
+    write_task(tmp_path, "modest", toml='env = { LANG = "${LANG:-C.UTF-8}" }\n')
+    service = HarborService(dataset_dir=str(tmp_path))
+    with pytest.raises(EnvSetupError) as refused:
+        run(service.check_tasks("train", ["greedy", "modest"]))
+    assert refused.value.failure_kind == "env_config"
+    assert str(refused.value) == (
+        "Harbor task greedy [verifier].env.KEY reads the host variable TINKER_API_KEY, which this run does not pass "
+        "on to tasks: add it to service_kwargs.pass_env if the dataset may read it"
+    )
+    run(service.check_tasks("train", ["modest"]))  # a default stands in for a variable not passed
+    run(
+        HarborService(dataset_dir=str(tmp_path), pass_env=["TINKER_API_KEY"]).check_tasks("train", ["greedy"])
+    )
+    with pytest.raises(ConfigError, match=r"^service_kwargs.pass_env: a list of variable names"):
+        HarborService(dataset_dir=str(tmp_path), pass_env="TINKER_API_KEY")
 
 
 @pytest.mark.slow

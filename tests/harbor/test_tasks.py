@@ -12,6 +12,7 @@ from platoon.errors import ConfigError
 from platoon_harbor.tasks import (
     TaskRefused,
     UnsetVariable,
+    VariableNotPassed,
     discover_tasks,
     load_splits,
     load_task,
@@ -20,6 +21,7 @@ from platoon_harbor.tasks import (
     resolve_env,
     strip_canary,
     task_dirs_ids,
+    unpassed_variables,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harbor-dataset" / "tasks"
@@ -68,16 +70,41 @@ def test_leading_canary_lines_and_the_blanks_after_them_are_stripped(text, expec
 
 def test_env_values_resolve_from_the_host_at_open_and_an_unset_one_is_a_config_error():
     env = {"A": "${HOST_A}", "B": "${NOPE:-fallback}", "C": "x-${HOST_A}-y", "D": "plain"}
-    assert resolve_env(env, environ={"HOST_A": "1"}) == {
+    assert resolve_env(env, passed={"HOST_A", "NOPE"}, environ={"HOST_A": "1"}) == {
         "A": "1",
         "B": "fallback",
         "C": "x-1-y",
         "D": "plain",
     }
     with pytest.raises(UnsetVariable) as info:
-        resolve_env({"A": "${MISSING}"}, what="[verifier].env", environ={})
+        resolve_env({"A": "${MISSING}"}, passed={"MISSING"}, what="[verifier].env", environ={})
     assert info.value.exit_code == 78
     assert "[verifier].env.A" in str(info.value) and "MISSING" in str(info.value)
+
+
+def test_a_task_reads_only_the_host_variables_the_run_passes_on():
+    """An untrusted dataset is data: `${TINKER_API_KEY}` in a task's env reads nothing unless the run names it."""
+    host = {"TINKER_API_KEY": "tml-secret", "HOST_A": "1"}
+    env = {"KEY": "${TINKER_API_KEY}", "A": "${HOST_A}"}
+    with pytest.raises(VariableNotPassed) as refused:
+        resolve_env(env, passed={"HOST_A"}, what="[environment].env", environ=host)
+    assert str(refused.value) == (
+        "[environment].env.KEY reads the host variable TINKER_API_KEY, which this run does not pass on to tasks: "
+        "add it to service_kwargs.pass_env if the dataset may read it"
+    )
+    assert refused.value.exit_code == 78
+    # A default is used instead of the host's value, never the secret.
+    guarded = {"KEY": "${TINKER_API_KEY:-none}", "A": "${HOST_A}"}
+    assert resolve_env(guarded, passed={"HOST_A"}, environ=host) == {"KEY": "none", "A": "1"}
+    assert unpassed_variables(env, {"HOST_A"}, what="task t [environment].env") == [
+        "task t [environment].env.KEY reads the host variable TINKER_API_KEY, which this run does not pass on to "
+        "tasks: add it to service_kwargs.pass_env if the dataset may read it"
+    ]
+    assert unpassed_variables(guarded, set(), what="x") == [
+        "x.A reads the host variable HOST_A, which this run "
+        "does not pass on to tasks: add it to "
+        "service_kwargs.pass_env if the dataset may read it"
+    ]
 
 
 def test_task_toml_keys_network_memory_healthcheck_and_legacy_forms(tmp_path):

@@ -20,6 +20,7 @@ import difflib
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from platoon_harbor.tasks import (
     HarborTask,
     TaskRefused,
     UnsetVariable,
+    VariableNotPassed,
     dataset_splits,
     discover_tasks,
     load_splits,
@@ -46,6 +48,7 @@ from platoon_harbor.tasks import (
     runnable_splits,
     task_dirs_ids,
     task_refusal,
+    unpassed_variables,
 )
 
 __all__ = ["DEFAULT_PROVIDER", "HarborOptions", "HarborService"]
@@ -78,6 +81,7 @@ KNOWN_KEYS = (
     "default_image",
     "workdir",
     "env",
+    "pass_env",
     "mounts",
     "tool_timeout_s",
     "verifier_timeout_multiplier",
@@ -145,6 +149,8 @@ class HarborOptions:
     default_image: str | None = None
     workdir: str = "/app"
     env: Mapping[str, str] = field(default_factory=dict)
+    #: the host variables a task's `${VAR}` may read; no other reaches a task (an untrusted dataset is data)
+    pass_env: frozenset[str] = frozenset()
     mounts: tuple[Any, ...] = ()
     tool_timeout_s: float = 300.0
     verifier_timeout_multiplier: float = 1.0
@@ -243,6 +249,13 @@ class HarborOptions:
         from platoon_harbor.check import parse_mode
 
         harbor_check = parse_mode(kwargs.get("harbor_check"), f"{_WHERE}.harbor_check")
+        pass_env = kwargs.get("pass_env") or []
+        if not isinstance(pass_env, list) or not all(
+            isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) for name in pass_env
+        ):
+            raise ConfigError(
+                f"{_WHERE}.pass_env: a list of variable names a task's ${{VAR}} may read; got {pass_env!r}"
+            )
         return cls(
             name=name,
             dataset_dir=dataset_dir,
@@ -253,6 +266,7 @@ class HarborOptions:
             default_image=default_image,
             workdir=workdir,
             env=_string_map(kwargs, "env"),
+            pass_env=frozenset(pass_env),
             mounts=_mounts(kwargs.get("mounts")),
             tool_timeout_s=_positive(kwargs, "tool_timeout_s", 300.0) or 300.0,
             verifier_timeout_multiplier=_positive(kwargs, "verifier_timeout_multiplier", 1.0) or 1.0,
@@ -561,7 +575,24 @@ class HarborService:
         return _scheme(ref)
 
     def _refusal(self, task: HarborTask) -> str | None:
-        """Why this entry's provider cannot run `task`, or None (GPUs, no network)."""
+        """Why this entry cannot run `task`, or None: a `${VAR}` it is not given, GPUs or no network the provider
+        lacks."""
+        venv = task.verifier.environment
+        unpassed = [
+            *unpassed_variables(
+                task.environment.env, self.options.pass_env, what=f"Harbor task {task.id} [environment].env"
+            ),
+            *unpassed_variables(
+                venv.env if venv else {},
+                self.options.pass_env,
+                what=f"Harbor task {task.id} [verifier.environment].env",
+            ),
+            *unpassed_variables(
+                task.verifier.env, self.options.pass_env, what=f"Harbor task {task.id} [verifier].env"
+            ),
+        ]
+        if unpassed:
+            return unpassed[0]
         caps = self._capabilities()
         if task.environment.gpus and "gpu" not in caps:
             return f"Harbor task {task.id} needs {task.environment.gpus} GPU(s); provider {self.options.provider} has none"
@@ -628,8 +659,10 @@ class HarborService:
 
         opts = self.options
         try:
-            task_env = resolve_env(task.environment.env, what=f"Harbor task {task.id} [environment].env")
-        except UnsetVariable as exc:
+            task_env = resolve_env(
+                task.environment.env, passed=opts.pass_env, what=f"Harbor task {task.id} [environment].env"
+            )
+        except (UnsetVariable, VariableNotPassed) as exc:
             raise EnvSetupError("env_config", str(exc)) from None
         env = {**opts.env, **task_env}
         labels = {"platoon.env": opts.name, "platoon.rollout_id": rollout_id or "-", "platoon.task": task.id}

@@ -24,7 +24,7 @@ from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds,
 from platoon.episode.outcomes import infra_from_exception
 from platoon.task import Task
 from platoon_harbor import grading
-from platoon_harbor.tasks import HarborTask, UnsetVariable, resolve_env
+from platoon_harbor.tasks import HarborTask, UnsetVariable, VariableNotPassed, resolve_env
 
 if TYPE_CHECKING:
     from platoon_harbor.service import HarborService
@@ -470,8 +470,11 @@ class HarborSession:
                 k: v for k, v in (("agent", task.agent.user), ("verifier", task.verifier.user)) if v
             }
         try:
-            verifier_env = {**live.opened.env, **resolve_env(task.verifier.env, what="[verifier].env")}
-        except UnsetVariable as exc:
+            verifier_env = {
+                **live.opened.env,
+                **resolve_env(task.verifier.env, passed=service.options.pass_env, what="[verifier].env"),
+            }
+        except (UnsetVariable, VariableNotPassed) as exc:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
         if service.grades_separately(task):
             return await self._grade_separate(extra)
@@ -498,10 +501,14 @@ class HarborSession:
         try:
             env = {
                 **service.options.env,
-                **resolve_env(venv.env if venv else {}, what="[verifier.environment].env"),
-                **resolve_env(task.verifier.env, what="[verifier].env"),
+                **resolve_env(
+                    venv.env if venv else {},
+                    passed=service.options.pass_env,
+                    what="[verifier.environment].env",
+                ),
+                **resolve_env(task.verifier.env, passed=service.options.pass_env, what="[verifier].env"),
             }
-        except UnsetVariable as exc:
+        except (UnsetVariable, VariableNotPassed) as exc:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
         vspec = dataclasses.replace(opened.verifier_spec, env=env)
         base = {"verifier_mode": "separate", **extra}

@@ -9,8 +9,10 @@ The API the rest of platoon-harbor builds on:
   `agent_user`, `verifier_user`) so a fetch can record them as flags.
 - `task_refusal(task, agent_user=...)` returns the load-time refusal of 6.1 that depends on the entry (a compose stack
   with sidecars, a task user unless `agent_user: ignore`), or None. `load_task` = `read_task` plus this check, raising.
-- `resolve_env(mapping, what=...)` resolves `${VAR}` / `${VAR:-default}` values from the host environment; it is
-  called at session open (never at load), and an unset variable without a default raises `UnsetVariable`.
+- `resolve_env(mapping, passed=..., what=...)` resolves `${VAR}` / `${VAR:-default}` values from the host
+  environment, reading only the variables the run passes on (`service_kwargs.pass_env`); it is called at session
+  open (never at load). A variable not passed takes its default or raises `VariableNotPassed` (the run start
+  refuses such a task first: `unpassed_variables`); a passed one the host does not set raises `UnsetVariable`.
 - `discover_tasks(root)` maps task ids to directories (a `registry.json`, else a scan); `task_dirs_ids(dirs)` names
   an explicit list of task directories; `load_splits(spec, root, ids)` reads a `splits:` manifest, and
   `dataset_splits(root)` the dataset's own `splits.json` (what a service lists when no `splits:` is given).
@@ -25,7 +27,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +44,7 @@ __all__ = [
     "McpServer",
     "TaskRefused",
     "UnsetVariable",
+    "VariableNotPassed",
     "VerifierSettings",
     "dataset_splits",
     "discover_tasks",
@@ -56,6 +59,7 @@ __all__ = [
     "strip_canary",
     "task_dirs_ids",
     "task_refusal",
+    "unpassed_variables",
 ]
 
 NetworkMode = Literal["public", "allowlist", "no-network"]
@@ -268,23 +272,52 @@ def strip_canary(text: str) -> str:
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def resolve_env(
-    mapping: Mapping[str, str], *, what: str = "[environment].env", environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """Resolve `${VAR}` and `${VAR:-default}` in each value from the host environment (`environ`, else os.environ).
+class VariableNotPassed(ConfigError):
+    """A task's `${VAR}` (without a default) names a host variable the run does not pass on to tasks: a dataset is
+    data, so it reads only the variables `service_kwargs.pass_env` names, never a key it guessed."""
 
-    An unset variable without a default raises `UnsetVariable` (a config error at open; infra `verifier_setup`
-    when grading resolves the verifier's env).
+    def __init__(self, variable: str, what: str) -> None:
+        self.variable = variable
+        super().__init__(
+            f"{what} reads the host variable {variable}, which this run does not pass on to tasks: add it to "
+            "service_kwargs.pass_env if the dataset may read it"
+        )
+
+
+def unpassed_variables(mapping: Mapping[str, str], passed: Collection[str], *, what: str) -> list[str]:
+    """One line per `${VAR}` without a default in `mapping` whose variable is not in `passed` (run-start checks)."""
+    return [
+        str(VariableNotPassed(match.group(1), f"{what}.{key}"))
+        for key, value in mapping.items()
+        for match in _VAR.finditer(value)
+        if match.group(2) is None and match.group(1) not in passed
+    ]
+
+
+def resolve_env(
+    mapping: Mapping[str, str],
+    *,
+    passed: Collection[str],
+    what: str = "[environment].env",
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Resolve `${VAR}` and `${VAR:-default}` in each value from the host environment (`environ`, else os.environ),
+    reading only the variables in `passed`: another one takes its default, or raises `VariableNotPassed`.
+
+    A passed but unset variable without a default raises `UnsetVariable` (a config error at open; infra
+    `verifier_setup` when grading resolves the verifier's env).
     """
     source = os.environ if environ is None else environ
 
     def one(key: str, value: str) -> str:
         def sub(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
-            if name in source:
+            if name in passed and name in source:
                 return source[name]
             if default is not None:
                 return default
+            if name not in passed:
+                raise VariableNotPassed(name, f"{what}.{key}")
             raise UnsetVariable(name, f"{what}.{key}")
 
         return _VAR.sub(sub, value)

@@ -451,6 +451,11 @@ def test_reap_removes_exactly_the_labelled_containers() -> None:
             provider.start(spec(image=BUSYBOX_IMAGE, labels=run_b)),
         )
         snap = await a1.snapshot()
+        listed = await provider.labelled(run_a)  # `platoon sandbox list RUN`
+        assert sorted(found["id"] for found in listed) == sorted([a1.name, a2.name])
+        assert all(found["state"].startswith("running") for found in listed), listed
+        with pytest.raises(SandboxError):
+            await provider.labelled({})
         with pytest.raises(ValueError):
             await provider.reap({})
         assert await provider.reap(run_a) == 2

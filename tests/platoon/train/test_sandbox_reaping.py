@@ -109,6 +109,18 @@ def test_a_sigkilled_trainers_sandbox_is_reaped_by_the_next_start_and_another_ru
         assert killed.returncode == -9, killed.stderr[-3000:]
         leaked = (tmp_path / "leaked").read_text()
         assert container_exists(leaked)  # SIGKILL gave the trainer no chance to stop it
+        listed = subprocess.run(
+            [sys.executable, "-m", "platoon", "sandbox", "list", str(run_dir)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert leaked in listed.stdout and "docker" in listed.stdout
+        assert (
+            f"1 sandbox(es) of {run_dir}" in listed.stderr
+        )  # the killed run's container, not the other run's
 
         again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         assert again.returncode == 0, again.stderr[-3000:]

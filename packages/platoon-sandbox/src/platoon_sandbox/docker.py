@@ -489,6 +489,27 @@ class DockerProvider:
         registry().attach(entry, sandbox)
         return sandbox
 
+    async def labelled(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The containers carrying all of `labels` (`platoon sandbox list`), running or stopped: id (the container's
+        name), state (docker's, with its status), where (the image). Docker records no owner process, so the owner
+        pid is None. An empty label set is refused, as for `reap`."""
+        if not labels:
+            raise SandboxError("listing with an empty label set is refused: give the run's label")
+        filters = [arg for key, value in labels.items() for arg in ("--filter", f"label={key}={value}")]
+        _, out, _ = await _cli(
+            self.docker,
+            "ps",
+            "--all",
+            *filters,
+            "--format",
+            "{{.Names}}\t{{.State}} ({{.Status}})\t{{.Image}}",
+        )
+        found: list[dict[str, Any]] = []
+        for line in out.splitlines():
+            name, state, image = [*line.split("\t"), "", ""][:3]
+            found.append({"id": name, "owner_pid": None, "state": state, "path": f"docker://{image}"})
+        return found
+
     async def reap(self, labels: Mapping[str, str]) -> int:
         """Remove every container (and snapshot image) carrying all `labels`: docker cannot tell which process
         owns a container, so all of them go. An empty label set is refused."""

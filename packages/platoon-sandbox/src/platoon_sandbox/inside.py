@@ -59,7 +59,7 @@ KILL_ALL = (
 keep=" $1 "; me=$$; skip=$(ancestors)
 kill -s STOP -1 2>/dev/null
 pass=0; left=1
-while [ $pass -lt 20 ]; do
+while [ $pass -lt 50 ]; do
   pass=$((pass + 1)); left=0
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
@@ -74,6 +74,8 @@ while [ $pass -lt 20 ]; do
     left=1
   done
   [ $left = 0 ] && break
+  # A SIGKILLed process is gone only once it is scheduled again: on a loaded machine that takes a moment.
+  [ $pass -gt 2 ] && { sleep 0.1 2>/dev/null || sleep 1; }
 done
 kill -s CONT -1 2>/dev/null
 [ $left = 0 ]

@@ -56,6 +56,9 @@ MCP_SENTENCE = (
 
 #: process groups of the commands this agent started, killed when it exits (a command's leftovers included)
 _GROUPS: list[int] = []
+#: while a command starts, its group is not in _GROUPS yet: a SIGTERM then waits in _PENDING_TERM until it is
+_STARTING = False
+_PENDING_TERM: int | None = None
 
 
 class ModelError(Exception):
@@ -130,14 +133,21 @@ def run_bash(command: str, timeout_s: float) -> str:
     it started in the background still runs returns at once (the background process keeps the pipe open, so the
     wait is for the command itself, not for the end of its output).
     """
-    process = subprocess.Popen(
-        ["bash", "-c", command],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    _GROUPS.append(process.pid)  # a new session: its group id is the leader's pid
+    global _STARTING
+    _STARTING = True
+    try:
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _GROUPS.append(process.pid)  # a new session: its group id is the leader's pid
+    finally:
+        _STARTING = False
+    if _PENDING_TERM is not None:  # the SIGTERM came while the command started: now its group goes too
+        _on_term(_PENDING_TERM, None)
     tail = _Tail(process.stdout)
     try:
         code = process.wait(timeout=timeout_s)
@@ -517,6 +527,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _on_term(signum: int, frame: Any) -> None:
+    global _PENDING_TERM
+    if _STARTING:  # a command is starting and its group is not known yet: run_bash ends the run once it is
+        _PENDING_TERM = signum
+        return
     kill_commands()  # the commands run in sessions of their own: a signal to this process misses them
     os._exit(128 + signum)
 

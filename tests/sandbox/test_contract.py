@@ -21,7 +21,10 @@ def test_a_spec_defaults_to_a_local_image_on_the_host_network_in_app():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"network": "bridge"}, "network must be 'host' or 'none'"),
+        ({"network": "bridge"}, "network must be one of host, none, public, allowlist"),
+        ({"network": "public", "allowed_hosts": ["pypi.org"]}, "allowed_hosts is for network: allowlist only"),
+        ({"pids_limit": 0}, "pids_limit must be a positive integer"),
+        ({"storage_mb": -5}, "storage_mb must be a positive integer"),
         ({"workdir": "app"}, "workdir must be an absolute path"),
         ({"mounts": [Mount("/data", "data")]}, "mount target must be an absolute path"),
         ({"upstreams": {"model": "ftp://x"}}, r"must be unix:///abs/path\.sock or http\(s\)://host:port"),

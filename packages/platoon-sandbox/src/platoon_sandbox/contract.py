@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "CAPABILITIES",
+    "NETWORKS",
     "OUTPUT_CAP_BYTES",
     "ExecResult",
     "Mount",
@@ -25,13 +26,40 @@ __all__ = [
     "SandboxSpec",
 ]
 
-#: The capabilities a provider may declare.
-CAPABILITIES = frozenset(("snapshot", "network_none", "gpu", "isolation", "routes", "host_loopback"))
+#: The capabilities a provider may declare. Besides the features (snapshot, gpu, routes, host_loopback), each
+#: names a guarantee of harness.md 5.7 that the provider enforces for every sandbox it starts:
+#: `network_none` (loopback and the routes only), `network_public` (a namespace of its own whose egress cannot
+#: reach the host's loopback, link-local, private or own addresses), `network_allowlist` (the same, reaching only
+#: `allowed_hosts`), `isolation` (the host's files and processes out of reach), `clean_env` (commands start with an
+#: allowlisted environment, never the host's), `limit_cpu_memory`, `limit_pids`, `limit_disk` (`storage_mb`),
+#: `run_as_user` (`user`), `least_privilege` (no capabilities beyond a documented minimum, no new privileges).
+CAPABILITIES = frozenset(
+    (
+        "snapshot",
+        "gpu",
+        "routes",
+        "host_loopback",
+        "isolation",
+        "network_none",
+        "network_public",
+        "network_allowlist",
+        "clean_env",
+        "limit_cpu_memory",
+        "limit_pids",
+        "limit_disk",
+        "run_as_user",
+        "least_privilege",
+    )
+)
 
 #: Each captured stream of a command keeps at most this many bytes; the rest is counted and dropped.
 OUTPUT_CAP_BYTES = 8 * 1024 * 1024
 
-Network = Literal["host", "none"]
+#: `none`: loopback and the routes only. `public`: a network namespace of the sandbox's own with filtered egress
+#: (harness.md 5.7). `allowlist`: the same, reaching only `allowed_hosts`. `host`: the host's own network
+#: namespace, for a caller that asks for it by name (no Harbor policy does).
+Network = Literal["host", "none", "public", "allowlist"]
+NETWORKS: tuple[str, ...] = ("host", "none", "public", "allowlist")
 
 
 class SandboxError(RuntimeError):
@@ -58,10 +86,14 @@ class Mount:
 class SandboxSpec:
     """What a sandbox is started from.
 
-    `image`: `docker://repo:tag`, a `.sif`/`.sqsh` path, or `local` (the process provider). `network`: `host`, or
-    `none` (no network; Unix-socket `upstreams` still reach their services through a forwarder, harness.md 5.6).
+    `image`: `docker://repo:tag`, a `.sif`/`.sqsh` path, or `local` (the process provider). `network`: see
+    `Network`; in every mode but `host`, Unix-socket `upstreams` reach their services through a forwarder
+    (harness.md 5.6). `allowed_hosts`: the destinations of an `allowlist` sandbox (host names or addresses).
     `upstreams`: name -> `unix:///abs/dir/x.sock` or `http(s)://host:port`; each gets a route usable inside.
     `labels`: merged with the process's labels (the run and worker labels) before the sandbox is registered.
+    Limits (None: the provider's default): `cpus`, `memory_mb`, `pids_limit` (processes at once), `storage_mb`
+    (bytes the sandbox may write); `user`: the user commands run as (a name or `uid[:gid]`; None: the image's).
+    A provider enforces what its `capabilities` say and refuses, at start, a field it cannot honour.
     """
 
     image: str = "local"
@@ -69,14 +101,23 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: Sequence[Mount] = ()
     network: Network = "host"
+    allowed_hosts: Sequence[str] = ()
     cpus: float | None = None
     memory_mb: int | None = None
+    pids_limit: int | None = None
+    storage_mb: int | None = None
+    user: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     upstreams: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.network not in ("host", "none"):
-            raise ValueError(f"SandboxSpec.network must be 'host' or 'none'; got {self.network!r}")
+        if self.network not in NETWORKS:
+            raise ValueError(f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}")
+        if self.allowed_hosts and self.network != "allowlist":
+            raise ValueError("SandboxSpec.allowed_hosts is for network: allowlist only")
+        for name, value in (("pids_limit", self.pids_limit), ("storage_mb", self.storage_mb)):
+            if value is not None and value <= 0:
+                raise ValueError(f"SandboxSpec.{name} must be a positive integer; got {value!r}")
         if not self.workdir.startswith("/"):
             raise ValueError(f"SandboxSpec.workdir must be an absolute path; got {self.workdir!r}")
         for mount in self.mounts:

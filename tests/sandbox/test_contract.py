@@ -22,7 +22,10 @@ def test_a_spec_defaults_to_a_local_image_on_the_host_network_in_app():
     ("kwargs", "message"),
     [
         ({"network": "bridge"}, "network must be one of host, none, public, allowlist"),
-        ({"network": "public", "allowed_hosts": ["pypi.org"]}, "allowed_hosts is for network: allowlist only"),
+        (
+            {"network": "public", "allowed_hosts": ["pypi.org"]},
+            "allowed_hosts is for network: allowlist only",
+        ),
         ({"pids_limit": 0}, "pids_limit must be a positive integer"),
         ({"storage_mb": -5}, "storage_mb must be a positive integer"),
         ({"workdir": "app"}, "workdir must be an absolute path"),

@@ -409,7 +409,7 @@ def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_
     real_start = process.start_local_server_process
 
     def start(**kwargs: Any) -> Any:
-        url, stop = real_start(**kwargs)
+        url, key, stop = real_start(**kwargs)
         record: dict[str, Any] = {"stopped": False}
 
         def stopping() -> None:
@@ -417,7 +417,7 @@ def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_
             stop()
 
         started.append(record)
-        return url, stopping
+        return url, key, stopping
 
     monkeypatch.setattr(process, "start_local_server_process", start)
     config = write_config(number_search_eval())

@@ -617,10 +617,10 @@ class ModelGateway:
                 if headroom < 1:
                     agent.context_overflows += 1
                     raise ContextWindowExceeded(len(prompt), window)
-            if len(prompt) > limit:
-                raise PromptTooLong(len(prompt), limit)
                 if max_tokens is None or max_tokens > headroom:
                     max_tokens = headroom
+            if len(prompt) > limit:
+                raise PromptTooLong(len(prompt), limit)
 
             # 5. Sample once under the sample timeout.
             tinker = _tinker_module if _tinker_module is not None else await asyncio.to_thread(_tinker)

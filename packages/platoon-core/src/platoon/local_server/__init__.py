@@ -106,7 +106,8 @@ def default_backend_factory() -> BackendFactory:
 
 
 class LocalTinkerServer:
-    """A local Tinker server on a loopback port, served by uvicorn in a background thread.
+    """A local Tinker server on a port of this machine (loopback unless `host` says otherwise), served by uvicorn in a
+    background thread.
 
     `base_url` and `api_key` are what `tinker.ServiceClient(base_url=..., api_key=...)` takes: the key is the one
     given, else a fresh one (`issue_api_key`), and the server refuses every other (401). `state_dir` holds the

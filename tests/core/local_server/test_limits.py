@@ -365,7 +365,7 @@ def test_json_nested_past_the_cap_is_one_400_line_with_no_traceback(fake, caplog
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"] == (
             "the request body's JSON is nested more than 64 levels deep, the local server's limit "
-            "(LocalTinkerServer(max_json_depth=...) raises it)"
+            "(platoon tinker serve --max-json-depth or LocalTinkerServer(max_json_depth=...) raises it)"
         )
     assert not [record for record in caplog.records if record.exc_info], "a traceback was logged"
     assert post(fake, "create_session", {}).status_code == 200

@@ -112,9 +112,7 @@ class SandboxSpec:
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
-            raise ValueError(
-                f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}"
-            )
+            raise ValueError(f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}")
         if self.allowed_hosts and self.network != "allowlist":
             raise ValueError("SandboxSpec.allowed_hosts is for network: allowlist only")
         for name, value in (("pids_limit", self.pids_limit), ("storage_mb", self.storage_mb)):

@@ -872,7 +872,9 @@ def build_app(state: ServerState) -> Starlette:
             body = loads_within_depth(raw, state.max_json_depth)
         except JSONTooDeep as exc:
             raise HTTPError(
-                400, f"{exc}, the local server's limit (LocalTinkerServer(max_json_depth=...) raises it)"
+                400,
+                f"{exc}, the local server's limit (platoon tinker serve --max-json-depth or "
+                "LocalTinkerServer(max_json_depth=...) raises it)",
             ) from None
         except ValueError:
             raise HTTPError(400, "the request body is not JSON") from None

@@ -328,6 +328,24 @@ def test_the_sdk_gets_a_body_over_the_limit_as_one_error_and_the_model_keeps_wor
             service.holder.close()
 
 
+def test_the_sdk_gets_its_413_even_for_a_body_far_past_what_the_socket_buffers_hold(tmp_path):
+    """The SDK sends its whole body before it reads the answer: the server keeps its answer for it (dropping the
+    rest of the body) rather than closing on the unread body, which the SDK would see as a reset and retry."""
+    server = LocalTinkerServer(
+        state_dir=tmp_path, backend_factory=CountingBackend.create, max_body_bytes=32 << 10
+    )
+    with server:
+        service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+        try:
+            client = service.create_lora_training_client(base_model=MODEL)
+            tokens = [72, 105] * 400_000  # ~8 MB of JSON
+            with pytest.raises(tinker.APIStatusError, match="over the local server's limit") as caught:
+                client.forward_backward([_ce(tokens)], "cross_entropy").result()
+            assert caught.value.status_code == 413
+        finally:
+            service.holder.close()
+
+
 def test_a_body_that_stops_arriving_is_answered_408_and_closed(fake):
     """A Content-Length that promises more than is sent: a reply and a closed connection, not a request held forever."""
     sock = raw(

@@ -173,6 +173,7 @@ class LocalTinkerServer:
 
         from platoon.local_server.app import ServerState, build_app
         from platoon.local_server.futures import FutureStore
+        from platoon.request_limits import BodyCap
 
         if self._state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="platoon-local-tinker-")
@@ -200,7 +201,9 @@ class LocalTinkerServer:
         sock = _bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            build_app(self.state),
+            # BodyCap without a limit (the server's reader holds bodies to theirs): a refusal sent before the body
+            # was read (413, 401) still reaches the SDK, which sends its whole body before it reads the answer
+            BodyCap(build_app(self.state)),
             log_level="warning",
             access_log=False,
             lifespan="off",

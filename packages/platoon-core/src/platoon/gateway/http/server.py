@@ -25,6 +25,7 @@ from platoon.harness.agent import CALL_KIND_HEADER, ChatReply, ModelEndpoint
 from platoon.request_limits import (
     DEFAULT_MAX_JSON_DEPTH,
     MIB,
+    BodyCap,
     JSONTooDeep,
     limit_from_env,
     loads_within_depth,
@@ -103,76 +104,15 @@ class RequestTooLarge(GatewayError):
         )
 
 
-class _BodyCap:
-    """The ASGI app around the gateway's routes that holds every request body to `limit` bytes, while reading it.
-
-    A Content-Length over the cap fails the body's first read before a byte of it is taken; a body without one
-    (chunked) fails the read that passes the cap. Route handlers answer the `RequestTooLarge` in their dialect's
-    error shape; this wrapper answers it for a mounted app that lets it through. An answer sent before the body was
-    read to its end closes the connection, so the rest of the body is never read.
-    """
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.limit
-        declared: int | None = None
-        has_body = False
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit():
-                declared = int(value)
-                has_body = declared > 0
-            elif name == b"transfer-encoding":
-                has_body = True
-        received = 0
-        complete = not has_body
-        started = False
-
-        async def bounded_receive() -> Any:
-            nonlocal received, complete
-            if declared is not None and declared > limit:
-                raise RequestTooLarge(limit, declared)
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise RequestTooLarge(limit)
-                if not message.get("more_body", False):
-                    complete = True
-            return message
-
-        async def closing_send(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if not complete:
-                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
-            await send(message)
-
-        try:
-            await self.app(scope, bounded_receive, closing_send)
-        except RequestTooLarge as exc:
-            if started:
-                raise
-            await closing_send(
-                {
-                    "type": "http.response.start",
-                    "status": exc.status,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            error = {"error": {"message": exc.message, "type": exc.kind, "code": exc.code}}
-            await send({"type": "http.response.body", "body": dumps(error)})
-
-
 def dumps(value: Any) -> bytes:
     """Compact JSON bytes (the wire format of every reply and event)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _error_json(exc: Exception) -> bytes:
+    """An error the routes did not answer themselves (a mounted app's), in the OpenAI error shape."""
+    kind = getattr(exc, "kind", "invalid_request_error")
+    return dumps({"error": {"message": str(exc), "type": kind, "code": getattr(exc, "code", None)}})
 
 
 def minted_agents_cap() -> int:
@@ -535,7 +475,8 @@ class GatewayServer:
             if in_scope:
                 scoped.append(Mount(path, app=app))
         top.extend(self._extra_routes)
-        return _BodyCap(Router(routes=[*top, *v1, Mount("/s/{secret}", routes=scoped)]), self.max_body_bytes)
+        router = Router(routes=[*top, *v1, Mount("/s/{secret}", routes=scoped)])
+        return BodyCap(router, limit=self.max_body_bytes, too_large=RequestTooLarge, render=_error_json)
 
     # ---- life cycle ----------------------------------------------------------------------------------------
 

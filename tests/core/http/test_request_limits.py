@@ -141,6 +141,10 @@ def test_the_default_body_cap_is_32_mib_and_the_variable_changes_it(monkeypatch)
     ):
         GatewayServer(gateway)
     assert limit_from_env("X", 5, {"X": " 7 "}) == 7
+    assert limit_from_env("X", 5, {"X": "7"}, given=3) == 3  # a caller's value wins over the variable
+    assert limit_from_env("X", 5, {"X": "0"}, minimum=0) == 0
+    with pytest.raises(ValueError, match="X must be an integer >= 0; got -1"):
+        limit_from_env("X", 5, {"X": "-1"}, minimum=0)
 
 
 # ---- nesting

@@ -186,6 +186,9 @@ def test_bad_numbers_and_shapes_are_400s_naming_the_field_and_never_reach_the_mo
         answer = post(fake, "asample", {"base_model": MODEL, "prompt": prompt, "sampling_params": params})
         assert answer.status_code == 400, (params, answer.text)
         assert message in answer.json()["error"], answer.json()["error"]
+    many = post(fake, "asample", {"base_model": MODEL, "prompt": prompt, "num_samples": 1_000_000})
+    assert many.status_code == 400, many.text
+    assert "num_samples asks for 1000000 sequences; one request may ask for 1024" in many.json()["error"]
     assert backend.calls == []
     # the model and sampling go on as if nothing had been sent
     assert result(

@@ -77,17 +77,28 @@ def loads_within_depth(raw: bytes | str, max_depth: int) -> Any:
     return value
 
 
-def limit_from_env(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
-    """The positive integer in `$name`, else `default`; a value that is not one raises ValueError naming it."""
+def limit_from_env(
+    name: str,
+    default: int,
+    env: Mapping[str, str] | None = None,
+    *,
+    given: int | None = None,
+    minimum: int = 1,
+) -> int:
+    """`given` when the caller set one, else the integer in `$name`, else `default`; a value in the variable that is
+    not an integer of at least `minimum` raises ValueError naming the variable."""
+    if given is not None:
+        return given
     raw = (os.environ if env is None else env).get(name, "").strip()
     if not raw:
         return default
+    wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a positive integer; got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value}")
+        raise ValueError(f"{name} must be {wanted}; got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be {wanted}; got {value}")
     return value
 
 

@@ -367,16 +367,12 @@ class ModelGateway:
                 f"context_window_length must be a positive token count; got {context_window_length!r}"
             )
         #: the most tokens one call may ask to sample (`max_tokens`): more is refused (400), not cut
-        self.max_request_tokens = (
-            max_request_tokens
-            if max_request_tokens is not None
-            else limit_from_env(MAX_TOKENS_ENV, DEFAULT_TOKEN_LIMIT)
+        self.max_request_tokens = limit_from_env(
+            MAX_TOKENS_ENV, DEFAULT_TOKEN_LIMIT, given=max_request_tokens
         )
         #: the longest prompt a call may render, in tokens: longer is refused (400)
-        self.max_prompt_tokens = (
-            max_prompt_tokens
-            if max_prompt_tokens is not None
-            else limit_from_env(MAX_PROMPT_TOKENS_ENV, DEFAULT_TOKEN_LIMIT)
+        self.max_prompt_tokens = limit_from_env(
+            MAX_PROMPT_TOKENS_ENV, DEFAULT_TOKEN_LIMIT, given=max_prompt_tokens
         )
         #: swappable: a worker's following client replaces the sampler when new weights are published
         self.sampler = sampler

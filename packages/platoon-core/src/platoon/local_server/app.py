@@ -64,6 +64,9 @@ MAX_LEARNING_RATE = 1.0
 MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 #: seconds a request body may go without a byte arriving before the server answers 408 and closes the connection
 BODY_IDLE_SECONDS = 30.0
+#: the most sequences one sample request may ask for: a group of 1024 is far past any real run's, and a request
+#: for millions would hold the one model for hours
+MAX_NUM_SAMPLES = 1024
 #: the local model's context in tokens: a sample's prompt and its `max_tokens` may each be at most this long
 MODEL_CONTEXT_TOKENS = ModelShape().max_position_embeddings
 
@@ -740,6 +743,11 @@ class Operations:
         num_samples = body.get("num_samples", 1)
         if not (_is_int(num_samples) and num_samples >= 1):
             raise HTTPError(400, f"num_samples must be a positive integer, got {num_samples!r}")
+        if num_samples > MAX_NUM_SAMPLES:
+            raise HTTPError(
+                400,
+                f"num_samples asks for {num_samples} sequences; one request may ask for {MAX_NUM_SAMPLES}",
+            )
         params = _sampling_params(body.get("sampling_params") or {})
         if params["max_tokens"] is not None:
             self._within_context("sampling_params.max_tokens", params["max_tokens"], asked=True)

@@ -115,20 +115,6 @@ def _error_json(exc: Exception) -> bytes:
     return dumps({"error": {"message": str(exc), "type": kind, "code": getattr(exc, "code", None)}})
 
 
-def minted_agents_cap() -> int:
-    """`$PLATOON_MAX_MINTED_AGENTS` (default 64): agents one rollout may mint over HTTP."""
-    raw = os.environ.get(MAX_MINTED_AGENTS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_MINTED_AGENTS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_MINTED_AGENTS_ENV} must be an integer; got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{MAX_MINTED_AGENTS_ENV} must be >= 0; got {value}")
-    return value
-
-
 @functools.cache
 def _server_class() -> type:
     """The uvicorn server class every `GatewayServer` runs, defined once (uvicorn is imported on first use)."""
@@ -223,23 +209,18 @@ class GatewayServer:
     ) -> None:
         if keepalive_seconds <= 0:
             raise ValueError(f"keepalive_seconds must be positive; got {keepalive_seconds!r}")
-        self.max_body_bytes = (
-            max_body_bytes
-            if max_body_bytes is not None
-            else limit_from_env(MAX_BODY_BYTES_ENV, DEFAULT_MAX_BODY_BYTES)
-        )
-        self.max_json_depth = (
-            max_json_depth
-            if max_json_depth is not None
-            else limit_from_env(MAX_JSON_DEPTH_ENV, DEFAULT_MAX_JSON_DEPTH)
-        )
+        self.max_body_bytes = limit_from_env(MAX_BODY_BYTES_ENV, DEFAULT_MAX_BODY_BYTES, given=max_body_bytes)
+        self.max_json_depth = limit_from_env(MAX_JSON_DEPTH_ENV, DEFAULT_MAX_JSON_DEPTH, given=max_json_depth)
         self.gateway = gateway
         self.host = host
         self.port = port
         self.unix_socket = Path(unix_socket) if unix_socket is not None else None
         self.backend = backend
         self.keepalive_seconds = float(keepalive_seconds)
-        self.max_minted_agents = max_minted_agents if max_minted_agents is not None else minted_agents_cap()
+        #: agents one rollout may mint over HTTP (0: none)
+        self.max_minted_agents = limit_from_env(
+            MAX_MINTED_AGENTS_ENV, DEFAULT_MAX_MINTED_AGENTS, given=max_minted_agents, minimum=0
+        )
         self._rollouts: set[str] | None = None if rollouts is None else set(rollouts)
         self._extra: list[tuple[str, Any, bool]] = []
         self._extra_routes: list[BaseRoute] = list(extra_routes)

@@ -344,6 +344,15 @@ class DockerSandbox:
         )
         return int(out.strip()) if rc == 0 and out.strip().isdigit() else None
 
+    async def _raise_if_over_disk(self) -> None:
+        """`_check_disk`, where a measurement that fails (a container already gone) raises nothing."""
+        try:
+            await self._check_disk()
+        except SandboxDiskLimit:
+            raise
+        except Exception as error:
+            log.debug("measuring the writable layer of %s failed: %s", self.name, error)
+
     async def _check_disk(self) -> None:
         """End the sandbox and raise `SandboxDiskLimit` when its writable layer is over `storage_mb`."""
         if self._over_disk is not None:
@@ -381,7 +390,7 @@ class DockerSandbox:
         try:
             result = await self._exec(argv, timeout_s, env, cwd, stdin, user or self.spec.user)
         except SandboxError:
-            await self._check_disk()  # a sandbox ended for its disk says so, not just that it is gone
+            await self._raise_if_over_disk()  # ended for its disk: it says so, not just that it is gone
             raise
         if self._over_disk is not None:  # ended under the command: its result is not the sandbox's last word
             raise SandboxDiskLimit(self._over_disk)

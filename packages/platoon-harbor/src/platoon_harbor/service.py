@@ -36,6 +36,7 @@ from platoon.task import Task
 from platoon_harbor.grading import DEFAULT_CLASSIFIERS, Classifier, RewardContract, parse_classifiers
 from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
 from platoon_harbor.tasks import (
+    EnvironmentSettings,
     HarborTask,
     TaskRefused,
     UnsetVariable,
@@ -50,6 +51,7 @@ from platoon_harbor.tasks import (
     task_refusal,
     unpassed_variables,
 )
+from platoon_harbor.users import as_user, give
 
 __all__ = ["DEFAULT_PROVIDER", "HarborOptions", "HarborService"]
 
@@ -93,6 +95,7 @@ KNOWN_KEYS = (
     "verifier_classifiers",
     "verifier_mode",
     "agent_user",
+    "limits",
     "max_artifact_bytes",
     "sandbox_start_budget_s",
     "image_map",
@@ -163,7 +166,10 @@ class HarborOptions:
     #: `separate` grades every task in a fresh verifier sandbox; `shared` only the tasks that ask for one; None
     #: (not given) is `separate`, except on the process provider (see `grades_separately`)
     verifier_mode: str | None = None
-    agent_user: str = "refuse"
+    #: `run`: commands run as the users a task names; `ignore`: as the image's; `refuse`: such tasks are refused
+    agent_user: str = "run"
+    #: `enforce`: a task whose cpus, memory or storage the provider cannot enforce is refused; `ignore`: dropped
+    limits: str = "enforce"
     max_artifact_bytes: int = 1 << 30
     sandbox_start_budget_s: float = 600.0
     fetched: bool = False
@@ -232,9 +238,17 @@ class HarborOptions:
             raise ConfigError(
                 f"{_WHERE}.concurrent_tools: a subset of {', '.join(TOOL_NAMES)}; got {concurrent!r}"
             )
-        agent_user = kwargs.get("agent_user", "refuse")
-        if agent_user not in ("refuse", "ignore"):
-            raise ConfigError(f"{_WHERE}.agent_user: refuse or ignore; got {agent_user!r}")
+        agent_user = kwargs.get("agent_user", "run")
+        if agent_user not in ("run", "ignore", "refuse"):
+            raise ConfigError(
+                f"{_WHERE}.agent_user: run (as the task's user), ignore (as the image's) or refuse; got {agent_user!r}"
+            )
+        limits = kwargs.get("limits", "enforce")
+        if limits not in ("enforce", "ignore"):
+            raise ConfigError(
+                f"{_WHERE}.limits: enforce (refuse a task whose limits the provider cannot enforce) or ignore "
+                f"(drop them); got {limits!r}"
+            )
         max_artifact = kwargs.get("max_artifact_bytes", 1 << 30)
         if isinstance(max_artifact, bool) or not isinstance(max_artifact, int) or max_artifact <= 0:
             raise ConfigError(f"{_WHERE}.max_artifact_bytes: a positive integer")
@@ -278,6 +292,7 @@ class HarborOptions:
             verifier_classifiers=parse_classifiers(kwargs.get("verifier_classifiers")),
             verifier_mode=verifier_mode,
             agent_user=agent_user,
+            limits=limits,
             max_artifact_bytes=max_artifact,
             sandbox_start_budget_s=_positive(kwargs, "sandbox_start_budget_s", 600.0) or 600.0,
             fetched=bool(fetched),
@@ -601,7 +616,68 @@ class HarborService:
             reason = ask(dict(self.options.provider_options)) if callable(ask) else None
             if reason:
                 return f"Harbor task {task.id} runs without network, which provider {self.options.provider} refuses: {reason}"
+        return self._limits_refusal(task)
+
+    # -- limits and users (harness.md 5.7) ---------------------------------------------------------------------------
+
+    def _provider_unavailable(self) -> str | None:
+        """Why the provider cannot run here with its options (the docker provider: a `runtime` the engine lacks)."""
+        ask = getattr(self.provider_class(), "unavailable", None)
+        answer = ask(dict(self.options.provider_options)) if callable(ask) else None
+        return str(answer) if answer else None
+
+    def _spec_refusal(self, fields: Mapping[str, Any]) -> str | None:
+        """The provider's answer to a spec setting `fields` (its `refusal(spec, options)` hook, else its
+        capabilities), or None when it would start one."""
+        from platoon_sandbox.contract import SandboxSpec, unenforced_field
+
+        spec = SandboxSpec(**fields)
+        ask = getattr(self.provider_class(), "refusal", None)
+        if callable(ask):
+            answer = ask(spec, dict(self.options.provider_options))
+            return str(answer) if answer else None
+        return unenforced_field(spec, self._capabilities(), self.options.provider)
+
+    def _task_limits(self, task: HarborTask) -> list[tuple[str, str, Any]]:
+        """(where in task.toml, SandboxSpec field, value) of every limit and user the task sets, for the agent's
+        sandbox and for the verifier's."""
+        venv = task.verifier.environment or task.environment
+        found: list[tuple[str, str, Any]] = []
+        for table, settings in (("[environment]", task.environment), ("[verifier.environment]", venv)):
+            for name in ("cpus", "memory_mb", "storage_mb"):
+                if (value := getattr(settings, name)) is not None:
+                    found.append((f"{table}.{name}", name, value))
+        if self.options.agent_user == "run":
+            for table, user in (("[agent]", task.agent.user), ("[verifier]", task.verifier.user)):
+                if user is not None:
+                    found.append((f"{table}.user", "user", user))
+        return found
+
+    def _limits_refusal(self, task: HarborTask) -> str | None:
+        """Why the provider cannot honour the task's user or limits, in one line naming the key and the way out."""
+        for where, name, value in self._task_limits(task):
+            if name != "user" and self.options.limits == "ignore":
+                continue
+            reason = self._spec_refusal({name: value})
+            if reason:
+                knob = "agent_user: ignore" if name == "user" else "limits: ignore"
+                return f"Harbor task {task.id} {where} = {value!r}: {reason} (or set service_kwargs.{knob})"
         return None
+
+    def _sandbox_limits(self, settings: EnvironmentSettings, user: str | None) -> dict[str, Any]:
+        """The SandboxSpec fields of a task's limits and user; under `limits: ignore`, without the limits the
+        provider cannot enforce."""
+        fields: dict[str, Any] = {
+            "cpus": settings.cpus,
+            "memory_mb": settings.memory_mb,
+            "storage_mb": settings.storage_mb,
+            "user": user if self.options.agent_user == "run" else None,
+        }
+        if self.options.limits == "ignore":
+            for name in ("cpus", "memory_mb", "storage_mb"):
+                if fields[name] is not None and self._spec_refusal({name: fields[name]}):
+                    fields[name] = None
+        return fields
 
     @staticmethod
     def _network_none(task: HarborTask) -> bool:
@@ -615,6 +691,8 @@ class HarborService:
         ask = getattr(self.provider_class(), "rootfs_layout_refusal", None)
         reason = ask(dict(self.options.provider_options)) if callable(ask) else None
         if reason:
+            problems.append(f"provider {self.options.provider}: {reason}")
+        if (reason := self._provider_unavailable()) is not None:
             problems.append(f"provider {self.options.provider}: {reason}")
         not_prepared: list[str] = []
         for task_id in ids:
@@ -672,9 +750,8 @@ class HarborService:
             env=env,
             mounts=tuple(opts.mounts),
             network="none" if self._network_none(task) else "host",
-            cpus=task.environment.cpus,
-            memory_mb=task.environment.memory_mb,
             labels=labels,
+            **self._sandbox_limits(task.environment, task.agent.user),
         )
         if needs is not None:
             try:
@@ -710,7 +787,7 @@ class HarborService:
             raise EnvSetupError("env_config", str(exc)) from None
         sandbox = await self._start(provider, spec)
         try:
-            await self._prepare(sandbox, htask, spec.workdir)
+            await self._prepare(sandbox, htask, spec.workdir, spec.user)
         except BaseException:
             await _stop_quietly(sandbox)
             raise
@@ -780,9 +857,8 @@ class HarborService:
             env={},
             mounts=tuple(m for m in self.options.mounts if m.read_only),
             network="none" if mode == "no-network" else "host",
-            cpus=venv.cpus if venv else task.environment.cpus,
-            memory_mb=venv.memory_mb if venv else task.environment.memory_mb,
             labels=labels,
+            **self._sandbox_limits(venv or task.environment, task.verifier.user),
         )
         return spec, image != main.image
 
@@ -806,10 +882,15 @@ class HarborService:
             )
             raise EnvSetupError(kind, f"the sandbox did not start: {text}") from exc
 
-    async def _prepare(self, sandbox: Any, task: HarborTask, workdir: str) -> None:
+    async def _prepare(self, sandbox: Any, task: HarborTask, workdir: str, user: str | None = None) -> None:
+        """Make the log directories and the workdir; with a task user, as root, then theirs (the agent's logs and
+        artifacts, and a workdir the image did not have)."""
         dirs = ["/logs/agent", "/logs/verifier", "/logs/artifacts", workdir]
+        setup = as_user(sandbox, "0" if user is not None else None)
         try:
-            result = await sandbox.exec(["mkdir", "-p", *dirs], timeout_s=120, cwd="/")
+            result = await setup.exec(["mkdir", "-p", *dirs], timeout_s=120, cwd="/")
+            if result.exit_code == 0:
+                await give(setup, user, ["/logs/agent", "/logs/artifacts"], if_empty=[workdir])
         except Exception as exc:
             raise EnvSetupError(
                 "env_setup", f"preparing the sandbox failed: {type(exc).__name__}: {exc}"

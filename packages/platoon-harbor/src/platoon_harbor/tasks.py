@@ -138,6 +138,7 @@ class EnvironmentSettings:
     network_mode: NetworkMode = "public"
     cpus: float | None = None
     memory_mb: int | None = None
+    storage_mb: int | None = None
     gpus: int = 0
     os: str = "linux"
     healthcheck: HealthCheck | None = None
@@ -391,20 +392,32 @@ def _kind_names(kinds: type | tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names.get(k.__name__, k.__name__) for k in seq))
 
 
+def _megabytes(r: _Reader, table: Mapping[str, Any], name: str) -> int | None:
+    """`<name>_mb`, else the legacy `<name> = "2G"` form, in megabytes (`memory`, `storage`)."""
+    if f"{name}_mb" in table:
+        return int(r.number(f"{name}_mb") or 0)
+    if name in table:
+        try:
+            return parse_memory_mb(r.get(name, (str, int)))
+        except ValueError as exc:
+            raise r.fail(name, str(exc).replace("memory", name, 1)) from None
+    return None
+
+
+def _user(r: _Reader) -> str | None:
+    """`user`: a name or a uid (an integer is read as one)."""
+    user = r.get("user", (str, int))
+    return None if user is None else str(user)
+
+
 def _environment(task: Path, table: Mapping[str, Any], prefix: str) -> EnvironmentSettings:
     r = _Reader(task, table, prefix)
     network = r.network("network_mode")
     allow_internet = r.get("allow_internet", bool)
     if network is None:
         network = "no-network" if allow_internet is False else "public"
-    memory_mb: int | None = None
-    if "memory_mb" in table:
-        memory_mb = int(r.number("memory_mb") or 0)
-    elif "memory" in table:
-        try:
-            memory_mb = parse_memory_mb(r.get("memory", (str, int)))
-        except ValueError as exc:
-            raise r.fail("memory", str(exc)) from None
+    memory_mb = _megabytes(r, table, "memory")
+    storage_mb = _megabytes(r, table, "storage")
     os_name = r.get("os", str, "linux")
     if os_name.lower() != "linux":
         raise r.fail("os", f"only linux tasks run, got {os_name!r}")
@@ -453,6 +466,7 @@ def _environment(task: Path, table: Mapping[str, Any], prefix: str) -> Environme
         network_mode=network,
         cpus=r.number("cpus"),
         memory_mb=memory_mb,
+        storage_mb=storage_mb,
         gpus=gpus,
         os="linux",
         healthcheck=health,
@@ -541,7 +555,7 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
 
     a = _Reader(root, top.table_of("agent"), "[agent].")
     agent = AgentSettings(
-        timeout_sec=a.number("timeout_sec"), network_mode=a.network("network_mode"), user=a.get("user", str)
+        timeout_sec=a.number("timeout_sec"), network_mode=a.network("network_mode"), user=_user(a)
     )
 
     v = _Reader(root, top.table_of("verifier"), "[verifier].")
@@ -563,7 +577,7 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
         mode=mode or "shared",
         environment=verifier_env,
         network_mode=v.network("network_mode"),
-        user=v.get("user", str),
+        user=_user(v),
     )
     if verifier.mode == "shared" and not (root / "tests" / "test.sh").is_file():
         raise TaskRefused(root, "no tests/test.sh")
@@ -594,14 +608,18 @@ def _refuse_collect_hooks(verifier: _Reader) -> None:
         )
 
 
-def task_refusal(task: HarborTask, *, agent_user: str = "refuse") -> TaskRefused | None:
-    """The entry-dependent load refusal of 6.1 (a compose stack with sidecars; a task user), or None."""
+def task_refusal(task: HarborTask, *, agent_user: str = "run") -> TaskRefused | None:
+    """The entry-dependent load refusal of 6.1 (a compose stack with sidecars; a task user under `agent_user:
+    refuse`), or None. Under `run` (the default) a task user is run as; whether the provider can is a run-start
+    check of the service's."""
     if task.stack == "sidecars":
         return TaskRefused(task.path, "a compose stack with services beside main is not supported")
-    if agent_user != "ignore":
+    if agent_user == "refuse":
         for key, user in (("[agent].user", task.agent.user), ("[verifier].user", task.verifier.user)):
             if user:
-                return TaskRefused(task.path, f"{key} = {user!r} (set agent_user: ignore to run it as root)")
+                return TaskRefused(
+                    task.path, f"{key} = {user!r} (agent_user: refuse; run or ignore would run the task)"
+                )
     return None
 
 
@@ -614,7 +632,7 @@ def ignored_users(task: HarborTask) -> dict[str, str]:
     }
 
 
-def load_task(path: str | Path, *, task_id: str | None = None, agent_user: str = "refuse") -> HarborTask:
+def load_task(path: str | Path, *, task_id: str | None = None, agent_user: str = "run") -> HarborTask:
     """`read_task` plus the entry's load refusals (raised as `TaskRefused`)."""
     task = read_task(path, task_id=task_id)
     refusal = task_refusal(task, agent_user=agent_user)

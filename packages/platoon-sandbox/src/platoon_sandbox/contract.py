@@ -17,13 +17,16 @@ __all__ = [
     "CAPABILITIES",
     "NETWORKS",
     "OUTPUT_CAP_BYTES",
+    "SPEC_FIELD_CAPABILITIES",
     "ExecResult",
     "Mount",
     "Sandbox",
+    "SandboxDiskLimit",
     "SandboxError",
     "SandboxGone",
     "SandboxProvider",
     "SandboxSpec",
+    "unenforced_field",
 ]
 
 #: The capabilities a provider may declare. Besides the features (snapshot, gpu, routes, host_loopback), each
@@ -73,6 +76,13 @@ class SandboxGone(SandboxError):
     failure_kind = "sandbox_gone"
 
 
+class SandboxDiskLimit(SandboxGone):
+    """The sandbox wrote more than its `storage_mb` and was ended for it (a watchdog saw its writable layer pass the
+    limit): the rollout ends as the untrainable `sandbox_disk_limit`."""
+
+    failure_kind = "sandbox_disk_limit"
+
+
 @dataclass(frozen=True)
 class Mount:
     """A host path made visible inside the sandbox at `target` (read-only unless said otherwise)."""
@@ -92,8 +102,10 @@ class SandboxSpec:
     `upstreams`: name -> `unix:///abs/dir/x.sock` or `http(s)://host:port`; each gets a route usable inside.
     `labels`: merged with the process's labels (the run and worker labels) before the sandbox is registered.
     Limits (None: the provider's default): `cpus`, `memory_mb`, `pids_limit` (processes at once), `storage_mb`
-    (bytes the sandbox may write); `user`: the user commands run as (a name or `uid[:gid]`; None: the image's).
-    A provider enforces what its `capabilities` say and refuses, at start, a field it cannot honour.
+    (megabytes the sandbox may write); `user`: the user commands run as (a name or `uid[:gid]`; None: the image's).
+    A provider enforces what its `capabilities` say and refuses, at start, a field it cannot honour
+    (`SPEC_FIELD_CAPABILITIES`). A provider with `run_as_user` also takes `exec(..., user=...)`, one command as
+    another user (root for a caller's own setup); its own operations (uploads, downloads, kills) run as root.
     """
 
     image: str = "local"
@@ -134,6 +146,29 @@ class SandboxSpec:
                 raise ValueError(
                     f"upstream {name!r} is TCP ({url}): a network: none sandbox reaches only Unix-socket upstreams"
                 )
+
+
+#: The spec fields a provider must enforce to accept a spec that sets them, and the capability that says it does.
+SPEC_FIELD_CAPABILITIES: dict[str, str] = {
+    "cpus": "limit_cpu_memory",
+    "memory_mb": "limit_cpu_memory",
+    "pids_limit": "limit_pids",
+    "storage_mb": "limit_disk",
+    "user": "run_as_user",
+}
+
+
+def unenforced_field(spec: SandboxSpec, capabilities: frozenset[str], provider: str) -> str | None:
+    """One line naming the first field `spec` sets that a provider with `capabilities` does not enforce, or None:
+    what a provider's `refusal(spec, options)` answers by default."""
+    for name, capability in SPEC_FIELD_CAPABILITIES.items():
+        value = getattr(spec, name)
+        if value is not None and capability not in capabilities:
+            return (
+                f"provider {provider} does not enforce {name} = {value!r} (it lacks the {capability} "
+                "capability): choose a provider that does, e.g. docker"
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -198,7 +233,9 @@ class Sandbox(Protocol):
 class SandboxProvider(Protocol):
     """Starts sandboxes. `isolates`: whether a sandbox is isolated from the host (a site profile may choose only
     isolating providers). Optional class methods: `unavailable(options) -> str | None` (why this node cannot run
-    it), `network_none_refusal(options)`, `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
+    it), `refusal(spec, options) -> str | None` (why it would refuse this spec at start: a field it does not
+    enforce, so a caller can refuse a task before any start), `network_none_refusal(options)`,
+    `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[str]]

@@ -42,7 +42,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import CAPABILITIES, ExecResult, SandboxError, SandboxGone, SandboxSpec
+from platoon_sandbox.contract import (
+    CAPABILITIES,
+    ExecResult,
+    SandboxError,
+    SandboxGone,
+    SandboxSpec,
+    unenforced_field,
+)
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
@@ -253,7 +260,11 @@ class HpcProvider:
             self.inner = self._resolve_inner()(**self._inner_options(options))
         except ImportError as error:
             raise SandboxError(f"the {self.name} provider needs hpc-sandbox: {INSTALL_HINT}") from error
-        self.capabilities = (frozenset(self.inner.capabilities) & CAPABILITIES) | {"routes", "host_loopback"}
+        self.capabilities = (
+            (frozenset(self.inner.capabilities) & CAPABILITIES)
+            | {"routes", "host_loopback"}
+            | ({"limit_cpu_memory"} if options.get("cgroup_limits") else set())
+        )
 
     @classmethod
     def _resolve_inner(cls) -> Any:
@@ -289,6 +300,15 @@ class HpcProvider:
     def rootfs_layout_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         return None
 
+    @classmethod
+    def refusal(cls, spec: SandboxSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """hpc-sandbox enforces CPU and memory with `cgroup_limits` (singularity); without it only memory, through
+        its watchdog, so a spec naming `cpus` is refused. Processes, disk and users: never."""
+        enforced = set(cls.capabilities)
+        if (options or {}).get("cgroup_limits") or spec.cpus is None:
+            enforced.add("limit_cpu_memory")
+        return unenforced_field(spec, frozenset(enforced), cls.name)
+
     async def start(self, spec: SandboxSpec) -> HpcSandbox:
         return await self._start(spec, None)
 
@@ -316,6 +336,8 @@ class HpcProvider:
 
     async def _start(self, spec: SandboxSpec, snapshot: Any) -> HpcSandbox:
         if spec.network == "none" and (why := self.network_none_refusal(self.options)) is not None:
+            raise SandboxError(why)
+        if (why := self.refusal(spec, self.options)) is not None:
             raise SandboxError(why)
         spec = replace(spec, labels=merge_labels(spec.labels))
         inner_spec = self._inner_spec(spec)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from platoon_sandbox import netns, procs
-from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec, unenforced_field
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import FIRST_PORT, Forwarder, find_python
@@ -122,8 +122,15 @@ class ProcessProvider:
             return "the process provider runs string commands under bash, and bash is not on PATH"
         return None
 
+    @classmethod
+    def refusal(cls, spec: SandboxSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """Limits and a user are never enforced here: a spec that sets them is refused."""
+        return unenforced_field(spec, cls.capabilities, cls.name)
+
     async def start(self, spec: SandboxSpec) -> ProcessSandbox:
         global _warned
+        if (why := self.refusal(spec, self.options)) is not None:
+            raise SandboxError(why)
         no_netns = None
         if not _warned or spec.network == "none":
             no_netns = await asyncio.to_thread(netns.unavailable)  # probed once per process

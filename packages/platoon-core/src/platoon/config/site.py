@@ -31,6 +31,7 @@ PROVIDER_OPTIONS: dict[str, str] = {
     "image_cache": "path",
     "stage_images": "bool",
     "gpu": "text",
+    "runtime": "text",
 }
 
 #: Built-in providers and whether they isolate; others are asked about through the plugin machinery.

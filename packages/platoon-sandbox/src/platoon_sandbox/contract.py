@@ -112,7 +112,9 @@ class SandboxSpec:
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
-            raise ValueError(f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}")
+            raise ValueError(
+                f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}"
+            )
         if self.allowed_hosts and self.network != "allowlist":
             raise ValueError("SandboxSpec.allowed_hosts is for network: allowlist only")
         for name, value in (("pids_limit", self.pids_limit), ("storage_mb", self.storage_mb)):
@@ -131,6 +133,11 @@ class SandboxSpec:
             if self.network == "none" and not url.startswith("unix://"):
                 raise ValueError(
                     f"upstream {name!r} is TCP ({url}): a network: none sandbox reaches only Unix-socket upstreams"
+                )
+            if self.network in ("public", "allowlist") and _on_loopback(url):
+                raise ValueError(
+                    f"upstream {name!r} is on the host's loopback ({url}): a network: {self.network} sandbox cannot "
+                    "reach it; serve it on a Unix socket (it then gets a route)"
                 )
 
 
@@ -196,7 +203,9 @@ class Sandbox(Protocol):
 class SandboxProvider(Protocol):
     """Starts sandboxes. `isolates`: whether a sandbox is isolated from the host (a site profile may choose only
     isolating providers). Optional class methods: `unavailable(options) -> str | None` (why this node cannot run
-    it), `network_none_refusal(options)`, `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
+    it), `network_none_refusal(options)`, `network_public_refusal(options)`, `network_allowlist_refusal(options)`
+    (why sandboxes of that policy cannot start with these options, or None), `rootfs_layout_refusal(options)`;
+    optional `reap(labels) -> int`."""
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[str]]
@@ -207,3 +216,18 @@ class SandboxProvider(Protocol):
 
     async def restore(self, snapshot: Any, spec: SandboxSpec) -> Sandbox:
         """A sandbox started from a snapshot of another."""
+
+
+def _on_loopback(url: str) -> bool:
+    """Whether an http(s) URL names the host's loopback (or every address, 0.0.0.0)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified

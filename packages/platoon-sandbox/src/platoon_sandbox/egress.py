@@ -566,14 +566,31 @@ def _nft(enter: Sequence[str], nft: str, script: str) -> str | None:
 
 def kill_strays(markers: Sequence[str]) -> int:
     """SIGKILL every slirp4netns that carries one of these sandbox markers (a reap, or a stop whose process lost
-    its handle). Returns how many were found."""
+    its handle) and wait until they are gone. Returns how many were found."""
     if not markers:
         return 0
-    pids = procs.pids_with_marker([f"{MARKER_ENV}={m}".encode() for m in markers])
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    return len(pids)
+    wanted = [f"{MARKER_ENV}={m}".encode() for m in markers]
+    handles = []
+    for pid in procs.pids_with_marker(wanted):
+        try:
+            handle = os.pidfd_open(pid)
+        except OSError:  # gone already
+            continue
+        # the pid is pinned now: check it is still the marked process before the signal
+        if pid in procs.pids_with_marker(wanted):
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+            handles.append(handle)
+        else:
+            os.close(handle)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    try:
+        for handle in handles:  # a pidfd turns readable once its process has exited
+            select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        for handle in handles:
+            os.close(handle)
+    return len(handles)
 
 
 # -- whether a process sandbox can have it -------------------------------------------------------------------------

@@ -118,8 +118,14 @@ def test_the_entry_point_names_the_provider() -> None:
     runtime = get_sandbox_runtime("docker")
     assert resolve_target(runtime.provider) is DockerProvider
     assert DockerProvider.isolates
-    assert DockerProvider.capabilities >= {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
-    assert DockerProvider.capabilities >= {
+    assert DockerProvider.capabilities == {
+        "snapshot",
+        "network_none",
+        "network_public",
+        "network_allowlist",
+        "isolation",
+        "routes",
+        "host_loopback",
         "least_privilege",
         "limit_cpu_memory",
         "limit_pids",

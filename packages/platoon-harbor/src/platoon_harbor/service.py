@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from platoon.config.paths import PathOption
 from platoon.deprecations import DeprecatedKey
@@ -545,10 +545,14 @@ class HarborService:
     def provider(self) -> Any:
         if self._provider is None:
             cls = self.provider_class()
+            from platoon_sandbox.contract import SandboxError
+
             try:
                 self._provider = cls(**dict(self.options.provider_options))
             except TypeError as exc:
                 raise ConfigError(f"{_WHERE}.provider_options: {cls.__name__} refuses them: {exc}") from None
+            except SandboxError as exc:  # an option's value (egress_allow's entries, say)
+                raise ConfigError(f"{_WHERE}.provider_options: {exc}") from None
         return self._provider
 
     def _capabilities(self) -> frozenset[str]:
@@ -611,11 +615,20 @@ class HarborService:
         caps = self._capabilities()
         if task.environment.gpus and "gpu" not in caps:
             return f"Harbor task {task.id} needs {task.environment.gpus} GPU(s); provider {self.options.provider} has none"
-        if self._network_none(task):
-            ask = getattr(self.provider_class(), "network_none_refusal", None)
+        phases = [("agent", agent_network(task))]
+        if self.grades_separately(task):
+            phases.append(("verifier", verifier_network(task)))
+        for phase, (network, _hosts) in phases:
+            ask = getattr(self.provider_class(), f"network_{network}_refusal", None)
             reason = ask(dict(self.options.provider_options)) if callable(ask) else None
-            if reason:
+            if not reason:
+                continue
+            if network == "none" and phase == "agent":
                 return f"Harbor task {task.id} runs without network, which provider {self.options.provider} refuses: {reason}"
+            return (
+                f"Harbor task {task.id} runs its {phase} with network_mode {_HARBOR_MODES[network]}, which provider "
+                f"{self.options.provider} refuses: {reason}"
+            )
         return self._limits_refusal(task)
 
     # -- limits and users (harness.md 5.7) ---------------------------------------------------------------------------
@@ -679,10 +692,10 @@ class HarborService:
                     fields[name] = None
         return fields
 
-    @staticmethod
-    def _network_none(task: HarborTask) -> bool:
-        mode = task.agent.network_mode or task.environment.network_mode
-        return mode == "no-network"
+    def _network_isolated(self, spec: Any) -> bool:
+        """Whether the provider really gave `spec` a network namespace of its own (else the sandbox shares the
+        host's network, as a provider allowed onto it does)."""
+        return spec.network != "host" and f"network_{spec.network}" in self._capabilities()
 
     async def check_tasks(self, split: str, ids: list[str]) -> None:
         """Run-start checks (6.9): the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
@@ -744,19 +757,21 @@ class HarborService:
             raise EnvSetupError("env_config", str(exc)) from None
         env = {**opts.env, **task_env}
         labels = {"platoon.env": opts.name, "platoon.rollout_id": rollout_id or "-", "platoon.task": task.id}
+        network, allowed_hosts = agent_network(task)
         spec = SandboxSpec(
             image=self.image_for(task),
             workdir=task.environment.workdir or opts.workdir,
             env=env,
             mounts=tuple(opts.mounts),
-            network="none" if self._network_none(task) else "host",
+            network=network,
+            allowed_hosts=allowed_hosts,
             labels=labels,
             **self._sandbox_limits(task.environment, task.agent.user),
         )
         if needs is not None:
             try:
                 spec = needs.apply(spec)
-            except ValueError as exc:  # a TCP upstream for a no-network sandbox: the route cannot exist
+            except ValueError as exc:  # a TCP upstream a sandbox off the host network cannot reach
                 raise EnvSetupError(
                     "harness_setup", f"the rollout's routes do not fit the sandbox: {exc}"
                 ) from None
@@ -792,7 +807,7 @@ class HarborService:
             await _stop_quietly(sandbox)
             raise
         caps = self._capabilities()
-        isolated = spec.network == "none" and "network_none" in caps
+        isolated = self._network_isolated(spec)
         opened = OpenedSandbox(
             sandbox=sandbox,
             spec=spec,
@@ -845,18 +860,15 @@ class HarborService:
             )
         else:
             image = main.image
-        mode = (
-            task.verifier.network_mode
-            or (venv.network_mode if venv else None)
-            or task.environment.network_mode
-        )
+        network, allowed_hosts = verifier_network(task)
         labels = {**dict(main.labels), "platoon.role": "verifier"}
         spec = SandboxSpec(
             image=image,
             workdir=(venv.workdir if venv else None) or task.environment.workdir or self.options.workdir,
             env={},
             mounts=tuple(m for m in self.options.mounts if m.read_only),
-            network="none" if mode == "no-network" else "host",
+            network=network,
+            allowed_hosts=allowed_hosts,
             labels=labels,
             **self._sandbox_limits(venv or task.environment, task.verifier.user),
         )
@@ -916,6 +928,46 @@ class HarborService:
         sandbox = await self._start(self.provider(), opened.spec, snapshot)
         copy = OpenedSandbox(**{**opened.__dict__, "sandbox": sandbox, "label": f"{opened.label} (copy)"})
         return HarborSession(LiveSandbox(self, copy), child_task)
+
+
+#: Harbor's network modes and the sandbox networks they run under (harness.md 5.7): no policy shares the host's.
+SandboxNetwork = Literal["none", "public", "allowlist"]
+_NETWORKS: dict[str, SandboxNetwork] = {"no-network": "none", "public": "public", "allowlist": "allowlist"}
+_HARBOR_MODES = {network: mode for mode, network in _NETWORKS.items()}
+
+
+def agent_network(task: HarborTask) -> tuple[SandboxNetwork, tuple[str, ...]]:
+    """The agent's sandbox network and allowed hosts: `[agent]`'s `network_mode` and `allowed_hosts` where it sets
+    them, else `[environment]`'s."""
+    mode = task.agent.network_mode or task.environment.network_mode
+    hosts = (
+        task.agent.allowed_hosts if task.agent.allowed_hosts is not None else task.environment.allowed_hosts
+    )
+    network = _NETWORKS[mode]
+    return network, (tuple(hosts or ()) if network == "allowlist" else ())
+
+
+def verifier_network(task: HarborTask) -> tuple[SandboxNetwork, tuple[str, ...]]:
+    """A separate verifier's network and allowed hosts: `[verifier]`'s, else `[verifier.environment]`'s, else
+    `[environment]`'s (a shared verifier runs in the agent's sandbox, under the agent's)."""
+    venv = task.verifier.environment
+    mode = (
+        task.verifier.network_mode or (venv.network_mode if venv else None) or task.environment.network_mode
+    )
+    hosts = next(
+        (
+            h
+            for h in (
+                task.verifier.allowed_hosts,
+                venv.allowed_hosts if venv else None,
+                task.environment.allowed_hosts,
+            )
+            if h is not None
+        ),
+        (),
+    )
+    network = _NETWORKS[mode]
+    return network, (tuple(hosts) if network == "allowlist" else ())
 
 
 def _scheme(ref: str) -> str:

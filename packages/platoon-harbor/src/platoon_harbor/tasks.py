@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from platoon.errors import ConfigError
+from platoon_sandbox.egress import allowed_host_problem
 
 __all__ = [
     "SPLITS_FILE",
@@ -136,6 +137,8 @@ class EnvironmentSettings:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     network_mode: NetworkMode = "public"
+    #: the hosts an `allowlist` reaches (`host` or `host:port`); None when the table does not say
+    allowed_hosts: tuple[str, ...] | None = None
     cpus: float | None = None
     memory_mb: int | None = None
     storage_mb: int | None = None
@@ -155,6 +158,7 @@ class AgentSettings:
 
     timeout_sec: float | None = None
     network_mode: NetworkMode | None = None
+    allowed_hosts: tuple[str, ...] | None = None
     user: str | None = None
 
 
@@ -167,6 +171,7 @@ class VerifierSettings:
     mode: Literal["shared", "separate"] = "shared"
     environment: EnvironmentSettings | None = None
     network_mode: NetworkMode | None = None
+    allowed_hosts: tuple[str, ...] | None = None
     user: str | None = None
 
 
@@ -385,6 +390,19 @@ class _Reader:
             raise self.fail(key, f"expected one of {', '.join(_NETWORK_MODES)}, got {value!r}")
         return value
 
+    def hosts(self, key: str) -> tuple[str, ...] | None:
+        """`allowed_hosts`: host names or addresses, each optionally with `:port`; a wildcard is refused (egress is
+        filtered by address, so a pattern cannot be enforced)."""
+        value = self.get(key, list)
+        if value is None:
+            return None
+        for index, entry in enumerate(value):
+            if not isinstance(entry, str):
+                raise self.fail(f"{key}[{index}]", f"expected a host name, got {type(entry).__name__}")
+            if (problem := allowed_host_problem(entry)) is not None:
+                raise self.fail(f"{key}[{index}]", f"{entry!r}: {problem}")
+        return tuple(entry.strip() for entry in value)
+
 
 def _kind_names(kinds: type | tuple[type, ...]) -> str:
     names = {"str": "a string", "int": "an integer", "float": "a number", "dict": "a table", "list": "a list"}
@@ -464,6 +482,7 @@ def _environment(task: Path, table: Mapping[str, Any], prefix: str) -> Environme
         workdir=r.get("workdir", str),
         env=r.string_map("env"),
         network_mode=network,
+        allowed_hosts=r.hosts("allowed_hosts"),
         cpus=r.number("cpus"),
         memory_mb=memory_mb,
         storage_mb=storage_mb,
@@ -555,7 +574,10 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
 
     a = _Reader(root, top.table_of("agent"), "[agent].")
     agent = AgentSettings(
-        timeout_sec=a.number("timeout_sec"), network_mode=a.network("network_mode"), user=_user(a)
+        timeout_sec=a.number("timeout_sec"),
+        network_mode=a.network("network_mode"),
+        allowed_hosts=a.hosts("allowed_hosts"),
+        user=_user(a),
     )
 
     v = _Reader(root, top.table_of("verifier"), "[verifier].")
@@ -577,6 +599,7 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
         mode=mode or "shared",
         environment=verifier_env,
         network_mode=v.network("network_mode"),
+        allowed_hosts=v.hosts("allowed_hosts"),
         user=_user(v),
     )
     if verifier.mode == "shared" and not (root / "tests" / "test.sh").is_file():

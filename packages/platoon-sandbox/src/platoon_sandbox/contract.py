@@ -146,6 +146,11 @@ class SandboxSpec:
                 raise ValueError(
                     f"upstream {name!r} is TCP ({url}): a network: none sandbox reaches only Unix-socket upstreams"
                 )
+            if self.network in ("public", "allowlist") and _on_loopback(url):
+                raise ValueError(
+                    f"upstream {name!r} is on the host's loopback ({url}): a network: {self.network} sandbox cannot "
+                    "reach it; serve it on a Unix socket (it then gets a route)"
+                )
 
 
 #: The spec fields a provider must enforce to accept a spec that sets them, and the capability that says it does.
@@ -235,7 +240,8 @@ class SandboxProvider(Protocol):
     isolating providers). Optional class methods: `unavailable(options) -> str | None` (why this node cannot run
     it), `refusal(spec, options) -> str | None` (why it would refuse this spec at start: a field it does not
     enforce, so a caller can refuse a task before any start), `network_none_refusal(options)`,
-    `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
+    `network_public_refusal(options)`, `network_allowlist_refusal(options)` (why sandboxes of that policy cannot start
+    with these options, or None), `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[str]]
@@ -246,3 +252,18 @@ class SandboxProvider(Protocol):
 
     async def restore(self, snapshot: Any, spec: SandboxSpec) -> Sandbox:
         """A sandbox started from a snapshot of another."""
+
+
+def _on_loopback(url: str) -> bool:
+    """Whether an http(s) URL names the host's loopback (or every address, 0.0.0.0)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified

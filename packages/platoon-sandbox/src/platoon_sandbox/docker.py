@@ -13,8 +13,12 @@ abandoning an exec (its API connection or its `docker exec` client) does not sto
 or a cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the
 marker.
 
-Routes (harness.md 5.6): a `network: none` container reaches each Unix-socket upstream through a forwarder inside it
-(`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
+Networks (harness.md 5.7): `host` is the host's own namespace; every other policy starts the container with
+`--network none`; `public` and `allowlist` then get filtered egress attached to its namespace (`egress`: one
+slirp4netns per sandbox and nftables rules inside; not under `runtime: runsc`, whose sandboxes have no network).
+
+Routes (harness.md 5.6): a container with a namespace of its own reaches each Unix-socket upstream through a
+forwarder inside it (`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
 listens on 127.0.0.1:18080 (18081, ... in name order). It is started by its own `docker exec` (so no exec marker
 reaches it) and `kill_processes` spares it by pid and start time, like the container's own processes.
 
@@ -48,6 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from platoon_sandbox import egress
 from platoon_sandbox.contract import (
     ExecResult,
     SandboxDiskLimit,
@@ -125,6 +130,19 @@ _ENTER = 'cd -- "$1" 2>/dev/null || { echo "platoon-sandbox: cannot enter the wo
 def docker_binary() -> str:
     """The CLI to drive: `PLATOON_DOCKER` (podman works), else `docker`."""
     return os.environ.get("PLATOON_DOCKER") or "docker"
+
+
+def _network_args(spec: SandboxSpec, egress_plan: egress.EgressPlan | None) -> list[str]:
+    """`--network host` for host; `--network none` for every other policy (public and allowlist get their egress
+    from slirp4netns once the container runs), with slirp's resolver and the names an allowlist pinned."""
+    if spec.network == "host":
+        return ["--network", "host"]
+    args = ["--network", "none"]
+    if egress_plan is not None:
+        args += ["--dns", egress.SANDBOX_DNS]
+        for host, addresses in egress_plan.pinned.items():
+            args += [a for address in addresses for a in ("--add-host", f"{host}:{address}")]
+    return args
 
 
 def _image_ref(image: str) -> str:
@@ -262,8 +280,9 @@ class DockerSandbox:
         self._disk_watch: asyncio.Task[None] | None = None
         self._over_disk: str | None = None  # why the disk watchdog ended the sandbox
         self._removal: asyncio.Future[None] | None = None
-        # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network (5.6): a
-        # host-network sandbox reaches the gateway on loopback, so no route.
+        self._egress: egress.Slirp | None = None  # public and allowlist: the slirp4netns giving it egress
+        # TCP upstreams are their own route; Unix-socket ones get a forwarder unless the sandbox shares the host's
+        # network (5.6): a host-network sandbox reaches the gateway on loopback, so no route.
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
         self._forwarders = ContainerForwarders.for_spec(spec, self._route_shell)
 
@@ -308,6 +327,22 @@ class DockerSandbox:
                 f"cannot run commands as user {self.spec.user!r} in {self.spec.image} (exit {rc}): "
                 f"{(err or out).strip() or 'the engine gave no reason'}"
             )
+
+    async def _attach_egress(self, plan: egress.EgressPlan) -> None:
+        """Filtered egress for a public or allowlist container: slirp4netns on its namespace (by its init's pid),
+        then the rules loaded there."""
+        _, out, _ = await _cli(self._docker, "inspect", "--format", "{{.State.Pid}}", self.name)
+        pid = out.strip()
+        if not pid.isdigit() or pid == "0":
+            raise SandboxError(f"cannot find the process of container {self.name} (the engine said {pid!r})")
+        self._egress = await egress.start(
+            plan, marker=self.name, pid=int(pid), enter=["nsenter", f"--target={pid}", "--net", "--"]
+        )
+
+    async def _stop_egress(self) -> None:
+        if self._egress is not None:
+            await asyncio.to_thread(self._egress.stop)
+            self._egress = None
 
     async def _record_own_processes(self) -> None:
         rc, out, err = await self._run(["sh", "-c", LIST_OWN, "platoon-list"])
@@ -676,6 +711,7 @@ class DockerSandbox:
         await asyncio.shield(self._removal)
 
     async def _remove(self) -> None:
+        await self._stop_egress()
         rc, _out, err = await _cli(self._docker, "rm", "--force", self.name, check=False)
         if self._snapshots:
             await _cli(self._docker, "rmi", "--force", *self._snapshots, check=False)
@@ -688,13 +724,16 @@ class DockerSandbox:
 
 class DockerProvider:
     """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`), `runtime` (the engine's
-    OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default)."""
+    OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default), `egress_allow` (host or
+    host:port destinations that public and allowlist sandboxes may reach even when private or the host's own)."""
 
     name: ClassVar[str] = "docker"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {
             "snapshot",
             "network_none",
+            "network_public",
+            "network_allowlist",
             "isolation",
             "routes",
             "host_loopback",
@@ -710,7 +749,13 @@ class DockerProvider:
     #: subclass), to measure what they cost. Not an option: no configuration can reach it.
     hardening: ClassVar[bool] = True
 
-    def __init__(self, *, binary: str | None = None, runtime: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        runtime: str | None = None,
+        egress_allow: Sequence[str] | None = None,
+    ) -> None:
         if runtime is not None and (not isinstance(runtime, str) or not runtime.strip()):
             raise SandboxError(
                 f"the docker provider's runtime option names an OCI runtime (e.g. runsc); got {runtime!r}"
@@ -720,6 +765,9 @@ class DockerProvider:
         }
         self.docker = binary or docker_binary()
         self.runtime = runtime
+        self.egress_allow = egress.parse_egress_allow(egress_allow)
+        if self.egress_allow:
+            self.options["egress_allow"] = list(self.egress_allow)
 
     async def engine(self) -> Any | None:
         """The Engine API client commands go through, or None for the CLI (resolved once per process)."""
@@ -753,7 +801,37 @@ class DockerProvider:
     def network_none_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         return None
 
-    def _run_args(self, name: str, spec: SandboxSpec, image: str, *, disk_quota: bool = False) -> list[str]:
+    @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why public sandboxes cannot have filtered egress with these options on this host, or None."""
+        options = options or {}
+        if options.get("runtime") == "runsc":
+            return (
+                "runtime: runsc runs sandboxes with gVisor's --network=none, so public and allowlist egress is not "
+                "available under it; use the default runtime for tasks that need the network"
+            )
+        try:
+            egress.parse_egress_allow(options.get("egress_allow"))
+        except SandboxError as exc:
+            return str(exc)
+        if (why := egress.missing_tools()) is not None:
+            return f"public and allowlist docker sandboxes need filtered egress: {why}"
+        return None
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why allowlist sandboxes cannot be filtered here, or None (the same mechanism as public's)."""
+        return cls.network_public_refusal(options)
+
+    def _run_args(
+        self,
+        name: str,
+        spec: SandboxSpec,
+        image: str,
+        egress_plan: egress.EgressPlan | None = None,
+        *,
+        disk_quota: bool = False,
+    ) -> list[str]:
         args = [
             "run",
             "--detach",
@@ -762,8 +840,7 @@ class DockerProvider:
             name,
             "--workdir",
             spec.workdir,
-            "--network",
-            spec.network,
+            *_network_args(spec, egress_plan),
         ]
         if self.runtime is not None:
             args += ["--runtime", self.runtime]
@@ -778,7 +855,7 @@ class DockerProvider:
             args += ["--label", f"{key}={value}"]
         for mount in spec.mounts:
             args += ["--volume", f"{mount.source}:{mount.target}{':ro' if mount.read_only else ''}"]
-        if spec.network == "none":
+        if spec.network != "host":
             for source, target in ContainerForwarders.binds(spec.upstreams):
                 args += ["--volume", f"{source}:{target}:ro"]
         return [*args, "--entrypoint", "sleep", image, "infinity"]
@@ -786,18 +863,20 @@ class DockerProvider:
     def _engine_key(self) -> tuple[str, str | None]:
         return self.docker, os.environ.get("DOCKER_HOST")
 
-    async def _create(self, name: str, spec: SandboxSpec, image: str) -> bool:
+    async def _create(
+        self, name: str, spec: SandboxSpec, image: str, egress_plan: egress.EgressPlan | None
+    ) -> bool:
         """`docker run` the container; whether the storage driver limits its disk. An engine that refuses
         `--storage-opt` is remembered (one refused run per engine and process) and the run made again without."""
         key = self._engine_key()
         quota = self.hardening and spec.storage_mb is not None and _DISK_QUOTA.get(key, True)
         try:
-            await _cli(self.docker, *self._run_args(name, spec, image, disk_quota=quota))
+            await _cli(self.docker, *self._run_args(name, spec, image, egress_plan, disk_quota=quota))
         except SandboxError as error:
             if not quota or not _refuses_quota(error):
                 raise
             _DISK_QUOTA[key] = False
-            await _cli(self.docker, *self._run_args(name, spec, image, disk_quota=False))
+            await _cli(self.docker, *self._run_args(name, spec, image, egress_plan, disk_quota=False))
             return False
         if quota:
             _DISK_QUOTA[key] = True
@@ -813,6 +892,7 @@ class DockerProvider:
     async def _start(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         name = f"platoon-{uuid.uuid4().hex[:12]}"
         api = await self.engine()  # before registering: nothing to clean up if this is cancelled
+        egress_plan = await self._egress_plan(spec)  # names resolved before anything exists
         spec = replace(spec, labels=merge_labels(spec.labels))
         entry = registry().register(
             class_path(self), self.options, spec.labels
@@ -821,9 +901,11 @@ class DockerProvider:
         sandbox._api = api
         # The run call is shielded: killing its client would not stop the engine from creating the container
         # after the removal below had already found nothing.
-        run = asyncio.ensure_future(self._create(name, spec, image))
+        run = asyncio.ensure_future(self._create(name, spec, image, egress_plan))
         try:
             quota = await asyncio.shield(run)
+            if egress_plan is not None:
+                await sandbox._attach_egress(egress_plan)
             if spec.user is not None:
                 await sandbox._check_user()
             await sandbox._record_own_processes()
@@ -841,6 +923,19 @@ class DockerProvider:
             raise
         registry().attach(entry, sandbox)
         return sandbox
+
+    async def _egress_plan(self, spec: SandboxSpec) -> egress.EgressPlan | None:
+        """A public or allowlist sandbox's egress, resolved on the host now; None for host and none."""
+        if spec.network not in egress.EGRESS_NETWORKS:
+            return None
+        refusal = (
+            self.network_public_refusal(self.options)
+            if spec.network == "public"
+            else self.network_allowlist_refusal(self.options)
+        )
+        if refusal is not None:
+            raise SandboxError(refusal)
+        return await asyncio.to_thread(egress.plan, spec.network, spec.allowed_hosts, self.egress_allow)
 
     async def labelled(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """The containers carrying all of `labels` (`platoon sandbox list`), running or stopped: id (the container's
@@ -869,10 +964,15 @@ class DockerProvider:
         if not labels:
             raise ValueError("reaping with an empty label set is refused: it would match every container")
         filters = [arg for key, value in labels.items() for arg in ("--filter", f"label={key}={value}")]
-        _, out, _ = await _cli(self.docker, "ps", "--all", "--quiet", "--no-trunc", *filters)
-        ids = out.split()
+        _, out, _ = await _cli(
+            self.docker, "ps", "--all", "--no-trunc", *filters, "--format", "{{.ID}}\t{{.Names}}"
+        )
+        rows = [line.split("\t") for line in out.splitlines() if line.strip()]
+        ids = [row[0] for row in rows]
         if ids:
             await _cli(self.docker, "rm", "--force", *ids)
+        # a public or allowlist container's slirp4netns, should its owner have lost it
+        await asyncio.to_thread(egress.kill_strays, [row[-1] for row in rows])
         _, out, _ = await _cli(
             self.docker, "images", "--quiet", "--no-trunc", "--filter", f"reference={SNAPSHOT_REPO}", *filters
         )

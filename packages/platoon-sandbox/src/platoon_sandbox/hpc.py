@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'platoon-sandbox[hpc]' (or `uv add 'platoon-sandbox[hpc]'`)"
 #: The environment variable naming the Singularity/Apptainer binary when the options give none.
 SINGULARITY_ENV = "PLATOON_SINGULARITY"
+#: Provider options that are platoon's, not hpc-sandbox's: `allow_host_network` (public and allowlist sandboxes on
+#: the host's network, unfiltered) and `egress_allow` (a site profile's, for providers that filter egress).
+NETWORK_OPTIONS = ("allow_host_network", "egress_allow")
 #: Seconds a helper script (process listing, kill, forwarder start) may take inside the sandbox.
 SCRIPT_TIMEOUT_S = 120.0
 #: hpc-sandbox's mark where it cut a stream's middle out (it keeps head and tail).
@@ -276,8 +279,9 @@ class HpcProvider:
 
     @classmethod
     def _inner_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The keyword arguments of the inner provider (subclasses translate aliases)."""
-        return dict(options)
+        """The keyword arguments of the inner provider (subclasses translate aliases); platoon's own network options
+        stay here."""
+        return {k: v for k, v in options.items() if k not in NETWORK_OPTIONS}
 
     @classmethod
     def _missing_package(cls) -> str | None:
@@ -295,6 +299,22 @@ class HpcProvider:
     @classmethod
     def network_none_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         return None
+
+    @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """hpc-sandbox knows only the host's network and none: public (and allowlist) sandboxes are refused unless
+        the provider options opt into the host's network, unfiltered, by name."""
+        if (options or {}).get("allow_host_network") is True:
+            return None
+        return (
+            f"the {cls.name} provider cannot filter a sandbox's egress (hpc-sandbox runs it on the host's network "
+            "or on none): give the task network_mode no-network, or set the provider option allow_host_network: "
+            "true to run public and allowlist sandboxes on the host's network, unfiltered"
+        )
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        return cls.network_public_refusal(options)
 
     @classmethod
     def rootfs_layout_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
@@ -339,6 +359,10 @@ class HpcProvider:
             raise SandboxError(why)
         if (why := self.refusal(spec, self.options)) is not None:
             raise SandboxError(why)
+        if spec.network in ("public", "allowlist"):
+            if (why := self.network_public_refusal(self.options)) is not None:
+                raise SandboxError(why)
+            spec = replace(spec, network="host", allowed_hosts=())  # allow_host_network: the old behaviour
         spec = replace(spec, labels=merge_labels(spec.labels))
         inner_spec = self._inner_spec(spec)
         hpc = _hpc()
@@ -411,7 +435,7 @@ class SingularityProvider(HpcProvider):
 
     @classmethod
     def _inner_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(options)
+        out = super()._inner_options(options)
         if not out.get("binary") and (binary := singularity_binary()):
             out["binary"] = binary
         return out
@@ -502,7 +526,7 @@ class EnrootProvider(HpcProvider):
 
     @classmethod
     def _inner_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(options)
+        out = super()._inner_options(options)
         if "root" in out:
             if "remap_root" in out:
                 raise SandboxError("the enroot provider takes root or remap_root (an alias of it), not both")

@@ -1,8 +1,10 @@
 """The `process` provider (harness.md 5.2): a directory on the host standing in for a container. NOT isolated.
 
-Commands run as ordinary host processes, as the user running platoon, with the host's files in reach, and on the
-host network, except that a `network: none` sandbox gets a network namespace of its own (only `lo`) where
-bubblewrap can make one (`netns`). What it gives: sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the
+Commands run as ordinary host processes, as the user running platoon, with the host's files in reach. The network is
+the part it does keep apart where bubblewrap can make a namespace (`netns`): a `network: none` sandbox gets one
+holding only `lo`; `public` and `allowlist` ones get one with filtered egress attached (`egress`: slirp4netns and
+nftables rules inside), or, where that is unavailable, are refused unless the provider option
+`allow_host_network: true` lets them run on the host's network, unfiltered. What it gives: sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the
 workdir, mount targets) translated to a private directory, every command in its own process group, timeouts that
 kill the whole tree, and a stop or reap that leaves no process and no directory behind. For tests and laptops.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from platoon_sandbox import netns, procs
+from platoon_sandbox import egress, netns, procs
 from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec, unenforced_field
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
@@ -37,8 +39,8 @@ log = logging.getLogger(__name__)
 #: Said once per process, at the first start: what a model-written command can reach here. Where bubblewrap works,
 #: network: none sandboxes are off the network...
 NOT_ISOLATED_WARNING = (
-    "the process sandbox provider isolates nothing but the network of network: none sandboxes (a network namespace "
-    "of their own through bubblewrap, holding only lo): commands run as %s on this host, with its files in reach. "
+    "the process sandbox provider isolates nothing but the network of its sandboxes (a network namespace of their "
+    "own through bubblewrap: only lo, or filtered egress): commands run as %s on this host, with its files in reach. "
     "Use it for tests and laptops; pick an isolating provider (docker, singularity, enroot) for model-written code "
     "you do not trust."
 )
@@ -98,21 +100,38 @@ class _Capabilities:
     where bubblewrap can make a network namespace. The first read probes (once per process, a few milliseconds)."""
 
     def __get__(self, instance: object, owner: type | None = None) -> frozenset[str]:
-        return BASE_CAPABILITIES | {"network_none"} if netns.unavailable() is None else BASE_CAPABILITIES
+        if netns.unavailable() is not None:
+            return BASE_CAPABILITIES
+        if egress.process_unavailable() is not None:
+            return BASE_CAPABILITIES | {"network_none"}
+        return BASE_CAPABILITIES | {"network_none", "network_public", "network_allowlist"}
 
 
 class ProcessProvider:
     """Starts process sandboxes under `<scratch_root>/platoon-sandboxes-<uid>/` (scratch_root: the node scratch
-    unless given)."""
+    unless given). `egress_allow`: host or host:port destinations public and allowlist sandboxes may reach even when
+    private or the host's own. `allow_host_network`: where filtered egress is unavailable, run public and allowlist
+    sandboxes on the host's network, unfiltered (else they are refused)."""
 
     name: ClassVar[str] = "process"
     # typed as the contract's class variable (a descriptor reads as one), so the class still is a SandboxProvider
     capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = False
 
-    def __init__(self, scratch_root: str | None = None) -> None:
+    def __init__(
+        self,
+        scratch_root: str | None = None,
+        egress_allow: Sequence[str] | None = None,
+        allow_host_network: bool = False,
+    ) -> None:
         self.options: dict[str, Any] = {"scratch_root": scratch_root} if scratch_root else {}
         self.base = Path(scratch_root or node_scratch()) / f"platoon-sandboxes-{os.getuid()}"
+        self.egress_allow = egress.parse_egress_allow(egress_allow)
+        if self.egress_allow:
+            self.options["egress_allow"] = list(self.egress_allow)
+        self.allow_host_network = allow_host_network is True
+        if self.allow_host_network:
+            self.options["allow_host_network"] = True
 
     @classmethod
     def unavailable(cls, options: Mapping[str, Any]) -> str | None:
@@ -127,10 +146,43 @@ class ProcessProvider:
         """Limits and a user are never enforced here: a spec that sets them is refused."""
         return unenforced_field(spec, cls.capabilities, cls.name)
 
+    @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why public sandboxes cannot start with these options here, or None. Blocking on the first call (a probe)."""
+        options = options or {}
+        try:
+            egress.parse_egress_allow(options.get("egress_allow"))
+        except SandboxError as exc:
+            return str(exc)
+        if options.get("allow_host_network") is True:
+            return None
+        if (why := egress.process_unavailable()) is not None:
+            return (
+                f"public and allowlist process sandboxes need filtered egress, unavailable here ({why}); or set the "
+                "provider option allow_host_network: true to run them on the host's network, unfiltered"
+            )
+        return None
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why allowlist sandboxes cannot start here, or None (the same mechanism as public's)."""
+        return cls.network_public_refusal(options)
+
     async def start(self, spec: SandboxSpec) -> ProcessSandbox:
         global _warned
         if (why := self.refusal(spec, self.options)) is not None:
             raise SandboxError(why)
+        egress_plan = None
+        if spec.network in egress.EGRESS_NETWORKS:
+            refusal = await asyncio.to_thread(self.network_public_refusal, self.options)
+            if refusal is not None:
+                raise SandboxError(refusal)
+            if (
+                await asyncio.to_thread(egress.process_unavailable) is None
+            ):  # else: allowed onto the host network
+                egress_plan = await asyncio.to_thread(
+                    egress.plan, spec.network, spec.allowed_hosts, self.egress_allow
+                )
         no_netns = None
         if not _warned or spec.network == "none":
             no_netns = await asyncio.to_thread(netns.unavailable)  # probed once per process
@@ -145,12 +197,22 @@ class ProcessProvider:
         root = self.base / f"process-{uuid.uuid4().hex[:12]}"
         sandbox = ProcessSandbox(root, spec, labels, entry)  # makes nothing yet
         try:
-            if spec.network == "none" and no_netns is None:
+            if (spec.network == "none" and no_netns is None) or egress_plan is not None:
                 sandbox._netns = await asyncio.to_thread(netns.NetNamespace.create)
+            if egress_plan is not None and sandbox._netns is not None:
+                net_path, user_path = sandbox._netns.paths()
+                sandbox._egress = await egress.start(
+                    egress_plan,
+                    marker=str(root),
+                    netns_path=net_path,
+                    userns_path=user_path,
+                    enter=sandbox._netns.prefix(),
+                )
             sandbox._create()
             await sandbox._start_routes()
         except BaseException:
             await sandbox._stop_routes()
+            await asyncio.to_thread(sandbox._stop_egress)
             sandbox._close_netns()
             shutil.rmtree(root, ignore_errors=True)
             registry().unregister(entry)
@@ -228,6 +290,7 @@ class ProcessProvider:
             if ours:
                 _forget(root)
             _kill_all(root / "fs", _groups(root), spare_routes=False)
+            egress.kill_strays([str(root)])  # its slirp4netns, should its owner have left one
             shutil.rmtree(root, ignore_errors=True)
             reaped += 1
         return reaped
@@ -238,6 +301,7 @@ def _forget(root: Path) -> None:
     for entry in registry().live:
         if isinstance(entry.sandbox, ProcessSandbox) and entry.sandbox.root == root:
             entry.sandbox._stopped = True
+            entry.sandbox._stop_egress()
             entry.sandbox._close_netns()
             registry().unregister(entry)
 
@@ -288,11 +352,13 @@ class ProcessSandbox:
         # inside a word, a URL or a longer path, nor after `~`, `}` or `)` (`~/app`, `${DIR}/app`, `$(pwd)/app`).
         alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
         self._pattern = re.compile(rf"(?<![\w./~}})-])({alternatives})(?=/|$|[^\w.-])")
-        # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
+        # TCP upstreams are their own route; Unix ones get a forwarder unless on the host network (5.6)
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
         self._forwarders: dict[str, Forwarder] = {}
-        #: `network: none` where bubblewrap works: every command and forwarder runs in this namespace
+        #: `none`, `public`, `allowlist` where bubblewrap works: every command and forwarder runs in this namespace
         self._netns: netns.NetNamespace | None = None
+        #: `public`, `allowlist`: the slirp4netns giving the namespace its filtered egress
+        self._egress: egress.Slirp | None = None
 
     # -- setup -------------------------------------------------------------------------------------------------
 
@@ -336,12 +402,12 @@ class ProcessSandbox:
     # -- the contract ------------------------------------------------------------------------------------------
 
     async def _start_routes(self) -> None:
-        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6): inside its own
-        network namespace on 18080, 18081, ... (it reaches the socket through the shared filesystem), else on free
-        host loopback ports. On the host network there is nothing to forward: the sandbox reaches the socket
-        itself."""
+        """A forwarder per Unix-socket upstream of a sandbox off the host network (none, public, allowlist), in name
+        order (5.6): inside its own network namespace on 18080, 18081, ... (it reaches the socket through the shared
+        filesystem), else on free host loopback ports. On the host network there is nothing to forward: the
+        sandbox reaches the socket itself."""
         unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
-        if self.spec.network != "none" or not unix:
+        if self.spec.network == "host" or not unix:
             return
         python = await find_python([m.source for m in self.spec.mounts if m.read_only])
         env = {**os.environ, ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
@@ -361,6 +427,12 @@ class ProcessSandbox:
     async def _stop_routes(self) -> None:
         for forwarder in self._forwarders.values():
             await forwarder.stop()
+
+    def _stop_egress(self) -> None:
+        """End the slirp4netns (blocking, quick); idempotent."""
+        if self._egress is not None:
+            self._egress.stop()
+            self._egress = None
 
     def _close_netns(self) -> None:
         if self._netns is not None:
@@ -514,6 +586,7 @@ class ProcessSandbox:
         try:
             await self._stop_routes()
             survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
+            await asyncio.to_thread(self._stop_egress)
             self._close_netns()  # nothing runs in it any more: it vanishes with our descriptors
             await asyncio.to_thread(shutil.rmtree, self.root, True)
             if survivors:

@@ -159,14 +159,12 @@ def test_a_runtime_the_engine_lacks_is_refused_at_the_run_start(tmp_path: Path) 
         EnvSetupError, match="provider docker: the docker engine has no runtime 'no-such-runtime'"
     ):
         run(service.check_tasks("train", ["plain"]))
-    assert (
-        run(
-            HarborService(dataset_dir=str(tmp_path), provider_options={"runtime": "runsc"}).check_tasks(
-                "train", ["plain"]
-            )
-        )
-        is None
+    # runsc is registered with this engine; under gVisor a task runs without network (public egress is refused)
+    write_task(
+        tmp_path, "offline", f'[environment]\ndocker_image = "{PYTHON_IMAGE}"\nnetwork_mode = "no-network"\n'
     )
+    runsc = HarborService(dataset_dir=str(tmp_path), provider_options={"runtime": "runsc"})
+    assert run(runsc.check_tasks("train", ["offline"])) is None
 
 
 @pytest.mark.parametrize(

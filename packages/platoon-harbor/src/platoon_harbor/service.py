@@ -603,6 +603,14 @@ class HarborService:
                 return f"Harbor task {task.id} runs without network, which provider {self.options.provider} refuses: {reason}"
         return None
 
+    def _unconfined(self) -> str | None:
+        """Why the provider would run this entry's commands unconfined, or None (harness.md 5.7: the process
+        provider without bubblewrap is refused unless the run config's `provider_options.confine: none` accepts
+        it; a site profile cannot set that option)."""
+        ask = getattr(self.provider_class(), "unconfined_refusal", None)
+        reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+        return f"provider {self.options.provider}: {reason}" if reason else None
+
     @staticmethod
     def _network_none(task: HarborTask) -> bool:
         mode = task.agent.network_mode or task.environment.network_mode
@@ -616,6 +624,9 @@ class HarborService:
         reason = ask(dict(self.options.provider_options)) if callable(ask) else None
         if reason:
             problems.append(f"provider {self.options.provider}: {reason}")
+        unconfined = await asyncio.to_thread(self._unconfined)  # probes bubblewrap once per process
+        if unconfined:
+            problems.append(unconfined)
         not_prepared: list[str] = []
         for task_id in ids:
             task = await asyncio.to_thread(self.harbor_task, task_id)
@@ -696,7 +707,7 @@ class HarborService:
         """Start the task's sandbox and return its session (6.7); failures raise `EnvSetupError`."""
         try:
             htask = await asyncio.to_thread(self._resolve, task)
-            refusal = self._refusal(htask)
+            refusal = await asyncio.to_thread(self._unconfined) or self._refusal(htask)
             if refusal:
                 raise EnvSetupError("env_config", refusal)
             spec, env = self._spec(htask, rollout_id, needs)

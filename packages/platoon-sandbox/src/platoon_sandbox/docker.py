@@ -397,8 +397,10 @@ class DockerProvider:
     """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`)."""
 
     name: ClassVar[str] = "docker"
+    # clean_env: a container starts from its image's environment and the variables it is given with values
+    # (`--env KEY=VALUE`, the Engine API's `KEY=VALUE`), never a bare `--env KEY`, which would copy the host's
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
+        {"snapshot", "network_none", "isolation", "routes", "host_loopback", "clean_env"}
     )
     isolates: ClassVar[bool] = True
 

@@ -242,7 +242,12 @@ class HpcProvider:
     inner_class: ClassVar[str | type] = ""
     isolates: ClassVar[bool] = True
     #: Without options (an instance has its own, from the inner provider's: `gpu`, `allow_network_none`).
-    capabilities: frozenset[str] = frozenset({"snapshot", "isolation", "routes", "host_loopback"})
+    #: clean_env: hpc-sandbox 0.3 starts Singularity/Apptainer with `--cleanenv` (dropping the variables it passes
+    #: despite it, `*_proxy` and `TERM`, and `SINGULARITYENV_*`) and enroot with only the variables it needs; a
+    #: command gets the spec's and its own variables, written into it, and nothing of the host's.
+    capabilities: frozenset[str] = frozenset(
+        {"snapshot", "isolation", "routes", "host_loopback", "clean_env"}
+    )
 
     def __init__(self, **options: Any) -> None:
         # What a supervisor re-creates this provider from to reap: the options as given, JSON-able.
@@ -253,7 +258,11 @@ class HpcProvider:
             self.inner = self._resolve_inner()(**self._inner_options(options))
         except ImportError as error:
             raise SandboxError(f"the {self.name} provider needs hpc-sandbox: {INSTALL_HINT}") from error
-        self.capabilities = (frozenset(self.inner.capabilities) & CAPABILITIES) | {"routes", "host_loopback"}
+        self.capabilities = (frozenset(self.inner.capabilities) & CAPABILITIES) | {
+            "routes",
+            "host_loopback",
+            "clean_env",
+        }
 
     @classmethod
     def _resolve_inner(cls) -> Any:
@@ -475,7 +484,7 @@ class EnrootProvider(HpcProvider):
     name: ClassVar[str] = "enroot"
     inner_class: ClassVar[str | type] = "hpc_sandbox:EnrootProvider"
     capabilities: frozenset[str] = frozenset(
-        {"snapshot", "isolation", "network_none", "routes", "host_loopback"}
+        {"snapshot", "isolation", "network_none", "routes", "host_loopback", "clean_env"}
     )
 
     @classmethod

@@ -206,6 +206,11 @@ def test_writes_outside_the_sandbox_fail_and_its_tmp_is_its_own(tmp_path, home_d
                 assert tried.exit_code != 0 and "Read-only file system" in tried.stderr, path
             assert not (home_dir / "x").exists() and not Path("/etc/x").exists()
             assert (await sandbox.exec(f"cat {on_host}")).exit_code != 0  # the host's /tmp is not there
+            # nor any file of the host's through the descriptors of the namespace's holder
+            links = (await sandbox.exec("readlink /proc/1/fd/* /proc/2/fd/*")).stdout.split()
+            assert links and all(link.startswith(("pipe:", "anon_inode:", "/dev/null")) for link in links), (
+                links
+            )
             assert (await sandbox.exec(f"echo mine > /tmp/{name} && echo x > /var/tmp/{name}")).ok
             assert not Path(f"/tmp/{name}").exists() and not Path(f"/var/tmp/{name}").exists()
             assert (sandbox.fs / "tmp" / name).read_text() == "mine\n"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import posixpath
@@ -73,8 +74,10 @@ _HOLDER_FLAGS = (
     "--cap-drop",
     "ALL",
 )
-#: What a command joins, in nsenter's words (its user namespace first, when there is one of our own).
-_NAMESPACES = (("user", "user"), ("mnt", "mount"), ("pid", "pid"), ("ipc", "ipc"), ("uts", "uts"))
+#: What a command joins, in nsenter's words (and the user namespace that owns them, when not root).
+_NAMESPACES = (("mnt", "mount"), ("pid", "pid"), ("ipc", "ipc"), ("uts", "uts"))
+#: ioctl(2) on a namespace's descriptor: a descriptor of the user namespace that owns it (Linux 4.9).
+NS_GET_USERNS = 0xB701
 #: Every command, once in: no capabilities at all, no new privileges, and SIGKILL when nsenter goes.
 _DROP = (
     "--no-new-privs",
@@ -190,8 +193,9 @@ def root_layout(fs: str, own: Sequence[str], binds: Sequence[Bind]) -> list[str]
     return [*args, *_masks(owned | targets | set(_FRESH))]
 
 
-def _read_until_closed(fd: int, timeout_s: float) -> bytes:
-    """What is written to `fd` until every writer closes it, within `timeout_s`."""
+def _read_until_closed(fd: int, timeout_s: float, end: bytes | None = None) -> bytes:
+    """What is written to `fd` until every writer closes it (or what was written ends with `end`), within
+    `timeout_s`."""
     import select
 
     chunks = []
@@ -204,6 +208,8 @@ def _read_until_closed(fd: int, timeout_s: float) -> bytes:
         if not chunk:
             break
         chunks.append(chunk)
+        if end is not None and b"".join(chunks).endswith(end):
+            break
     return b"".join(chunks)
 
 
@@ -227,10 +233,9 @@ def _stopped(pid: int) -> bool:
 class Confinement:
     """One sandbox's bubblewrap: the holder of its namespaces (`start`, `stop`), and the way in (`command`)."""
 
-    def __init__(self, bwrap: str, layout: Sequence[str], log: Path) -> None:
+    def __init__(self, bwrap: str, layout: Sequence[str]) -> None:
         self.bwrap = bwrap
         self.layout = list(layout)
-        self.log = log  # the holder's stderr, for the line that says why it did not start
         self._holder: asyncio.subprocess.Process | None = None
         self._ns_fds: list[tuple[str, int]] = []  # (nsenter option, our descriptor of the holder's namespace)
         self._pidns: tuple[int, int] | None = (
@@ -241,66 +246,71 @@ class Confinement:
     async def start(self, prefix: Sequence[str], env: Mapping[str, str]) -> None:
         """Start the holder (`prefix` runs it in the sandbox's network namespace, as every command) and wait until
         its mounts are all made. Its environment (`env`) is what a command reads at /proc/1/environ."""
+        # The holder's output (its readiness line, or bwrap's complaint) comes on a pipe that is ours alone, and
+        # closed once it is ready: a command could reopen a file of the host's the holder wrote to through its
+        # /proc/<pid>/fd, never this pipe's reading end.
         info_read, info_write = os.pipe()
+        said_read, said_write = os.pipe()
         try:
-            with open(self.log, "ab") as log:
-                # forked on the event loop's thread: --die-with-parent watches the thread that forks
-                self._holder = await asyncio.create_subprocess_exec(
-                    *prefix,
-                    self.bwrap,
-                    *_HOLDER_FLAGS,
-                    *self.layout,
-                    "--info-fd",
-                    str(info_write),
-                    "--",
-                    "sh",
-                    "-c",
-                    HOLD,
-                    stdin=asyncio.subprocess.PIPE,  # the init lives until we close it
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=log,
-                    env=dict(env),
-                    pass_fds=(info_write,),
-                    start_new_session=True,
-                )
+            # forked on the event loop's thread: --die-with-parent watches the thread that forks
+            self._holder = await asyncio.create_subprocess_exec(
+                *prefix,
+                self.bwrap,
+                *_HOLDER_FLAGS,
+                *self.layout,
+                "--info-fd",
+                str(info_write),
+                "--",
+                "sh",
+                "-c",
+                HOLD,
+                stdin=asyncio.subprocess.PIPE,  # the init lives until we close it
+                stdout=said_write,
+                stderr=said_write,
+                env=dict(env),
+                pass_fds=(info_write,),
+                start_new_session=True,
+            )
         except OSError as exc:
             os.close(info_read)
+            os.close(said_read)
             raise SandboxError(f"cannot run {self.bwrap}: {exc.strerror}") from exc
         finally:
             os.close(info_write)
-        try:
-            info = await asyncio.to_thread(_read_until_closed, info_read, START_TIMEOUT_S)
-        finally:
-            os.close(info_read)
+            os.close(said_write)
         try:
             # bwrap names the init before it makes the mounts; only the holder's own line says they all worked
-            assert self._holder.stdout is not None
-            ready = b""
-            if info:
-                with contextlib.suppress(TimeoutError):
-                    ready = await asyncio.wait_for(self._holder.stdout.readline(), START_TIMEOUT_S)
-            if ready != b"ready\n":
-                raise SandboxError(f"bubblewrap could not confine the sandbox: {self._said()}")
+            info = await asyncio.to_thread(_read_until_closed, info_read, START_TIMEOUT_S)
+            said = await asyncio.to_thread(_read_until_closed, said_read, START_TIMEOUT_S, b"ready\n")
+        finally:
+            os.close(info_read)
+            os.close(said_read)
+        try:
+            if not info or not said.endswith(b"ready\n"):
+                lines = said.decode(errors="replace").strip().splitlines()
+                raise SandboxError(
+                    f"bubblewrap could not confine the sandbox: {lines[-1] if lines else 'it exited without a word'}"
+                )
             init = int(json.loads(info)["child-pid"])
             self._own = {init, *_children(init)}
             for name, option in _NAMESPACES:
                 if os.readlink(f"/proc/{init}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}"):
-                    # (no user namespace of its own when platoon runs as root: bwrap needs none)
                     self._ns_fds.append((option, os.open(f"/proc/{init}/ns/{name}", os.O_RDONLY)))
+            if [o for o, _ in self._ns_fds] != ["mount", "pid", "ipc", "uts"]:
+                raise SandboxError("bubblewrap left the sandbox in one of the host's namespaces")
+            owner = fcntl.ioctl(self._ns_fds[0][1], NS_GET_USERNS)
+            if os.fstat(owner).st_ino == os.stat("/proc/self/ns/user").st_ino:
+                os.close(owner)  # platoon runs as root: bwrap made no user namespace
+            else:
+                # Not root: the namespaces belong to the user namespace bwrap made to set them up (where our uid is
+                # root), not to the one its init ends in; a command joins that owner, as a rootless container's
+                # root, and setpriv takes every capability away.
+                self._ns_fds.insert(0, ("user", owner))
             seen = os.stat(f"/proc/{init}/ns/pid")
             self._pidns = (seen.st_dev, seen.st_ino)
-            if [o for o, _ in self._ns_fds if o != "user"] != ["mount", "pid", "ipc", "uts"]:
-                raise SandboxError("bubblewrap left the sandbox in one of the host's namespaces")
         except BaseException:
             await self.stop()
             raise
-
-    def _said(self) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            lines = []
-        return lines[-1] if lines else "it exited without a word"
 
     def stubs(self) -> set[str]:
         """The paths (relative to the root) that exist in `fs/` only as the holder's mount points and links: a
@@ -313,6 +323,11 @@ class Confinement:
             elif arg in ("--proc", "--dev", "--dir") and index + 1 < len(args):
                 made.add(args[index + 1])
         return {path.lstrip("/") for path in made if path != "/"}
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        """The descriptors a `command` needs passed on to it."""
+        return tuple(fd for _, fd in self._ns_fds)
 
     @property
     def running(self) -> bool:
@@ -328,10 +343,11 @@ class Confinement:
         command's exit (a signal's too)."""
         if self._holder is None:
             raise SandboxError("the sandbox's namespaces are gone (its holder stopped)")
-        here = f"/proc/{os.getpid()}/fd"
-        enter = [f"--{option}={here}/{fd}" for option, fd in self._ns_fds]
+        # our descriptors, passed on (`pass_fds`): a /proc/<our pid>/fd path would be out of nsenter's reach once
+        # the network prefix has put it in a user namespace of its own
+        enter = [f"--{option}=/proc/self/fd/{fd}" for option, fd in self._ns_fds]
         if any(option == "user" for option, _ in self._ns_fds):
-            enter.append("--preserve-credentials")  # keep our uid, which bwrap mapped to itself
+            enter.append("--preserve-credentials")  # keep our uid (root in that namespace): no setuid to make
         nsenter, setpriv = shutil.which("nsenter") or "nsenter", shutil.which("setpriv") or "setpriv"
         return [nsenter, *enter, "--", setpriv, *_DROP, "--", "sh", "-c", _ENTER, "sh", cwd, *argv]
 
@@ -346,7 +362,12 @@ class Confinement:
         ]
         with tempfile.TemporaryFile() as said:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=said, env=dict(env)
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=said,
+                env=dict(env),
+                pass_fds=self.pass_fds,
             )
             assert proc.stdin is not None
             try:
@@ -377,7 +398,12 @@ class Confinement:
             tempfile.TemporaryDirectory(dir=destination.parent, prefix=".platoon-download-") as staging,
         ):
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=said, env=dict(env)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=said,
+                env=dict(env),
+                pass_fds=self.pass_fds,
             )
             assert proc.stdout is not None
             try:
@@ -522,7 +548,7 @@ def _probe_in_thread(bwrap: str) -> str | None:
         root = Path(scratch)
         (root / "fs").mkdir()
         try:
-            confinement = Confinement(bwrap, root_layout(str(root / "fs"), ["/tmp"], []), root / "log")
+            confinement = Confinement(bwrap, root_layout(str(root / "fs"), ["/tmp"], []))
             return asyncio.run(_probe_run(confinement))
         except (SandboxError, OSError) as exc:
             return str(exc)
@@ -534,6 +560,7 @@ async def _probe_run(confinement: Confinement) -> str | None:
     try:
         proc = await asyncio.create_subprocess_exec(
             *confinement.command(["true"], "/"),
+            pass_fds=confinement.pass_fds,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

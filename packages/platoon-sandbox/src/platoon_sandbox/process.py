@@ -210,7 +210,7 @@ class ProcessProvider:
             sandbox._create(confined=confined)
             if confined and bwrap is not None:
                 layout = root_layout(str(sandbox.fs), [*MAPPED_ROOTS, "/run"], sandbox._binds())
-                sandbox._confinement = Confinement(bwrap, layout, sandbox.root / "confine.log")
+                sandbox._confinement = Confinement(bwrap, layout)
                 prefix = sandbox._netns.prefix() if sandbox._netns is not None else []
                 await sandbox._confinement.start(prefix, sandbox._confined_env())
             await sandbox._start_routes()
@@ -522,10 +522,12 @@ class ProcessSandbox:
             full_env[key] = inside(value)
         exec_marker = uuid.uuid4().hex
         full_env.update({"TMPDIR": inside("/tmp"), "PLATOON_EXEC": exec_marker})
+        pass_fds: tuple[int, ...] = ()
         if self._confinement is not None:
             # in the holder's namespaces: its PID namespace finds and kills what the command leaves; the paths are
             # the sandbox's own, so there is no root for scripts to prefix them with
             argv = self._confinement.command(argv, where)
+            pass_fds = self._confinement.pass_fds
             workdir = str(self.root)  # where nsenter starts: never a directory a command could have swapped
         else:
             full_env[ROOT_ENV] = str(self.fs)
@@ -547,6 +549,7 @@ class ProcessSandbox:
                 stderr=err_fd,
                 cwd=workdir,
                 env=full_env,
+                pass_fds=pass_fds,
                 start_new_session=True,  # its own process group (and session): the tree is killed as one
             )
         except (FileNotFoundError, PermissionError) as exc:

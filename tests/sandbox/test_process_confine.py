@@ -30,7 +30,7 @@ import platoon_sandbox.process as process_module
 from platoon.config.site import parse_site
 from platoon.envs.service import EnvSetupError
 from platoon.errors import ConfigError
-from platoon_sandbox import Mount, SandboxError, SandboxSpec, confine, netns, procs
+from platoon_sandbox import Mount, SandboxError, SandboxGone, SandboxSpec, confine, netns, procs
 from platoon_sandbox.docker import DockerProvider, docker_binary
 from platoon_sandbox.process import ProcessProvider, ProcessSandbox
 from platoon_sandbox.registry import clear_process_labels, set_process_labels
@@ -478,3 +478,20 @@ def test_the_holder_is_ready_only_once_every_mount_is_made(tmp_path):
 
     run(main())
     assert list((tmp_path / f"platoon-sandboxes-{os.getuid()}").iterdir()) == []
+
+
+@pytest.mark.usefixtures("confined_here")
+def test_a_command_that_kills_the_namespaces_init_leaves_a_sandbox_that_says_it_is_gone(tmp_path):
+    async def main() -> None:
+        sandbox = await started(tmp_path)
+        try:
+            assert (await sandbox.exec("kill -9 1")).ok  # the init ignores it: it is the namespace's
+            await sandbox.exec("sleep 300 >/dev/null 2>&1 & kill -9 2")  # its `cat`: the init then ends
+            assert procs.wait_gone(sandbox.process_ids(), 30.0) == []
+            with pytest.raises(SandboxGone, match="the init of its PID namespace exited"):
+                await sandbox.exec("true")
+        finally:
+            await sandbox.stop()
+        assert not sandbox.root.exists()
+
+    run(main())

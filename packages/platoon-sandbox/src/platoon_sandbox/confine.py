@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import posixpath
+import select
 import shutil
 import signal
 import subprocess
@@ -45,7 +46,7 @@ from typing import IO, Any
 from urllib.parse import urlparse
 
 from platoon_sandbox import procs
-from platoon_sandbox.contract import SandboxError
+from platoon_sandbox.contract import SandboxError, SandboxGone
 from platoon_sandbox.netns import BWRAP_ENV, bwrap_binary
 
 __all__ = ["CONFINE_MODES", "Bind", "Confinement", "root_layout", "unavailable"]
@@ -196,8 +197,6 @@ def root_layout(fs: str, own: Sequence[str], binds: Sequence[Bind]) -> list[str]
 def _read_until_closed(fd: int, timeout_s: float, end: bytes | None = None) -> bytes:
     """What is written to `fd` until every writer closes it (or what was written ends with `end`), within
     `timeout_s`."""
-    import select
-
     chunks = []
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
@@ -343,6 +342,11 @@ class Confinement:
         command's exit (a signal's too)."""
         if self._holder is None:
             raise SandboxError("the sandbox's namespaces are gone (its holder stopped)")
+        if not all(procs.running(pid) for pid in self._own):
+            # a command killed the holder's `cat`: bwrap's init then ends, and the namespace with every process
+            raise SandboxGone(
+                "the sandbox is gone: the init of its PID namespace exited, and every process with it"
+            )
         # our descriptors, passed on (`pass_fds`): a /proc/<our pid>/fd path would be out of nsenter's reach once
         # the network prefix has put it in a user namespace of its own
         enter = [f"--{option}=/proc/self/fd/{fd}" for option, fd in self._ns_fds]

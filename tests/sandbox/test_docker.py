@@ -121,10 +121,17 @@ def test_the_entry_point_names_the_provider() -> None:
     assert DockerProvider.capabilities == {
         "snapshot",
         "network_none",
+        "network_public",
+        "network_allowlist",
         "isolation",
         "routes",
         "host_loopback",
         "clean_env",
+        "least_privilege",
+        "limit_cpu_memory",
+        "limit_pids",
+        "limit_disk",
+        "run_as_user",
     }
 
 

@@ -5,9 +5,12 @@ works they are confined (`confine`): a PID namespace of the sandbox's own, the h
 directories bound at their sandbox paths, a private `/tmp` and `/run`, no Docker socket; without it (or with
 `confine: none`) sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the workdir, mount targets) are
 translated to the private directory in command text instead. Either way a command starts from an allowlisted
-environment (`platoon.host_env`), never the host's; a `network: none` sandbox gets a network namespace of its own
-(only `lo`) where bubblewrap can make one (`netns`); every command runs in its own process group, timeouts kill the
-whole tree, and a stop or reap leaves no process and no directory behind. For tests and laptops.
+environment (`platoon.host_env`), never the host's. The network is kept apart where bubblewrap can make a namespace
+(`netns`): a `network: none` sandbox gets one holding only `lo`; `public` and `allowlist` ones get one with filtered
+egress attached (`egress`: slirp4netns and nftables rules inside), or, where that is unavailable, are refused unless
+the provider option `allow_host_network: true` lets them run on the host's network, unfiltered. Every command runs in
+its own process group, timeouts kill the whole tree, and a stop or reap leaves no process and no directory behind.
+For tests and laptops.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from typing import Any, ClassVar, cast
 
 from platoon.errors import ConfigError
 from platoon.host_env import allowed_host_env
-from platoon_sandbox import netns, procs
+from platoon_sandbox import egress, netns, procs
 from platoon_sandbox.confine import CONFINE_MODES, Bind, Confinement, root_layout
 from platoon_sandbox.confine import unavailable as confinement_unavailable
-from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec, unenforced_field
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import FIRST_PORT, Forwarder, find_python
@@ -45,9 +48,10 @@ log = logging.getLogger(__name__)
 #: commands are confined and network: none sandboxes are off the network...
 NOT_ISOLATED_WARNING = (
     "the process sandbox provider confines commands with bubblewrap (a PID namespace of the sandbox's own, a private "
-    "/tmp, no Docker socket, none of the host's environment; network: none sandboxes get a network namespace holding "
-    "only lo) but does not isolate them: they run as %s on this host, with its files readable. Use it for tests and "
-    "laptops; pick an isolating provider (docker, singularity, enroot) for model-written code you do not trust."
+    "/tmp, no Docker socket, none of the host's environment; a network namespace of their own, holding only lo or "
+    "filtered egress) but does not isolate them: they run as %s on this host, with its files readable. Use it for "
+    "tests and laptops; pick an isolating provider (docker, singularity, enroot) for model-written code you do not "
+    "trust."
 )
 #: ...where bubblewrap works but the run config said `confine: none`, commands are not confined...
 UNCONFINED_WARNING = (
@@ -125,7 +129,12 @@ class _Capabilities:
     provider's options do not say `confine: none`). The first read probes (once per process, a few milliseconds)."""
 
     def __get__(self, instance: object, owner: type | None = None) -> frozenset[str]:
-        caps = BASE_CAPABILITIES | {"network_none"} if netns.unavailable() is None else BASE_CAPABILITIES
+        if netns.unavailable() is not None:
+            caps = BASE_CAPABILITIES
+        elif egress.process_unavailable() is not None:
+            caps = BASE_CAPABILITIES | {"network_none"}
+        else:
+            caps = BASE_CAPABILITIES | {"network_none", "network_public", "network_allowlist"}
         if getattr(instance, "confine", None) != "none" and confinement_unavailable() is None:
             # the allowlisted environment is there without bwrap too, but the parent's /proc/<pid>/environ is not
             # out of reach there: only a confined command has nothing of the host's environment to read
@@ -135,14 +144,22 @@ class _Capabilities:
 
 class ProcessProvider:
     """Starts process sandboxes under `<scratch_root>/platoon-sandboxes-<uid>/` (scratch_root: the node scratch
-    unless given)."""
+    unless given). `egress_allow`: host or host:port destinations public and allowlist sandboxes may reach even when
+    private or the host's own. `allow_host_network`: where filtered egress is unavailable, run public and allowlist
+    sandboxes on the host's network, unfiltered (else they are refused)."""
 
     name: ClassVar[str] = "process"
     # typed as the contract's class variable (a descriptor reads as one), so the class still is a SandboxProvider
     capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = False
 
-    def __init__(self, scratch_root: str | None = None, confine: str | None = None) -> None:
+    def __init__(
+        self,
+        scratch_root: str | None = None,
+        confine: str | None = None,
+        egress_allow: Sequence[str] | None = None,
+        allow_host_network: bool = False,
+    ) -> None:
         if confine is not None and confine not in CONFINE_MODES:
             raise ConfigError(
                 f"provider_options.confine: bwrap (commands under bubblewrap, the default where it works) or none "
@@ -154,6 +171,12 @@ class ProcessProvider:
         #: `bwrap`: confined or refused; `none`: never confined; None: confined where bubblewrap works
         self.confine = confine
         self.base = Path(scratch_root or node_scratch()) / f"platoon-sandboxes-{os.getuid()}"
+        self.egress_allow = egress.parse_egress_allow(egress_allow)
+        if self.egress_allow:
+            self.options["egress_allow"] = list(self.egress_allow)
+        self.allow_host_network = allow_host_network is True
+        if self.allow_host_network:
+            self.options["allow_host_network"] = True
 
     @classmethod
     def unavailable(cls, options: Mapping[str, Any]) -> str | None:
@@ -178,8 +201,48 @@ class ProcessProvider:
             "binary), or accept that in the run config with provider_options.confine: none"
         )
 
+    @classmethod
+    def refusal(cls, spec: SandboxSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """Limits and a user are never enforced here: a spec that sets them is refused."""
+        return unenforced_field(spec, cls.capabilities, cls.name)
+
+    @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why public sandboxes cannot start with these options here, or None. Blocking on the first call (a probe)."""
+        options = options or {}
+        try:
+            egress.parse_egress_allow(options.get("egress_allow"))
+        except SandboxError as exc:
+            return str(exc)
+        if options.get("allow_host_network") is True:
+            return None
+        if (why := egress.process_unavailable()) is not None:
+            return (
+                f"public and allowlist process sandboxes need filtered egress, unavailable here ({why}); or set the "
+                "provider option allow_host_network: true to run them on the host's network, unfiltered"
+            )
+        return None
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why allowlist sandboxes cannot start here, or None (the same mechanism as public's)."""
+        return cls.network_public_refusal(options)
+
     async def start(self, spec: SandboxSpec) -> ProcessSandbox:
         global _warned
+        if (why := self.refusal(spec, self.options)) is not None:
+            raise SandboxError(why)
+        egress_plan = None
+        if spec.network in egress.EGRESS_NETWORKS:
+            refusal = await asyncio.to_thread(self.network_public_refusal, self.options)
+            if refusal is not None:
+                raise SandboxError(refusal)
+            if (
+                await asyncio.to_thread(egress.process_unavailable) is None
+            ):  # else: allowed onto the host network
+                egress_plan = await asyncio.to_thread(
+                    egress.plan, spec.network, spec.allowed_hosts, self.egress_allow
+                )
         no_netns = None
         if not _warned or spec.network == "none":
             no_netns = await asyncio.to_thread(netns.unavailable)  # probed once per process
@@ -205,8 +268,17 @@ class ProcessProvider:
         root = self.base / f"process-{uuid.uuid4().hex[:12]}"
         sandbox = ProcessSandbox(root, spec, labels, entry)  # makes nothing yet
         try:
-            if spec.network == "none" and no_netns is None:
+            if (spec.network == "none" and no_netns is None) or egress_plan is not None:
                 sandbox._netns = await asyncio.to_thread(netns.NetNamespace.create)
+            if egress_plan is not None and sandbox._netns is not None:
+                net_path, user_path = sandbox._netns.paths()
+                sandbox._egress = await egress.start(
+                    egress_plan,
+                    marker=str(root),
+                    netns_path=net_path,
+                    userns_path=user_path,
+                    enter=sandbox._netns.prefix(),
+                )
             sandbox._create(confined=confined)
             if confined and bwrap is not None:
                 layout = root_layout(str(sandbox.fs), [*MAPPED_ROOTS, "/run"], sandbox._binds())
@@ -218,6 +290,7 @@ class ProcessProvider:
             await sandbox._stop_routes()
             if sandbox._confinement is not None:
                 await sandbox._confinement.stop()
+            await asyncio.to_thread(sandbox._stop_egress)
             sandbox._close_netns()
             shutil.rmtree(root, ignore_errors=True)
             registry().unregister(entry)
@@ -295,6 +368,7 @@ class ProcessProvider:
             if ours:
                 _forget(root)
             _kill_all(root / "fs", _groups(root), spare_routes=False)
+            egress.kill_strays([str(root)])  # its slirp4netns, should its owner have left one
             shutil.rmtree(root, ignore_errors=True)
             reaped += 1
         return reaped
@@ -307,6 +381,7 @@ def _forget(root: Path) -> None:
             entry.sandbox._stopped = True
             if entry.sandbox._confinement is not None:
                 entry.sandbox._confinement.forget()
+            entry.sandbox._stop_egress()
             entry.sandbox._close_netns()
             registry().unregister(entry)
 
@@ -357,13 +432,15 @@ class ProcessSandbox:
         # inside a word, a URL or a longer path, nor after `~`, `}` or `)` (`~/app`, `${DIR}/app`, `$(pwd)/app`).
         alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
         self._pattern = re.compile(rf"(?<![\w./~}})-])({alternatives})(?=/|$|[^\w.-])")
-        # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
+        # TCP upstreams are their own route; Unix ones get a forwarder unless on the host network (5.6)
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
         self._forwarders: dict[str, Forwarder] = {}
-        #: `network: none` where bubblewrap works: every command and forwarder runs in this namespace
+        #: `none`, `public`, `allowlist` where bubblewrap works: every command and forwarder runs in this namespace
         self._netns: netns.NetNamespace | None = None
         #: where bubblewrap confines commands: they see sandbox paths as they are, and nothing is translated
         self._confinement: Confinement | None = None
+        #: `public`, `allowlist`: the slirp4netns giving the namespace its filtered egress
+        self._egress: egress.Slirp | None = None
 
     # -- setup -------------------------------------------------------------------------------------------------
 
@@ -454,12 +531,12 @@ class ProcessSandbox:
     # -- the contract ------------------------------------------------------------------------------------------
 
     async def _start_routes(self) -> None:
-        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6): inside its own
-        network namespace on 18080, 18081, ... (it reaches the socket through the shared filesystem), else on free
-        host loopback ports. On the host network there is nothing to forward: the sandbox reaches the socket
-        itself."""
+        """A forwarder per Unix-socket upstream of a sandbox off the host network (none, public, allowlist), in name
+        order (5.6): inside its own network namespace on 18080, 18081, ... (it reaches the socket through the shared
+        filesystem), else on free host loopback ports. On the host network there is nothing to forward: the
+        sandbox reaches the socket itself."""
         unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
-        if self.spec.network != "none" or not unix:
+        if self.spec.network == "host" or not unix:
             return
         python = await find_python([m.source for m in self.spec.mounts if m.read_only])
         env = {**allowed_host_env(), ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
@@ -479,6 +556,12 @@ class ProcessSandbox:
     async def _stop_routes(self) -> None:
         for forwarder in self._forwarders.values():
             await forwarder.stop()
+
+    def _stop_egress(self) -> None:
+        """End the slirp4netns (blocking, quick); idempotent."""
+        if self._egress is not None:
+            self._egress.stop()
+            self._egress = None
 
     def _close_netns(self) -> None:
         if self._netns is not None:
@@ -678,6 +761,7 @@ class ProcessSandbox:
             await self._stop_routes()
             survivors = await self._confinement.stop() if self._confinement is not None else []
             survivors += await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
+            await asyncio.to_thread(self._stop_egress)
             self._close_netns()  # nothing runs in it any more: it vanishes with our descriptors
             await asyncio.to_thread(shutil.rmtree, self.root, True)
             if survivors:

@@ -126,6 +126,7 @@ def test_the_entry_point_names_the_provider() -> None:
         "isolation",
         "routes",
         "host_loopback",
+        "clean_env",
         "least_privilege",
         "limit_cpu_memory",
         "limit_pids",

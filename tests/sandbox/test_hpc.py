@@ -210,10 +210,16 @@ def test_a_start_runs_the_real_hpc_sandbox_code_up_to_the_binary_and_leaks_nothi
     ]
 
 
-def test_capabilities_are_the_inner_ones_restricted_plus_routes_and_host_loopback(bins: FakeBins) -> None:
+def test_capabilities_are_the_inner_ones_restricted_plus_routes_host_loopback_and_clean_env(
+    bins: FakeBins,
+) -> None:
     bins.add("singularity")
     bins.add("enroot")
-    base = {"routes", "host_loopback"}
+    base = {
+        "routes",
+        "host_loopback",
+        "clean_env",
+    }  # hpc-sandbox starts its runtimes with a clean environment
     assert SingularityProvider().capabilities == base | {"snapshot", "isolation"}  # "pods" is not platoon's
     assert SingularityProvider(allow_network_none=True, gpu="nv").capabilities == base | {
         "snapshot",
@@ -744,7 +750,7 @@ def test_snapshots_restore_and_are_deleted_when_their_sandbox_stops() -> None:
 
 @pytest.mark.usefixtures("fake_inner")
 def test_capabilities_of_a_provider_follow_its_inner_provider() -> None:
-    assert FakeSingularity().capabilities == {"snapshot", "isolation", "routes", "host_loopback"}
+    assert FakeSingularity().capabilities == {"snapshot", "isolation", "routes", "host_loopback", "clean_env"}
     assert FakeSingularity(allow_network_none=True, gpu="nv").capabilities == {
         "snapshot",
         "isolation",
@@ -752,6 +758,7 @@ def test_capabilities_of_a_provider_follow_its_inner_provider() -> None:
         "gpu",
         "routes",
         "host_loopback",
+        "clean_env",
     }
 
 

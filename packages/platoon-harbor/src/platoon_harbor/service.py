@@ -697,6 +697,14 @@ class HarborService:
         host's network, as a provider allowed onto it does)."""
         return spec.network != "host" and f"network_{spec.network}" in self._capabilities()
 
+    def _unconfined(self) -> str | None:
+        """Why the provider would run this entry's commands unconfined, or None (harness.md 5.7: the process
+        provider without bubblewrap is refused unless the run config's `provider_options.confine: none` accepts
+        it; a site profile cannot set that option)."""
+        ask = getattr(self.provider_class(), "unconfined_refusal", None)
+        reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+        return f"provider {self.options.provider}: {reason}" if reason else None
+
     async def check_tasks(self, split: str, ids: list[str]) -> None:
         """Run-start checks (6.9): the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
         tasks without an image. Raises an `env_config` error."""
@@ -707,6 +715,9 @@ class HarborService:
             problems.append(f"provider {self.options.provider}: {reason}")
         if (reason := self._provider_unavailable()) is not None:
             problems.append(f"provider {self.options.provider}: {reason}")
+        unconfined = await asyncio.to_thread(self._unconfined)  # probes bubblewrap once per process
+        if unconfined:
+            problems.append(unconfined)
         not_prepared: list[str] = []
         for task_id in ids:
             task = await asyncio.to_thread(self.harbor_task, task_id)
@@ -788,7 +799,7 @@ class HarborService:
         """Start the task's sandbox and return its session (6.7); failures raise `EnvSetupError`."""
         try:
             htask = await asyncio.to_thread(self._resolve, task)
-            refusal = self._refusal(htask)
+            refusal = await asyncio.to_thread(self._unconfined) or self._refusal(htask)
             if refusal:
                 raise EnvSetupError("env_config", refusal)
             spec, env = self._spec(htask, rollout_id, needs)

@@ -728,6 +728,8 @@ class DockerProvider:
     host:port destinations that public and allowlist sandboxes may reach even when private or the host's own)."""
 
     name: ClassVar[str] = "docker"
+    # clean_env: a container starts from its image's environment and the variables it is given with values
+    # (`--env KEY=VALUE`, the Engine API's `KEY=VALUE`), never a bare `--env KEY`, which would copy the host's.
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {
             "snapshot",
@@ -737,6 +739,7 @@ class DockerProvider:
             "isolation",
             "routes",
             "host_loopback",
+            "clean_env",
             "least_privilege",
             "limit_cpu_memory",
             "limit_pids",

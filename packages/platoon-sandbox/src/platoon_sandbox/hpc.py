@@ -252,7 +252,12 @@ class HpcProvider:
     inner_class: ClassVar[str | type] = ""
     isolates: ClassVar[bool] = True
     #: Without options (an instance has its own, from the inner provider's: `gpu`, `allow_network_none`).
-    capabilities: frozenset[str] = frozenset({"snapshot", "isolation", "routes", "host_loopback"})
+    #: clean_env: hpc-sandbox 0.3 starts Singularity/Apptainer with `--cleanenv` (dropping the variables it passes
+    #: despite it, `*_proxy` and `TERM`, and `SINGULARITYENV_*`) and enroot with only the variables it needs; a
+    #: command gets the spec's and its own variables, written into it, and nothing of the host's.
+    capabilities: frozenset[str] = frozenset(
+        {"snapshot", "isolation", "routes", "host_loopback", "clean_env"}
+    )
 
     def __init__(self, **options: Any) -> None:
         # What a supervisor re-creates this provider from to reap: the options as given, JSON-able.
@@ -265,7 +270,7 @@ class HpcProvider:
             raise SandboxError(f"the {self.name} provider needs hpc-sandbox: {INSTALL_HINT}") from error
         self.capabilities = (
             (frozenset(self.inner.capabilities) & CAPABILITIES)
-            | {"routes", "host_loopback"}
+            | {"routes", "host_loopback", "clean_env"}
             | ({"limit_cpu_memory"} if options.get("cgroup_limits") else set())
         )
 
@@ -521,7 +526,7 @@ class EnrootProvider(HpcProvider):
     name: ClassVar[str] = "enroot"
     inner_class: ClassVar[str | type] = "hpc_sandbox:EnrootProvider"
     capabilities: frozenset[str] = frozenset(
-        {"snapshot", "isolation", "network_none", "routes", "host_loopback"}
+        {"snapshot", "isolation", "network_none", "routes", "host_loopback", "clean_env"}
     )
 
     @classmethod

@@ -141,7 +141,9 @@ def test_a_policy_the_provider_cannot_filter_is_refused_at_run_start_unless_the_
     dataset = tmp_path / "dataset"
     write_task(dataset, "offline", 'network_mode = "no-network"\n')
     write_task(dataset, "online")
-    code, lines = _validate(tmp_path, dataset, "", capsys)
+    code, lines = _validate(
+        tmp_path, dataset, ", confine: none", capsys
+    )  # unconfined is accepted: only the network
     assert code == 78
     assert lines == [
         "  environments.0: Harbor task online runs its agent with network_mode public, which provider process "
@@ -149,7 +151,7 @@ def test_a_policy_the_provider_cannot_filter_is_refused_at_run_start_unless_the_
         f"(PLATOON_BWRAP={tmp_path / 'no-bwrap'} is not an executable); or set the provider option "
         "allow_host_network: true to run them on the host's network, unfiltered"
     ]
-    assert _validate(tmp_path, dataset, ", allow_host_network: true", capsys) == (0, [])
+    assert _validate(tmp_path, dataset, ", confine: none, allow_host_network: true", capsys) == (0, [])
 
 
 def test_a_bad_egress_allow_is_a_config_error_in_one_line(tmp_path: Path) -> None:

@@ -401,7 +401,8 @@ def test_harbor_refuses_unconfined_process_sandboxes_unless_the_run_config_accep
     accepted = HarborService(
         dataset_dir=str(tasks),
         provider="process",
-        provider_options={"scratch_root": str(tmp_path), "confine": "none"},
+        # without bubblewrap a public task also needs the host's network accepted (no namespace to filter)
+        provider_options={"scratch_root": str(tmp_path), "confine": "none", "allow_host_network": True},
     )
     run(accepted.check_tasks("train", ["t"]))
     # a site profile cannot say it: the option weakens isolation

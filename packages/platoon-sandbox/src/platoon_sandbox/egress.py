@@ -604,7 +604,12 @@ def process_unavailable() -> str | None:
     (and per tool set): a namespace made by bubblewrap, slirp4netns attached, the rule set loaded. Blocking."""
     from platoon_sandbox import netns
 
-    key = (netns.bwrap_binary(), shutil.which("slirp4netns"), shutil.which("nft"))
+    key = (
+        netns.bwrap_binary(),
+        os.environ.get(netns.BWRAP_ENV),
+        shutil.which("slirp4netns"),
+        shutil.which("nft"),
+    )
     with _process_probe_lock:
         if key not in _process_probe:
             _process_probe[key] = _probe_process(netns)

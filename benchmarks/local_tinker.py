@@ -86,9 +86,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="platoon-bench-local-tinker-") as state_dir:
         started = time.perf_counter()
-        url, stop = start_local_server_process(model=MODEL, state_dir=state_dir)
+        url, key, stop = start_local_server_process(model=MODEL, state_dir=state_dir)
         try:
-            service = tinker.ServiceClient(base_url=url, api_key="tml-platoon-bench")
+            service = tinker.ServiceClient(base_url=url, api_key=key)
             client = service.create_lora_training_client(base_model=MODEL, rank=8)
             print(f"server up and training client created in {time.perf_counter() - started:.1f} s")
             warm: dict[str, list[float]] = defaultdict(list)

@@ -224,12 +224,13 @@ def test_grader_faults_never_train_as_zero(
 )
 def test_sampler_faults_never_train_as_zero(tmp_path: Path) -> None:
     env = _user_env(tmp_path)
-    env["TINKER_API_KEY"] = "tml-test"
     service = [sys.executable, "-m", "platoon.local_server.process", "--dir", str(tmp_path / "service")]
     with (
-        _process(service, env) as (_, upstream),
+        _process(service, env) as (server, upstream),
         _process([sys.executable, str(HERE / "sampler_proxy.py"), upstream], env) as (_, url),
     ):
+        assert server.stdout is not None
+        env["TINKER_API_KEY"] = server.stdout.readline().strip()  # the one key the service issued
         finished, run = _train(
             tmp_path,
             "python://faulty_grader:FaultyGrader",

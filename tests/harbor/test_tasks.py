@@ -207,7 +207,7 @@ def test_a_missing_instruction_or_test_script_is_refused(tmp_path):
         read_task(path)
 
 
-def test_compose_stacks_and_task_users_are_refused_unless_trivial_or_ignored(tmp_path):
+def test_compose_stacks_are_refused_unless_trivial_and_task_users_only_under_agent_user_refuse(tmp_path):
     trivial = task(tmp_path, "trivial")
     (trivial / "environment").mkdir()
     (trivial / "environment" / "docker-compose.yaml").write_text("version: '3'\nservices:\n  main: {}\n")
@@ -217,10 +217,24 @@ def test_compose_stacks_and_task_users_are_refused_unless_trivial_or_ignored(tmp
     (sidecars / "environment" / "compose.yaml").write_text("services:\n  main: {}\n  db: {image: postgres}\n")
     with pytest.raises(TaskRefused, match="compose stack"):
         load_task(sidecars)
-    user = task(tmp_path, "user", '[agent]\nuser = "agent"\n')
-    with pytest.raises(TaskRefused, match="agent_user: ignore"):
-        load_task(user)
+    user = task(tmp_path, "user", '[agent]\nuser = "agent"\n[verifier]\nuser = 1000\n')
+    assert load_task(user).agent.user == "agent"  # run as it (whether the provider can is a run-start check)
+    assert load_task(user).verifier.user == "1000"  # a uid
     assert load_task(user, agent_user="ignore").agent.user == "agent"
+    with pytest.raises(TaskRefused, match="agent_user: refuse"):
+        load_task(user, agent_user="refuse")
+
+
+def test_storage_is_read_in_megabytes_or_the_legacy_size_form(tmp_path):
+    sized = task(
+        tmp_path, "sized", '[environment]\nstorage_mb = 50\n[verifier.environment]\nstorage = "1G"\n'
+    )
+    loaded = load_task(sized)
+    assert loaded.environment.storage_mb == 50
+    assert loaded.verifier.environment is not None and loaded.verifier.environment.storage_mb == 1024
+    bad = task(tmp_path, "bad", '[environment]\nstorage = "lots"\n')
+    with pytest.raises(TaskRefused, match=r"\[environment\]\.storage: storage 'lots' is not a size"):
+        read_task(bad)
 
 
 def test_ids_are_dir_names_at_the_top_and_relative_paths_below_skipping_hidden_dirs(tmp_path):

@@ -50,6 +50,9 @@ RESULTS = [
         reason="process + bwrap does not claim `limit_pids`",
     ),
     entry("process", "route", "passed", verdict="works"),
+    entry(
+        "runsc", "route", "passed", verdict="refused", reason="docker + runsc refuses it at the run's start"
+    ),
 ]
 
 
@@ -73,15 +76,16 @@ def test_the_table_is_written_between_the_markers_and_then_checks_clean(tmp_path
     assert rows[0] == (
         "| Attempt | Guarantee | process + bwrap | docker | docker + runsc | singularity [*] | enroot [*] |"
     )
-    # Singularity's adapter claims `isolation` only, so neither guarantee below; runsc did not run.
+    # Singularity's adapter claims `clean_env`, not `limit_pids`; runsc ran only the route, which it refused.
     assert rows[1:] == [
-        "| host secrets in the environment | `clean_env` | held | held | not run | not run here; not claimed | "
-        "not run here; not claimed |",
+        "| host secrets in the environment | `clean_env` | held | held | not run | not run here; claims it | "
+        "not run here; claims it |",
         "| start 5,000 processes | `limit_pids` | not enforced [1] | held | not run | not run here; not claimed | "
         "not run here; not claimed |",
-        "| the route | — | works | works | not run | not run here | not run here |",
+        "| the route | — | works | works | refused at start [2] | not run here | not run here |",
     ]
     assert "[1] process + bwrap does not claim `limit_pids`." in text.splitlines()
+    assert "[2] docker + runsc refuses it at the run's start." in text.splitlines()
     checked = _table(tmp_path, RESULTS, "--check")
     assert (checked.returncode, checked.stderr) == (0, "")
 

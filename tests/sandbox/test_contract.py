@@ -22,7 +22,10 @@ def test_a_spec_defaults_to_a_local_image_on_the_host_network_in_app():
     ("kwargs", "message"),
     [
         ({"network": "bridge"}, "network must be one of host, none, public, allowlist"),
-        ({"network": "public", "allowed_hosts": ["pypi.org"]}, "allowed_hosts is for network: allowlist only"),
+        (
+            {"network": "public", "allowed_hosts": ["pypi.org"]},
+            "allowed_hosts is for network: allowlist only",
+        ),
         ({"pids_limit": 0}, "pids_limit must be a positive integer"),
         ({"storage_mb": -5}, "storage_mb must be a positive integer"),
         ({"workdir": "app"}, "workdir must be an absolute path"),
@@ -32,11 +35,26 @@ def test_a_spec_defaults_to_a_local_image_on_the_host_network_in_app():
             {"network": "none", "upstreams": {"model": "http://127.0.0.1:9"}},
             "reaches only Unix-socket upstreams",
         ),
+        (
+            {"network": "public", "upstreams": {"judge": "http://127.0.0.1:9"}},
+            "on the host's loopback .* a network: public sandbox cannot reach it",
+        ),
+        (
+            {"network": "allowlist", "upstreams": {"judge": "https://localhost:8443/v1"}},
+            "on the host's loopback .* a network: allowlist sandbox cannot reach it",
+        ),
     ],
 )
 def test_a_spec_no_provider_could_honour_is_refused_when_made(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SandboxSpec(**kwargs)
+
+
+def test_a_public_spec_keeps_its_unix_socket_and_outside_tcp_upstreams():
+    spec = SandboxSpec(
+        network="public", upstreams={"model": "unix:///run/gw/gw.sock", "judge": "https://judge.example:443"}
+    )
+    assert spec.upstreams == {"model": "unix:///run/gw/gw.sock", "judge": "https://judge.example:443"}
 
 
 def test_a_no_network_spec_keeps_its_unix_socket_upstreams():

@@ -118,7 +118,21 @@ def test_the_entry_point_names_the_provider() -> None:
     runtime = get_sandbox_runtime("docker")
     assert resolve_target(runtime.provider) is DockerProvider
     assert DockerProvider.isolates
-    assert DockerProvider.capabilities == {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
+    assert DockerProvider.capabilities == {
+        "snapshot",
+        "network_none",
+        "network_public",
+        "network_allowlist",
+        "isolation",
+        "routes",
+        "host_loopback",
+        "clean_env",
+        "least_privilege",
+        "limit_cpu_memory",
+        "limit_pids",
+        "limit_disk",
+        "run_as_user",
+    }
 
 
 def test_exec_strings_run_under_bash_with_env_cwd_and_stdin(exec_path: str) -> None:

@@ -210,10 +210,16 @@ def test_a_start_runs_the_real_hpc_sandbox_code_up_to_the_binary_and_leaks_nothi
     ]
 
 
-def test_capabilities_are_the_inner_ones_restricted_plus_routes_and_host_loopback(bins: FakeBins) -> None:
+def test_capabilities_are_the_inner_ones_restricted_plus_routes_host_loopback_and_clean_env(
+    bins: FakeBins,
+) -> None:
     bins.add("singularity")
     bins.add("enroot")
-    base = {"routes", "host_loopback"}
+    base = {
+        "routes",
+        "host_loopback",
+        "clean_env",
+    }  # hpc-sandbox starts its runtimes with a clean environment
     assert SingularityProvider().capabilities == base | {"snapshot", "isolation"}  # "pods" is not platoon's
     assert SingularityProvider(allow_network_none=True, gpu="nv").capabilities == base | {
         "snapshot",
@@ -240,6 +246,44 @@ def test_network_none_is_refused_before_any_start_unless_allowed(bins: FakeBins)
 
     run(go())
     assert bins.calls() == [] and registry().live == []  # refused before the runtime was asked anything
+
+
+def test_public_and_allowlist_are_refused_before_any_start_unless_the_host_network_is_allowed(
+    bins: FakeBins,
+) -> None:
+    """hpc-sandbox knows only the host's network and none: it cannot filter egress (harness.md 5.7)."""
+    bins.add("singularity")
+    for provider in (SingularityProvider, EnrootProvider):
+        refusal = provider.network_public_refusal({})
+        assert refusal is not None and "allow_host_network: true" in refusal
+        assert provider.network_allowlist_refusal({}) == refusal
+        assert provider.network_public_refusal({"allow_host_network": True}) is None
+
+    async def go() -> None:
+        for network in ("public", "allowlist"):
+            with pytest.raises(SandboxError, match="allow_host_network: true"):
+                await SingularityProvider().start(SandboxSpec(image="docker://example/x", network=network))  # type: ignore[arg-type]
+
+    run(go())
+    assert bins.calls() == [] and registry().live == []  # refused before the runtime was asked anything
+
+
+@pytest.mark.usefixtures("fake_inner")
+def test_allow_host_network_runs_public_sandboxes_on_the_host_network_unfiltered(unix_upstream: str) -> None:
+    async def go() -> None:
+        # the option stays platoon's: the fake inner provider would refuse an unknown keyword
+        provider = FakeEnroot(allow_host_network=True, egress_allow=["127.0.0.1:9"])
+        sandbox = await provider.start(
+            spec(network="allowlist", allowed_hosts=["pypi.org"], upstreams={"model": unix_upstream})
+        )
+        try:
+            (inner,) = provider.inner.started
+            assert inner.spec.network == "host"
+            assert sandbox.routes == {}  # on the host network the gateway is reached on loopback, as before
+        finally:
+            await sandbox.stop()
+
+    run(go())
 
 
 def test_rootfs_layout_refusals(bins: FakeBins) -> None:
@@ -706,7 +750,7 @@ def test_snapshots_restore_and_are_deleted_when_their_sandbox_stops() -> None:
 
 @pytest.mark.usefixtures("fake_inner")
 def test_capabilities_of_a_provider_follow_its_inner_provider() -> None:
-    assert FakeSingularity().capabilities == {"snapshot", "isolation", "routes", "host_loopback"}
+    assert FakeSingularity().capabilities == {"snapshot", "isolation", "routes", "host_loopback", "clean_env"}
     assert FakeSingularity(allow_network_none=True, gpu="nv").capabilities == {
         "snapshot",
         "isolation",
@@ -714,6 +758,7 @@ def test_capabilities_of_a_provider_follow_its_inner_provider() -> None:
         "gpu",
         "routes",
         "host_loopback",
+        "clean_env",
     }
 
 

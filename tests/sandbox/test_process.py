@@ -1,12 +1,16 @@
 """The process provider (harness.md 5.2), with real processes: exec, timeouts that kill the tree, output caps,
-copies, stop and a failed start leaving nothing behind."""
+copies, stop and a failed start leaving nothing behind. Every test runs twice: confined by bubblewrap (the default
+where it works; then commands see sandbox paths as they are) and with `confine: none` (paths translated).
+What confinement itself keeps out is test_process_confine.py's."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +19,11 @@ import pytest
 from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxSpec
 from platoon_sandbox.contract import OUTPUT_CAP_BYTES
 from platoon_sandbox.process import ProcessProvider, ProcessSandbox
-from platoon_sandbox.procs import pids_with_marker, start_time
+from platoon_sandbox.procs import start_time
 from platoon_sandbox.registry import clear_process_labels, registry
+
+#: `provider_options.confine` of every sandbox a test starts (set per run by `_confine_mode`)
+MODE = "bwrap"
 
 
 @pytest.fixture(autouse=True)
@@ -24,6 +31,15 @@ def _fresh_labels() -> Iterator[None]:
     clear_process_labels()
     yield
     clear_process_labels()
+
+
+@pytest.fixture(autouse=True, params=["bwrap", "none"])
+def _confine_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "MODE", request.param)
+
+
+def provider(scratch: Path) -> ProcessProvider:
+    return ProcessProvider(scratch_root=str(scratch), confine=MODE)
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -40,11 +56,35 @@ def gone(pid: int) -> bool:
 
 
 def leftovers(sandbox: ProcessSandbox) -> list[int]:
-    return pids_with_marker([f"PLATOON_SANDBOX_ROOT={sandbox.fs}".encode()])
+    """What its commands started that still runs: by its marker, and, confined, in its PID namespace."""
+    return sandbox.process_ids()
+
+
+def inside(sandbox: ProcessSandbox, path: str) -> str:
+    """`path` as a command sees it: itself when confined, else translated to the host's."""
+    return path if sandbox.confined else sandbox.translate(path)
+
+
+def host_pid(sandbox: ProcessSandbox, shown: int) -> int:
+    """The host's pid of a process a command reported (`$!`: the PID namespace's own number when confined)."""
+    if not sandbox.confined:
+        return shown
+    for pid in sandbox.process_ids():
+        with open(f"/proc/{pid}/status") as handle:
+            numbers = next(line for line in handle if line.startswith("NSpid:")).split()[1:]
+        if int(numbers[-1]) == shown:
+            return pid
+    raise AssertionError(f"no process {shown} in sandbox {sandbox.root.name}")
+
+
+async def runs_inside(sandbox: ProcessSandbox, pid: int) -> bool:
+    """Whether the process a command reported as `pid` still runs (a zombie does not), asked in the sandbox."""
+    stat = (await sandbox.exec(f"cat /proc/{pid}/stat 2>/dev/null")).stdout
+    return bool(stat) and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def started(tmp_path: Path, **spec: object) -> ProcessSandbox:
-    return await ProcessProvider(scratch_root=str(tmp_path)).start(SandboxSpec(**spec))  # type: ignore[arg-type]
+    return await provider(tmp_path).start(SandboxSpec(**spec))  # type: ignore[arg-type]
 
 
 def test_the_root_holds_fs_and_a_record_with_labels_owner_and_start_time(tmp_path: Path):
@@ -67,20 +107,20 @@ def test_exec_strings_argv_env_cwd_and_stdin_with_paths_translated(tmp_path: Pat
         sandbox = await started(tmp_path, env={"DATA": "/app/data.txt"})
         try:
             result = await sandbox.exec("echo hi > /app/x.txt && cat /app/x.txt && pwd")
-            assert result == ExecResult(0, f"hi\n{sandbox.fs}/app\n", "")
+            assert result == ExecResult(0, f"hi\n{inside(sandbox, '/app')}\n", "")
             assert (sandbox.fs / "app" / "x.txt").read_text() == "hi\n"
             argv = await sandbox.exec(
                 ["python3", "-c", "import sys, os; print(sys.argv[1], os.getcwd())", "/tmp/y"], cwd="/logs"
             )
-            assert argv.stdout == f"{sandbox.fs}/tmp/y {sandbox.fs}/logs\n"
+            assert argv.stdout == f"{inside(sandbox, '/tmp/y')} {inside(sandbox, '/logs')}\n"
             env = await sandbox.exec(
-                'echo "$DATA $EXTRA $PLATOON_SANDBOX_ROOT $TMPDIR"', env={"EXTRA": "/tests/a"}
+                'printf "%s|" "$DATA" "$EXTRA" "$PLATOON_SANDBOX_ROOT" "$TMPDIR"', env={"EXTRA": "/tests/a"}
             )
-            assert env.stdout.split() == [
-                f"{sandbox.fs}/app/data.txt",
-                f"{sandbox.fs}/tests/a",
-                str(sandbox.fs),
-                f"{sandbox.fs}/tmp",
+            assert env.stdout.split("|")[:-1] == [
+                inside(sandbox, "/app/data.txt"),
+                inside(sandbox, "/tests/a"),
+                "" if sandbox.confined else str(sandbox.fs),  # scripts prefix paths with it: nothing to add
+                inside(sandbox, "/tmp"),
             ]
             assert (await sandbox.exec("cat", stdin="from stdin")).stdout == "from stdin"
             assert (await sandbox.exec(["cat"], stdin=b"bytes")).stdout == "bytes"
@@ -107,7 +147,9 @@ def test_a_cwd_that_cannot_be_entered_raises_the_oserror(tmp_path: Path):
             with pytest.raises(FileNotFoundError):
                 await sandbox.exec("true", cwd="/app/missing")
             await sandbox.exec("mkdir -p /app/sub")
-            assert (await sandbox.exec("pwd", cwd="sub")).stdout == f"{sandbox.fs}/app/sub\n"  # the workdir's
+            assert (await sandbox.exec("pwd", cwd="sub")).stdout == inside(
+                sandbox, "/app/sub"
+            ) + "\n"  # the workdir's
         finally:
             await sandbox.stop()
 
@@ -128,7 +170,7 @@ def test_a_timeout_kills_the_whole_tree_even_a_grandchild_in_another_session(tmp
             assert result.timed_out and result.exit_code == 137 and not result.ok
             for name in ("child", "escaped", "grand"):
                 pid = int((sandbox.fs / "tmp" / name).read_text())
-                assert gone(pid), name
+                assert not await runs_inside(sandbox, pid), name
         finally:
             await sandbox.stop()
 
@@ -169,9 +211,10 @@ def test_copies_round_trip_files_directories_symlinks_and_50_mb(tmp_path: Path):
             await sandbox.upload(big, "/app/big.bin")
             await sandbox.upload(src / "a.txt", "/tests/one.txt")
             listing = await sandbox.exec(
-                "cd /app/tree && find . | sort && readlink link && cmp /app/big.bin " + str(big)
+                "cd /app/tree && find . | sort && readlink link && sha256sum < /app/big.bin"
             )
-            assert listing.stdout == "./\n./a.txt\n./link\n./sub\n./sub/b.bin\na.txt\n".replace("./\n", ".\n")
+            digest = hashlib.sha256(big.read_bytes()).hexdigest()
+            assert listing.stdout == f".\n./a.txt\n./link\n./sub\n./sub/b.bin\na.txt\n{digest}  -\n"
             out = tmp_path / "out"
             await sandbox.download("/app/tree", out / "tree")
             await sandbox.download("/app/big.bin", out / "big.bin")
@@ -188,18 +231,28 @@ def test_copies_round_trip_files_directories_symlinks_and_50_mb(tmp_path: Path):
     run(main())
 
 
-def test_mounts_are_symlinks_to_their_sources(tmp_path: Path):
+def test_mounts_show_their_sources_at_their_targets(tmp_path: Path):
     async def main() -> None:
-        data = tmp_path / "data"
+        data, out = tmp_path / "data", tmp_path / "out"
         data.mkdir()
+        out.mkdir()
         (data / "x").write_text("mounted")
-        sandbox = await started(tmp_path / "scratch", mounts=[Mount(str(data), "/opt/data")])
+        mounts = [Mount(str(data), "/opt/data"), Mount(str(out), "/app/out", read_only=False)]
+        sandbox = await started(tmp_path / "scratch", mounts=mounts)
         try:
             assert (await sandbox.exec("cat /opt/data/x")).stdout == "mounted"
-            assert os.readlink(sandbox.fs / "opt" / "data") == str(data)
+            assert (await sandbox.exec("echo written > /app/out/y")).ok
+            assert (out / "y").read_text() == "written\n"
+            await sandbox.upload(data / "x", "/app/out/z")
+            await sandbox.download("/opt/data/x", tmp_path / "back")
+            assert (out / "z").read_text() == (tmp_path / "back").read_text() == "mounted"
+            if sandbox.confined:  # bound as asked: a read-only mount is read-only
+                assert not (await sandbox.exec("echo no > /opt/data/x")).ok
+            else:  # links to the sources, which the translated paths lead to
+                assert os.readlink(sandbox.fs / "opt" / "data") == str(data)
         finally:
             await sandbox.stop()
-        assert (data / "x").read_text() == "mounted"  # stopping removes the link, never the source
+        assert (data / "x").read_text() == "mounted"  # stopping removes the mount, never the source
 
     run(main())
 
@@ -207,12 +260,14 @@ def test_mounts_are_symlinks_to_their_sources(tmp_path: Path):
 def test_stop_leaves_no_process_and_no_directory_and_is_idempotent(tmp_path: Path):
     async def main() -> None:
         sandbox = await started(tmp_path)
-        child = await sandbox.exec("sleep 300 >/dev/null 2>&1 & echo $!")
-        escaped = await sandbox.exec("setsid sleep 300 >/dev/null 2>&1 & echo $!")
+        child = host_pid(sandbox, int((await sandbox.exec("sleep 300 >/dev/null 2>&1 & echo $!")).stdout))
+        escaped = host_pid(
+            sandbox, int((await sandbox.exec("setsid sleep 300 >/dev/null 2>&1 & echo $!")).stdout)
+        )
         assert leftovers(sandbox)
         await sandbox.stop()
         await sandbox.stop()
-        assert gone(int(child.stdout)) and gone(int(escaped.stdout))
+        assert gone(child) and gone(escaped)
         assert not leftovers(sandbox) and not sandbox.root.exists()
         assert sandbox not in [e.sandbox for e in registry().live]
         with pytest.raises(SandboxError, match="has stopped"):
@@ -240,8 +295,8 @@ def test_a_start_that_fails_leaks_nothing(tmp_path: Path):
         before = len(registry().live)
         blocker = tmp_path / "file"
         blocker.write_text("")
-        # the second mount's parent is the first, a link to a file: the start fails half-way through
-        with pytest.raises(OSError):
+        # the second mount's parent is the first, a file (a link to it when unconfined): the start fails half-way
+        with pytest.raises((OSError, SandboxError)):
             await started(tmp_path, mounts=[Mount(str(blocker), "/tests"), Mount(str(tmp_path), "/tests/x")])
         base = tmp_path / f"platoon-sandboxes-{os.getuid()}"
         assert [p.name for p in base.iterdir()] == []
@@ -252,12 +307,12 @@ def test_a_start_that_fails_leaks_nothing(tmp_path: Path):
 
 def test_snapshot_and_restore_copy_the_filesystem(tmp_path: Path):
     async def main() -> None:
-        provider = ProcessProvider(scratch_root=str(tmp_path))
-        sandbox = await provider.start(SandboxSpec())
+        chosen = provider(tmp_path)
+        sandbox = await chosen.start(SandboxSpec())
         await sandbox.exec("echo state > /app/s")
         snap = await sandbox.snapshot()
         await sandbox.stop()
-        restored = await provider.restore(snap, SandboxSpec())
+        restored = await chosen.restore(snap, SandboxSpec())
         try:
             assert (await restored.exec("cat /app/s")).stdout == "state\n"
         finally:
@@ -278,8 +333,10 @@ def test_routes_tcp_upstreams_are_their_own_and_unix_ones_on_the_host_network_ge
         finally:
             await sandbox.stop()
         assert ProcessProvider.isolates is False
-        # network_none only where bubblewrap makes a namespace (test_process_netns.py)
-        assert ProcessProvider.capabilities - {"network_none"} == {"snapshot", "routes", "host_loopback"}
+        # the network guarantees and clean_env only where bubblewrap (and slirp4netns) work (test_process_netns.py,
+        # test_egress.py, test_process_confine.py)
+        where_bwrap = {"network_none", "network_public", "network_allowlist", "clean_env"}
+        assert provider(tmp_path).capabilities - where_bwrap == {"snapshot", "routes", "host_loopback"}
         assert stat.S_IMODE(os.stat(sandbox.root.parent).st_mode) == 0o700
 
     run(main())
@@ -310,17 +367,19 @@ def test_a_network_none_sandbox_reaches_a_unix_socket_upstream_through_a_forward
             route = sandbox.routes["model"]
             assert route.startswith("http://127.0.0.1:")
             port = route.rsplit(":", 1)[1]
-            assert os.readlink(sandbox.fs / "run" / "platoon" / "model") == str(sock_dir)
+            assert os.readlink(sandbox.root / "sockets" / "model") == str(
+                sock_dir
+            )  # out of the commands' reach
             assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
             await sandbox.kill_processes()  # spares the forwarder
             assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
-            forwarder = int((sandbox.fs / "tmp" / "platoon-route" / "model.pid").read_text())
+            forwarder = int((sandbox.root / "routes" / "model.pid").read_text())
             os.kill(forwarder, 9)
             await asyncio.sleep(0.1)
             await sandbox.ensure_routes()  # restarted on the same port
             assert sandbox.routes["model"] == route
             assert (await sandbox.exec(["python3", "-c", CLIENT, port])).stdout == "pong:ping\n"
-            forwarder = int((sandbox.fs / "tmp" / "platoon-route" / "model.pid").read_text())
+            forwarder = int((sandbox.root / "routes" / "model.pid").read_text())
         finally:
             await sandbox.stop()
             server.close()
@@ -347,15 +406,17 @@ def test_the_first_start_says_once_and_plainly_that_nothing_is_isolated(tmp_path
     monkeypatch.setattr(process_module, "_warned", False)
 
     async def go() -> None:
-        provider = process_module.ProcessProvider(scratch_root=str(tmp_path))
+        chosen = provider(tmp_path)
         for _ in range(2):
-            sandbox = await provider.start(SandboxSpec())
+            sandbox = await chosen.start(SandboxSpec())
             await sandbox.stop()
 
     with caplog.at_level("WARNING", logger="platoon_sandbox.process"):
         asyncio.run(go())
     warnings = [r.getMessage() for r in caplog.records if r.name == "platoon_sandbox.process"]
     assert len(warnings) == 1
-    assert (
-        "isolates nothing" in warnings[0] and "with its files" in warnings[0]
-    )  # the network: test_process_netns
+    if MODE == "bwrap":
+        assert "does not isolate" in warnings[0] and "with its files readable" in warnings[0]
+    else:  # the network, and no bwrap at all: test_process_netns, test_process_confine
+        assert "unconfined (provider_options confine: none)" in warnings[0]
+        assert "its processes' environments and its Docker socket in reach" in warnings[0]

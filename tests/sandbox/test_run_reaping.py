@@ -30,7 +30,8 @@ from platoon_sandbox import SandboxSpec
 from platoon_sandbox.process import ProcessProvider
 
 async def main():
-    sandbox = await ProcessProvider(scratch_root=sys.argv[1]).start(SandboxSpec())
+    # unconfined: its background command outlives it (confined, it would die with it: test_process_confine.py)
+    sandbox = await ProcessProvider(scratch_root=sys.argv[1], confine="none").start(SandboxSpec())
     await sandbox.exec("sleep 300 >/dev/null 2>&1 &")
     print(sandbox.root, flush=True)
     await asyncio.sleep(300)

@@ -164,13 +164,34 @@ def test_provider_options_are_limited(tmp_path: Path) -> None:
         },
     )
     assert found == [
-        "provider_options.network: a site profile may set only allow_network_none, rootfs_layout, scratch_root, "
-        "image_cache, stage_images, gpu (other options belong in a run config's provider_options)",
+        "provider_options.network: a site profile may set only allow_network_none, egress_allow, rootfs_layout, "
+        "scratch_root, image_cache, stage_images, gpu, runtime (other options belong in a run config's "
+        "provider_options)",
         "provider_options.stage_images: 'sometimes' is not a bool",
     ]
+    site_file(tmp_path, {"provider": "docker", "provider_options": {"runtime": "runsc"}})
+    assert load_site().provider_options == {"runtime": "runsc"}
     assert site_problems(tmp_path, {"provider_options": {"gpu": "all"}}) == [
         "provider_options: set without a provider; name the provider they are for"
     ]
+
+
+def test_egress_allow_names_the_destinations_the_site_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one option that loosens isolation: which private or host destinations public and allowlist sandboxes
+    may reach, by name (the provider checks each entry's form when it is built)."""
+    monkeypatch.setenv("MIRROR", "mirror.internal")
+    site_file(
+        tmp_path,
+        {"provider": "docker", "provider_options": {"egress_allow": ["${MIRROR}:443", "127.0.0.1:8000"]}},
+    )
+    profile = load_site()
+    assert profile is not None
+    assert profile.provider_options == {"egress_allow": ["mirror.internal:443", "127.0.0.1:8000"]}
+    assert site_problems(
+        tmp_path, {"provider": "docker", "provider_options": {"egress_allow": "pypi.org"}}
+    ) == ["provider_options.egress_allow: expected a list of host or host:port entries, got 'pypi.org'"]
 
 
 def test_profile_is_reread_when_it_changes(tmp_path: Path) -> None:

@@ -13,10 +13,13 @@ import pytest
 
 #: a hang guard only
 HANG_GUARD_SECONDS = 60
-HALF_A_BODY = (
-    b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-a\r\n"
-    b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
-)
+
+
+def half_a_body(key: str) -> bytes:
+    return (
+        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n" % key.encode()
+        + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
 
 
 @pytest.mark.guarantee(
@@ -37,16 +40,17 @@ def test_clients_gone_mid_request_and_a_stop_with_a_request_open_print_no_traceb
     try:
         assert child.stdout is not None and child.stdin is not None and child.stderr is not None
         base_url = child.stdout.readline().strip()
+        half = half_a_body(child.stdout.readline().strip())  # the key it issued: the body is then read
         address = urlsplit(base_url)
         assert address.hostname and address.port
         # clients that exit while sending a request: half a body, then the connection closes
         for _ in range(3):
             with socket.create_connection((address.hostname, address.port)) as gone:
-                gone.sendall(HALF_A_BODY)
+                gone.sendall(half)
         # a request whose body is still arriving when the server stops
         open_request = socket.create_connection((address.hostname, address.port))
         open_request.settimeout(HANG_GUARD_SECONDS)
-        open_request.sendall(HALF_A_BODY)
+        open_request.sendall(half)
         assert httpx.get(f"{base_url}/api/v1/healthz", timeout=HANG_GUARD_SECONDS).json() == {"status": "ok"}
 
         child.stdin.close()  # how the command that started it stops it

@@ -7,12 +7,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from platoon.local_server.process import default_state_dir, start_local_server_process
-
-KEY = {"X-API-Key": "tml-test"}
 
 
 def test_tinker_serve_answers_until_interrupted(tmp_path):
@@ -40,11 +40,16 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
         assert child.stdout is not None and child.stderr is not None
         base_url = child.stdout.readline().strip()
         assert base_url.startswith("http://127.0.0.1:")
-        capabilities = httpx.get(f"{base_url}/api/v1/get_server_capabilities", headers=KEY, timeout=10).json()
+        key = child.stdout.readline().strip()  # issued for this start
+        assert key.startswith("tml-")
+        headers = {"X-API-Key": key}
+        capabilities = httpx.get(
+            f"{base_url}/api/v1/get_server_capabilities", headers=headers, timeout=10
+        ).json()
         assert capabilities == {
             "supported_models": [{"model_name": "platoon/toy", "trainable": True, "sampleable": True}]
         }
-        assert f"TINKER_BASE_URL={base_url}" in child.stderr.readline()
+        assert f"TINKER_BASE_URL={base_url} and TINKER_API_KEY={key}" in child.stderr.readline()
         child.send_signal(signal.SIGINT)
         try:
             assert child.wait(timeout=20) == 0
@@ -59,8 +64,68 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
     assert (tmp_path / "state" / "runs").is_dir()
 
 
+def serve(*args: str) -> list[str]:
+    """`python -m platoon tinker serve ARGS`, as a user runs it."""
+    return [sys.executable, "-X", "faulthandler", "-m", "platoon", "tinker", "serve", *args]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (
+            ["--host", "0.0.0.0"],
+            "--host 0.0.0.0 listens beyond this machine, where anyone who can reach the port could train, save "
+            "and delete weights: pass --api-key",
+        ),
+        (["--host", "192.0.2.7"], "--host 192.0.2.7 listens beyond this machine"),
+        (["--host", "0.0.0.0", "--api-key", "tml-short"], "--api-key must hold at least 16 letters"),
+        (["--api-key", "sk-0123456789abcdef0123"], "--api-key must start with tml-"),
+    ],
+)
+def test_tinker_serve_refuses_to_listen_beyond_loopback_without_a_key(tmp_path, options, said):
+    done = subprocess.run(
+        serve("--dir", str(tmp_path / "state"), *options), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 78
+    assert done.stderr.splitlines() == [done.stderr.strip()], "one line"
+    assert done.stderr.startswith(f"platoon: {said}"), done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "state").exists()
+
+
+def test_tinker_serve_on_every_address_prints_a_url_other_machines_can_use(tmp_path):
+    key = "tml-shared-with-the-lab-0123456789"
+    child = subprocess.Popen(
+        serve("--dir", str(tmp_path / "state"), "--host", "0.0.0.0", "--api-key", key),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        base_url = child.stdout.readline().strip()
+        host = urlsplit(base_url).hostname
+        assert host not in ("127.0.0.1", "0.0.0.0", "localhost", None), base_url
+        banner = child.stderr.readline()
+        assert (
+            f"listening on 0.0.0.0:{urlsplit(base_url).port}, reachable by other machines at {base_url}"
+            in banner
+        )
+        assert key not in banner, "a key given on the command line is not repeated"
+        url = f"{base_url}/api/v1/get_server_capabilities"
+        assert httpx.get(url, headers={"X-API-Key": key}, timeout=10).status_code == 200
+        assert httpx.get(url, headers={"X-API-Key": "tml-made-up"}, timeout=10).status_code == 401
+        child.send_signal(signal.SIGINT)
+        stdout, _ = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 0
+    assert stdout == "", "no key line: the caller gave the key"
+
+
 def test_child_process_server_starts_and_stops(tmp_path):
-    base_url, stop = start_local_server_process(state_dir=tmp_path)
+    base_url, _, stop = start_local_server_process(state_dir=tmp_path)
     try:
         assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
     finally:
@@ -80,9 +145,9 @@ def test_a_child_that_built_the_model_stops_quietly(tmp_path, capfd):
 
     from platoon.gateway.tinker_service import close_session
 
-    base_url, stop = start_local_server_process(state_dir=tmp_path)
+    base_url, api_key, stop = start_local_server_process(state_dir=tmp_path)
     try:
-        client = tinker.ServiceClient(base_url=base_url, api_key="tml-test")
+        client = tinker.ServiceClient(base_url=base_url, api_key=api_key)
         try:
             client.create_lora_training_client(base_model="platoon/toy", rank=8)
         finally:
@@ -130,9 +195,6 @@ def _run_python_no_torch(code: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         env={**os.environ, "TINKER_TELEMETRY": "0"},
     )
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture

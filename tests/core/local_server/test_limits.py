@@ -16,7 +16,6 @@ from tinker import types
 
 from platoon.local_server import LocalTinkerServer
 
-KEY = {"X-API-Key": "tml-test"}
 MODEL = "platoon/toy"
 #: a hang guard only: every answer here comes at once or after the 0.5 s idle limit
 HANG_GUARD_SECONDS = 60
@@ -63,8 +62,15 @@ def service(server: LocalTinkerServer) -> Iterator[tinker.ServiceClient]:
     client.holder.close()
 
 
+def key(server: LocalTinkerServer) -> dict[str, str]:
+    """The header carrying the key the server issued (it takes no other)."""
+    return {"X-API-Key": server.api_key}
+
+
 def post(server: LocalTinkerServer, path: str, body: Any) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/api/v1/{path}", json=body, headers=KEY, timeout=HANG_GUARD_SECONDS)
+    return httpx.post(
+        f"{server.base_url}/api/v1/{path}", json=body, headers=key(server), timeout=HANG_GUARD_SECONDS
+    )
 
 
 def result(server: LocalTinkerServer, request_id: str) -> dict[str, Any]:
@@ -155,6 +161,10 @@ BAD_REQUESTS = [
 BAD_SAMPLING = [
     ({"max_tokens": "x"}, "sampling_params.max_tokens must be a non-negative integer, got 'x'"),
     ({"max_tokens": -1}, "sampling_params.max_tokens must be a non-negative integer"),
+    (
+        {"max_tokens": 10_000_000},
+        "sampling_params.max_tokens asks for 10000000 tokens, over the local model's context of 32768 tokens",
+    ),
     ({"temperature": "NaN"}, "sampling_params.temperature must be a finite number"),
     ({"temperature": -0.5}, "sampling_params.temperature must be >= 0"),
     ({"top_p": 0}, "sampling_params.top_p must be in (0, 1]"),
@@ -176,6 +186,9 @@ def test_bad_numbers_and_shapes_are_400s_naming_the_field_and_never_reach_the_mo
         answer = post(fake, "asample", {"base_model": MODEL, "prompt": prompt, "sampling_params": params})
         assert answer.status_code == 400, (params, answer.text)
         assert message in answer.json()["error"], answer.json()["error"]
+    many = post(fake, "asample", {"base_model": MODEL, "prompt": prompt, "num_samples": 1_000_000})
+    assert many.status_code == 400, many.text
+    assert "num_samples asks for 1000000 sequences; one request may ask for 1024" in many.json()["error"]
     assert backend.calls == []
     # the model and sampling go on as if nothing had been sent
     assert result(
@@ -197,7 +210,7 @@ def test_a_nan_learning_rate_on_the_wire_is_a_400(fake):
     answer = httpx.post(
         f"{fake.base_url}/api/v1/optim_step",
         content=body,
-        headers={**KEY, "Content-Type": "application/json"},
+        headers={**key(fake), "Content-Type": "application/json"},
         timeout=HANG_GUARD_SECONDS,
     )
     assert answer.status_code == 400
@@ -266,8 +279,8 @@ def test_a_declared_body_over_the_limit_is_413_before_a_byte_of_it_is_read(fake)
     """A 300 MB Content-Length with nothing sent after the headers: the answer cannot have waited for the body."""
     sock = raw(
         fake,
-        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-a\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 300000000\r\n\r\n",
+        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n" % fake.api_key.encode()
+        + b"Content-Type: application/json\r\nContent-Length: 300000000\r\n\r\n",
     )
     with sock:
         reply = read_reply(sock)  # the server closes the connection after its answer
@@ -283,8 +296,9 @@ def test_a_chunked_body_is_cut_off_at_the_limit(fake):
     chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
     sock = raw(
         fake,
-        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-a\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 5,  # 80 KiB of an endless body, then silence
+        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n" % fake.api_key.encode()
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + chunk * 5,  # 80 KiB of an endless body, then silence
     )
     with sock:
         reply = read_reply(sock)
@@ -317,15 +331,105 @@ def test_the_sdk_gets_a_body_over_the_limit_as_one_error_and_the_model_keeps_wor
             service.holder.close()
 
 
+def test_the_sdk_gets_its_413_even_for_a_body_far_past_what_the_socket_buffers_hold(tmp_path):
+    """The SDK sends its whole body before it reads the answer: the server keeps its answer for it (dropping the
+    rest of the body) rather than closing on the unread body, which the SDK would see as a reset and retry."""
+    server = LocalTinkerServer(
+        state_dir=tmp_path, backend_factory=CountingBackend.create, max_body_bytes=32 << 10
+    )
+    with server:
+        service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+        try:
+            client = service.create_lora_training_client(base_model=MODEL)
+            tokens = [72, 105] * 400_000  # ~8 MB of JSON
+            with pytest.raises(tinker.APIStatusError, match="over the local server's limit") as caught:
+                client.forward_backward([_ce(tokens)], "cross_entropy").result()
+            assert caught.value.status_code == 413
+        finally:
+            service.holder.close()
+
+
 def test_a_body_that_stops_arriving_is_answered_408_and_closed(fake):
     """A Content-Length that promises more than is sent: a reply and a closed connection, not a request held forever."""
     sock = raw(
         fake,
-        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: tml-a\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n" % fake.api_key.encode()
+        + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
     )
     with sock:
         reply = read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 408 ")
     assert b"the request body stopped arriving" in reply
     assert post(fake, "create_session", {}).status_code == 200
+
+
+# -- nesting, context and base models
+
+
+def create_session_with_tags(server: LocalTinkerServer, tags: bytes) -> httpx.Response:
+    return httpx.post(
+        f"{server.base_url}/api/v1/create_session",
+        content=b'{"tags": ' + tags + b"}",
+        headers={**key(server), "Content-Type": "application/json"},
+        timeout=HANG_GUARD_SECONDS,
+    )
+
+
+def test_json_nested_past_the_cap_is_one_400_line_with_no_traceback(fake, caplog):
+    """64 levels are taken; one more is refused, and so is nesting past the interpreter's own recursion limit,
+    which once made the reader raise a RecursionError."""
+    assert (
+        create_session_with_tags(fake, b"[" * 63 + b"]" * 63).status_code == 200
+    )  # 64 levels with the object
+    for depth in (64, 30_000):
+        answer = create_session_with_tags(fake, b"[" * depth + b"]" * depth)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"] == (
+            "the request body's JSON is nested more than 64 levels deep, the local server's limit "
+            "(platoon tinker serve --max-json-depth or LocalTinkerServer(max_json_depth=...) raises it)"
+        )
+    assert not [record for record in caplog.records if record.exc_info], "a traceback was logged"
+    assert post(fake, "create_session", {}).status_code == 200
+
+
+def test_a_prompt_or_a_max_tokens_past_the_model_context_is_refused_before_sampling(service):
+    """The real model's context is 32768 tokens: asking for more is a 400 at once, not minutes of sampling."""
+    sampler = service.create_sampling_client(base_model=MODEL)
+    with pytest.raises(tinker.BadRequestError, match=r"sampling_params\.max_tokens asks for 10000000 tokens"):
+        sampler.sample(
+            types.ModelInput.from_ints([72, 105]), 1, types.SamplingParams(max_tokens=10_000_000)
+        ).result()
+    with pytest.raises(
+        tinker.BadRequestError, match="the prompt is 32769 tokens, over the local model's context of 32768"
+    ):
+        sampler.sample(
+            types.ModelInput.from_ints([72] * 32769), 1, types.SamplingParams(max_tokens=1)
+        ).result()
+    # a sample that fits is answered as before
+    sampled = sampler.sample(types.ModelInput.from_ints([72, 105]), 1, types.SamplingParams(max_tokens=2))
+    assert len(sampled.result().sequences[0].tokens) <= 2
+
+
+def test_an_unknown_base_model_is_refused_without_looking_for_it(fake):
+    """Neither a training nor a sampling client of a made-up model gets as far as building one (which would ask
+    the Hugging Face hub, retrying for about a minute without a network)."""
+    assert fake.state is not None
+    built: list[str] = []
+    factory = fake.state.backend_factory
+
+    def recording(base_model: str, **kwargs: Any) -> Any:
+        built.append(base_model)
+        return factory(base_model, **kwargs)
+
+    fake.state.backend_factory = recording
+    service = tinker.ServiceClient(base_url=fake.base_url, api_key=fake.api_key)
+    try:
+        with pytest.raises(tinker.NotFoundError, match="unknown base model 'made-up/model'"):
+            service.create_lora_training_client(base_model="made-up/model")
+        with pytest.raises(tinker.NotFoundError, match="unknown base model 'made-up/model'"):
+            service.create_sampling_client(base_model="made-up/model")
+        assert built == []
+        service.create_lora_training_client(base_model=MODEL)  # the server's own model still builds
+        assert built == [MODEL]
+    finally:
+        service.holder.close()

@@ -13,8 +13,6 @@ from fake_backend import BigramBackend
 
 from platoon.local_server import LocalTinkerServer
 
-KEY = {"X-API-Key": "tml-test"}
-
 
 class CountingBackend(BigramBackend):
     """Counts gradient applications; `gate`, when set, holds forward_backward until released."""
@@ -54,7 +52,12 @@ def fake(tmp_path) -> Iterator[LocalTinkerServer]:
 
 
 def post(server: LocalTinkerServer, path: str, body: Any, **headers: str) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/api/v1/{path}", json=body, headers={**KEY, **headers}, timeout=30)
+    return httpx.post(
+        f"{server.base_url}/api/v1/{path}",
+        json=body,
+        headers={"X-API-Key": server.api_key, **headers},
+        timeout=30,
+    )
 
 
 def result(server: LocalTinkerServer, request_id: str) -> dict[str, Any]:

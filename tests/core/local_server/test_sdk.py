@@ -175,7 +175,7 @@ def test_bad_requests_get_the_sdk_error_without_retries(service, monkeypatch):
         client.forward_backward([datum("cross_entropy")], "dro").result()
     with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
         client.forward_backward([datum("cross_entropy", [1, 2, 99999])], "cross_entropy").result()
-    with pytest.raises(tinker.RequestFailedError, match=r"cannot build base model .platoon/nothing."):
+    with pytest.raises(tinker.NotFoundError, match=r"unknown base model 'platoon/nothing'"):
         service.create_lora_training_client(base_model="platoon/nothing")
     with pytest.raises(tinker.NotFoundError):
         service.create_sampling_client(model_path=f"tinker://{client.model_id}/sampler_weights/absent")

@@ -20,7 +20,6 @@ from platoon._version import running_version
 from platoon.config import load_config
 from platoon.errors import ConfigError
 from platoon.gateway.tinker_service import (
-    LOCAL_API_KEY,
     TinkerKeyError,
     check_tinker_key,
     refused_key_error,
@@ -577,10 +576,11 @@ def test_key_missing_and_malformed_are_one_line() -> None:
 
 
 def test_local_server_is_exempt() -> None:
-    assert check_tinker_key("local", {}) == LOCAL_API_KEY == "tml-platoon-local"
-    assert check_tinker_key("local", {"TINKER_API_KEY": "sk-nope"}) == LOCAL_API_KEY
-    assert check_tinker_key("local", {"TINKER_API_KEY": "tml-mine"}) == "tml-mine"
-    assert check_tinker_key(None, {"TINKER_BASE_URL": "local"}) == LOCAL_API_KEY
+    """The local server a command starts issues that command's key: TINKER_API_KEY is neither needed nor read."""
+    assert check_tinker_key("local", {}) is None
+    assert check_tinker_key("local", {"TINKER_API_KEY": "sk-nope"}) is None
+    assert check_tinker_key("local", {"TINKER_API_KEY": "tml-mine"}) is None
+    assert check_tinker_key(None, {"TINKER_BASE_URL": "local"}) is None
     assert uses_local_server(None, {"TINKER_BASE_URL": "local"})
     assert not uses_local_server("http://127.0.0.1:1", {"TINKER_BASE_URL": "local"})
 

@@ -196,16 +196,23 @@ def test_a_killed_local_server_stops_the_run_at_once_with_one_line_and_the_run_r
     assert (rows[-1]["name"], rows[-1]["batch"]) == ("final", 3)
 
 
+#: the key of the service below: the same across its restarts, as a hosted service's is
+SERVICE_KEY = "tml-service-faults-0123456789abcdef"
+
+
 def _serve(state_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    """A Tinker-compatible service of its own (as a hosted one is): the local server in a separate process."""
+    """A Tinker-compatible service of its own (as a hosted one is): the local server in a separate process, taking
+    `SERVICE_KEY` (given on its stdin)."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "platoon.local_server.process", "--dir", str(state_dir)],
-        stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "platoon.local_server.process", "--dir", str(state_dir), "--key-from-stdin"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
-    assert server.stdout is not None
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(SERVICE_KEY + "\n")
+    server.stdin.close()
     url = server.stdout.readline().strip()
     assert url.startswith("http://"), url
     return server, url
@@ -219,7 +226,7 @@ def _serve(state_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
 )
 def test_a_service_that_stops_answering_stops_the_run_after_the_configured_time_and_it_resumes(tmp_path):
     logs = tmp_path / "logs"
-    env = _env(tmp_path, TINKER_API_KEY="tml-test")
+    env = _env(tmp_path, TINKER_API_KEY=SERVICE_KEY)
     server, url = _serve(tmp_path / "service", env)
     try:
         overrides = (f"tinker_base_url={url}", "train.service_unreachable_seconds=5")

@@ -434,15 +434,20 @@ def test_datum_stats_show_prefix_merging_on_a_multi_call_episode(site, capsys):
     harness(TWO_CALLS)(
         _two_calls
     )  # again: another test may have cleared the registry since this module loaded
+    # Whether a call merges depends on what the toy model samples: a first reply cut at max_tokens merges only when
+    # its plain re-render gives back the sampled tokens (about a third of the time), so 8 rollouts saw no merge
+    # once in a CI run; 32 make that about 1e-5.
     argv = _small(
         site,
         "train.max_training_steps=1",
         "checkpoint.every=0",
+        "train.batch_size=4",
+        "train.workflow_config.group_size=8",
         f"environments=[{{env: platoon-bandit, harness: {TWO_CALLS}}}]",
     )
     assert main(argv) == 0, capsys.readouterr().err
     (row,) = _rows(_run_dir(site) / "metrics.jsonl")
-    rollouts = 2 * 4
+    rollouts = 4 * 8
     assert row["train/datums/calls"] == 2 * rollouts
     before, after = row["train/datums/tokens_before_merge"], row["train/datums/tokens_after_merge"]
     print(f"tokens before merging {before}, after {after}; merged calls {row['train/datums/merged_calls']}")

@@ -541,7 +541,7 @@ def test_eval_on_number_search_against_the_local_server(
     workdir, write_config, capsys, monkeypatch, tinker_server
 ):
     monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)
-    monkeypatch.setenv("TINKER_API_KEY", "tml-eval-test")
+    monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)  # the one key the server issued
     # The random toy model writes bytes, not tool calls: each episode ends after its first reply, scored 0.
     data = number_search_eval(
         workflow={
@@ -587,7 +587,7 @@ def test_eval_on_number_search_against_the_local_server(
     assert report["usage"]["policy"]["total"]["completion_tokens"] <= 2 * 2 * 8
     lock = json.loads((out_dir / "lock.json").read_text())
     assert lock["policy"]["base_url_origin"] == f"http://127.0.0.1:{port}"
-    assert files_containing(out_dir, "tml-eval-test") == []
+    assert files_containing(out_dir, tinker_server.api_key) == []
 
 
 def test_a_refused_tinker_key_is_one_line_and_78(
@@ -616,7 +616,7 @@ def test_tinker_base_url_in_an_eval_config_and_an_unknown_checkpoint_leave_no_em
     workdir, write_config, capsys, monkeypatch, tinker_server
 ):
     # The service named in the config (not $TINKER_BASE_URL), as a training config names it.
-    monkeypatch.setenv("TINKER_API_KEY", "tml-eval-test")
+    monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)
     config = write_config(number_search_eval(model_path="tinker://no-such-run/sampler_weights/final"))
     status, out, err = run(["eval", str(config), f"tinker_base_url={tinker_server.base_url}"], capsys)
     assert status == 1 and out == ""

@@ -19,7 +19,6 @@ from platoon.cli import main
 
 #: an OpenAI-style variable, as a user would name it
 KEY_ENV = "OPENAI_API_KEY"
-TINKER_KEY = "tml-evaluation-secret-0123456789"
 
 KEY_HARNESSES = '''
 """A harness that writes what its process's environment holds (and what a shell it starts sees), then chats."""
@@ -141,10 +140,11 @@ def test_a_harness_never_finds_the_tinker_key_in_its_environment_yet_samples(
     where, workdir, write_config, capsys, scratch, tinker_server, inspect_harness, monkeypatch
 ):
     monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)
-    monkeypatch.setenv("TINKER_API_KEY", TINKER_KEY)
+    tinker_key = tinker_server.api_key  # the one key the local server issued
+    monkeypatch.setenv("TINKER_API_KEY", tinker_key)
     data = inspecting_eval(inspect_harness, slots=where != "in_process")
     status, summary, err = run_eval(write_config(data), capsys)
     assert status == 0, err
     assert summary["total_rollouts"] == 2 and summary["errored_rollouts"] == 0
-    assert_no_key(seen_environments(inspect_harness), "TINKER_API_KEY", TINKER_KEY)
-    assert os.environ["TINKER_API_KEY"] == TINKER_KEY
+    assert_no_key(seen_environments(inspect_harness), "TINKER_API_KEY", tinker_key)
+    assert os.environ["TINKER_API_KEY"] == tinker_key

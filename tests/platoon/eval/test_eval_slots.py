@@ -42,7 +42,7 @@ def scratch(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def local_tinker(monkeypatch: pytest.MonkeyPatch, tinker_server: Any) -> Any:
     monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)
-    monkeypatch.setenv("TINKER_API_KEY", "tml-eval-slots-key")
+    monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)  # the one key the server issued
     return tinker_server
 
 
@@ -142,8 +142,8 @@ def test_number_search_in_slots_reports_as_in_process_and_never_sees_a_served_po
     pids = {pid for _, pid, _, _ in ran}
     assert 1 <= len(pids) <= 2 and os.getpid() not in pids
     assert gone_soon(list(pids))
-    assert files_containing(out_dir, "tml-eval-slots-key") == []
-    assert files_containing(scratch, "tml-eval-slots-key") == []
+    assert files_containing(out_dir, local_tinker.api_key) == []
+    assert files_containing(scratch, local_tinker.api_key) == []
     assert not list((scratch / f"platoon-rollout-ipc-{os.getuid()}" / "workers").iterdir())
 
 

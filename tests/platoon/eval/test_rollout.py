@@ -142,7 +142,7 @@ def test_rollout_json_output_is_the_summary(workdir, tree_config, capsys):
 def test_rollout_on_a_training_config_samples_the_train_policy(
     workdir, write_config, capsys, monkeypatch, tinker_server
 ):
-    monkeypatch.setenv("TINKER_API_KEY", "tml-rollout-test")
+    monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)  # the one key the server issued
     data = {
         "log_path": "logs",
         "tinker_base_url": tinker_server.base_url,
@@ -179,7 +179,7 @@ def test_rollout_on_a_training_config_samples_the_train_policy(
         "base_url_origin": f"http://127.0.0.1:{port}",
     }
     assert not (workdir / "logs").exists()  # a rollout never writes into the training run's directory
-    assert files_containing(run_dir, "tml-rollout-test") == []
+    assert files_containing(run_dir, tinker_server.api_key) == []
 
 
 def test_rollout_against_a_hosted_model(workdir, write_config, capsys, hosted_server):
@@ -342,7 +342,7 @@ def test_rollout_samples_a_saved_checkpoint(
     client = service.create_lora_training_client(base_model="platoon/toy", rank=8)
     path = client.save_weights_for_sampler("eval-test").result().path
     monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)
-    monkeypatch.setenv("TINKER_API_KEY", "tml-rollout-test")
+    monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)  # the one key the server issued
     data = number_search_eval(
         workflow={
             "rollout_config": {
@@ -409,7 +409,7 @@ def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_
     real_start = process.start_local_server_process
 
     def start(**kwargs: Any) -> Any:
-        url, stop = real_start(**kwargs)
+        url, key, stop = real_start(**kwargs)
         record: dict[str, Any] = {"stopped": False}
 
         def stopping() -> None:
@@ -417,7 +417,7 @@ def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_
             stop()
 
         started.append(record)
-        return url, stopping
+        return url, key, stopping
 
     monkeypatch.setattr(process, "start_local_server_process", start)
     config = write_config(number_search_eval())

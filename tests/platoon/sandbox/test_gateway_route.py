@@ -1,4 +1,5 @@
-"""A sandbox without a network reaches platoon's own gateway, and nothing else (harness.md 3.8, 5.6): the gateway
+"""A sandbox off the host's network (`none`, and `public` with its filtered egress) reaches platoon's own gateway
+through its route only (harness.md 3.8, 5.6, 5.7): the gateway
 serves one rollout on a Unix socket, the sandbox names it as an upstream, and a command inside calls the model
 (Chat Completions) and the MCP tool plane through the route, while a listener on the host's loopback stays out of
 reach and another rollout's key is refused.
@@ -95,7 +96,7 @@ print(json.dumps(seen))
 """
 
 
-def start_provider(name: str) -> Any:
+def start_provider(name: str, network: str) -> Any:
     if name == "docker":
         from platoon_sandbox.docker import DockerProvider
 
@@ -104,14 +105,19 @@ def start_provider(name: str) -> Any:
     from platoon_sandbox.process import ProcessProvider
 
     problem = netns.unavailable()
+    if problem is None and network == "public":
+        from platoon_sandbox import egress
+
+        problem = egress.process_unavailable()
     if problem is not None:
         pytest.fail(f"the process provider has no network namespace here: {problem}", pytrace=False)
     return ProcessProvider(), "local"
 
 
+@pytest.mark.parametrize("network", ["none", "public"])
 @pytest.mark.parametrize("provider_name", ["docker", "process"])
-def test_a_network_none_sandbox_calls_the_model_and_the_tool_plane_through_its_route_and_nothing_else(
-    provider_name: str, tmp_path: Path
+def test_a_sandbox_off_the_host_network_calls_the_model_and_the_tool_plane_through_its_route_and_nothing_else(
+    provider_name: str, network: str, tmp_path: Path
 ) -> None:
     NotebookEnv.notes = []
     socket_dir = tmp_path / "gw"
@@ -128,7 +134,7 @@ def test_a_network_none_sandbox_calls_the_model_and_the_tool_plane_through_its_r
         bind_tools(root, session)
         server = GatewayServer(gateway, unix_socket=socket_dir / "gw.sock", rollouts=["r"])
         mount_mcp(server)
-        provider, image = start_provider(provider_name)
+        provider, image = start_provider(provider_name, network)
         with socket.socket() as listener:
             listener.bind(("127.0.0.1", 0))
             listener.listen()
@@ -136,7 +142,7 @@ def test_a_network_none_sandbox_calls_the_model_and_the_tool_plane_through_its_r
             async with server:
                 assert server.upstream == f"unix://{socket_dir / 'gw.sock'}"
                 sandbox = await provider.start(
-                    SandboxSpec(image=image, network="none", upstreams={"gateway": server.upstream})
+                    SandboxSpec(image=image, network=network, upstreams={"gateway": server.upstream})
                 )
                 try:
                     route = sandbox.routes["gateway"]
@@ -160,5 +166,5 @@ def test_a_network_none_sandbox_calls_the_model_and_the_tool_plane_through_its_r
     assert seen["tools"] == ["note"]
     assert seen["call"] == "noted from the sandbox" and NotebookEnv.notes == ["from the sandbox"]
     assert seen["stranger"] == 401  # the socket serves this rollout's keys only
-    assert seen["host"] == "refused"  # no network: the host's loopback is out of reach
+    assert seen["host"] == "refused"  # off the host network: the host's loopback is out of reach
     assert not (socket_dir / "gw.sock").exists()  # the server removed its socket

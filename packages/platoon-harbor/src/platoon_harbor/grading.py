@@ -29,6 +29,7 @@ from typing import Any
 
 from platoon.envs.service import Outcome
 from platoon.errors import ConfigError
+from platoon_harbor.users import give
 
 __all__ = [
     "COMMON_GROUPS",
@@ -716,6 +717,8 @@ class SharedGrading:
     classifiers: Sequence[Classifier] = ()
     task: Any = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: the user test.sh runs as (None: the sandbox's own); `sandbox` is then a view whose other steps run as root
+    tests_user: str | None = None
 
 
 async def grade_shared(g: SharedGrading) -> Outcome:
@@ -743,17 +746,23 @@ exit "${PIPESTATUS[0]}"
 
 
 async def _run_tests(
-    sandbox: Any, workdir: str, timeout_s: float | None, verifier_env: Mapping[str, str]
+    sandbox: Any,
+    workdir: str,
+    timeout_s: float | None,
+    verifier_env: Mapping[str, str],
+    user: str | None = None,
 ) -> tuple[int, bool, str | None, float]:
-    """`bash /tests/test.sh` from the workdir, its output in `/logs/verifier/test-stdout.txt`: (exit code, timed
-    out, why the workdir could not be entered, seconds)."""
+    """`bash /tests/test.sh` from the workdir (as `user` when given), its output in
+    `/logs/verifier/test-stdout.txt`: (exit code, timed out, why the workdir could not be entered, seconds)."""
     started = time.monotonic()
+    as_user = {"user": user} if user is not None else {}
     try:
         result = await sandbox.exec(
             RUN_TESTS,
             timeout_s=timeout_s,
             env=dict(verifier_env),
             cwd=workdir,
+            **as_user,
         )
     except OSError as exc:
         # The process provider raises when the workdir cannot be entered (docker answers 126).
@@ -766,8 +775,15 @@ async def _kill(sandbox: Any, when: str) -> None:
         await sandbox.kill_processes()
     except Exception as exc:
         raise GradeFailure(
-            "verifier_isolation", f"killing the agents' processes {when} failed: {exc}"
+            sandbox_failure(exc, "verifier_isolation"), f"killing the agents' processes {when} failed: {exc}"
         ) from exc
+
+
+def sandbox_failure(exc: BaseException, default: str) -> str:
+    """The infra kind of a grading step's failure: the kind a sandbox error names (`sandbox_disk_limit` when the
+    agent wrote past its disk limit, `sandbox_gone`), else `default`."""
+    named = getattr(exc, "failure_kind", None)
+    return named if isinstance(named, str) and named.startswith("sandbox_") else default
 
 
 async def _grade_shared(g: SharedGrading, base_meta: dict[str, Any]) -> Outcome:
@@ -783,11 +799,12 @@ async def _grade_shared(g: SharedGrading, base_meta: dict[str, Any]) -> Outcome:
         )
     try:
         await reset_dirs(sandbox)
+        await give(sandbox, g.tests_user, ["/logs/verifier"])
         await sandbox.upload(g.tests_dir, "/tests")
     except Exception as exc:
         raise GradeFailure("verifier_setup", f"{type(exc).__name__}: {exc}") from exc
     exit_code, timed_out, cwd_error, seconds = await _run_tests(
-        sandbox, g.workdir, g.timeout_s, g.verifier_env
+        sandbox, g.workdir, g.timeout_s, g.verifier_env, g.tests_user
     )
     await _kill(sandbox, "after the tests")
     if exit_code == 126:
@@ -953,6 +970,9 @@ class SeparateGrading:
     classifiers: Sequence[Classifier] = ()
     task: Any = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: the user test.sh runs as (None: the verifier sandbox's own); `start_verifier` then returns a view whose other
+    #: steps run as root
+    tests_user: str | None = None
 
 
 async def grade_separate(g: SeparateGrading) -> Outcome:
@@ -976,6 +996,7 @@ async def grade_separate(g: SeparateGrading) -> Outcome:
             made = await sandbox.exec(["mkdir", "-p", g.workdir, "/logs/artifacts"], timeout_s=60, cwd="/")
             if made.exit_code != 0:
                 raise RuntimeError(made.stderr.strip()[:300])
+            await give(sandbox, g.tests_user, ["/logs/verifier"], if_empty=[g.workdir])
             for destination, host in g.collected.items:
                 await sandbox.upload(host, destination)
             if not g.bundled_tests:
@@ -983,13 +1004,15 @@ async def grade_separate(g: SeparateGrading) -> Outcome:
         except Exception as exc:
             return Outcome.infra("verifier_setup", reason=f"{type(exc).__name__}: {exc}", metadata=meta)
         exit_code, timed_out, cwd_error, seconds = await _run_tests(
-            sandbox, g.workdir, g.timeout_s, g.verifier_env
+            sandbox, g.workdir, g.timeout_s, g.verifier_env, g.tests_user
         )
         try:
             await sandbox.kill_processes()
         except Exception as exc:
             return Outcome.infra(
-                "verifier_isolation", reason=f"killing after the tests failed: {exc}", metadata=meta
+                sandbox_failure(exc, "verifier_isolation"),
+                reason=f"killing after the tests failed: {exc}",
+                metadata=meta,
             )
         try:
             files = await read_outputs(sandbox)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from platoon.config.paths import PathOption
 from platoon.deprecations import DeprecatedKey
@@ -36,6 +36,7 @@ from platoon.task import Task
 from platoon_harbor.grading import DEFAULT_CLASSIFIERS, Classifier, RewardContract, parse_classifiers
 from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
 from platoon_harbor.tasks import (
+    EnvironmentSettings,
     HarborTask,
     TaskRefused,
     UnsetVariable,
@@ -50,6 +51,7 @@ from platoon_harbor.tasks import (
     task_refusal,
     unpassed_variables,
 )
+from platoon_harbor.users import as_user, give
 
 __all__ = ["DEFAULT_PROVIDER", "HarborOptions", "HarborService"]
 
@@ -93,6 +95,7 @@ KNOWN_KEYS = (
     "verifier_classifiers",
     "verifier_mode",
     "agent_user",
+    "limits",
     "max_artifact_bytes",
     "sandbox_start_budget_s",
     "image_map",
@@ -163,7 +166,10 @@ class HarborOptions:
     #: `separate` grades every task in a fresh verifier sandbox; `shared` only the tasks that ask for one; None
     #: (not given) is `separate`, except on the process provider (see `grades_separately`)
     verifier_mode: str | None = None
-    agent_user: str = "refuse"
+    #: `run`: commands run as the users a task names; `ignore`: as the image's; `refuse`: such tasks are refused
+    agent_user: str = "run"
+    #: `enforce`: a task whose cpus, memory or storage the provider cannot enforce is refused; `ignore`: dropped
+    limits: str = "enforce"
     max_artifact_bytes: int = 1 << 30
     sandbox_start_budget_s: float = 600.0
     fetched: bool = False
@@ -232,9 +238,17 @@ class HarborOptions:
             raise ConfigError(
                 f"{_WHERE}.concurrent_tools: a subset of {', '.join(TOOL_NAMES)}; got {concurrent!r}"
             )
-        agent_user = kwargs.get("agent_user", "refuse")
-        if agent_user not in ("refuse", "ignore"):
-            raise ConfigError(f"{_WHERE}.agent_user: refuse or ignore; got {agent_user!r}")
+        agent_user = kwargs.get("agent_user", "run")
+        if agent_user not in ("run", "ignore", "refuse"):
+            raise ConfigError(
+                f"{_WHERE}.agent_user: run (as the task's user), ignore (as the image's) or refuse; got {agent_user!r}"
+            )
+        limits = kwargs.get("limits", "enforce")
+        if limits not in ("enforce", "ignore"):
+            raise ConfigError(
+                f"{_WHERE}.limits: enforce (refuse a task whose limits the provider cannot enforce) or ignore "
+                f"(drop them); got {limits!r}"
+            )
         max_artifact = kwargs.get("max_artifact_bytes", 1 << 30)
         if isinstance(max_artifact, bool) or not isinstance(max_artifact, int) or max_artifact <= 0:
             raise ConfigError(f"{_WHERE}.max_artifact_bytes: a positive integer")
@@ -278,6 +292,7 @@ class HarborOptions:
             verifier_classifiers=parse_classifiers(kwargs.get("verifier_classifiers")),
             verifier_mode=verifier_mode,
             agent_user=agent_user,
+            limits=limits,
             max_artifact_bytes=max_artifact,
             sandbox_start_budget_s=_positive(kwargs, "sandbox_start_budget_s", 600.0) or 600.0,
             fetched=bool(fetched),
@@ -530,10 +545,14 @@ class HarborService:
     def provider(self) -> Any:
         if self._provider is None:
             cls = self.provider_class()
+            from platoon_sandbox.contract import SandboxError
+
             try:
                 self._provider = cls(**dict(self.options.provider_options))
             except TypeError as exc:
                 raise ConfigError(f"{_WHERE}.provider_options: {cls.__name__} refuses them: {exc}") from None
+            except SandboxError as exc:  # an option's value (egress_allow's entries, say)
+                raise ConfigError(f"{_WHERE}.provider_options: {exc}") from None
         return self._provider
 
     def _capabilities(self) -> frozenset[str]:
@@ -596,17 +615,95 @@ class HarborService:
         caps = self._capabilities()
         if task.environment.gpus and "gpu" not in caps:
             return f"Harbor task {task.id} needs {task.environment.gpus} GPU(s); provider {self.options.provider} has none"
-        if self._network_none(task):
-            ask = getattr(self.provider_class(), "network_none_refusal", None)
+        phases = [("agent", agent_network(task))]
+        if self.grades_separately(task):
+            phases.append(("verifier", verifier_network(task)))
+        for phase, (network, _hosts) in phases:
+            ask = getattr(self.provider_class(), f"network_{network}_refusal", None)
             reason = ask(dict(self.options.provider_options)) if callable(ask) else None
-            if reason:
+            if not reason:
+                continue
+            if network == "none" and phase == "agent":
                 return f"Harbor task {task.id} runs without network, which provider {self.options.provider} refuses: {reason}"
+            return (
+                f"Harbor task {task.id} runs its {phase} with network_mode {_HARBOR_MODES[network]}, which provider "
+                f"{self.options.provider} refuses: {reason}"
+            )
+        return self._limits_refusal(task)
+
+    # -- limits and users (harness.md 5.7) ---------------------------------------------------------------------------
+
+    def _provider_unavailable(self) -> str | None:
+        """Why the provider cannot run here with its options (the docker provider: a `runtime` the engine lacks)."""
+        ask = getattr(self.provider_class(), "unavailable", None)
+        answer = ask(dict(self.options.provider_options)) if callable(ask) else None
+        return str(answer) if answer else None
+
+    def _spec_refusal(self, fields: Mapping[str, Any]) -> str | None:
+        """The provider's answer to a spec setting `fields` (its `refusal(spec, options)` hook, else its
+        capabilities), or None when it would start one."""
+        from platoon_sandbox.contract import SandboxSpec, unenforced_field
+
+        spec = SandboxSpec(**fields)
+        ask = getattr(self.provider_class(), "refusal", None)
+        if callable(ask):
+            answer = ask(spec, dict(self.options.provider_options))
+            return str(answer) if answer else None
+        return unenforced_field(spec, self._capabilities(), self.options.provider)
+
+    def _task_limits(self, task: HarborTask) -> list[tuple[str, str, Any]]:
+        """(where in task.toml, SandboxSpec field, value) of every limit and user the task sets, for the agent's
+        sandbox and for the verifier's."""
+        venv = task.verifier.environment or task.environment
+        found: list[tuple[str, str, Any]] = []
+        for table, settings in (("[environment]", task.environment), ("[verifier.environment]", venv)):
+            for name in ("cpus", "memory_mb", "storage_mb"):
+                if (value := getattr(settings, name)) is not None:
+                    found.append((f"{table}.{name}", name, value))
+        if self.options.agent_user == "run":
+            for table, user in (("[agent]", task.agent.user), ("[verifier]", task.verifier.user)):
+                if user is not None:
+                    found.append((f"{table}.user", "user", user))
+        return found
+
+    def _limits_refusal(self, task: HarborTask) -> str | None:
+        """Why the provider cannot honour the task's user or limits, in one line naming the key and the way out."""
+        for where, name, value in self._task_limits(task):
+            if name != "user" and self.options.limits == "ignore":
+                continue
+            reason = self._spec_refusal({name: value})
+            if reason:
+                knob = "agent_user: ignore" if name == "user" else "limits: ignore"
+                return f"Harbor task {task.id} {where} = {value!r}: {reason} (or set service_kwargs.{knob})"
         return None
 
-    @staticmethod
-    def _network_none(task: HarborTask) -> bool:
-        mode = task.agent.network_mode or task.environment.network_mode
-        return mode == "no-network"
+    def _sandbox_limits(self, settings: EnvironmentSettings, user: str | None) -> dict[str, Any]:
+        """The SandboxSpec fields of a task's limits and user; under `limits: ignore`, without the limits the
+        provider cannot enforce."""
+        fields: dict[str, Any] = {
+            "cpus": settings.cpus,
+            "memory_mb": settings.memory_mb,
+            "storage_mb": settings.storage_mb,
+            "user": user if self.options.agent_user == "run" else None,
+        }
+        if self.options.limits == "ignore":
+            for name in ("cpus", "memory_mb", "storage_mb"):
+                if fields[name] is not None and self._spec_refusal({name: fields[name]}):
+                    fields[name] = None
+        return fields
+
+    def _network_isolated(self, spec: Any) -> bool:
+        """Whether the provider really gave `spec` a network namespace of its own (else the sandbox shares the
+        host's network, as a provider allowed onto it does)."""
+        return spec.network != "host" and f"network_{spec.network}" in self._capabilities()
+
+    def _unconfined(self) -> str | None:
+        """Why the provider would run this entry's commands unconfined, or None (harness.md 5.7: the process
+        provider without bubblewrap is refused unless the run config's `provider_options.confine: none` accepts
+        it; a site profile cannot set that option)."""
+        ask = getattr(self.provider_class(), "unconfined_refusal", None)
+        reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+        return f"provider {self.options.provider}: {reason}" if reason else None
 
     async def check_tasks(self, split: str, ids: list[str]) -> None:
         """Run-start checks (6.9): the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
@@ -616,6 +713,11 @@ class HarborService:
         reason = ask(dict(self.options.provider_options)) if callable(ask) else None
         if reason:
             problems.append(f"provider {self.options.provider}: {reason}")
+        if (reason := self._provider_unavailable()) is not None:
+            problems.append(f"provider {self.options.provider}: {reason}")
+        unconfined = await asyncio.to_thread(self._unconfined)  # probes bubblewrap once per process
+        if unconfined:
+            problems.append(unconfined)
         not_prepared: list[str] = []
         for task_id in ids:
             task = await asyncio.to_thread(self.harbor_task, task_id)
@@ -666,20 +768,21 @@ class HarborService:
             raise EnvSetupError("env_config", str(exc)) from None
         env = {**opts.env, **task_env}
         labels = {"platoon.env": opts.name, "platoon.rollout_id": rollout_id or "-", "platoon.task": task.id}
+        network, allowed_hosts = agent_network(task)
         spec = SandboxSpec(
             image=self.image_for(task),
             workdir=task.environment.workdir or opts.workdir,
             env=env,
             mounts=tuple(opts.mounts),
-            network="none" if self._network_none(task) else "host",
-            cpus=task.environment.cpus,
-            memory_mb=task.environment.memory_mb,
+            network=network,
+            allowed_hosts=allowed_hosts,
             labels=labels,
+            **self._sandbox_limits(task.environment, task.agent.user),
         )
         if needs is not None:
             try:
                 spec = needs.apply(spec)
-            except ValueError as exc:  # a TCP upstream for a no-network sandbox: the route cannot exist
+            except ValueError as exc:  # a TCP upstream a sandbox off the host network cannot reach
                 raise EnvSetupError(
                     "harness_setup", f"the rollout's routes do not fit the sandbox: {exc}"
                 ) from None
@@ -696,7 +799,7 @@ class HarborService:
         """Start the task's sandbox and return its session (6.7); failures raise `EnvSetupError`."""
         try:
             htask = await asyncio.to_thread(self._resolve, task)
-            refusal = self._refusal(htask)
+            refusal = await asyncio.to_thread(self._unconfined) or self._refusal(htask)
             if refusal:
                 raise EnvSetupError("env_config", refusal)
             spec, env = self._spec(htask, rollout_id, needs)
@@ -710,12 +813,12 @@ class HarborService:
             raise EnvSetupError("env_config", str(exc)) from None
         sandbox = await self._start(provider, spec)
         try:
-            await self._prepare(sandbox, htask, spec.workdir)
+            await self._prepare(sandbox, htask, spec.workdir, spec.user)
         except BaseException:
             await _stop_quietly(sandbox)
             raise
         caps = self._capabilities()
-        isolated = spec.network == "none" and "network_none" in caps
+        isolated = self._network_isolated(spec)
         opened = OpenedSandbox(
             sandbox=sandbox,
             spec=spec,
@@ -768,21 +871,17 @@ class HarborService:
             )
         else:
             image = main.image
-        mode = (
-            task.verifier.network_mode
-            or (venv.network_mode if venv else None)
-            or task.environment.network_mode
-        )
+        network, allowed_hosts = verifier_network(task)
         labels = {**dict(main.labels), "platoon.role": "verifier"}
         spec = SandboxSpec(
             image=image,
             workdir=(venv.workdir if venv else None) or task.environment.workdir or self.options.workdir,
             env={},
             mounts=tuple(m for m in self.options.mounts if m.read_only),
-            network="none" if mode == "no-network" else "host",
-            cpus=venv.cpus if venv else task.environment.cpus,
-            memory_mb=venv.memory_mb if venv else task.environment.memory_mb,
+            network=network,
+            allowed_hosts=allowed_hosts,
             labels=labels,
+            **self._sandbox_limits(venv or task.environment, task.verifier.user),
         )
         return spec, image != main.image
 
@@ -806,10 +905,15 @@ class HarborService:
             )
             raise EnvSetupError(kind, f"the sandbox did not start: {text}") from exc
 
-    async def _prepare(self, sandbox: Any, task: HarborTask, workdir: str) -> None:
+    async def _prepare(self, sandbox: Any, task: HarborTask, workdir: str, user: str | None = None) -> None:
+        """Make the log directories and the workdir; with a task user, as root, then theirs (the agent's logs and
+        artifacts, and a workdir the image did not have)."""
         dirs = ["/logs/agent", "/logs/verifier", "/logs/artifacts", workdir]
+        setup = as_user(sandbox, "0" if user is not None else None)
         try:
-            result = await sandbox.exec(["mkdir", "-p", *dirs], timeout_s=120, cwd="/")
+            result = await setup.exec(["mkdir", "-p", *dirs], timeout_s=120, cwd="/")
+            if result.exit_code == 0:
+                await give(setup, user, ["/logs/agent", "/logs/artifacts"], if_empty=[workdir])
         except Exception as exc:
             raise EnvSetupError(
                 "env_setup", f"preparing the sandbox failed: {type(exc).__name__}: {exc}"
@@ -835,6 +939,46 @@ class HarborService:
         sandbox = await self._start(self.provider(), opened.spec, snapshot)
         copy = OpenedSandbox(**{**opened.__dict__, "sandbox": sandbox, "label": f"{opened.label} (copy)"})
         return HarborSession(LiveSandbox(self, copy), child_task)
+
+
+#: Harbor's network modes and the sandbox networks they run under (harness.md 5.7): no policy shares the host's.
+SandboxNetwork = Literal["none", "public", "allowlist"]
+_NETWORKS: dict[str, SandboxNetwork] = {"no-network": "none", "public": "public", "allowlist": "allowlist"}
+_HARBOR_MODES = {network: mode for mode, network in _NETWORKS.items()}
+
+
+def agent_network(task: HarborTask) -> tuple[SandboxNetwork, tuple[str, ...]]:
+    """The agent's sandbox network and allowed hosts: `[agent]`'s `network_mode` and `allowed_hosts` where it sets
+    them, else `[environment]`'s."""
+    mode = task.agent.network_mode or task.environment.network_mode
+    hosts = (
+        task.agent.allowed_hosts if task.agent.allowed_hosts is not None else task.environment.allowed_hosts
+    )
+    network = _NETWORKS[mode]
+    return network, (tuple(hosts or ()) if network == "allowlist" else ())
+
+
+def verifier_network(task: HarborTask) -> tuple[SandboxNetwork, tuple[str, ...]]:
+    """A separate verifier's network and allowed hosts: `[verifier]`'s, else `[verifier.environment]`'s, else
+    `[environment]`'s (a shared verifier runs in the agent's sandbox, under the agent's)."""
+    venv = task.verifier.environment
+    mode = (
+        task.verifier.network_mode or (venv.network_mode if venv else None) or task.environment.network_mode
+    )
+    hosts = next(
+        (
+            h
+            for h in (
+                task.verifier.allowed_hosts,
+                venv.allowed_hosts if venv else None,
+                task.environment.allowed_hosts,
+            )
+            if h is not None
+        ),
+        (),
+    )
+    network = _NETWORKS[mode]
+    return network, (tuple(hosts) if network == "allowlist" else ())
 
 
 def _scheme(ref: str) -> str:

@@ -25,9 +25,11 @@ from platoon.episode.outcomes import infra_from_exception
 from platoon.task import Task
 from platoon_harbor import grading
 from platoon_harbor.tasks import HarborTask, UnsetVariable, VariableNotPassed, resolve_env
+from platoon_harbor.users import as_user
 
 if TYPE_CHECKING:
     from platoon_harbor.service import HarborService
+
 
 __all__ = ["TOOL_NAMES", "HarborSession", "cut_middle", "format_bash"]
 
@@ -465,7 +467,7 @@ class HarborSession:
         service = live.service
         task = live.opened.task
         extra: dict[str, Any] = {}
-        if task.agent.user or task.verifier.user:
+        if service.options.agent_user == "ignore" and (task.agent.user or task.verifier.user):
             extra["ignored_users"] = {
                 k: v for k, v in (("agent", task.agent.user), ("verifier", task.verifier.user)) if v
             }
@@ -478,9 +480,14 @@ class HarborSession:
             return Outcome.infra("verifier_setup", reason=str(exc), metadata=extra)
         if service.grades_separately(task):
             return await self._grade_separate(extra)
+        # With a task user, platoon's own steps run as root and the tests as the verifier's user (root unless the
+        # task names one, as in Harbor).
+        spec_user = live.opened.spec.user
+        verifier_user = task.verifier.user if service.options.agent_user == "run" else None
         return await grading.grade_shared(
             grading.SharedGrading(
-                sandbox=self.sandbox,
+                sandbox=as_user(self.sandbox, "0" if spec_user is not None else None),
+                tests_user=verifier_user or ("0" if spec_user is not None else None),
                 workdir=self.workdir,
                 tests_dir=task.tests_dir,
                 verifier_env=verifier_env,
@@ -517,12 +524,14 @@ class HarborSession:
         # deleted stays deleted). Its declared artifacts (often logs kept for the record) come too.
         workdir_is_artifact = not task.separate_verifier
         if live.collected is None:
-            sandbox = self.sandbox
+            sandbox = as_user(self.sandbox, "0" if opened.spec.user is not None else None)
             try:
                 await sandbox.kill_processes()
             except Exception as exc:
                 return Outcome.infra(
-                    "verifier_isolation", reason=f"killing the agents' processes failed: {exc}", metadata=base
+                    grading.sandbox_failure(exc, "verifier_isolation"),
+                    reason=f"killing the agents' processes failed: {exc}",
+                    metadata=base,
                 )
             try:
                 problem = await grading.workdir_problem(sandbox, self.workdir)
@@ -562,7 +571,8 @@ class HarborSession:
                 await live.release_main()
         return await grading.grade_separate(
             grading.SeparateGrading(
-                start_verifier=lambda: service.start_verifier(vspec),
+                start_verifier=lambda: self._start_verifier(vspec),
+                tests_user=vspec.user,
                 workdir=vspec.workdir,
                 tests_dir=task.tests_dir,
                 bundled_tests=opened.bundled_tests,
@@ -576,6 +586,11 @@ class HarborSession:
                 extra_metadata=extra,
             )
         )
+
+    async def _start_verifier(self, vspec: Any) -> Any:
+        """The verifier's sandbox; with a verifier user, a view whose setup steps run as root."""
+        sandbox = await self._live.service.start_verifier(vspec)
+        return as_user(sandbox, "0" if vspec.user is not None else None)
 
     # -- forks and close -------------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from platoon.errors import ConfigError
+from platoon_sandbox.egress import allowed_host_problem
 
 __all__ = [
     "SPLITS_FILE",
@@ -136,8 +137,11 @@ class EnvironmentSettings:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     network_mode: NetworkMode = "public"
+    #: the hosts an `allowlist` reaches (`host` or `host:port`); None when the table does not say
+    allowed_hosts: tuple[str, ...] | None = None
     cpus: float | None = None
     memory_mb: int | None = None
+    storage_mb: int | None = None
     gpus: int = 0
     os: str = "linux"
     healthcheck: HealthCheck | None = None
@@ -154,6 +158,7 @@ class AgentSettings:
 
     timeout_sec: float | None = None
     network_mode: NetworkMode | None = None
+    allowed_hosts: tuple[str, ...] | None = None
     user: str | None = None
 
 
@@ -166,6 +171,7 @@ class VerifierSettings:
     mode: Literal["shared", "separate"] = "shared"
     environment: EnvironmentSettings | None = None
     network_mode: NetworkMode | None = None
+    allowed_hosts: tuple[str, ...] | None = None
     user: str | None = None
 
 
@@ -384,11 +390,42 @@ class _Reader:
             raise self.fail(key, f"expected one of {', '.join(_NETWORK_MODES)}, got {value!r}")
         return value
 
+    def hosts(self, key: str) -> tuple[str, ...] | None:
+        """`allowed_hosts`: host names or addresses, each optionally with `:port`; a wildcard is refused (egress is
+        filtered by address, so a pattern cannot be enforced)."""
+        value = self.get(key, list)
+        if value is None:
+            return None
+        for index, entry in enumerate(value):
+            if not isinstance(entry, str):
+                raise self.fail(f"{key}[{index}]", f"expected a host name, got {type(entry).__name__}")
+            if (problem := allowed_host_problem(entry)) is not None:
+                raise self.fail(f"{key}[{index}]", f"{entry!r}: {problem}")
+        return tuple(entry.strip() for entry in value)
+
 
 def _kind_names(kinds: type | tuple[type, ...]) -> str:
     names = {"str": "a string", "int": "an integer", "float": "a number", "dict": "a table", "list": "a list"}
     seq = kinds if isinstance(kinds, tuple) else (kinds,)
     return " or ".join(dict.fromkeys(names.get(k.__name__, k.__name__) for k in seq))
+
+
+def _megabytes(r: _Reader, table: Mapping[str, Any], name: str) -> int | None:
+    """`<name>_mb`, else the legacy `<name> = "2G"` form, in megabytes (`memory`, `storage`)."""
+    if f"{name}_mb" in table:
+        return int(r.number(f"{name}_mb") or 0)
+    if name in table:
+        try:
+            return parse_memory_mb(r.get(name, (str, int)))
+        except ValueError as exc:
+            raise r.fail(name, str(exc).replace("memory", name, 1)) from None
+    return None
+
+
+def _user(r: _Reader) -> str | None:
+    """`user`: a name or a uid (an integer is read as one)."""
+    user = r.get("user", (str, int))
+    return None if user is None else str(user)
 
 
 def _environment(task: Path, table: Mapping[str, Any], prefix: str) -> EnvironmentSettings:
@@ -397,14 +434,8 @@ def _environment(task: Path, table: Mapping[str, Any], prefix: str) -> Environme
     allow_internet = r.get("allow_internet", bool)
     if network is None:
         network = "no-network" if allow_internet is False else "public"
-    memory_mb: int | None = None
-    if "memory_mb" in table:
-        memory_mb = int(r.number("memory_mb") or 0)
-    elif "memory" in table:
-        try:
-            memory_mb = parse_memory_mb(r.get("memory", (str, int)))
-        except ValueError as exc:
-            raise r.fail("memory", str(exc)) from None
+    memory_mb = _megabytes(r, table, "memory")
+    storage_mb = _megabytes(r, table, "storage")
     os_name = r.get("os", str, "linux")
     if os_name.lower() != "linux":
         raise r.fail("os", f"only linux tasks run, got {os_name!r}")
@@ -451,8 +482,10 @@ def _environment(task: Path, table: Mapping[str, Any], prefix: str) -> Environme
         workdir=r.get("workdir", str),
         env=r.string_map("env"),
         network_mode=network,
+        allowed_hosts=r.hosts("allowed_hosts"),
         cpus=r.number("cpus"),
         memory_mb=memory_mb,
+        storage_mb=storage_mb,
         gpus=gpus,
         os="linux",
         healthcheck=health,
@@ -541,7 +574,10 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
 
     a = _Reader(root, top.table_of("agent"), "[agent].")
     agent = AgentSettings(
-        timeout_sec=a.number("timeout_sec"), network_mode=a.network("network_mode"), user=a.get("user", str)
+        timeout_sec=a.number("timeout_sec"),
+        network_mode=a.network("network_mode"),
+        allowed_hosts=a.hosts("allowed_hosts"),
+        user=_user(a),
     )
 
     v = _Reader(root, top.table_of("verifier"), "[verifier].")
@@ -563,7 +599,8 @@ def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
         mode=mode or "shared",
         environment=verifier_env,
         network_mode=v.network("network_mode"),
-        user=v.get("user", str),
+        allowed_hosts=v.hosts("allowed_hosts"),
+        user=_user(v),
     )
     if verifier.mode == "shared" and not (root / "tests" / "test.sh").is_file():
         raise TaskRefused(root, "no tests/test.sh")
@@ -594,14 +631,18 @@ def _refuse_collect_hooks(verifier: _Reader) -> None:
         )
 
 
-def task_refusal(task: HarborTask, *, agent_user: str = "refuse") -> TaskRefused | None:
-    """The entry-dependent load refusal of 6.1 (a compose stack with sidecars; a task user), or None."""
+def task_refusal(task: HarborTask, *, agent_user: str = "run") -> TaskRefused | None:
+    """The entry-dependent load refusal of 6.1 (a compose stack with sidecars; a task user under `agent_user:
+    refuse`), or None. Under `run` (the default) a task user is run as; whether the provider can is a run-start
+    check of the service's."""
     if task.stack == "sidecars":
         return TaskRefused(task.path, "a compose stack with services beside main is not supported")
-    if agent_user != "ignore":
+    if agent_user == "refuse":
         for key, user in (("[agent].user", task.agent.user), ("[verifier].user", task.verifier.user)):
             if user:
-                return TaskRefused(task.path, f"{key} = {user!r} (set agent_user: ignore to run it as root)")
+                return TaskRefused(
+                    task.path, f"{key} = {user!r} (agent_user: refuse; run or ignore would run the task)"
+                )
     return None
 
 
@@ -614,7 +655,7 @@ def ignored_users(task: HarborTask) -> dict[str, str]:
     }
 
 
-def load_task(path: str | Path, *, task_id: str | None = None, agent_user: str = "refuse") -> HarborTask:
+def load_task(path: str | Path, *, task_id: str | None = None, agent_user: str = "run") -> HarborTask:
     """`read_task` plus the entry's load refusals (raised as `TaskRefused`)."""
     task = read_task(path, task_id=task_id)
     refusal = task_refusal(task, agent_user=agent_user)

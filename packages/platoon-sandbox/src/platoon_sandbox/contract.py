@@ -17,13 +17,16 @@ __all__ = [
     "CAPABILITIES",
     "NETWORKS",
     "OUTPUT_CAP_BYTES",
+    "SPEC_FIELD_CAPABILITIES",
     "ExecResult",
     "Mount",
     "Sandbox",
+    "SandboxDiskLimit",
     "SandboxError",
     "SandboxGone",
     "SandboxProvider",
     "SandboxSpec",
+    "unenforced_field",
 ]
 
 #: The capabilities a provider may declare. Besides the features (snapshot, gpu, routes, host_loopback), each
@@ -73,6 +76,13 @@ class SandboxGone(SandboxError):
     failure_kind = "sandbox_gone"
 
 
+class SandboxDiskLimit(SandboxGone):
+    """The sandbox wrote more than its `storage_mb` and was ended for it (a watchdog saw its writable layer pass the
+    limit): the rollout ends as the untrainable `sandbox_disk_limit`."""
+
+    failure_kind = "sandbox_disk_limit"
+
+
 @dataclass(frozen=True)
 class Mount:
     """A host path made visible inside the sandbox at `target` (read-only unless said otherwise)."""
@@ -92,8 +102,10 @@ class SandboxSpec:
     `upstreams`: name -> `unix:///abs/dir/x.sock` or `http(s)://host:port`; each gets a route usable inside.
     `labels`: merged with the process's labels (the run and worker labels) before the sandbox is registered.
     Limits (None: the provider's default): `cpus`, `memory_mb`, `pids_limit` (processes at once), `storage_mb`
-    (bytes the sandbox may write); `user`: the user commands run as (a name or `uid[:gid]`; None: the image's).
-    A provider enforces what its `capabilities` say and refuses, at start, a field it cannot honour.
+    (megabytes the sandbox may write); `user`: the user commands run as (a name or `uid[:gid]`; None: the image's).
+    A provider enforces what its `capabilities` say and refuses, at start, a field it cannot honour
+    (`SPEC_FIELD_CAPABILITIES`). A provider with `run_as_user` also takes `exec(..., user=...)`, one command as
+    another user (root for a caller's own setup); its own operations (uploads, downloads, kills) run as root.
     """
 
     image: str = "local"
@@ -112,7 +124,9 @@ class SandboxSpec:
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
-            raise ValueError(f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}")
+            raise ValueError(
+                f"SandboxSpec.network must be one of {', '.join(NETWORKS)}; got {self.network!r}"
+            )
         if self.allowed_hosts and self.network != "allowlist":
             raise ValueError("SandboxSpec.allowed_hosts is for network: allowlist only")
         for name, value in (("pids_limit", self.pids_limit), ("storage_mb", self.storage_mb)):
@@ -132,6 +146,34 @@ class SandboxSpec:
                 raise ValueError(
                     f"upstream {name!r} is TCP ({url}): a network: none sandbox reaches only Unix-socket upstreams"
                 )
+            if self.network in ("public", "allowlist") and _on_loopback(url):
+                raise ValueError(
+                    f"upstream {name!r} is on the host's loopback ({url}): a network: {self.network} sandbox cannot "
+                    "reach it; serve it on a Unix socket (it then gets a route)"
+                )
+
+
+#: The spec fields a provider must enforce to accept a spec that sets them, and the capability that says it does.
+SPEC_FIELD_CAPABILITIES: dict[str, str] = {
+    "cpus": "limit_cpu_memory",
+    "memory_mb": "limit_cpu_memory",
+    "pids_limit": "limit_pids",
+    "storage_mb": "limit_disk",
+    "user": "run_as_user",
+}
+
+
+def unenforced_field(spec: SandboxSpec, capabilities: frozenset[str], provider: str) -> str | None:
+    """One line naming the first field `spec` sets that a provider with `capabilities` does not enforce, or None:
+    what a provider's `refusal(spec, options)` answers by default."""
+    for name, capability in SPEC_FIELD_CAPABILITIES.items():
+        value = getattr(spec, name)
+        if value is not None and capability not in capabilities:
+            return (
+                f"provider {provider} does not enforce {name} = {value!r} (it lacks the {capability} "
+                "capability): choose a provider that does, e.g. docker"
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -196,7 +238,10 @@ class Sandbox(Protocol):
 class SandboxProvider(Protocol):
     """Starts sandboxes. `isolates`: whether a sandbox is isolated from the host (a site profile may choose only
     isolating providers). Optional class methods: `unavailable(options) -> str | None` (why this node cannot run
-    it), `network_none_refusal(options)`, `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
+    it), `refusal(spec, options) -> str | None` (why it would refuse this spec at start: a field it does not
+    enforce, so a caller can refuse a task before any start), `network_none_refusal(options)`,
+    `network_public_refusal(options)`, `network_allowlist_refusal(options)` (why sandboxes of that policy cannot start
+    with these options, or None), `rootfs_layout_refusal(options)`; optional `reap(labels) -> int`."""
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[str]]
@@ -207,3 +252,18 @@ class SandboxProvider(Protocol):
 
     async def restore(self, snapshot: Any, spec: SandboxSpec) -> Sandbox:
         """A sandbox started from a snapshot of another."""
+
+
+def _on_loopback(url: str) -> bool:
+    """Whether an http(s) URL names the host's loopback (or every address, 0.0.0.0)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified

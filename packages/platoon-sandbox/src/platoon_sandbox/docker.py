@@ -13,10 +13,22 @@ abandoning an exec (its API connection or its `docker exec` client) does not sto
 or a cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the
 marker.
 
-Routes (harness.md 5.6): a `network: none` container reaches each Unix-socket upstream through a forwarder inside it
-(`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
+Networks (harness.md 5.7): `host` is the host's own namespace; every other policy starts the container with
+`--network none`; `public` and `allowlist` then get filtered egress attached to its namespace (`egress`: one
+slirp4netns per sandbox and nftables rules inside; not under `runtime: runsc`, whose sandboxes have no network).
+
+Routes (harness.md 5.6): a container with a namespace of its own reaches each Unix-socket upstream through a
+forwarder inside it (`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
 listens on 127.0.0.1:18080 (18081, ... in name order). It is started by its own `docker exec` (so no exec marker
 reaches it) and `kill_processes` spares it by pid and start time, like the container's own processes.
+
+Least privilege (harness.md 5.7): every container drops all capabilities but `KEPT_CAPABILITIES`, runs with
+`no-new-privileges` and a pids limit, takes CPU and memory limits from the spec, and its disk limit from
+`storage_mb`: the storage driver's quota where the engine has one (`--storage-opt size=`, overlay2 on xfs with
+pquota), else a watchdog that ends the sandbox (`SandboxDiskLimit`) once its writable layer passes the limit. A spec
+with a `user` gets a container that runs as root and commands that run as that user; the provider's own commands
+(kill scripts, routes, uploads) stay root, since docker gives an exec as root in a non-root container no
+capabilities. The `runtime` option (`runsc`: gVisor) picks the engine's OCI runtime.
 
 Registration (harness.md 5.5): the process labels are merged into the spec's, the sandbox is registered (and
 mirrored) before its container is created, and unregistered once the container is gone; a container that could not
@@ -27,31 +39,71 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import os
+import posixpath
 import shutil
 import socket
+import subprocess
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import ExecResult, SandboxError, SandboxGone, SandboxSpec
-from platoon_sandbox.engine import POOL, engine_client, run_in_container
+from platoon_sandbox import egress
+from platoon_sandbox.contract import (
+    ExecResult,
+    SandboxDiskLimit,
+    SandboxError,
+    SandboxGone,
+    SandboxSpec,
+    unenforced_field,
+)
+from platoon_sandbox.engine import POOL, engine_client, run_in_container, written_bytes
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
+from platoon_sandbox.routes import SCRIPT as FORWARDER_SCRIPT
 from platoon_sandbox.routes import ContainerForwarders
 
-__all__ = ["DockerProvider", "DockerSandbox", "DockerSnapshot"]
+__all__ = ["DEFAULT_PIDS_LIMIT", "KEPT_CAPABILITIES", "DockerProvider", "DockerSandbox", "DockerSnapshot"]
+
+log = logging.getLogger(__name__)
 
 #: Every CLI call except `exec` (which has the caller's timeout) may take this long: pulls, copies, commits.
 CLI_TIMEOUT_S = 600.0
 SNAPSHOT_REPO = "platoon-snapshot"
 
+#: The capabilities a sandbox keeps; docs/sandboxes.md says what needs each. They are what root needs in an ordinary
+#: task image to install packages (apt-get, dpkg, pip) and manage users (useradd, chown, su), and to signal the
+#: processes of a task's user. Docker's other defaults (AUDIT_WRITE, MKNOD, NET_BIND_SERVICE, NET_RAW, SETFCAP,
+#: SETPCAP, SYS_CHROOT) are dropped: none of those steps needed them when tried in Debian bookworm.
+KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+#: Processes (threads included) a sandbox may hold at once when its spec names no `pids_limit`: podman's default,
+#: ample for builds and test runners, far below what starves a node.
+DEFAULT_PIDS_LIMIT = 2048
+#: Processes added to a sandbox's pids limit for the moment its kill script needs to start (see `_run_with_room`).
+PIDS_HEADROOM = 16
+#: Under gVisor the guest's processes live in the sandbox's own kernel and the host's pids limit counts the
+#: runtime's tasks (about five per guest process with the ptrace platform: 197 guest processes held 1,057 host
+#: tasks here), and reaching it kills the whole sandbox. So the guest is limited by RLIMIT_NPROC (a fork over it
+#: fails with EAGAIN) and the host limit is a backstop: this many host tasks per guest process, plus a base.
+RUNSC_HOST_PIDS_PER_PROCESS = 8
+RUNSC_HOST_PIDS_BASE = 256
+#: How often the disk watchdog measures a sandbox's writable layer (the engine walks the layer to answer).
+DISK_POLL_S = 2.0
+MB = 1024 * 1024
+
+# Whether an engine (binary, DOCKER_HOST) applies `--storage-opt size=`: learnt from its first refusal.
+_DISK_QUOTA: dict[tuple[str, str | None], bool] = {}
+
 # Runs inside the container (POSIX sh: busybox and Debian both have it): SIGKILL every process whose environment
-# holds the marker, in passes until none is left (a pass can race a fork). The script runs without the marker, so
-# its own helpers (tr, grep) never match.
+# holds the marker, in passes until none is left (a pass can race a fork). The script runs without the marker, and
+# as the command's user: reading another user's environ needs CAP_SYS_PTRACE, which no sandbox keeps. Builtins only
+# (`read` drops the NULs between variables; the marker, a fixed-length token, is matched within the joined text): a
+# command at the sandbox's pids limit leaves no process for a `tr | grep`.
 _KILL_MARKER = r"""
 m="$1"; me=$$
 pass=0
@@ -60,9 +112,11 @@ while [ $pass -lt 50 ]; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$me" ] && continue
-    if tr '\0' '\n' 2>/dev/null < "$d/environ" | grep -qxF "$m"; then
-      kill -9 "$p" 2>/dev/null && found=1
-    fi
+    hit=0
+    while IFS= read -r line || [ -n "$line" ]; do
+      case "$line" in *"$m"*) hit=1; break ;; esac
+    done 2>/dev/null < "$d/environ"
+    if [ $hit = 1 ]; then kill -9 "$p" 2>/dev/null && found=1; fi
   done
   [ $found = 0 ] && exit 0
 done
@@ -76,6 +130,19 @@ _ENTER = 'cd -- "$1" 2>/dev/null || { echo "platoon-sandbox: cannot enter the wo
 def docker_binary() -> str:
     """The CLI to drive: `PLATOON_DOCKER` (podman works), else `docker`."""
     return os.environ.get("PLATOON_DOCKER") or "docker"
+
+
+def _network_args(spec: SandboxSpec, egress_plan: egress.EgressPlan | None) -> list[str]:
+    """`--network host` for host; `--network none` for every other policy (public and allowlist get their egress
+    from slirp4netns once the container runs), with slirp's resolver and the names an allowlist pinned."""
+    if spec.network == "host":
+        return ["--network", "host"]
+    args = ["--network", "none"]
+    if egress_plan is not None:
+        args += ["--dns", egress.SANDBOX_DNS]
+        for host, addresses in egress_plan.pinned.items():
+            args += [a for address in addresses for a in ("--add-host", f"{host}:{address}")]
+    return args
 
 
 def _image_ref(image: str) -> str:
@@ -113,6 +180,75 @@ async def _cli(
     return rc, stdout, stderr
 
 
+def _privilege_args(spec: SandboxSpec) -> list[str]:
+    """No capabilities beyond `KEPT_CAPABILITIES`, no new privileges (a setuid binary gains nothing), and root as the
+    container's user when the spec names one (its commands then run as that user, see the module docstring)."""
+    args = ["--cap-drop", "ALL"]
+    for capability in KEPT_CAPABILITIES:
+        args += ["--cap-add", capability]
+    args += ["--security-opt", "no-new-privileges"]
+    if spec.user is not None:
+        args += ["--user", "0:0"]
+    return args
+
+
+def _limit_args(spec: SandboxSpec, runtime: str | None, *, disk_quota: bool) -> list[str]:
+    """CPU, memory (swap included, so the limit is the memory a sandbox has), processes, and the disk quota when the
+    engine's storage driver takes one."""
+    args: list[str] = []
+    if spec.cpus is not None:
+        args += ["--cpus", f"{spec.cpus:g}"]
+    if spec.memory_mb is not None:
+        args += ["--memory", f"{int(spec.memory_mb)}m", "--memory-swap", f"{int(spec.memory_mb)}m"]
+    pids = spec.pids_limit or DEFAULT_PIDS_LIMIT
+    if runtime == "runsc":
+        backstop = RUNSC_HOST_PIDS_BASE + pids * RUNSC_HOST_PIDS_PER_PROCESS
+        args += ["--ulimit", f"nproc={pids}:{pids}", "--pids-limit", str(backstop)]
+        # gVisor hides an empty /tmp under a tmpfs of its own, which `docker cp` cannot reach (uploads, the route
+        # forwarder) and which holds writes in memory: a file bound in it keeps /tmp the image's, as under runc.
+        args += ["--volume", f"{FORWARDER_SCRIPT}:/tmp/.platoon-runsc:ro"]
+    else:
+        args += ["--pids-limit", str(pids)]
+    if spec.storage_mb is not None and disk_quota:
+        args += ["--storage-opt", f"size={int(spec.storage_mb)}m"]
+    return args
+
+
+def _refuses_quota(error: SandboxError) -> bool:
+    """Whether a failed `docker run` is the engine refusing `--storage-opt` (a storage driver without quotas)."""
+    text = str(error).lower()
+    return "storage-opt" in text or "storage opt" in text
+
+
+def _old_limit_args(spec: SandboxSpec) -> list[str]:
+    """The flags before least privilege (CPU and memory only): what `benchmarks/sandbox.py` compares against."""
+    args: list[str] = []
+    if spec.cpus is not None:
+        args += ["--cpus", f"{spec.cpus:g}"]
+    if spec.memory_mb is not None:
+        args += ["--memory", f"{int(spec.memory_mb)}m"]
+    return args
+
+
+@functools.cache
+def _runtimes(binary: str, docker_host: str | None) -> tuple[str, ...] | str:
+    """The OCI runtimes the engine lists, or why it could not be asked (cached per engine)."""
+    del docker_host  # the cache key: the CLI reads it from the environment
+    try:
+        done = subprocess.run(
+            [binary, "info", "--format", "{{range $name, $_ := .Runtimes}}{{$name}} {{end}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{binary} info failed: {error}"
+    if done.returncode != 0:
+        return f"{binary} info failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+    return tuple(done.stdout.split())
+
+
 @dataclass(frozen=True)
 class DockerSnapshot:
     """A committed image of a sandbox's filesystem; removed when that sandbox stops."""
@@ -139,8 +275,14 @@ class DockerSandbox:
         self._own = OwnProcesses()
         self._snapshots: list[str] = []
         self._stopped = False
-        # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network (5.6): a
-        # host-network sandbox reaches the gateway on loopback, so no route.
+        # The provider's own commands run as root when commands run as the spec's user (None: the container's user).
+        self._own_user = "0" if spec.user is not None else None
+        self._disk_watch: asyncio.Task[None] | None = None
+        self._over_disk: str | None = None  # why the disk watchdog ended the sandbox
+        self._removal: asyncio.Future[None] | None = None
+        self._egress: egress.Slirp | None = None  # public and allowlist: the slirp4netns giving it egress
+        # TCP upstreams are their own route; Unix-socket ones get a forwarder unless the sandbox shares the host's
+        # network (5.6): a host-network sandbox reaches the gateway on loopback, so no route.
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
         self._forwarders = ContainerForwarders.for_spec(spec, self._route_shell)
 
@@ -159,16 +301,48 @@ class DockerSandbox:
         # A plain command, never `exec()`: the forwarder must not carry an exec marker.
         return await self._run(["sh", "-c", script, "platoon-route", *args], env)
 
-    async def _run(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-        """Run one of the provider's own commands (no marker, no timeout of the caller's) to completion."""
+    async def _run(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, *, user: str | None = None
+    ) -> tuple[int, str, str]:
+        """Run one of the provider's own commands (no marker, no timeout of the caller's) to completion, as root when
+        commands run as the spec's user, else as `user` (None: the container's)."""
+        user = user or self._own_user
         if self._api is None:
             extra = [a for key, value in (env or {}).items() for a in ("--env", f"{key}={value}")]
+            if user is not None:
+                extra += ["--user", user]
             return await _cli(self._docker, "exec", "--workdir", "/", *extra, self.name, *argv, check=False)
         out, err = CappedOutput(), CappedOutput()
         code = await asyncio.get_running_loop().run_in_executor(
-            POOL, run_in_container, self._api, self.name, argv, env or {}, None, out, err, []
+            POOL, run_in_container, self._api, self.name, argv, env or {}, None, out, err, [], user
         )
         return (code if code is not None else -1), out.text(), err.text()
+
+    async def _check_user(self) -> None:
+        """A spec's user must exist in the image (a name) before any command runs as it."""
+        assert self.spec.user is not None
+        rc, out, err = await self._run(["true"], user=self.spec.user)
+        if rc != 0:
+            raise SandboxError(
+                f"cannot run commands as user {self.spec.user!r} in {self.spec.image} (exit {rc}): "
+                f"{(err or out).strip() or 'the engine gave no reason'}"
+            )
+
+    async def _attach_egress(self, plan: egress.EgressPlan) -> None:
+        """Filtered egress for a public or allowlist container: slirp4netns on its namespace (by its init's pid),
+        then the rules loaded there."""
+        _, out, _ = await _cli(self._docker, "inspect", "--format", "{{.State.Pid}}", self.name)
+        pid = out.strip()
+        if not pid.isdigit() or pid == "0":
+            raise SandboxError(f"cannot find the process of container {self.name} (the engine said {pid!r})")
+        self._egress = await egress.start(
+            plan, marker=self.name, pid=int(pid), enter=["nsenter", f"--target={pid}", "--net", "--"]
+        )
+
+    async def _stop_egress(self) -> None:
+        if self._egress is not None:
+            await asyncio.to_thread(self._egress.stop)
+            self._egress = None
 
     async def _record_own_processes(self) -> None:
         rc, out, err = await self._run(["sh", "-c", LIST_OWN, "platoon-list"])
@@ -177,8 +351,61 @@ class DockerSandbox:
         self._own = OwnProcesses.parse(out)
 
     def _check_live(self) -> None:
+        if self._over_disk is not None:
+            raise SandboxDiskLimit(self._over_disk)
         if self._stopped:
             raise SandboxError(f"sandbox {self.name} has stopped")
+
+    # -- the disk watchdog (engines whose storage driver takes no quota) --------------------------------------------
+
+    def _watch_disk(self) -> None:
+        self._disk_watch = asyncio.ensure_future(self._disk_watchdog())
+
+    async def _disk_watchdog(self) -> None:
+        while not self._stopped:
+            await asyncio.sleep(DISK_POLL_S)
+            try:
+                await self._check_disk()
+            except SandboxDiskLimit:
+                return
+            except Exception as error:  # a measurement that failed is tried again at the next poll
+                log.debug("measuring the writable layer of %s failed: %s", self.name, error)
+
+    async def _written(self) -> int | None:
+        if self._api is not None:
+            return await asyncio.get_running_loop().run_in_executor(POOL, written_bytes, self._api, self.name)
+        rc, out, _err = await _cli(
+            self._docker, "container", "inspect", "--size", "--format", "{{.SizeRw}}", self.name, check=False
+        )
+        return int(out.strip()) if rc == 0 and out.strip().isdigit() else None
+
+    async def _raise_if_over_disk(self) -> None:
+        """`_check_disk`, where a measurement that fails (a container already gone) raises nothing."""
+        try:
+            await self._check_disk()
+        except SandboxDiskLimit:
+            raise
+        except Exception as error:
+            log.debug("measuring the writable layer of %s failed: %s", self.name, error)
+
+    async def _check_disk(self) -> None:
+        """End the sandbox and raise `SandboxDiskLimit` when its writable layer is over `storage_mb`."""
+        if self._over_disk is not None:
+            raise SandboxDiskLimit(self._over_disk)
+        limit = self.spec.storage_mb
+        if self._disk_watch is None or limit is None or self._stopped:
+            return
+        written = await self._written()
+        if written is None or written <= limit * MB:
+            return
+        self._over_disk = (
+            f"sandbox {self.name} wrote {written / MB:.0f} MB, over its storage_mb = {limit}; it was ended"
+        )
+        try:
+            await asyncio.shield(self.stop())  # removing the container frees what it wrote
+        except Exception as error:
+            log.warning("removing %s after it passed its disk limit failed: %s", self.name, error)
+        raise SandboxDiskLimit(self._over_disk)
 
     async def exec(
         self,
@@ -188,22 +415,44 @@ class DockerSandbox:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
+        """See `Sandbox.exec`; `user` runs this one command as another user than the spec's (root: "0")."""
         self._check_live()
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("exec needs a command")
+        try:
+            result = await self._exec(argv, timeout_s, env, cwd, stdin, user or self.spec.user)
+        except SandboxError:
+            await self._raise_if_over_disk()  # ended for its disk: it says so, not just that it is gone
+            raise
+        if self._over_disk is not None:  # ended under the command: its result is not the sandbox's last word
+            raise SandboxDiskLimit(self._over_disk)
+        return result
+
+    async def _exec(
+        self,
+        argv: list[str],
+        timeout_s: float | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: bytes | str | None,
+        user: str | None,
+    ) -> ExecResult:
         token = uuid.uuid4().hex
         marker = f"PLATOON_EXEC={token}"
         command = ["sh", "-c", _ENTER, "platoon-exec", cwd or self.spec.workdir, *argv]
         data = stdin.encode() if isinstance(stdin, str) else stdin
         if self._api is not None:
             return await self._exec_api(
-                command, {**(env or {}), "PLATOON_EXEC": token}, data, timeout_s, marker
+                command, {**(env or {}), "PLATOON_EXEC": token}, data, timeout_s, marker, user
             )
         args = ["exec", "--workdir", "/", "--env", marker]
         for key, value in (env or {}).items():
             args += ["--env", f"{key}={value}"]
+        if user is not None:
+            args += ["--user", user]
         if stdin is not None:
             args.append("--interactive")
         args += [self.name, *command]
@@ -226,13 +475,13 @@ class DockerSandbox:
                 await asyncio.wait_for(proc.wait(), timeout_s)
             except TimeoutError:
                 timed_out = True
-                await self._kill_marker(marker)
+                await self._kill_marker(marker, user)
                 await self._reap_client(proc)
         except BaseException:
             # Cancelled (or failed) while the command runs: it must not outlive the caller. The original
             # exception is what the caller sees, whatever the cleanup meets.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._kill_marker(marker))
+                await asyncio.shield(self._kill_marker(marker, user))
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._reap_client(proc))
             for task in (*readers, feeder):
@@ -267,11 +516,12 @@ class DockerSandbox:
         data: bytes | None,
         timeout_s: float | None,
         marker: str,
+        user: str | None,
     ) -> ExecResult:
         """`exec` through the Engine API: the same marker, timeout and cancellation rules as the CLI path."""
         out, err, opened = CappedOutput(), CappedOutput(), list[socket.socket]()
         run = asyncio.get_running_loop().run_in_executor(
-            POOL, run_in_container, self._api, self.name, command, env, data, out, err, opened
+            POOL, run_in_container, self._api, self.name, command, env, data, out, err, opened, user
         )
         timed_out = False
         try:
@@ -279,12 +529,12 @@ class DockerSandbox:
                 code = await asyncio.wait_for(asyncio.shield(run), timeout_s)
             except TimeoutError:
                 timed_out = True
-                await self._kill_marker(marker)
+                await self._kill_marker(marker, user)
                 code = await self._abandon(run, opened)
         except BaseException:
             # Cancelled (or failed) while the command runs: it must not outlive the caller.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._kill_marker(marker))
+                await asyncio.shield(self._kill_marker(marker, user))
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._abandon(run, opened))
             raise
@@ -310,10 +560,31 @@ class DockerSandbox:
             await proc.stdin.drain()
         proc.stdin.close()
 
-    async def _kill_marker(self, marker: str) -> None:
-        rc, _out, err = await self._run(["sh", "-c", _KILL_MARKER, "platoon-kill", marker])
+    async def _kill_marker(self, marker: str, user: str | None) -> None:
+        # As the command's user: only that user (or CAP_SYS_PTRACE) reads its processes' environments.
+        rc, out, err = await self._run_with_room(
+            ["sh", "-c", _KILL_MARKER, "platoon-kill", marker], user=user
+        )
         if rc != 0 and not self._stopped:
-            raise SandboxError(f"could not kill the processes of {marker} in {self.name}: {err.strip()}")
+            raise SandboxError(
+                f"could not kill the processes of {marker} in {self.name}: {(err or out).strip()}"
+            )
+
+    async def _run_with_room(self, argv: Sequence[str], *, user: str | None = None) -> tuple[int, str, str]:
+        """`_run` for the kill scripts: a sandbox at its pids limit (a fork bomb) can leave the runtime no process to
+        start the script with, so it is run once more with the limit raised by `PIDS_HEADROOM`, then restored. The
+        scripts fork nothing before they kill, so the room is theirs. (Under gVisor the guest's own process limit
+        does not stop an exec: no retry.)"""
+        rc, out, err = await self._run(argv, user=user)
+        started = not (rc == 126 and "exec failed" in (out + err).lower())
+        if started or not self._provider.hardening or self._provider.runtime == "runsc":
+            return rc, out, err
+        limit = self.spec.pids_limit or DEFAULT_PIDS_LIMIT
+        await _cli(self._docker, "update", "--pids-limit", str(limit + PIDS_HEADROOM), self.name, check=False)
+        try:
+            return await self._run(argv, user=user)
+        finally:
+            await _cli(self._docker, "update", "--pids-limit", str(limit), self.name, check=False)
 
     @staticmethod
     async def _reap_client(proc: asyncio.subprocess.Process) -> None:
@@ -330,22 +601,56 @@ class DockerSandbox:
         return rc
 
     async def upload(self, src: str | Path, dst: str) -> None:
+        await self._copy_in(src, dst, give=True)
+
+    async def _upload_own(self, src: str | Path, dst: str) -> None:
+        """An upload of the provider's own (the route forwarder): it stays root's, out of the commands' reach."""
+        await self._copy_in(src, dst, give=False)
+
+    async def _copy_in(self, src: str | Path, dst: str, *, give: bool) -> None:
         self._check_live()
         source = Path(src)
         if not source.exists() and not source.is_symlink():
             raise FileNotFoundError(f"upload source {source} does not exist")
         if source.is_dir() and not source.is_symlink():
-            await self._mkdir(dst)
+            made = await self._mkdir(dst)
             await _cli(self._docker, "cp", f"{source}/.", f"{self.name}:{dst}")
+            if give:
+                copied = [posixpath.join(dst, name) for name in sorted(os.listdir(source))]
+                await self._give_to_user([dst, *copied] if made else copied)
         else:
-            await self._mkdir(os.path.dirname(dst.rstrip("/")) or "/")
+            await self._mkdir(posixpath.dirname(dst.rstrip("/")) or "/")
             await _cli(self._docker, "cp", str(source), f"{self.name}:{dst}")
+            if give:
+                await self._give_to_user([dst])
 
-    async def _mkdir(self, path: str) -> None:
-        rc, out, err = await self._run(["mkdir", "-p", path])
-        if rc != 0:
+    async def _mkdir(self, path: str) -> bool:
+        """`mkdir -p`; whether `path` was made (it did not exist)."""
+        rc, out, err = await self._run(
+            [
+                "sh",
+                "-c",
+                '[ -e "$1" ]; had=$?; mkdir -p -- "$1" || exit 1; exit $((had ? 10 : 0))',
+                "mkdir",
+                path,
+            ]
+        )
+        if rc not in (0, 10):
             raise SandboxError(
                 f"cannot create {path} in sandbox {self.name} (exit {rc}): {(err or out).strip()}"
+            )
+        return rc == 10
+
+    async def _give_to_user(self, paths: Sequence[str]) -> None:
+        """Uploads belong to the spec's user, so commands running as that user can change them (`docker cp` leaves
+        them root's). `-h` and no `-L`: a symlink a command planted meanwhile is changed, never what it names."""
+        if self.spec.user is None or not paths:
+            return
+        rc, out, err = await self._run(["chown", "-R", "-h", "--", self.spec.user, *paths])
+        if rc != 0:
+            raise SandboxError(
+                f"cannot give {', '.join(paths[:3])} to user {self.spec.user} in sandbox {self.name} "
+                f"(exit {rc}): {(err or out).strip()}"
             )
 
     async def download(self, src: str, dst: str | Path) -> None:
@@ -367,6 +672,7 @@ class DockerSandbox:
 
     async def snapshot(self) -> DockerSnapshot:
         self._check_live()
+        await self._check_disk()  # a copy of a sandbox over its limit would start over it
         image = f"{SNAPSHOT_REPO}:{uuid.uuid4().hex[:12]}"
         self._snapshots.append(image)  # before commit: a commit that half-succeeded is still removed at stop
         await _cli(self._docker, "commit", self.name, image)
@@ -374,15 +680,38 @@ class DockerSandbox:
 
     async def kill_processes(self) -> None:
         self._check_live()
+        await self._check_disk()  # grading starts here: what the agent wrote is measured before it is judged
         if (why := self._own.kill_refusal(self.name)) is not None:
             raise SandboxError(why)
-        if await self._sh(KILL_ALL, self._own.keep(*self._forwarders.keep)) != 0:
-            raise SandboxError(f"processes survived SIGKILL in sandbox {self.name}")
+        rc, out, err = await self._run_with_room(
+            ["sh", "-c", KILL_ALL, "platoon", self._own.keep(*self._forwarders.keep)]
+        )
+        if rc != 0:
+            said = (err or out).strip()
+            raise SandboxError(
+                f"processes survived SIGKILL in sandbox {self.name}{': ' + said if said else ''}"
+            )
 
     async def stop(self) -> None:
         if self._stopped:
+            # A removal under way (the disk watchdog's) is waited for: once stop returns, the container is gone.
+            removal = self._removal
+            if (
+                removal is not None
+                and not removal.done()
+                and removal.get_loop() is asyncio.get_running_loop()
+            ):
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(removal)
             return
         self._stopped = True
+        if self._disk_watch is not None and self._disk_watch is not asyncio.current_task():
+            self._disk_watch.cancel()
+        self._removal = asyncio.ensure_future(self._remove())
+        await asyncio.shield(self._removal)
+
+    async def _remove(self) -> None:
+        await self._stop_egress()
         rc, _out, err = await _cli(self._docker, "rm", "--force", self.name, check=False)
         if self._snapshots:
             await _cli(self._docker, "rmi", "--force", *self._snapshots, check=False)
@@ -394,21 +723,54 @@ class DockerSandbox:
 
 
 class DockerProvider:
-    """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`)."""
+    """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`), `runtime` (the engine's
+    OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default), `egress_allow` (host or
+    host:port destinations that public and allowlist sandboxes may reach even when private or the host's own)."""
 
     name: ClassVar[str] = "docker"
+    # clean_env: a container starts from its image's environment and the variables it is given with values
+    # (`--env KEY=VALUE`, the Engine API's `KEY=VALUE`), never a bare `--env KEY`, which would copy the host's.
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"snapshot", "network_none", "isolation", "routes", "host_loopback"}
+        {
+            "snapshot",
+            "network_none",
+            "network_public",
+            "network_allowlist",
+            "isolation",
+            "routes",
+            "host_loopback",
+            "clean_env",
+            "least_privilege",
+            "limit_cpu_memory",
+            "limit_pids",
+            "limit_disk",
+            "run_as_user",
+        }
     )
     isolates: ClassVar[bool] = True
+    #: The least-privilege flags and the default pids limit; only `benchmarks/sandbox.py` turns them off (on a
+    #: subclass), to measure what they cost. Not an option: no configuration can reach it.
+    hardening: ClassVar[bool] = True
 
     def __init__(
         self,
         *,
         binary: str | None = None,
+        runtime: str | None = None,
+        egress_allow: Sequence[str] | None = None,
     ) -> None:
-        self.options: dict[str, Any] = {"binary": binary} if binary else {}
+        if runtime is not None and (not isinstance(runtime, str) or not runtime.strip()):
+            raise SandboxError(
+                f"the docker provider's runtime option names an OCI runtime (e.g. runsc); got {runtime!r}"
+            )
+        self.options: dict[str, Any] = {
+            key: value for key, value in (("binary", binary), ("runtime", runtime)) if value
+        }
         self.docker = binary or docker_binary()
+        self.runtime = runtime
+        self.egress_allow = egress.parse_egress_allow(egress_allow)
+        if self.egress_allow:
+            self.options["egress_allow"] = list(self.egress_allow)
 
     async def engine(self) -> Any | None:
         """The Engine API client commands go through, or None for the CLI (resolved once per process)."""
@@ -421,13 +783,58 @@ class DockerProvider:
         binary = (options or {}).get("binary") or docker_binary()
         if shutil.which(binary) is None:
             return f"the docker provider needs the {binary!r} CLI on PATH (or PLATOON_DOCKER naming one)"
+        runtime = (options or {}).get("runtime")
+        if runtime:
+            listed = _runtimes(binary, os.environ.get("DOCKER_HOST"))
+            if isinstance(listed, str):
+                return f"cannot check the docker runtime {runtime!r}: {listed}"
+            if runtime not in listed:
+                return (
+                    f"the docker engine has no runtime {runtime!r} (it lists {', '.join(listed) or 'none'}): "
+                    "register it in the engine's daemon.json (gVisor: runsc install), or drop the runtime option"
+                )
         return None
+
+    @classmethod
+    def refusal(cls, spec: SandboxSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why a sandbox of `spec` would be refused at start (a field the provider does not enforce), or None."""
+        return unenforced_field(spec, cls.capabilities, cls.name)
 
     @classmethod
     def network_none_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         return None
 
-    def _run_args(self, name: str, spec: SandboxSpec, image: str) -> list[str]:
+    @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why public sandboxes cannot have filtered egress with these options on this host, or None."""
+        options = options or {}
+        if options.get("runtime") == "runsc":
+            return (
+                "runtime: runsc runs sandboxes with gVisor's --network=none, so public and allowlist egress is not "
+                "available under it; use the default runtime for tasks that need the network"
+            )
+        try:
+            egress.parse_egress_allow(options.get("egress_allow"))
+        except SandboxError as exc:
+            return str(exc)
+        if (why := egress.missing_tools()) is not None:
+            return f"public and allowlist docker sandboxes need filtered egress: {why}"
+        return None
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why allowlist sandboxes cannot be filtered here, or None (the same mechanism as public's)."""
+        return cls.network_public_refusal(options)
+
+    def _run_args(
+        self,
+        name: str,
+        spec: SandboxSpec,
+        image: str,
+        egress_plan: egress.EgressPlan | None = None,
+        *,
+        disk_quota: bool = False,
+    ) -> list[str]:
         args = [
             "run",
             "--detach",
@@ -436,23 +843,47 @@ class DockerProvider:
             name,
             "--workdir",
             spec.workdir,
-            "--network",
-            spec.network,
+            *_network_args(spec, egress_plan),
         ]
+        if self.runtime is not None:
+            args += ["--runtime", self.runtime]
+        if self.hardening:
+            args += _privilege_args(spec)
+            args += _limit_args(spec, self.runtime, disk_quota=disk_quota)
+        else:
+            args += _old_limit_args(spec)
         for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
         for key, value in spec.labels.items():
             args += ["--label", f"{key}={value}"]
         for mount in spec.mounts:
             args += ["--volume", f"{mount.source}:{mount.target}{':ro' if mount.read_only else ''}"]
-        if spec.network == "none":
+        if spec.network != "host":
             for source, target in ContainerForwarders.binds(spec.upstreams):
                 args += ["--volume", f"{source}:{target}:ro"]
-        if spec.cpus is not None:
-            args += ["--cpus", f"{spec.cpus:g}"]
-        if spec.memory_mb is not None:
-            args += ["--memory", f"{int(spec.memory_mb)}m"]
         return [*args, "--entrypoint", "sleep", image, "infinity"]
+
+    def _engine_key(self) -> tuple[str, str | None]:
+        return self.docker, os.environ.get("DOCKER_HOST")
+
+    async def _create(
+        self, name: str, spec: SandboxSpec, image: str, egress_plan: egress.EgressPlan | None
+    ) -> bool:
+        """`docker run` the container; whether the storage driver limits its disk. An engine that refuses
+        `--storage-opt` is remembered (one refused run per engine and process) and the run made again without."""
+        key = self._engine_key()
+        quota = self.hardening and spec.storage_mb is not None and _DISK_QUOTA.get(key, True)
+        try:
+            await _cli(self.docker, *self._run_args(name, spec, image, egress_plan, disk_quota=quota))
+        except SandboxError as error:
+            if not quota or not _refuses_quota(error):
+                raise
+            _DISK_QUOTA[key] = False
+            await _cli(self.docker, *self._run_args(name, spec, image, egress_plan, disk_quota=False))
+            return False
+        if quota:
+            _DISK_QUOTA[key] = True
+        return quota
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         return await self._start(spec, _image_ref(spec.image))
@@ -464,6 +895,7 @@ class DockerProvider:
     async def _start(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         name = f"platoon-{uuid.uuid4().hex[:12]}"
         api = await self.engine()  # before registering: nothing to clean up if this is cancelled
+        egress_plan = await self._egress_plan(spec)  # names resolved before anything exists
         spec = replace(spec, labels=merge_labels(spec.labels))
         entry = registry().register(
             class_path(self), self.options, spec.labels
@@ -472,11 +904,17 @@ class DockerProvider:
         sandbox._api = api
         # The run call is shielded: killing its client would not stop the engine from creating the container
         # after the removal below had already found nothing.
-        run = asyncio.ensure_future(_cli(self.docker, *self._run_args(name, spec, image)))
+        run = asyncio.ensure_future(self._create(name, spec, image, egress_plan))
         try:
-            await asyncio.shield(run)
+            quota = await asyncio.shield(run)
+            if egress_plan is not None:
+                await sandbox._attach_egress(egress_plan)
+            if spec.user is not None:
+                await sandbox._check_user()
             await sandbox._record_own_processes()
-            await sandbox._forwarders.start(sandbox.upload)
+            await sandbox._forwarders.start(sandbox._upload_own)
+            if spec.storage_mb is not None and self.hardening and not quota:
+                sandbox._watch_disk()
         except BaseException:
             # Failed or cancelled: let the run call finish, then remove the container by name; if even that fails
             # it stays registered, so a later reap by label finds it.
@@ -488,6 +926,19 @@ class DockerProvider:
             raise
         registry().attach(entry, sandbox)
         return sandbox
+
+    async def _egress_plan(self, spec: SandboxSpec) -> egress.EgressPlan | None:
+        """A public or allowlist sandbox's egress, resolved on the host now; None for host and none."""
+        if spec.network not in egress.EGRESS_NETWORKS:
+            return None
+        refusal = (
+            self.network_public_refusal(self.options)
+            if spec.network == "public"
+            else self.network_allowlist_refusal(self.options)
+        )
+        if refusal is not None:
+            raise SandboxError(refusal)
+        return await asyncio.to_thread(egress.plan, spec.network, spec.allowed_hosts, self.egress_allow)
 
     async def labelled(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """The containers carrying all of `labels` (`platoon sandbox list`), running or stopped: id (the container's
@@ -516,10 +967,15 @@ class DockerProvider:
         if not labels:
             raise ValueError("reaping with an empty label set is refused: it would match every container")
         filters = [arg for key, value in labels.items() for arg in ("--filter", f"label={key}={value}")]
-        _, out, _ = await _cli(self.docker, "ps", "--all", "--quiet", "--no-trunc", *filters)
-        ids = out.split()
+        _, out, _ = await _cli(
+            self.docker, "ps", "--all", "--no-trunc", *filters, "--format", "{{.ID}}\t{{.Names}}"
+        )
+        rows = [line.split("\t") for line in out.splitlines() if line.strip()]
+        ids = [row[0] for row in rows]
         if ids:
             await _cli(self.docker, "rm", "--force", *ids)
+        # a public or allowlist container's slirp4netns, should its owner have lost it
+        await asyncio.to_thread(egress.kill_strays, [row[-1] for row in rows])
         _, out, _ = await _cli(
             self.docker, "images", "--quiet", "--no-trunc", "--filter", f"reference={SNAPSHOT_REPO}", *filters
         )

@@ -62,9 +62,11 @@ def run_in_container(
     out: CappedOutput,
     err: CappedOutput,
     opened: list[socket.socket],
+    user: str | None = None,
 ) -> int | None:
-    """Run argv in the container (blocking; call it in `POOL`), feeding stdin and collecting both streams until the
-    engine closes them. Returns the exit code, or None when the engine has none (the exec could not start).
+    """Run argv in the container (blocking; call it in `POOL`) as `user` (None: the container's), feeding stdin and
+    collecting both streams until the engine closes them. Returns the exit code, or None when the engine has none
+    (the exec could not start).
 
     The connection's socket is appended to `opened` so the caller can close it to abandon the read."""
     # From `/`, never the container's own working directory: an agent may have deleted it, and the provider's own
@@ -77,6 +79,7 @@ def run_in_container(
             stdin=stdin is not None,
             environment=[f"{k}={v}" for k, v in env.items()],
             workdir="/",
+            user=user or "",
         )["Id"]
     except Exception as error:
         # The engine's own refusal, before anything ran in the container (so no command's output can fake it):
@@ -100,6 +103,16 @@ def run_in_container(
         with contextlib.suppress(OSError):
             raw.close()
     return None if abandoned else _exit_code(api, exec_id)
+
+
+def written_bytes(api: Any, container: str) -> int | None:
+    """The bytes in the container's writable layer (the engine's `SizeRw`), or None when the engine does not say
+    (blocking; call it in `POOL`). The engine walks the layer to answer, so callers poll it sparingly."""
+    found = _retried(api.containers, all=True, size=True, filters={"name": f"^/{container}$"})
+    for entry in found:
+        size = entry.get("SizeRw")
+        return int(size) if size is not None else None
+    return None
 
 
 def _feed(raw: socket.socket, data: bytes) -> None:

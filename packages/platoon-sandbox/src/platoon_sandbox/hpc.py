@@ -42,7 +42,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import CAPABILITIES, ExecResult, SandboxError, SandboxGone, SandboxSpec
+from platoon_sandbox.contract import (
+    CAPABILITIES,
+    ExecResult,
+    SandboxError,
+    SandboxGone,
+    SandboxSpec,
+    unenforced_field,
+)
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
@@ -55,6 +62,9 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'platoon-sandbox[hpc]' (or `uv add 'platoon-sandbox[hpc]'`)"
 #: The environment variable naming the Singularity/Apptainer binary when the options give none.
 SINGULARITY_ENV = "PLATOON_SINGULARITY"
+#: Provider options that are platoon's, not hpc-sandbox's: `allow_host_network` (public and allowlist sandboxes on
+#: the host's network, unfiltered) and `egress_allow` (a site profile's, for providers that filter egress).
+NETWORK_OPTIONS = ("allow_host_network", "egress_allow")
 #: Seconds a helper script (process listing, kill, forwarder start) may take inside the sandbox.
 SCRIPT_TIMEOUT_S = 120.0
 #: hpc-sandbox's mark where it cut a stream's middle out (it keeps head and tail).
@@ -242,7 +252,12 @@ class HpcProvider:
     inner_class: ClassVar[str | type] = ""
     isolates: ClassVar[bool] = True
     #: Without options (an instance has its own, from the inner provider's: `gpu`, `allow_network_none`).
-    capabilities: frozenset[str] = frozenset({"snapshot", "isolation", "routes", "host_loopback"})
+    #: clean_env: hpc-sandbox 0.3 starts Singularity/Apptainer with `--cleanenv` (dropping the variables it passes
+    #: despite it, `*_proxy` and `TERM`, and `SINGULARITYENV_*`) and enroot with only the variables it needs; a
+    #: command gets the spec's and its own variables, written into it, and nothing of the host's.
+    capabilities: frozenset[str] = frozenset(
+        {"snapshot", "isolation", "routes", "host_loopback", "clean_env"}
+    )
 
     def __init__(self, **options: Any) -> None:
         # What a supervisor re-creates this provider from to reap: the options as given, JSON-able.
@@ -253,7 +268,11 @@ class HpcProvider:
             self.inner = self._resolve_inner()(**self._inner_options(options))
         except ImportError as error:
             raise SandboxError(f"the {self.name} provider needs hpc-sandbox: {INSTALL_HINT}") from error
-        self.capabilities = (frozenset(self.inner.capabilities) & CAPABILITIES) | {"routes", "host_loopback"}
+        self.capabilities = (
+            (frozenset(self.inner.capabilities) & CAPABILITIES)
+            | {"routes", "host_loopback", "clean_env"}
+            | ({"limit_cpu_memory"} if options.get("cgroup_limits") else set())
+        )
 
     @classmethod
     def _resolve_inner(cls) -> Any:
@@ -265,8 +284,9 @@ class HpcProvider:
 
     @classmethod
     def _inner_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The keyword arguments of the inner provider (subclasses translate aliases)."""
-        return dict(options)
+        """The keyword arguments of the inner provider (subclasses translate aliases); platoon's own network options
+        stay here."""
+        return {k: v for k, v in options.items() if k not in NETWORK_OPTIONS}
 
     @classmethod
     def _missing_package(cls) -> str | None:
@@ -286,8 +306,33 @@ class HpcProvider:
         return None
 
     @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """hpc-sandbox knows only the host's network and none: public (and allowlist) sandboxes are refused unless
+        the provider options opt into the host's network, unfiltered, by name."""
+        if (options or {}).get("allow_host_network") is True:
+            return None
+        return (
+            f"the {cls.name} provider cannot filter a sandbox's egress (hpc-sandbox runs it on the host's network "
+            "or on none): give the task network_mode no-network, or set the provider option allow_host_network: "
+            "true to run public and allowlist sandboxes on the host's network, unfiltered"
+        )
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        return cls.network_public_refusal(options)
+
+    @classmethod
     def rootfs_layout_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         return None
+
+    @classmethod
+    def refusal(cls, spec: SandboxSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """hpc-sandbox enforces CPU and memory with `cgroup_limits` (singularity); without it only memory, through
+        its watchdog, so a spec naming `cpus` is refused. Processes, disk and users: never."""
+        enforced = set(cls.capabilities)
+        if (options or {}).get("cgroup_limits") or spec.cpus is None:
+            enforced.add("limit_cpu_memory")
+        return unenforced_field(spec, frozenset(enforced), cls.name)
 
     async def start(self, spec: SandboxSpec) -> HpcSandbox:
         return await self._start(spec, None)
@@ -317,6 +362,12 @@ class HpcProvider:
     async def _start(self, spec: SandboxSpec, snapshot: Any) -> HpcSandbox:
         if spec.network == "none" and (why := self.network_none_refusal(self.options)) is not None:
             raise SandboxError(why)
+        if (why := self.refusal(spec, self.options)) is not None:
+            raise SandboxError(why)
+        if spec.network in ("public", "allowlist"):
+            if (why := self.network_public_refusal(self.options)) is not None:
+                raise SandboxError(why)
+            spec = replace(spec, network="host", allowed_hosts=())  # allow_host_network: the old behaviour
         spec = replace(spec, labels=merge_labels(spec.labels))
         inner_spec = self._inner_spec(spec)
         hpc = _hpc()
@@ -389,7 +440,7 @@ class SingularityProvider(HpcProvider):
 
     @classmethod
     def _inner_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(options)
+        out = super()._inner_options(options)
         if not out.get("binary") and (binary := singularity_binary()):
             out["binary"] = binary
         return out
@@ -475,12 +526,12 @@ class EnrootProvider(HpcProvider):
     name: ClassVar[str] = "enroot"
     inner_class: ClassVar[str | type] = "hpc_sandbox:EnrootProvider"
     capabilities: frozenset[str] = frozenset(
-        {"snapshot", "isolation", "network_none", "routes", "host_loopback"}
+        {"snapshot", "isolation", "network_none", "routes", "host_loopback", "clean_env"}
     )
 
     @classmethod
     def _inner_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(options)
+        out = super()._inner_options(options)
         if "root" in out:
             if "remap_root" in out:
                 raise SandboxError("the enroot provider takes root or remap_root (an alias of it), not both")

@@ -16,18 +16,19 @@ __all__ = ["KILL_ALL", "LIST_OWN", "OwnProcesses"]
 
 # The scripts below run inside the sandbox under /bin/sh (busybox or Debian). Both list and kill skip the script's
 # own ancestors that live inside the sandbox's PID namespace (a runtime's exec helper may): they belong to this
-# exec, not to a command.
+# exec, not to a command. They fork nothing before their first kill pass: a sandbox at its pids limit (a fork bomb)
+# has no process to spare for a subshell.
 
-# Prints this exec's ancestors inside the namespace as " pid pid ... " (a shell function, pasted into both scripts).
+# Sets `anc` to this exec's ancestors inside the namespace as " pid pid ... " (a shell function, pasted into both
+# scripts; it sets a variable rather than printing, since `$(...)` would fork).
 ANCESTORS = r"""
 ancestors() {
-  a=" "; p=$$
+  anc=" "; p=$$
   while [ "$p" -gt 1 ] 2>/dev/null; do
     read -r s 2>/dev/null < "/proc/$p/stat" || break
     s=${s##*) }; set -- $s; p=$2
-    a="$a$p "
+    anc="$anc$p "
   done
-  echo "$a"
 }
 """
 
@@ -36,7 +37,7 @@ ancestors() {
 LIST_OWN = (
     ANCESTORS
     + r"""
-me=$$; skip=$(ancestors)
+me=$$; ancestors; skip=$anc
 for d in /proc/[0-9]*; do
   p=${d#/proc/}
   [ "$p" = "$me" ] && continue
@@ -56,7 +57,7 @@ echo "ns:$(readlink /proc/self/ns/pid)"
 KILL_ALL = (
     ANCESTORS
     + r"""
-keep=" $1 "; me=$$; skip=$(ancestors)
+keep=" $1 "; me=$$; ancestors; skip=$anc
 kill -s STOP -1 2>/dev/null
 pass=0; left=1
 while [ $pass -lt 50 ]; do

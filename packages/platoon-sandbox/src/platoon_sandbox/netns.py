@@ -126,6 +126,14 @@ class NetNamespace:
             argv += [f"--user={here}/{self._user_fd}", "--preserve-credentials"]
         return [*argv, "--"]
 
+    def paths(self) -> tuple[str, str | None]:
+        """The namespace (and its owning user namespace, if ours) as paths another process can open, by our
+        descriptors: for slirp4netns's `--netns-type=path` and `--userns-path`."""
+        if self._net_fd < 0:
+            raise NamespaceError("the network namespace was closed")
+        here = f"/proc/{os.getpid()}/fd"
+        return f"{here}/{self._net_fd}", (f"{here}/{self._user_fd}" if self._user_fd is not None else None)
+
     def close(self) -> None:
         """Let go of the namespace; it vanishes once no process runs in it. Idempotent."""
         for fd in (self._net_fd, self._user_fd):

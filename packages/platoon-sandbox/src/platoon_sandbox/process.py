@@ -1,10 +1,16 @@
-"""The `process` provider (harness.md 5.2): a directory on the host standing in for a container. NOT isolated.
+"""The `process` provider (harness.md 5.2, 5.7): a directory on the host standing in for a container. NOT isolated.
 
-Commands run as ordinary host processes, as the user running platoon, with the host's files in reach, and on the
-host network, except that a `network: none` sandbox gets a network namespace of its own (only `lo`) where
-bubblewrap can make one (`netns`). What it gives: sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the
-workdir, mount targets) translated to a private directory, every command in its own process group, timeouts that
-kill the whole tree, and a stop or reap that leaves no process and no directory behind. For tests and laptops.
+Commands run as host processes, as the user running platoon, with the host's files readable. Where bubblewrap
+works they are confined (`confine`): a PID namespace of the sandbox's own, the host read-only with the sandbox's
+directories bound at their sandbox paths, a private `/tmp` and `/run`, no Docker socket; without it (or with
+`confine: none`) sandbox paths (`/app`, `/tests`, `/logs`, `/solution`, `/tmp`, the workdir, mount targets) are
+translated to the private directory in command text instead. Either way a command starts from an allowlisted
+environment (`platoon.host_env`), never the host's. The network is kept apart where bubblewrap can make a namespace
+(`netns`): a `network: none` sandbox gets one holding only `lo`; `public` and `allowlist` ones get one with filtered
+egress attached (`egress`: slirp4netns and nftables rules inside), or, where that is unavailable, are refused unless
+the provider option `allow_host_network: true` lets them run on the host's network, unfiltered. Every command runs in
+its own process group, timeouts kill the whole tree, and a stop or reap leaves no process and no directory behind.
+For tests and laptops.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from platoon_sandbox import netns, procs
-from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec
+from platoon.errors import ConfigError
+from platoon.host_env import allowed_host_env
+from platoon_sandbox import egress, netns, procs
+from platoon_sandbox.confine import CONFINE_MODES, Bind, Confinement, root_layout
+from platoon_sandbox.confine import unavailable as confinement_unavailable
+from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec, unenforced_field
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import FIRST_PORT, Forwarder, find_python
@@ -35,31 +45,51 @@ __all__ = ["ProcessProvider", "ProcessSandbox", "ProcessSnapshot", "node_scratch
 log = logging.getLogger(__name__)
 
 #: Said once per process, at the first start: what a model-written command can reach here. Where bubblewrap works,
-#: network: none sandboxes are off the network...
+#: commands are confined and network: none sandboxes are off the network...
 NOT_ISOLATED_WARNING = (
-    "the process sandbox provider isolates nothing but the network of network: none sandboxes (a network namespace "
-    "of their own through bubblewrap, holding only lo): commands run as %s on this host, with its files in reach. "
-    "Use it for tests and laptops; pick an isolating provider (docker, singularity, enroot) for model-written code "
-    "you do not trust."
+    "the process sandbox provider confines commands with bubblewrap (a PID namespace of the sandbox's own, a private "
+    "/tmp, no Docker socket, none of the host's environment; a network namespace of their own, holding only lo or "
+    "filtered egress) but does not isolate them: they run as %s on this host, with its files readable. Use it for "
+    "tests and laptops; pick an isolating provider (docker, singularity, enroot) for model-written code you do not "
+    "trust."
 )
-#: ...and where it does not, they are on the host's network, which this says as loudly.
+#: ...where bubblewrap works but the run config said `confine: none`, commands are not confined...
+UNCONFINED_WARNING = (
+    "the process sandbox provider runs commands unconfined (provider_options confine: none): they run as %s on this "
+    "host with its files, its processes' environments and its Docker socket in reach (network: none sandboxes still "
+    "get a network namespace holding only lo). Use it for tests and laptops; pick an isolating provider (docker, "
+    "singularity, enroot) for model-written code you do not trust."
+)
+#: ...and where it does not work at all, they are on the host's network too, which this says as loudly.
 NOT_ISOLATED_NO_NETNS_WARNING = (
-    "the process sandbox provider isolates nothing: commands run as %s on this host, with its files and its network "
-    "in reach (network: none is not enforced: %s; apt-get install bubblewrap gives network: none sandboxes a network "
-    "namespace of their own, with unprivileged user namespaces enabled unless platoon runs as root, or set "
-    "PLATOON_BWRAP to a bwrap binary). Use it for tests and laptops; pick an isolating provider (docker, singularity, "
-    "enroot) for model-written code you do not trust."
+    "the process sandbox provider isolates nothing: commands run as %s on this host, with its files, its processes' "
+    "environments, its Docker socket and its network in reach (network: none is not enforced: %s; apt-get install "
+    "bubblewrap confines commands and gives network: none sandboxes a network namespace of their own, with "
+    "unprivileged user namespaces enabled unless platoon runs as root, or set PLATOON_BWRAP to a bwrap binary). Use "
+    "it for tests and laptops; pick an isolating provider (docker, singularity, enroot) for model-written code you "
+    "do not trust."
+)
+#: Where bwrap makes network namespaces but cannot confine commands (an old or restricted bwrap).
+NOT_CONFINED_WARNING = (
+    "the process sandbox provider cannot confine commands here (%s): they run as %s on this host with its files, its "
+    "processes' environments and its Docker socket in reach (network: none sandboxes still get a network namespace "
+    "holding only lo). Use it for tests and laptops; pick an isolating provider (docker, singularity, enroot) for "
+    "model-written code you do not trust."
 )
 _warned = False
 
 #: The sandbox paths every process sandbox maps, besides its workdir and mount targets.
 MAPPED_ROOTS = ("/app", "/tests", "/logs", "/solution", "/tmp")
 ROOT_ENV = "PLATOON_SANDBOX_ROOT"
+#: A confined sandbox's private /var/tmp and /dev/shm, beside fs/ (not in its snapshots); its /run is fs/run.
+CONFINED_DIRS = ("var-tmp", "shm")
 #: The route forwarder carries this and is spared by `kill_processes` (harness.md 5.6).
 INFRA_MARKER = b"PLATOON_INFRA=route"
 SCRATCH_VARIABLES = ("PLATOON_NODE_SCRATCH", "PBS_LOCALDIR", "SLURM_TMPDIR", "TMPDIR")
 #: Kill passes over the leftover processes at stop.
 KILL_PASSES = 50
+#: How long the processes of a command killed at its timeout may take to be gone (a moment, normally).
+KILL_WAIT_S = 10.0
 
 
 def _user() -> str:
@@ -95,24 +125,58 @@ BASE_CAPABILITIES = frozenset({"snapshot", "routes", "host_loopback"})
 
 class _Capabilities:
     """`ProcessProvider.capabilities`: a fact about this node, not the class, because `network_none` holds only
-    where bubblewrap can make a network namespace. The first read probes (once per process, a few milliseconds)."""
+    where bubblewrap can make a network namespace, and `clean_env` only where it confines commands (and the
+    provider's options do not say `confine: none`). The first read probes (once per process, a few milliseconds)."""
 
     def __get__(self, instance: object, owner: type | None = None) -> frozenset[str]:
-        return BASE_CAPABILITIES | {"network_none"} if netns.unavailable() is None else BASE_CAPABILITIES
+        if netns.unavailable() is not None:
+            caps = BASE_CAPABILITIES
+        elif egress.process_unavailable() is not None:
+            caps = BASE_CAPABILITIES | {"network_none"}
+        else:
+            caps = BASE_CAPABILITIES | {"network_none", "network_public", "network_allowlist"}
+        if getattr(instance, "confine", None) != "none" and confinement_unavailable() is None:
+            # the allowlisted environment is there without bwrap too, but the parent's /proc/<pid>/environ is not
+            # out of reach there: only a confined command has nothing of the host's environment to read
+            caps |= {"clean_env"}
+        return caps
 
 
 class ProcessProvider:
     """Starts process sandboxes under `<scratch_root>/platoon-sandboxes-<uid>/` (scratch_root: the node scratch
-    unless given)."""
+    unless given). `egress_allow`: host or host:port destinations public and allowlist sandboxes may reach even when
+    private or the host's own. `allow_host_network`: where filtered egress is unavailable, run public and allowlist
+    sandboxes on the host's network, unfiltered (else they are refused)."""
 
     name: ClassVar[str] = "process"
     # typed as the contract's class variable (a descriptor reads as one), so the class still is a SandboxProvider
     capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = False
 
-    def __init__(self, scratch_root: str | None = None) -> None:
+    def __init__(
+        self,
+        scratch_root: str | None = None,
+        confine: str | None = None,
+        egress_allow: Sequence[str] | None = None,
+        allow_host_network: bool = False,
+    ) -> None:
+        if confine is not None and confine not in CONFINE_MODES:
+            raise ConfigError(
+                f"provider_options.confine: bwrap (commands under bubblewrap, the default where it works) or none "
+                f"(unconfined, on the host as they are); got {confine!r}"
+            )
         self.options: dict[str, Any] = {"scratch_root": scratch_root} if scratch_root else {}
+        if confine is not None:
+            self.options["confine"] = confine
+        #: `bwrap`: confined or refused; `none`: never confined; None: confined where bubblewrap works
+        self.confine = confine
         self.base = Path(scratch_root or node_scratch()) / f"platoon-sandboxes-{os.getuid()}"
+        self.egress_allow = egress.parse_egress_allow(egress_allow)
+        if self.egress_allow:
+            self.options["egress_allow"] = list(self.egress_allow)
+        self.allow_host_network = allow_host_network is True
+        if self.allow_host_network:
+            self.options["allow_host_network"] = True
 
     @classmethod
     def unavailable(cls, options: Mapping[str, Any]) -> str | None:
@@ -122,28 +186,111 @@ class ProcessProvider:
             return "the process provider runs string commands under bash, and bash is not on PATH"
         return None
 
+    @classmethod
+    def unconfined_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why commands would run unconfined here with `options`, or None: bubblewrap confines them, or the options
+        say `confine: none`, which accepts that. The Harbor service refuses to run tasks while this answers
+        (harness.md 5.7); a site profile cannot set `confine`."""
+        if (options or {}).get("confine") == "none":
+            return None
+        why = confinement_unavailable()
+        if why is None:
+            return None
+        return (
+            f"commands would run unconfined on this host ({why}); install bubblewrap (or set PLATOON_BWRAP to a bwrap "
+            "binary), or accept that in the run config with provider_options.confine: none"
+        )
+
+    @classmethod
+    def refusal(cls, spec: SandboxSpec, options: Mapping[str, Any] | None = None) -> str | None:
+        """Limits and a user are never enforced here: a spec that sets them is refused."""
+        return unenforced_field(spec, cls.capabilities, cls.name)
+
+    @classmethod
+    def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why public sandboxes cannot start with these options here, or None. Blocking on the first call (a probe)."""
+        options = options or {}
+        try:
+            egress.parse_egress_allow(options.get("egress_allow"))
+        except SandboxError as exc:
+            return str(exc)
+        if options.get("allow_host_network") is True:
+            return None
+        if (why := egress.process_unavailable()) is not None:
+            return (
+                f"public and allowlist process sandboxes need filtered egress, unavailable here ({why}); or set the "
+                "provider option allow_host_network: true to run them on the host's network, unfiltered"
+            )
+        return None
+
+    @classmethod
+    def network_allowlist_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
+        """Why allowlist sandboxes cannot start here, or None (the same mechanism as public's)."""
+        return cls.network_public_refusal(options)
+
     async def start(self, spec: SandboxSpec) -> ProcessSandbox:
         global _warned
+        if (why := self.refusal(spec, self.options)) is not None:
+            raise SandboxError(why)
+        egress_plan = None
+        if spec.network in egress.EGRESS_NETWORKS:
+            refusal = await asyncio.to_thread(self.network_public_refusal, self.options)
+            if refusal is not None:
+                raise SandboxError(refusal)
+            if (
+                await asyncio.to_thread(egress.process_unavailable) is None
+            ):  # else: allowed onto the host network
+                egress_plan = await asyncio.to_thread(
+                    egress.plan, spec.network, spec.allowed_hosts, self.egress_allow
+                )
         no_netns = None
         if not _warned or spec.network == "none":
             no_netns = await asyncio.to_thread(netns.unavailable)  # probed once per process
+        cannot_confine = None
+        if self.confine != "none":
+            cannot_confine = await asyncio.to_thread(confinement_unavailable)  # probed once per process
+            if cannot_confine is not None and self.confine == "bwrap":
+                raise SandboxError(f"provider_options confine: bwrap, but {cannot_confine}")
+        bwrap = netns.bwrap_binary()
+        confined = self.confine != "none" and cannot_confine is None and bwrap is not None
         if not _warned:
             _warned = True
-            if no_netns is None:
-                log.warning(NOT_ISOLATED_WARNING, _user())
-            else:
+            if no_netns is not None:
                 log.warning(NOT_ISOLATED_NO_NETNS_WARNING, _user(), no_netns)
+            elif confined:
+                log.warning(NOT_ISOLATED_WARNING, _user())
+            elif self.confine == "none":
+                log.warning(UNCONFINED_WARNING, _user())
+            else:
+                log.warning(NOT_CONFINED_WARNING, cannot_confine, _user())
         labels = merge_labels(spec.labels)
         entry = registry().register(class_path(self), self.options, labels)  # before anything exists to leak
         root = self.base / f"process-{uuid.uuid4().hex[:12]}"
         sandbox = ProcessSandbox(root, spec, labels, entry)  # makes nothing yet
         try:
-            if spec.network == "none" and no_netns is None:
+            if (spec.network == "none" and no_netns is None) or egress_plan is not None:
                 sandbox._netns = await asyncio.to_thread(netns.NetNamespace.create)
-            sandbox._create()
+            if egress_plan is not None and sandbox._netns is not None:
+                net_path, user_path = sandbox._netns.paths()
+                sandbox._egress = await egress.start(
+                    egress_plan,
+                    marker=str(root),
+                    netns_path=net_path,
+                    userns_path=user_path,
+                    enter=sandbox._netns.prefix(),
+                )
+            sandbox._create(confined=confined)
+            if confined and bwrap is not None:
+                layout = root_layout(str(sandbox.fs), [*MAPPED_ROOTS, "/run"], sandbox._binds())
+                sandbox._confinement = Confinement(bwrap, layout)
+                prefix = sandbox._netns.prefix() if sandbox._netns is not None else []
+                await sandbox._confinement.start(prefix, sandbox._confined_env())
             await sandbox._start_routes()
         except BaseException:
             await sandbox._stop_routes()
+            if sandbox._confinement is not None:
+                await sandbox._confinement.stop()
+            await asyncio.to_thread(sandbox._stop_egress)
             sandbox._close_netns()
             shutil.rmtree(root, ignore_errors=True)
             registry().unregister(entry)
@@ -221,6 +368,7 @@ class ProcessProvider:
             if ours:
                 _forget(root)
             _kill_all(root / "fs", _groups(root), spare_routes=False)
+            egress.kill_strays([str(root)])  # its slirp4netns, should its owner have left one
             shutil.rmtree(root, ignore_errors=True)
             reaped += 1
         return reaped
@@ -231,6 +379,9 @@ def _forget(root: Path) -> None:
     for entry in registry().live:
         if isinstance(entry.sandbox, ProcessSandbox) and entry.sandbox.root == root:
             entry.sandbox._stopped = True
+            if entry.sandbox._confinement is not None:
+                entry.sandbox._confinement.forget()
+            entry.sandbox._stop_egress()
             entry.sandbox._close_netns()
             registry().unregister(entry)
 
@@ -281,25 +432,34 @@ class ProcessSandbox:
         # inside a word, a URL or a longer path, nor after `~`, `}` or `)` (`~/app`, `${DIR}/app`, `$(pwd)/app`).
         alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
         self._pattern = re.compile(rf"(?<![\w./~}})-])({alternatives})(?=/|$|[^\w.-])")
-        # TCP upstreams are their own route; Unix ones get a forwarder only without network (5.6)
+        # TCP upstreams are their own route; Unix ones get a forwarder unless on the host network (5.6)
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
         self._forwarders: dict[str, Forwarder] = {}
-        #: `network: none` where bubblewrap works: every command and forwarder runs in this namespace
+        #: `none`, `public`, `allowlist` where bubblewrap works: every command and forwarder runs in this namespace
         self._netns: netns.NetNamespace | None = None
+        #: where bubblewrap confines commands: they see sandbox paths as they are, and nothing is translated
+        self._confinement: Confinement | None = None
+        #: `public`, `allowlist`: the slirp4netns giving the namespace its filtered egress
+        self._egress: egress.Slirp | None = None
 
     # -- setup -------------------------------------------------------------------------------------------------
 
-    def _create(self) -> None:
+    def _create(self, *, confined: bool = False) -> None:
         self.base_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root.mkdir(mode=0o700)
         for target in (*MAPPED_ROOTS, self.spec.workdir):
-            self._host(target).mkdir(parents=True, exist_ok=True)
-        for mount in self.spec.mounts:
-            link = self._host(mount.target)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_dir() and not link.is_symlink():
-                link.rmdir()  # an empty mapped root (say /tests) replaced by the mount
-            link.symlink_to(os.path.abspath(mount.source))
+            Path(self.translate(target)).mkdir(parents=True, exist_ok=True)
+        if confined:
+            for private in CONFINED_DIRS:
+                (self.root / private).mkdir()
+            (self.fs / "run").mkdir()
+        else:  # bubblewrap binds mounts at their targets; unconfined, their translated paths lead to them
+            for mount in self.spec.mounts:
+                link = Path(self.translate(mount.target))
+                link.parent.mkdir(parents=True, exist_ok=True)
+                if link.is_dir() and not link.is_symlink():
+                    link.rmdir()  # an empty mapped root (say /tests) replaced by the mount
+                link.symlink_to(os.path.abspath(mount.source))
         meta = {
             "labels": self.labels,
             "owner_pid": os.getpid(),
@@ -317,9 +477,51 @@ class ProcessSandbox:
     def base_dir(self) -> Path:
         return self.root.parent
 
+    @property
+    def confined(self) -> bool:
+        """Whether bubblewrap confines this sandbox's commands (then they see sandbox paths as they are)."""
+        return self._confinement is not None
+
+    def process_ids(self) -> list[int]:
+        """The host pids of the processes this sandbox's commands started that still run (its route forwarders and
+        the holder of its PID namespace aside): those carrying its marker, and, confined, its PID namespace's."""
+        found = procs.pids_with_marker([f"{ROOT_ENV}={self.fs}".encode()], spare=INFRA_MARKER)
+        if self._confinement is not None:
+            found += self._confinement.members(commands_only=True)
+        holder = self._confinement.holder_pids() if self._confinement is not None else set()
+        return sorted(set(found) - holder)
+
     def _host(self, path: str) -> Path:
-        """A sandbox path's host path (untranslated when outside the mapped roots)."""
+        """A sandbox path's host path: under a mount target, the mount's source; else translated (untranslated when
+        outside the mapped roots)."""
+        for mount in sorted(self.spec.mounts, key=lambda m: len(m.target), reverse=True):
+            target = mount.target.rstrip("/")
+            if path == target or path.startswith(target + "/"):
+                return Path(os.path.abspath(mount.source) + path[len(target) :])
         return Path(self.translate(path))
+
+    def _binds(self) -> list[Bind]:
+        """What a confined command sees besides `fs/` as its root: the mounts as asked, the private /var/tmp and
+        /dev/shm, and the workdir where it lies below one of the host's directories (say /root/project)."""
+        binds = [Bind(os.path.abspath(m.source), m.target, not m.read_only) for m in self.spec.mounts]
+        binds += [Bind(str(self.root / "var-tmp"), "/var/tmp"), Bind(str(self.root / "shm"), "/dev/shm")]
+        if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
+            binds.append(
+                Bind(str(self.fs / "run"), "/var/run")
+            )  # a /var/run that is no link to /run: private too
+        workdir = self.spec.workdir.rstrip("/")
+        top = "/" + workdir.strip("/").split("/")[0]
+        if workdir and top not in MAPPED_ROOTS and os.path.lexists(top):
+            binds.append(Bind(self.translate(workdir), workdir))
+        return binds
+
+    def _confined_env(self) -> dict[str, str]:
+        """The environment of the holder (what /proc/1/environ shows) and of transfers: the allowlist, and the
+        sandbox's marker, which finds the holder when the sandbox is reaped."""
+        return {**allowed_host_env(), ROOT_ENV: str(self.fs), "TMPDIR": "/tmp"}
+
+    def _prefix(self) -> list[str]:
+        return self._netns.prefix() if self._netns is not None else []
 
     def translate(self, text: str) -> str:
         """Sandbox paths under the mapped roots, wherever they appear in `text`, as host paths."""
@@ -329,31 +531,37 @@ class ProcessSandbox:
     # -- the contract ------------------------------------------------------------------------------------------
 
     async def _start_routes(self) -> None:
-        """A forwarder per Unix-socket upstream of a `network: none` sandbox, in name order (5.6): inside its own
-        network namespace on 18080, 18081, ... (it reaches the socket through the shared filesystem), else on free
-        host loopback ports. On the host network there is nothing to forward: the sandbox reaches the socket
-        itself."""
+        """A forwarder per Unix-socket upstream of a sandbox off the host network (none, public, allowlist), in name
+        order (5.6): inside its own network namespace on 18080, 18081, ... (it reaches the socket through the shared
+        filesystem), else on free host loopback ports. On the host network there is nothing to forward: the
+        sandbox reaches the socket itself."""
         unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
-        if self.spec.network != "none" or not unix:
+        if self.spec.network == "host" or not unix:
             return
         python = await find_python([m.source for m in self.spec.mounts if m.read_only])
-        env = {**os.environ, ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
+        env = {**allowed_host_env(), ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp")}
         prefix = self._netns.prefix() if self._netns else []
         for index, (name, url) in enumerate(unix):
             socket_path = Path(url[len("unix://") :])
-            # the socket's *directory* at /run/platoon/<name>: the socket may appear there later
-            link = self.fs / "run" / "platoon" / name  # /run is not a mapped root: never _host()
+            # The socket's *directory* at <root>/sockets/<name> (the socket may appear there later), and the
+            # forwarder's script and state in <root>/routes: outside fs/, where no command can swap them for its
+            # own, which a restarted forwarder would run, unconfined, or follow to a socket of the host's.
+            link = self.root / "sockets" / name
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(socket_path.parent)
-            forwarder = Forwarder(
-                name, link / socket_path.name, self._host("/tmp/platoon-route"), python, env, prefix
-            )
+            forwarder = Forwarder(name, link / socket_path.name, self.root / "routes", python, env, prefix)
             self._forwarders[name] = forwarder
             await forwarder.start(FIRST_PORT + index if self._netns else 0)
 
     async def _stop_routes(self) -> None:
         for forwarder in self._forwarders.values():
             await forwarder.stop()
+
+    def _stop_egress(self) -> None:
+        """End the slirp4netns (blocking, quick); idempotent."""
+        if self._egress is not None:
+            self._egress.stop()
+            self._egress = None
 
     def _close_netns(self) -> None:
         if self._netns is not None:
@@ -378,30 +586,39 @@ class ProcessSandbox:
         stdin: bytes | str | None = None,
     ) -> ExecResult:
         self._check()
-        argv = (
-            ["bash", "-c", self.translate(cmd)] if isinstance(cmd, str) else [self.translate(a) for a in cmd]
-        )
+        # confined, a command sees the sandbox's paths as they are; unconfined, they are the host's, translated
+        inside = _as_is if self._confinement is not None else self.translate
+        argv = ["bash", "-c", inside(cmd)] if isinstance(cmd, str) else [inside(a) for a in cmd]
         if not argv:
             raise ValueError("exec needs a command; got an empty argv")
-        if self._netns is not None:
-            argv = [
-                *self._netns.prefix(),
-                *argv,
-            ]  # nsenter execs the command in place: same pid, group, markers
         # a relative cwd is the workdir's, never platoon's own working directory
         where = posixpath.join(self.spec.workdir, cwd) if cwd else self.spec.workdir
-        workdir = self.translate(where)
+        workdir = str(self._host(where))
         # Entering the directory ourselves first makes "cannot enter the cwd" its own OSError (harness.md 5.1),
         # never confused with a missing executable.
         if not os.path.isdir(workdir):
             raise FileNotFoundError(2, "cannot enter the working directory", where)
         if not os.access(workdir, os.X_OK):
             raise PermissionError(13, "cannot enter the working directory", where)
-        full_env = dict(os.environ)
+        full_env = allowed_host_env()  # never the host's whole environment: its keys stay with platoon
         for key, value in {**self.spec.env, **(env or {})}.items():
-            full_env[key] = self.translate(value)
+            full_env[key] = inside(value)
         exec_marker = uuid.uuid4().hex
-        full_env.update({ROOT_ENV: str(self.fs), "TMPDIR": str(self.fs / "tmp"), "PLATOON_EXEC": exec_marker})
+        full_env.update({"TMPDIR": inside("/tmp"), "PLATOON_EXEC": exec_marker})
+        pass_fds: tuple[int, ...] = ()
+        if self._confinement is not None:
+            # in the holder's namespaces: its PID namespace finds and kills what the command leaves; the paths are
+            # the sandbox's own, so there is no root for scripts to prefix them with
+            argv = self._confinement.command(argv, where)
+            pass_fds = self._confinement.pass_fds
+            workdir = str(self.root)  # where nsenter starts: never a directory a command could have swapped
+        else:
+            full_env[ROOT_ENV] = str(self.fs)
+        if self._netns is not None:
+            argv = [
+                *self._netns.prefix(),
+                *argv,
+            ]  # nsenter execs the command in place: same pid, group, markers
         data = stdin.encode() if isinstance(stdin, str) else stdin
         # Our own pipes, not asyncio's: its wait() also waits for the pipes to close, which a background child
         # holding them would put off forever; here wait() is the exit, and the pipes get DRAIN_S after it.
@@ -415,6 +632,7 @@ class ProcessSandbox:
                 stderr=err_fd,
                 cwd=workdir,
                 env=full_env,
+                pass_fds=pass_fds,
                 start_new_session=True,  # its own process group (and session): the tree is killed as one
             )
         except (FileNotFoundError, PermissionError) as exc:
@@ -448,8 +666,9 @@ class ProcessSandbox:
             if timed_out or proc.returncode is None:  # a timeout, or our caller cancelled us
                 # the group kill reaches the leader too; never proc.kill(): Popen polls first, reaping the exit
                 # status that asyncio's child watcher is waiting for (the code would then read 255)
-                self._kill_tree(proc.pid, exec_marker)
+                killed = self._kill_tree(proc.pid, exec_marker)
                 await asyncio.shield(proc.wait())
+                await asyncio.shield(asyncio.to_thread(procs.wait_gone, killed, KILL_WAIT_S))
         _, pending = await asyncio.wait(readers, timeout=DRAIN_S)
         for reader in pending:
             reader.cancel()  # a background child holds the pipe: what it writes from now on is not this result's
@@ -462,21 +681,44 @@ class ProcessSandbox:
         )
         return ExecResult(code, out.text(), err.text(), timed_out)
 
-    def _kill_tree(self, pgid: int, exec_marker: str) -> None:
-        """The group, then whatever left it but still carries this command's marker."""
+    def _kill_tree(self, pgid: int, exec_marker: str) -> set[int]:
+        """The group, then whatever left it but still carries this command's marker; returns what it killed."""
+        marker = [f"PLATOON_EXEC={exec_marker}".encode()]
+        # listed before any of them dies: a dying process's environment reads empty, yet it has not gone yet
+        killed = set(procs.pids_with_marker(marker))
         procs.kill_group(pgid)
+        procs.kill_pids(killed)
         for _ in range(KILL_PASSES):
-            left = procs.pids_with_marker([f"PLATOON_EXEC={exec_marker}".encode()])
+            left = procs.pids_with_marker(marker)
             if not left:
-                return
+                break
+            killed.update(left)
             procs.kill_pids(left)
+        return killed
 
     async def upload(self, src: str | Path, dst: str) -> None:
         self._check()
+        if self._confinement is not None:
+            # unpacked by a command in the sandbox: a symlink a command left there leads where it would lead the
+            # agent's own commands, never into the host's files
+            source = Path(src).absolute()
+            if not source.exists() and not source.is_symlink():
+                raise FileNotFoundError(2, "no such file", str(src))
+            where = posixpath.join(self.spec.workdir, dst)
+            await asyncio.to_thread(
+                self._confinement.upload, source, where, self._prefix(), self._confined_env()
+            )
+            return
         await asyncio.to_thread(_copy, Path(src), self._host(dst))
 
     async def download(self, src: str, dst: str | Path) -> None:
         self._check()
+        if self._confinement is not None:
+            where = posixpath.join(self.spec.workdir, src)
+            await asyncio.to_thread(
+                self._confinement.download, where, Path(dst).absolute(), self._prefix(), self._confined_env()
+            )
+            return
         source = self._host(src)
         if not source.exists() and not source.is_symlink():
             raise FileNotFoundError(2, "no such file in the sandbox", src)
@@ -485,8 +727,15 @@ class ProcessSandbox:
     async def snapshot(self) -> ProcessSnapshot:
         self._check()
         path = self.base_dir / f"snapshot-{uuid.uuid4().hex[:12]}"
+        stubs = self._confinement.stubs() if self._confinement is not None else set()
+
+        def holders_own(directory: str, names: list[str]) -> set[str]:
+            # the holder's mount points and links: a restored sandbox's holder makes them again
+            here = os.path.relpath(directory, self.fs)
+            return {n for n in names if os.path.normpath(os.path.join(here, n)) in stubs}
+
         try:
-            await asyncio.to_thread(shutil.copytree, self.fs, path, symlinks=True)
+            await asyncio.to_thread(shutil.copytree, self.fs, path, symlinks=True, ignore=holders_own)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -494,7 +743,11 @@ class ProcessSandbox:
 
     async def kill_processes(self) -> None:
         self._check()
-        survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=True)
+        if self._confinement is not None:
+            # every process in the sandbox's PID namespace but the holder's: none can have left it
+            survivors = await asyncio.to_thread(self._confinement.kill_commands)
+        else:
+            survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=True)
         if survivors:
             raise SandboxError(
                 f"processes {survivors} of sandbox {self.root.name} survived {KILL_PASSES} kills"
@@ -506,7 +759,9 @@ class ProcessSandbox:
         self._stopped = True
         try:
             await self._stop_routes()
-            survivors = await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
+            survivors = await self._confinement.stop() if self._confinement is not None else []
+            survivors += await asyncio.to_thread(_kill_all, self.fs, _groups(self.root), spare_routes=False)
+            await asyncio.to_thread(self._stop_egress)
             self._close_netns()  # nothing runs in it any more: it vanishes with our descriptors
             await asyncio.to_thread(shutil.rmtree, self.root, True)
             if survivors:
@@ -550,6 +805,10 @@ class _Capture(CappedOutput):
         if self._read_fd >= 0:
             os.close(self._read_fd)
             self._read_fd = -1
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def _copy(src: Path, dst: Path) -> None:

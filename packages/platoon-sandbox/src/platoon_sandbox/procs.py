@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable
 
-__all__ = ["alive", "kill_group", "pids_with_marker", "start_time"]
+__all__ = ["alive", "kill_group", "pids_with_marker", "running", "start_time", "wait_gone"]
 
 
 def start_time(pid: int) -> int | None:
@@ -63,9 +64,30 @@ def pids_with_marker(markers: Iterable[bytes], *, spare: bytes | None = None) ->
     return found
 
 
-def kill_pids(pids: Iterable[int]) -> None:
+def kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
+    """Wait until each of `pids` (killed already) is gone or a zombie, up to `timeout_s`; returns those still there."""
+    left = list(pids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [pid for pid in left if running(pid)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.005)
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"

@@ -1,4 +1,5 @@
-"""Routes (harness.md 5.6): a forwarder per Unix-socket upstream of a `network: none` sandbox.
+"""Routes (harness.md 5.6): a forwarder per Unix-socket upstream of a sandbox off the host's network (`none`,
+`public`, `allowlist`): the only way such a sandbox reaches the gateway.
 
 `Forwarder` runs `forwarder.py` on the host for the process provider, with the sandbox's `PLATOON_SANDBOX_ROOT` (so
 stop and reap kill it like the rest): on a free host loopback port, or, given an `nsenter` prefix, inside the
@@ -205,10 +206,10 @@ class ContainerForwarders:
 
     @classmethod
     def for_spec(cls, spec: SandboxSpec, shell: Shell) -> ContainerForwarders:
-        """A container sandbox's forwarders: one per Unix-socket upstream when it has no network (5.6); a
-        host-network sandbox reaches the gateway on loopback and gets none."""
+        """A container sandbox's forwarders: one per Unix-socket upstream when it has a network namespace of its own
+        (none, public, allowlist: 5.6, 5.7); a host-network sandbox reaches the gateway on loopback and gets none."""
         return cls(
-            spec.upstreams if spec.network == "none" else {},
+            spec.upstreams if spec.network != "host" else {},
             [m.target for m in spec.mounts if m.read_only],
             shell,
         )

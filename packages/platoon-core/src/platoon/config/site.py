@@ -23,14 +23,18 @@ from platoon.errors import ConfigError
 SITE_KEYS = ("cache", "runs", "provider", "provider_options")
 DEFAULT_CACHE_TEXT = "~/.cache/platoon"
 
-#: The provider options a profile may set, and their kinds: nothing that weakens isolation.
+#: The provider options a profile may set, and their kinds: nothing that weakens isolation, except `egress_allow`,
+#: which says by name which private or host destinations (`host` or `host:port`) public and allowlist sandboxes
+#: may reach: loosening the filter is the site's decision, so it is made here.
 PROVIDER_OPTIONS: dict[str, str] = {
     "allow_network_none": "bool",
+    "egress_allow": "hosts",
     "rootfs_layout": "text",
     "scratch_root": "path",
     "image_cache": "path",
     "stage_images": "bool",
     "gpu": "text",
+    "runtime": "text",
 }
 
 #: Built-in providers and whether they isolate; others are asked about through the plugin machinery.
@@ -222,6 +226,14 @@ def parse_site(path: Path, text: str, env: Mapping[str, str] | None = None) -> S
                         f"{where}: a site profile may set only {', '.join(PROVIDER_OPTIONS)} "
                         "(other options belong in a run config's provider_options)"
                     )
+                elif kind == "hosts":
+                    entries = value if isinstance(value, list) else None
+                    if entries is None or not all(isinstance(e, str) and e.strip() for e in entries):
+                        problems.append(
+                            f"{where}: expected a list of host or host:port entries, got {value!r}"
+                        )
+                        continue
+                    options[name] = [_expand(e.strip(), where, environ, problems) for e in entries]
                 elif kind == "bool":
                     if isinstance(value, str):
                         value = _expand(value, where, environ, problems)

@@ -204,7 +204,12 @@ class TrainConfig(ConfigModel):
     sample_timeout_seconds: Float | None = Field(
         None, gt=0, description="bound on one sampling call; None = $TINKER_SAMPLE_TIMEOUT_SECONDS, else 600"
     )
-    context_window_length: Int | None = Field(None, ge=1, description="prompts that do not fit are refused")
+    context_window_length: Int | None = Field(
+        None,
+        ge=1,
+        description="prompts that do not fit are refused; so are, window or not, prompts and max_tokens past "
+        "$PLATOON_GATEWAY_MAX_PROMPT_TOKENS / $PLATOON_GATEWAY_MAX_TOKENS (1048576 each)",
+    )
     batch_size: Int = Field(32, ge=1, description="tasks per step")
     num_epochs: Int | None = Field(
         None, ge=1, description="passes over the tasks (this or max_training_steps)"

@@ -136,7 +136,12 @@ class InferenceConfig(ConfigModel):
     sample_timeout_seconds: Float | None = Field(
         None, gt=0, description="bound on one sampling call; None = $TINKER_SAMPLE_TIMEOUT_SECONDS, else 600"
     )
-    context_window_length: Int | None = Field(None, ge=1, description="prompts that do not fit are refused")
+    context_window_length: Int | None = Field(
+        None,
+        ge=1,
+        description="prompts that do not fit are refused; so are, window or not, prompts and max_tokens past "
+        "$PLATOON_GATEWAY_MAX_PROMPT_TOKENS / $PLATOON_GATEWAY_MAX_TOKENS (1048576 each)",
+    )
     output_dir: str | None = Field(
         None, description="the evaluation's directory; None = a fresh one under runs"
     )

@@ -279,7 +279,7 @@ class EarlyLocalServer:
     """The local server's child started ahead of the policy that samples it, so its start-up (importing torch,
     loading the model) runs while this process does its own (resolving the task, importing the environment's SDK).
 
-    `open_policy(local_server=...)` takes its base URL and stops it when the policy closes; `stop()` is idempotent,
+    `open_policy(local_server=...)` takes its base URL and key and stops it when the policy closes; `stop()` is idempotent,
     so whoever started it stops it again on the way out of a start that failed before the policy opened.
     """
 
@@ -312,10 +312,11 @@ class EarlyLocalServer:
             return None
         return cls(spec.model, say)
 
-    async def base_url(self) -> str:
-        """The server's base URL, once it listens (its failure to start is raised here)."""
-        url, _ = await self._start
-        return url
+    async def connection(self) -> tuple[str, str]:
+        """The server's base URL and the key it issued for this command, once it listens (its failure to start is
+        raised here)."""
+        url, key, _ = await self._start
+        return url, key
 
     async def stop(self) -> None:
         """Stop the child (waiting for its start first); a start that failed has nothing to stop."""
@@ -325,7 +326,7 @@ class EarlyLocalServer:
             return
         self._stopped = True
         try:
-            _, stop = await self._start
+            _, _, stop = await self._start
         except (
             Exception
         ):  # its failure is reported by whoever awaited `base_url`, or made moot by an earlier one
@@ -407,7 +408,8 @@ async def open_policy(
         if uses_local_server(spec.base_url):
             if local_server is None:
                 local_server = EarlyLocalServer(spec.model, say)
-            base_url = await local_server.base_url()
+            base_url, api_key = await local_server.connection()
+        assert api_key is not None  # checked above, or the local server's own
         sampler = await _sampling_client(spec, base_url, api_key, refused_key_error)
         from platoon.gateway.core import ModelGateway
         from platoon.renderers import get_renderer, get_tokenizer

@@ -32,6 +32,7 @@ from platoon.gateway.measure import (
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 from platoon.renderers.base import RendererError
+from platoon.request_limits import limit_from_env
 
 if TYPE_CHECKING:
     from platoon.task import Task
@@ -40,6 +41,9 @@ __all__ = [
     "BUDGET_STOP_MESSAGE",
     "CALL_ID_PREFIX",
     "DEFAULT_SAMPLE_TIMEOUT_SECONDS",
+    "DEFAULT_TOKEN_LIMIT",
+    "MAX_PROMPT_TOKENS_ENV",
+    "MAX_TOKENS_ENV",
     "SAMPLE_TIMEOUT_ENV",
     "AgentClosed",
     "AuthenticationFailed",
@@ -48,6 +52,7 @@ __all__ = [
     "InvalidRequest",
     "ModelGateway",
     "PermissionDenied",
+    "PromptTooLong",
     "RolloutRecorder",
     "SampleTimeout",
     "SamplingFailed",
@@ -62,6 +67,11 @@ CALL_ID_PREFIX = "tinker-sampling-"
 BUDGET_STOP_CALL_PREFIX = "platoon-budget-stop-"
 SAMPLE_TIMEOUT_ENV = "TINKER_SAMPLE_TIMEOUT_SECONDS"
 DEFAULT_SAMPLE_TIMEOUT_SECONDS = 600.0
+#: The most tokens one call may ask to sample, and the longest prompt, when nothing smaller is set: past any model's
+#: context, so no real call meets them; a context window (`context_window_length`) bounds both far sooner.
+DEFAULT_TOKEN_LIMIT = 1 << 20
+MAX_TOKENS_ENV = "PLATOON_GATEWAY_MAX_TOKENS"
+MAX_PROMPT_TOKENS_ENV = "PLATOON_GATEWAY_MAX_PROMPT_TOKENS"
 #: Calls slower than this are logged (the only logging on the call path).
 SLOW_CALL_SECONDS = 30.0
 #: Closed agent keys remembered so that late calls get 410 (agent closed) rather than 401 (unknown key).
@@ -187,6 +197,24 @@ class ContextWindowExceeded(GatewayError):
         super().__init__(
             f"This model's maximum context length is {window} tokens. However, your messages resulted in "
             f"{counted}. Please reduce the length of the messages."
+        )
+
+
+class PromptTooLong(GatewayError):
+    """The prompt is longer than the gateway's prompt limit (`max_prompt_tokens`). `at_least`: refused before
+    rendering, `prompt_tokens` being a lower bound."""
+
+    status = 400
+    kind = "invalid_request_error"
+    code = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, limit: int, *, at_least: bool = False):
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+        counted = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
+        super().__init__(
+            f"the prompt is {counted} tokens, over the gateway's limit of {limit} prompt tokens "
+            f"({MAX_PROMPT_TOKENS_ENV} raises it)"
         )
 
 
@@ -331,11 +359,21 @@ class ModelGateway:
         seed: int | None = None,
         context_window_length: int | None = None,
         sample_timeout_seconds: float | None = None,
+        max_request_tokens: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         if context_window_length is not None and context_window_length < 1:
             raise ValueError(
                 f"context_window_length must be a positive token count; got {context_window_length!r}"
             )
+        #: the most tokens one call may ask to sample (`max_tokens`): more is refused (400), not cut
+        self.max_request_tokens = limit_from_env(
+            MAX_TOKENS_ENV, DEFAULT_TOKEN_LIMIT, given=max_request_tokens
+        )
+        #: the longest prompt a call may render, in tokens: longer is refused (400)
+        self.max_prompt_tokens = limit_from_env(
+            MAX_PROMPT_TOKENS_ENV, DEFAULT_TOKEN_LIMIT, given=max_prompt_tokens
+        )
         #: swappable: a worker's following client replaces the sampler when new weights are published
         self.sampler = sampler
         self.renderer = renderer
@@ -550,13 +588,19 @@ class ModelGateway:
         if cap is not None:
             cap.used += 1
         try:
-            # 4, first cheaply: a prompt that cannot fit the context window is refused before it renders.
+            # 4, first cheaply: a prompt that cannot fit the context window, or is over the prompt limit, is refused
+            # before it renders.
             window = self.context_window_length
-            if window is not None:
+            limit = self.max_prompt_tokens
+            if window is not None and window <= limit:
                 floor = await self._token_floor(messages, window)
                 if floor >= window:
                     agent.context_overflows += 1
                     raise ContextWindowExceeded(floor, window, at_least=True)
+            else:
+                floor = await self._token_floor(messages, limit + 1)
+                if floor > limit:
+                    raise PromptTooLong(floor, limit, at_least=True)
 
             # 3. Render (reusing the exact tokens of this agent's earlier calls where the conversation repeats them).
             built = await self._render(agent, messages, tools, render_kwargs)
@@ -571,6 +615,8 @@ class ModelGateway:
                     raise ContextWindowExceeded(len(prompt), window)
                 if max_tokens is None or max_tokens > headroom:
                     max_tokens = headroom
+            if len(prompt) > limit:
+                raise PromptTooLong(len(prompt), limit)
 
             # 5. Sample once under the sample timeout.
             tinker = _tinker_module if _tinker_module is not None else await asyncio.to_thread(_tinker)
@@ -815,6 +861,11 @@ class ModelGateway:
                 if key in ("max_tokens", "max_completion_tokens"):
                     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                         raise GatewayError(f"{key} must be a non-negative integer; got {value!r}")
+                    if value > self.max_request_tokens:
+                        raise GatewayError(
+                            f"{key} is {value}, over the gateway's limit of {self.max_request_tokens} tokens "
+                            f"({MAX_TOKENS_ENV} raises it)"
+                        )
                     if key == "max_completion_tokens" or "max_completion_tokens" not in request:
                         own["max_tokens"] = value
                 elif key == "temperature":

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH, JSONTooDeep, loads_within_depth
+
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
@@ -201,10 +203,12 @@ class McpPlane:
         *,
         authenticate: Callable[[Request], AgentRecord] | None = None,
         keepalive_s: float = KEEPALIVE_SECONDS,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     ) -> None:
         self.gateway = gateway
         self._authenticate = authenticate
         self.keepalive_s = keepalive_s
+        self.max_json_depth = max_json_depth
         #: (agent id, request id) -> the running call, for `notifications/cancelled`
         self._inflight: dict[tuple[str, str], asyncio.Task[Any]] = {}
 
@@ -270,9 +274,12 @@ class McpPlane:
         except GatewayError as exc:
             status = 410 if exc.status == 410 else 401
             return JSONResponse(_error(None, AGENT_ERROR, exc.message), status_code=status)
+        raw = await request.body()  # held to the server's body cap as it is read (413 past it)
         try:
-            payload = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
+            payload = loads_within_depth(raw, self.max_json_depth)
+        except JSONTooDeep as exc:
+            return JSONResponse(_error(None, PARSE_ERROR, f"Parse error: {exc}"), status_code=400)
+        except ValueError:
             return JSONResponse(
                 _error(None, PARSE_ERROR, "Parse error: the body is not JSON"), status_code=400
             )
@@ -496,7 +503,12 @@ async def _disconnected(request: Request) -> None:
 def mount_mcp(server: Any, *, keepalive_s: float = KEEPALIVE_SECONDS) -> McpPlane:
     """Serve the plane on a `platoon.gateway.http.GatewayServer` at `/mcp` and `/s/<secret>/mcp`, with the
     server's own auth (so a per-rollout server accepts only its rollouts' keys here too). Before it starts."""
-    plane = McpPlane(server.gateway, authenticate=server.authenticate, keepalive_s=keepalive_s)
+    plane = McpPlane(
+        server.gateway,
+        authenticate=server.authenticate,
+        keepalive_s=keepalive_s,
+        max_json_depth=getattr(server, "max_json_depth", DEFAULT_MAX_JSON_DEPTH),
+    )
     extra = getattr(server, "_extra_routes", None)
     if isinstance(extra, list):
         # Exact routes, not `server.mount`: a starlette Mount at /mcp answers POST /mcp with a 307 to /mcp/,

@@ -1,7 +1,7 @@
 """The Tinker service as the policy's backend, for training and evaluation alike: the `TINKER_API_KEY` check
 (missing, malformed and refused keys are one-line configuration errors, exit 78, that
-never echo the key; the local Tinker-compatible server needs no real key), keeping the key out of the environment
-harness code sees, and closing an SDK session.
+never echo the key; the local Tinker-compatible server started for a command issues that command's key itself),
+keeping the key out of the environment harness code sees, and closing an SDK session.
 
 The Tinker SDK is never imported here: a refused key is recognised by the shape of the SDK's status error.
 """
@@ -21,7 +21,6 @@ from platoon.errors import ConfigError
 __all__ = [
     "KEY_PREFIX",
     "KEY_VARIABLE",
-    "LOCAL_API_KEY",
     "LOCAL_BASE_URL",
     "TinkerKeyError",
     "check_tinker_key",
@@ -35,8 +34,6 @@ KEY_VARIABLE = "TINKER_API_KEY"
 BASE_URL_VARIABLE = "TINKER_BASE_URL"
 KEY_PREFIX = "tml-"
 LOCAL_BASE_URL = "local"
-#: the placeholder platoon hands the local server when no usable key is set (it accepts any `tml-` key)
-LOCAL_API_KEY = "tml-platoon-local"
 MISSING = (
     f"{KEY_VARIABLE} is not set: the policy is sampled through Tinker, which needs it; for the embedded local "
     f"server, which needs none, set {BASE_URL_VARIABLE}=local (or tinker_base_url: local in the config)"
@@ -61,16 +58,16 @@ def uses_local_server(base_url: str | None, env: Mapping[str, str] | None = None
     return chosen == LOCAL_BASE_URL
 
 
-def check_tinker_key(base_url: str | None, env: Mapping[str, str] | None = None) -> str:
+def check_tinker_key(base_url: str | None, env: Mapping[str, str] | None = None) -> str | None:
     """The key to hand the Tinker client, or TinkerKeyError (exit 78) when it is missing or malformed.
 
-    `base_url` is the config's `tinker_base_url` (None: `$TINKER_BASE_URL` decides). The local server takes the
-    set key when it starts with `tml-`, else the placeholder `tml-platoon-local`.
+    `base_url` is the config's `tinker_base_url` (None: `$TINKER_BASE_URL` decides). None for the local server:
+    the server a command starts issues that command's key, takes no other, and `TINKER_API_KEY` is not read.
     """
     environ = os.environ if env is None else env
-    key = environ.get(KEY_VARIABLE, "")
     if uses_local_server(base_url, environ):
-        return key if key.startswith(KEY_PREFIX) else LOCAL_API_KEY
+        return None
+    key = environ.get(KEY_VARIABLE, "")
     if not key:
         raise TinkerKeyError(MISSING)
     if not key.startswith(KEY_PREFIX):

@@ -1,14 +1,18 @@
 """The local Tinker-compatible server: a CPU training service the unmodified Tinker SDK talks to.
 
 `local_tinker_server()` runs it in a thread of this process; `process.start_local_server_process` runs it in a
-child process; `platoon tinker serve` runs it in the foreground. torch and uvicorn are imported when it starts.
+child process; `platoon tinker serve` runs it in the foreground. Each server takes one API key, issued when it is
+made (`issue_api_key`) unless one is given, and refuses every other. torch and uvicorn are imported when it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import os
+import re
+import secrets
 import socket
 import tempfile
 import threading
@@ -17,22 +21,30 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.errors import PlatoonError
+from platoon.errors import ConfigError, PlatoonError
 
 if TYPE_CHECKING:
     from platoon.local_server.app import BackendFactory, ServerState
 
 __all__ = [
-    "DEFAULT_API_KEY",
+    "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MODEL",
     "LocalServerUnavailable",
     "LocalTinkerServer",
+    "check_api_key",
+    "is_loopback",
+    "issue_api_key",
     "local_tinker_server",
 ]
 
 DEFAULT_MODEL = "platoon/toy"
-#: the key platoon hands the SDK for the local server; any key starting with `tml-` is accepted
-DEFAULT_API_KEY = "tml-platoon-local"
+#: the largest request body the server reads; the SDK sends forward_backward in chunks of about 5 MB (15 MB of JSON)
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+#: what every key starts with: the Tinker SDK refuses, on the client side, a key that does not
+KEY_PREFIX = "tml-"
+#: the fewest characters a given key holds after its prefix: a short key can be guessed by whoever reaches the port
+MIN_KEY_CHARS = 16
+_KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 #: the largest request line and headers uvicorn's h11 reads (a larger head is answered 400)
 MAX_HEADER_BYTES = 16 << 10
 MISSING_TORCH = (
@@ -42,6 +54,35 @@ MISSING_TORCH = (
 
 class LocalServerUnavailable(PlatoonError, ImportError):
     """The local server's dependencies are missing; the message is one line naming the extra to install."""
+
+
+def issue_api_key() -> str:
+    """A fresh random key for one server (`tml-local-` and 256 random bits)."""
+    return f"{KEY_PREFIX}local-{secrets.token_urlsafe(32)}"
+
+
+def check_api_key(key: str, *, where: str = "the API key") -> str:
+    """`key` when a server may take it: `tml-` and at least 16 more characters of letters, digits or `._~+/=-`;
+    else a ConfigError (exit 78) naming `where` (the option or argument that gave it)."""
+    rest = key[len(KEY_PREFIX) :] if key.startswith(KEY_PREFIX) else None
+    if rest is None:
+        raise ConfigError(f"{where} must start with {KEY_PREFIX}, as the Tinker client requires")
+    if len(rest) < MIN_KEY_CHARS or not _KEY_CHARS.fullmatch(rest):
+        raise ConfigError(
+            f"{where} must hold at least {MIN_KEY_CHARS} letters, digits or ._~+/=- after {KEY_PREFIX} "
+            "(a short key can be guessed by anyone who reaches the port)"
+        )
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on `host` keeps the server to this machine (`localhost`, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any address
+        return False
 
 
 def require_torch() -> None:
@@ -65,11 +106,14 @@ def default_backend_factory() -> BackendFactory:
 
 
 class LocalTinkerServer:
-    """A local Tinker server on a loopback port, served by uvicorn in a background thread.
+    """A local Tinker server on a port of this machine (loopback unless `host` says otherwise), served by uvicorn in a
+    background thread.
 
-    `base_url` and `api_key` are what `tinker.ServiceClient(base_url=..., api_key=...)` takes. `state_dir` holds
-    the checkpoints (a temporary directory, removed on stop, when not given). `max_body_bytes` (64 MiB) and
-    `body_idle_seconds` (30 s) bound what one request body may take (413 and 408 past them).
+    `base_url` and `api_key` are what `tinker.ServiceClient(base_url=..., api_key=...)` takes: the key is the one
+    given, else a fresh one (`issue_api_key`), and the server refuses every other (401). `state_dir` holds the
+    checkpoints (a temporary directory, removed on stop, when not given). `max_body_bytes` (64 MiB) and
+    `body_idle_seconds` (30 s) bound what one request body may take (413 and 408 past them), `max_json_depth`
+    (64) how deeply its JSON may nest (400 past it).
     """
 
     def __init__(
@@ -79,16 +123,18 @@ class LocalTinkerServer:
         host: str = "127.0.0.1",
         port: int = 0,
         state_dir: str | os.PathLike[str] | None = None,
-        api_key: str = DEFAULT_API_KEY,
+        api_key: str | None = None,
         backend_factory: BackendFactory | None = None,
         long_poll_seconds: float | None = None,
         max_body_bytes: int | None = None,
         body_idle_seconds: float | None = None,
+        max_json_depth: int | None = None,
     ) -> None:
         self.model = model
         self.host = host
         self.port = port
-        self.api_key = api_key
+        self.api_key = issue_api_key() if api_key is None else check_api_key(api_key)
+        self._max_json_depth = max_json_depth
         self._state_dir = Path(state_dir) if state_dir is not None else None
         self._backend_factory = backend_factory
         self._long_poll_seconds = long_poll_seconds
@@ -101,9 +147,16 @@ class LocalTinkerServer:
 
     @property
     def base_url(self) -> str:
+        """The URL a client uses: for a server on every address (`0.0.0.0`, `::`), this machine's own address."""
         if self._server is None:
             raise RuntimeError("the local Tinker server is not started")
         return f"http://{_url_host(self.host)}:{self.port}"
+
+    @property
+    def listening_on(self) -> str:
+        """`host:port` as bound (`0.0.0.0:8000` for every IPv4 address)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
     @property
     def state_dir(self) -> Path:
@@ -120,6 +173,7 @@ class LocalTinkerServer:
 
         from platoon.local_server.app import ServerState, build_app
         from platoon.local_server.futures import FutureStore
+        from platoon.request_limits import BodyCap
 
         if self._state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="platoon-local-tinker-")
@@ -134,13 +188,22 @@ class LocalTinkerServer:
             limits["max_body_bytes"] = self._max_body_bytes
         if self._body_idle_seconds is not None:
             limits["body_idle_seconds"] = self._body_idle_seconds
+        if self._max_json_depth is not None:
+            limits["max_json_depth"] = self._max_json_depth
         self.state = ServerState(
-            model=self.model, state_dir=self._state_dir, backend_factory=factory, futures=futures, **limits
+            model=self.model,
+            state_dir=self._state_dir,
+            backend_factory=factory,
+            api_key=self.api_key,
+            futures=futures,
+            **limits,
         )
         sock = _bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            build_app(self.state),
+            # BodyCap without a limit (the server's reader holds bodies to theirs): a refusal sent before the body
+            # was read (413, 401) still reaches the SDK, which sends its whole body before it reads the answer
+            BodyCap(build_app(self.state)),
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -221,6 +284,19 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
+    if host in ("0.0.0.0", "", "::"):
+        host = _own_address(socket.AF_INET6 if host == "::" else socket.AF_INET)
     return f"[{host}]" if ":" in host else host
+
+
+def _own_address(family: socket.AddressFamily) -> str:
+    """The address other machines reach this one by: the source address of the default route (a UDP `connect`
+    sends nothing), else the host name, else loopback on a machine with no network at all."""
+    probe = ("2001:db8::1", 9) if family == socket.AF_INET6 else ("192.0.2.1", 9)  # documentation addresses
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(probe)
+            return str(sock.getsockname()[0])
+    except OSError:
+        name = socket.gethostname()
+        return name or ("::1" if family == socket.AF_INET6 else "127.0.0.1")

@@ -1,16 +1,20 @@
 """The local Tinker server's HTTP surface: every route the unmodified `tinker==0.16.1` SDK calls.
 
 `ServerState` keeps sessions, training runs, samplers, futures and checkpoints; `build_app(state)` is the starlette
-app. starlette is imported inside `build_app`, so importing this module stays cheap.
+app. Every route but the health check takes only the key the server issued (`ServerState.api_key`), and every
+request is bounded: its body's size and nesting, a sample's prompt and `max_tokens`, and the base models it may name.
+starlette is imported inside `build_app`, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import math
+import os
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,9 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from platoon.local_server import DEFAULT_MAX_BODY_BYTES
 from platoon.local_server import checkpoints as ckpt
+from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
 from platoon.local_server.losses import LOSS_INPUT_KEYS, REQUIRED_INPUTS
+from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH, JSONTooDeep, loads_within_depth
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -53,10 +60,15 @@ ADAM_DEFAULTS: dict[str, float] = {
 LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 #: the largest AdamW learning rate taken
 MAX_LEARNING_RATE = 1.0
-#: the largest request body read; the SDK splits forward_backward into chunks of about 5 MB (15 MB of JSON at most)
-MAX_BODY_BYTES = 64 << 20
+#: the largest request body read (`platoon tinker serve --max-body-mib`, `LocalTinkerServer(max_body_bytes=...)`)
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 #: seconds a request body may go without a byte arriving before the server answers 408 and closes the connection
 BODY_IDLE_SECONDS = 30.0
+#: the most sequences one sample request may ask for: a group of 1024 is far past any real run's, and a request
+#: for millions would hold the one model for hours
+MAX_NUM_SAMPLES = 1024
+#: the local model's context in tokens: a sample's prompt and its `max_tokens` may each be at most this long
+MODEL_CONTEXT_TOKENS = ModelShape().max_position_embeddings
 
 
 class Backend(Protocol):
@@ -138,9 +150,13 @@ class ServerState:
     model: str
     state_dir: Path
     backend_factory: BackendFactory
+    #: the one key every route but the health check takes (`X-API-Key`)
+    api_key: str = field(repr=False)
     futures: FutureStore = field(default_factory=FutureStore)
     max_body_bytes: int = MAX_BODY_BYTES
     body_idle_seconds: float = BODY_IDLE_SECONDS
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    context_tokens: int = MODEL_CONTEXT_TOKENS
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     runs: dict[str, TrainingRun] = field(default_factory=dict)
     samplers: dict[str, Sampler] = field(default_factory=dict)
@@ -159,6 +175,22 @@ class ServerState:
         if run is None:
             raise HTTPError(404, f"unknown model_id {model_id!r} (the server may have restarted)")
         return run
+
+    def check_base_model(self, base_model: str) -> None:
+        """Refuse (404, at once) a base model this server would have to look for on the Hugging Face hub.
+
+        The server's own model may come from the hub (it was named when the server started); any other must be
+        one of platoon's models, a local tokenizer directory, or a hub model whose tokenizer is already in the
+        Hugging Face cache. A made-up name would otherwise hold its request for the hub's retries (about a minute
+        without a network) before failing.
+        """
+        if base_model == self.model or _available_offline(base_model):
+            return
+        raise HTTPError(
+            404,
+            f"unknown base model {base_model!r}: this local server serves {self.model!r}, platoon's own models, "
+            "local tokenizer directories and models whose tokenizer is in the Hugging Face cache",
+        )
 
     def base_backend(self, base_model: str) -> Backend:
         """One shared backend per base model, created once, for base-model samplers."""
@@ -183,6 +215,27 @@ class ServerState:
         for callback in callbacks:
             callback()
         self.futures.close()
+
+
+def _available_offline(base_model: str) -> bool:
+    """Whether `base_model`'s tokenizer loads without the network: registered with platoon, a directory, or in the
+    Hugging Face cache."""
+    from platoon.renderers import tokenizers
+
+    if tokenizers.is_tokenizer_registered(base_model):
+        return True
+    if os.path.isdir(base_model):
+        return True
+    repo = tokenizers.LLAMA3_TOKENIZER if base_model.startswith(tokenizers.LLAMA3_PREFIX) else base_model
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for name in ("tokenizer_config.json", "tokenizer.json"):
+            if isinstance(try_to_load_from_cache(repo, name), str):
+                return True
+    except Exception:  # no huggingface_hub, or a name that is no repository id: not in the cache either way
+        return False
+    return False
 
 
 def _build(state: ServerState, base_model: str, *, lora_rank: int | None, seed: int | None) -> Backend:
@@ -420,6 +473,16 @@ class Operations:
         keys = [("seq", run.model_id, seq_id) if isinstance(seq_id, int) else None, _idem(op, idempotency)]
         return self._submit(run.model_id, job, model_id=run.model_id, keys=keys)
 
+    def _within_context(self, what: str, tokens: int, *, asked: bool = False) -> None:
+        """400 when `tokens` is past the model's context, which no prompt or sample can outgrow."""
+        context = self.state.context_tokens
+        if tokens > context:
+            size = f"asks for {tokens} tokens" if asked else f"is {tokens} tokens"
+            raise HTTPError(
+                400,
+                f"{what} {size}, over the local model's context of {context} tokens (the most one sequence can hold)",
+            )
+
     # session
 
     def create_session(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -438,6 +501,7 @@ class Operations:
         session_id = _require(body, "session_id", str)
         model_seq_id = _require(body, "model_seq_id", int)
         base_model = _require(body, "base_model", str)
+        self.state.check_base_model(base_model)
         lora = body.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPError(400, "lora_config must be an object")
@@ -515,6 +579,9 @@ class Operations:
     def forward(self, body: dict[str, Any], idempotency: str | None, *, backward: bool) -> dict[str, Any]:
         key = "forward_backward_input" if backward else "forward_input"
         datums, loss_fn, config = _datums(body.get(key), key)
+        for index, datum in enumerate(datums):
+            length = sum(len(chunk["tokens"]) for chunk in datum["model_input"]["chunks"])
+            self._within_context(f"{key}.data[{index}].model_input", length)
 
         def fn(run: TrainingRun) -> dict[str, Any]:
             assert run.backend is not None
@@ -642,6 +709,7 @@ class Operations:
             return Sampler("", meta["base_model"], model_path, backend.sampler())
         if not isinstance(base_model, str) or not base_model:
             raise HTTPError(400, "a sampling session needs base_model or model_path")
+        self.state.check_base_model(base_model)
         try:
             backend = self.state.base_backend(base_model)
         except UserError as exc:
@@ -671,10 +739,18 @@ class Operations:
         tokens = _tokens(body.get("prompt"))
         if not tokens:
             raise HTTPError(400, "the prompt is empty")
+        self._within_context("the prompt", len(tokens))
         num_samples = body.get("num_samples", 1)
         if not (_is_int(num_samples) and num_samples >= 1):
             raise HTTPError(400, f"num_samples must be a positive integer, got {num_samples!r}")
+        if num_samples > MAX_NUM_SAMPLES:
+            raise HTTPError(
+                400,
+                f"num_samples asks for {num_samples} sequences; one request may ask for {MAX_NUM_SAMPLES}",
+            )
         params = _sampling_params(body.get("sampling_params") or {})
+        if params["max_tokens"] is not None:
+            self._within_context("sampling_params.max_tokens", params["max_tokens"], asked=True)
         prompt_logprobs = bool(body.get("prompt_logprobs") or False)
         topk = body.get("topk_prompt_logprobs") or 0
         if not (_is_int(topk) and topk >= 0):
@@ -776,7 +852,7 @@ def _run_meta(run: TrainingRun) -> dict[str, Any]:
 
 
 def build_app(state: ServerState) -> Starlette:
-    """The ASGI app; every route checks the `tml-` API key except the health check."""
+    """The ASGI app; every route but the health check takes only the server's own API key."""
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response
@@ -801,7 +877,13 @@ def build_app(state: ServerState) -> Starlette:
         if not raw:
             return {}
         try:
-            body = json.loads(raw)
+            body = loads_within_depth(raw, state.max_json_depth)
+        except JSONTooDeep as exc:
+            raise HTTPError(
+                400,
+                f"{exc}, the local server's limit (platoon tinker serve --max-json-depth or "
+                "LocalTinkerServer(max_json_depth=...) raises it)",
+            ) from None
         except ValueError:
             raise HTTPError(400, "the request body is not JSON") from None
         if not isinstance(body, dict):
@@ -810,11 +892,29 @@ def build_app(state: ServerState) -> Starlette:
 
     Handler = Callable[["Request"], Awaitable[Any]]
 
+    issued = state.api_key.encode()
+
+    def refusal(request: Request) -> str | None:
+        """Why the request's key is refused, or None for the key this server issued."""
+        given = request.headers.get("x-api-key")
+        if not given:
+            return (
+                "no API key: send the key this local server issued as X-API-Key (TINKER_API_KEY for the SDK)"
+            )
+        # Compared in constant time; starlette reads headers as latin-1, so this gives back the bytes sent.
+        if not hmac.compare_digest(given.encode("latin-1"), issued):
+            return (
+                "this API key was not issued by this local server: use the key it printed when it started "
+                "(platoon tinker serve) or its api_key (LocalTinkerServer)"
+            )
+        return None
+
     def route(path: str, handler: Handler, method: str = "POST", *, auth: bool = True) -> Route:
         async def endpoint(request: Request) -> Response:
-            key = request.headers.get("x-api-key", "")
-            if auth and not key.startswith("tml-"):
-                return error(401, "an API key starting with tml- is required (X-API-Key)")
+            refused = refusal(request) if auth else None
+            if refused is not None:
+                # The body is not read for a caller without the key, so the connection cannot serve another.
+                return error(401, refused, close=True)
             try:
                 result = await handler(request)
             except HTTPError as exc:
@@ -1033,7 +1133,10 @@ class BodyReader:
 
 def _too_large(size: int | None, limit: int) -> str:
     what = "is over" if size is None else f"is {size} bytes, over"
-    return f"the request body {what} the local server's limit of {limit} bytes (LocalTinkerServer(max_body_bytes=...))"
+    return (
+        f"the request body {what} the local server's limit of {limit} bytes "
+        "(platoon tinker serve --max-body-mib or LocalTinkerServer(max_body_bytes=...) raises it)"
+    )
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

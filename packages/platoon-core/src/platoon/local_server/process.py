@@ -1,9 +1,10 @@
 """The local Tinker server for the life of one command: in a child process on a free loopback port.
 
 `start_local_server_process` is what `TINKER_BASE_URL=local` starts; `serve_foreground` is
-`platoon tinker serve`. The child prints its base URL as its first stdout line and exits when its stdin closes.
-It runs in a session of its own, so a Ctrl-C at the terminal reaches the command (which stops at its own pace and
-then stops the server) and never the server first.
+`platoon tinker serve`. The parent issues the child's API key and writes it as the first line of the child's stdin
+(never on its command line, which every user of the machine can read); the child prints its base URL as its first
+stdout line and exits when its stdin closes. It runs in a session of its own, so a Ctrl-C at the terminal reaches
+the command (which stops at its own pace and then stops the server) and never the server first.
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from platoon.errors import PlatoonError
-from platoon.local_server import DEFAULT_MODEL, LocalTinkerServer, require_torch
+from platoon.errors import ConfigError, PlatoonError
+from platoon.local_server import (
+    DEFAULT_MODEL,
+    LocalTinkerServer,
+    check_api_key,
+    is_loopback,
+    issue_api_key,
+    require_torch,
+)
 
 #: seconds the parent waits for the child's base URL (importing torch and transformers takes a while)
 START_TIMEOUT = 180.0
@@ -47,8 +55,9 @@ class LocalServerChild:
     """The local server in a child process, started at once and waited for later, so the caller's own start-up
     (listing tasks, importing the SDK) overlaps the child's (importing torch, building the model).
 
-    The child prints its base URL as soon as it listens, then imports torch and the model's classes in the
-    background (`--warm`), so the first `create_model` does not pay for them. `url()` waits for the base URL;
+    The child takes only `api_key`, issued here. It prints its base URL as soon as it listens, then imports torch
+    and the model's classes in the background (`--warm`), so the first `create_model` does not pay for them.
+    `url()` waits for the base URL;
     `stop()` ends the child and waits. `on_exit(returncode)` (settable until `url()` is called) is called from a
     watcher thread as soon as the child exits after it gave its URL and without `stop()` having asked it to
     (killed, crashed).
@@ -73,6 +82,7 @@ class LocalServerChild:
             "--dir",
             str(directory),
             "--exit-on-stdin-eof",
+            "--key-from-stdin",
         ]
         if warm:
             command.append("--warm")
@@ -83,6 +93,12 @@ class LocalServerChild:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
         )
         self.pid = child.pid
+        #: the one key the child takes (handed to the SDK client of this command, and to nothing else)
+        self.api_key = issue_api_key()
+        assert child.stdin is not None
+        with contextlib.suppress(OSError):  # a child that died at once is reported by `url()`
+            child.stdin.write(self.api_key + "\n")
+            child.stdin.flush()
         self.on_exit = on_exit
         self._lines: queue.Queue[str] = queue.Queue()
         assert child.stdout is not None
@@ -169,16 +185,30 @@ def start_local_server_process(
     timeout: float = START_TIMEOUT,
     on_exit: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> tuple[str, Callable[[], None]]:
-    """Start the server in a child process and wait for it; returns its base URL and a `stop()` that ends it and
-    waits (`LocalServerChild` starts it without waiting).
+) -> tuple[str, str, Callable[[], None]]:
+    """Start the server in a child process and wait for it; returns its base URL, the API key it issued for this
+    command, and a `stop()` that ends it and waits (`LocalServerChild` starts it without waiting).
 
     `on_exit(returncode)` is called (from a watcher thread) as soon as the child exits without `stop()` having
     asked it to (killed, crashed). `should_stop()` is polled while the child starts: when it says so, the child is
     stopped and `StartAbandoned` raised.
     """
     child = LocalServerChild(model=model, state_dir=state_dir, on_exit=on_exit)
-    return child.url(timeout=timeout, should_stop=should_stop), child.stop
+    return child.url(timeout=timeout, should_stop=should_stop), child.api_key, child.stop
+
+
+def check_listening(host: str, api_key: str | None) -> None:
+    """Refuse (ConfigError, exit 78) a given key a server may not take, and a `host` beyond loopback without one:
+    anyone who can reach the port and holds the key can train, save and delete weights, so a key for other machines
+    is handed out on purpose, never made up for every address of this one."""
+    if api_key is not None:
+        check_api_key(api_key, where="--api-key")
+    elif not is_loopback(host):
+        raise ConfigError(
+            f"--host {host} listens beyond this machine, where anyone who can reach the port could train, save "
+            "and delete weights: pass --api-key with a key (tml- and 16 or more characters) for your clients, or "
+            "keep the default --host 127.0.0.1"
+        )
 
 
 def serve_foreground(
@@ -187,19 +217,32 @@ def serve_foreground(
     port: int = 0,
     state_dir: str | os.PathLike[str] | None = None,
     model: str = DEFAULT_MODEL,
+    api_key: str | None = None,
+    max_body_bytes: int | None = None,
+    max_json_depth: int | None = None,
     exit_on_stdin_eof: bool = False,
     warm: bool = True,
 ) -> int:
-    """Serve until interrupted (Ctrl-C, SIGTERM, or stdin closing when asked); the base URL goes to stdout.
+    """Serve until interrupted (Ctrl-C, SIGTERM, or stdin closing when asked); the base URL goes to stdout, then
+    the key the server issued (a key given as `api_key` is not repeated).
 
-    `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
+    A `host` other than loopback needs an `api_key` (`check_listening`). `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
     `create_model` finds them ready (a request that needs them meanwhile waits for the warm-up).
     """
     from platoon.cli.output import err
 
+    check_listening(host, api_key)
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    server = LocalTinkerServer(model=model, host=host, port=port, state_dir=directory)
+    server = LocalTinkerServer(
+        model=model,
+        host=host,
+        port=port,
+        state_dir=directory,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        max_json_depth=max_json_depth,
+    )
     server.start()
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -216,9 +259,19 @@ def serve_foreground(
         threading.Thread(target=warm_up, args=(model,), name="local-tinker-warm-up", daemon=True).start()
     try:
         print(server.base_url, flush=True)
+        if api_key is None:
+            print(server.api_key, flush=True)
+        where = f"at {server.base_url}"
+        if not is_loopback(host):
+            where = f"listening on {server.listening_on}, reachable by other machines at {server.base_url}"
+        key = (
+            f"TINKER_API_KEY={server.api_key}"
+            if api_key is None
+            else "the key it was given as TINKER_API_KEY"
+        )
         err(
-            f"local Tinker server for {model} at {server.base_url} (checkpoints in {directory}); "
-            f"use TINKER_BASE_URL={server.base_url} and any TINKER_API_KEY starting with tml-; Ctrl-C stops it"
+            f"local Tinker server for {model} {where} (checkpoints in {directory}); use "
+            f"TINKER_BASE_URL={server.base_url} and {key} (it takes no other key); Ctrl-C stops it"
         )
         while not done.wait(0.5):
             pass
@@ -256,14 +309,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", default=None)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--exit-on-stdin-eof", action="store_true")
+    parser.add_argument("--key-from-stdin", action="store_true", help="the API key is stdin's first line")
     parser.add_argument("--warm", action="store_true", help="import torch and the model's classes at once")
     args = parser.parse_args(argv)
     try:
+        api_key = None
+        if args.key_from_stdin:
+            api_key = sys.stdin.readline().strip()
+            if not api_key:
+                raise ConfigError("--key-from-stdin: stdin closed before it gave a key")
         return serve_foreground(
             host=args.host,
             port=args.port,
             state_dir=args.dir,
             model=args.model,
+            api_key=api_key,
             exit_on_stdin_eof=args.exit_on_stdin_eof,
             warm=args.warm,
         )

@@ -58,7 +58,8 @@ def make_gateway(
     `renderer` is a platoon renderer name (default `qwen3_instruct`; `renderer_kwargs` set as attributes, an
     unknown one a `ValueError`) or a renderer object (then `renderer_kwargs` is refused). `settings` are the
     gateway's: `max_tokens`, `temperature`, `top_k`, `top_p`, `seed`, `context_window_length`,
-    `sample_timeout_seconds`. The policy's and the gateway's tokenizers must match.
+    `sample_timeout_seconds`, `max_request_tokens`, `max_prompt_tokens`. The policy's and the gateway's tokenizers
+    must match.
     """
     from platoon.gateway.core import ModelGateway
     from platoon.renderers.base import get_renderer

@@ -25,27 +25,9 @@ MARKER_VAR = "PLATOON_HARNESS_AGENT"
 #: how long TERM gets before KILL
 DEFAULT_GRACE_S = 5.0
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-#: the host variables a local launch keeps (everything else of the host environment is dropped)
-LOCAL_ENV_ALLOWLIST = (
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "LANG",
-    "LANGUAGE",
-    "LC_ALL",
-    "LC_CTYPE",
-    "TZ",
-    "TMPDIR",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "http_proxy",
-    "https_proxy",
-)
+#: what a local launch keeps of the host's environment besides the allowlist every agent command gets
+#: (`platoon.host_env`): it runs on the host, so its temp dir and its proxies are the host's too
+LOCAL_ENV_EXTRA = ("TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 _TAIL_CHARS = 2000
 log = logging.getLogger("platoon.harness")
 #: specs already warned about running their built-in tools on the host (once per process, not per episode)

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.harness.spec import HarnessSetupError
+from platoon.host_env import allowed_host_env
 from platoon_harnesses.spec_runner.kill import end_local, uncancellable
 from platoon_harnesses.spec_runner.launch import (
-    LOCAL_ENV_ALLOWLIST,
+    LOCAL_ENV_EXTRA,
     MARKER_VAR,
     Plan,
     final_from_file,
@@ -49,7 +50,7 @@ def make_state_dir(slug: str) -> Path:
 
 def base_env() -> dict[str, str]:
     """The host variables a local agent keeps, with loopback in NO_PROXY."""
-    env = {name: os.environ[name] for name in LOCAL_ENV_ALLOWLIST if name in os.environ}
+    env = allowed_host_env(extra=LOCAL_ENV_EXTRA)
     env["NO_PROXY"] = env["no_proxy"] = with_loopback(
         os.environ.get("NO_PROXY") or os.environ.get("no_proxy")
     )

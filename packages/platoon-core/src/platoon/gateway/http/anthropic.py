@@ -30,6 +30,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     410: "permission_error",
+    413: "request_too_large",
     504: "timeout_error",
 }
 _IGNORED = frozenset(

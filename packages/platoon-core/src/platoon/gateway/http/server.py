@@ -1,7 +1,8 @@
 """`GatewayServer`: one `ModelGateway` served over HTTP on loopback, on starlette + uvicorn.
 
-It owns routing, auth (Bearer, `x-api-key` or the `/s/<secret>` path form), the call-kind header, body limits,
-disconnect cancellation and the synthetic SSE streams; the dialect modules translate requests and replies.
+It owns routing, auth (Bearer, `x-api-key` or the `/s/<secret>` path form), the call-kind header, request limits
+(body size and JSON nesting), disconnect cancellation and the synthetic SSE streams; the dialect modules translate
+requests and replies.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.gateway.core import AuthenticationFailed, GatewayError
 from platoon.harness.agent import CALL_KIND_HEADER, ChatReply, ModelEndpoint
+from platoon.request_limits import (
+    DEFAULT_MAX_JSON_DEPTH,
+    MIB,
+    BodyCap,
+    JSONTooDeep,
+    limit_from_env,
+    loads_within_depth,
+)
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -32,17 +41,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_KEEPALIVE_SECONDS",
-    "MAX_BODY_BYTES",
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_BODY_BYTES_ENV",
+    "MAX_JSON_DEPTH_ENV",
     "MAX_MINTED_AGENTS_ENV",
     "ChatBackend",
     "ClientGone",
     "GatewayServer",
+    "RequestTooLarge",
     "serving",
 ]
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
+#: The largest request body the gateway reads: a chat request of 200k tokens of text is about 1 MiB.
+DEFAULT_MAX_BODY_BYTES = 32 * MIB
+MAX_BODY_BYTES_ENV = "PLATOON_GATEWAY_MAX_BODY_BYTES"
+MAX_JSON_DEPTH_ENV = "PLATOON_GATEWAY_MAX_JSON_DEPTH"
+#: The request line and headers h11 buffers before it answers 400 (an agent key and a few headers fit many times).
+MAX_HEADER_BYTES = 64 << 10
 #: The synthetic stream's keepalive comment period; `GatewayServer(keepalive_seconds=)` for tests.
 DEFAULT_KEEPALIVE_SECONDS = 10.0
 MAX_MINTED_AGENTS_ENV = "PLATOON_MAX_MINTED_AGENTS"
@@ -73,23 +90,29 @@ class ClientGone(Exception):
     """The client disconnected before the reply was ready: the call was cancelled and nothing recorded."""
 
 
+class RequestTooLarge(GatewayError):
+    """A request body over the gateway's cap (HTTP 413); raised by the body's read, before the cap is passed."""
+
+    status = 413
+    kind = "invalid_request_error"
+    code = "request_too_large"
+
+    def __init__(self, limit: int, declared: int | None = None) -> None:
+        size = "is over" if declared is None else f"is {declared} bytes, over"
+        super().__init__(
+            f"the request body {size} the gateway's limit of {limit} bytes ({MAX_BODY_BYTES_ENV} raises it)"
+        )
+
+
 def dumps(value: Any) -> bytes:
     """Compact JSON bytes (the wire format of every reply and event)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def minted_agents_cap() -> int:
-    """`$PLATOON_MAX_MINTED_AGENTS` (default 64): agents one rollout may mint over HTTP."""
-    raw = os.environ.get(MAX_MINTED_AGENTS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_MINTED_AGENTS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_MINTED_AGENTS_ENV} must be an integer; got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{MAX_MINTED_AGENTS_ENV} must be >= 0; got {value}")
-    return value
+def _error_json(exc: Exception) -> bytes:
+    """An error the routes did not answer themselves (a mounted app's), in the OpenAI error shape."""
+    kind = getattr(exc, "kind", "invalid_request_error")
+    return dumps({"error": {"message": str(exc), "type": kind, "code": getattr(exc, "code", None)}})
 
 
 @functools.cache
@@ -164,6 +187,9 @@ class GatewayServer:
     `unix_socket`: serve on that Unix socket (mode 0600) instead of TCP; `upstream` is then `unix://<path>`. A
     sandbox without a network reaches such a server through its route (harness.md 3.8, 5.6): one server per
     rollout, on the same `ModelGateway` as the TCP one, created with `rollouts=[that rollout]`.
+
+    `max_body_bytes` (413 past it; `$PLATOON_GATEWAY_MAX_BODY_BYTES`, else 32 MiB) and `max_json_depth` (400 past
+    it; `$PLATOON_GATEWAY_MAX_JSON_DEPTH`, else 64) bound what one request may hold.
     """
 
     def __init__(
@@ -178,16 +204,23 @@ class GatewayServer:
         rollouts: Iterable[str] | None = None,
         max_minted_agents: int | None = None,
         unix_socket: str | os.PathLike[str] | None = None,
+        max_body_bytes: int | None = None,
+        max_json_depth: int | None = None,
     ) -> None:
         if keepalive_seconds <= 0:
             raise ValueError(f"keepalive_seconds must be positive; got {keepalive_seconds!r}")
+        self.max_body_bytes = limit_from_env(MAX_BODY_BYTES_ENV, DEFAULT_MAX_BODY_BYTES, given=max_body_bytes)
+        self.max_json_depth = limit_from_env(MAX_JSON_DEPTH_ENV, DEFAULT_MAX_JSON_DEPTH, given=max_json_depth)
         self.gateway = gateway
         self.host = host
         self.port = port
         self.unix_socket = Path(unix_socket) if unix_socket is not None else None
         self.backend = backend
         self.keepalive_seconds = float(keepalive_seconds)
-        self.max_minted_agents = max_minted_agents if max_minted_agents is not None else minted_agents_cap()
+        #: agents one rollout may mint over HTTP (0: none)
+        self.max_minted_agents = limit_from_env(
+            MAX_MINTED_AGENTS_ENV, DEFAULT_MAX_MINTED_AGENTS, given=max_minted_agents, minimum=0
+        )
         self._rollouts: set[str] | None = None if rollouts is None else set(rollouts)
         self._extra: list[tuple[str, Any, bool]] = []
         self._extra_routes: list[BaseRoute] = list(extra_routes)
@@ -266,21 +299,16 @@ class GatewayServer:
         kind = request.headers.get(_KIND_HEADER)
         return "policy" if not kind else kind.strip().lower()
 
-    @staticmethod
-    async def json_body(request: Request) -> dict[str, Any]:
-        """The request's JSON object body (400 when it is not one; 413 over 256 MiB)."""
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            raise GatewayError("the request body is over 256 MiB", status=413)
-        chunks = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise GatewayError("the request body is over 256 MiB", status=413)
-            chunks.append(chunk)
+    async def json_body(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object body: 400 when it is not one or nests past `max_json_depth`; the app around the
+        routes holds it to `max_body_bytes` while it is read (413)."""
+        raw = await request.body()
         try:
-            body = json.loads(b"".join(chunks))
+            body = loads_within_depth(raw, self.max_json_depth)
+        except JSONTooDeep as exc:
+            raise GatewayError(
+                f"{exc}, the gateway's limit ({MAX_JSON_DEPTH_ENV} raises it)", code="json_too_deep"
+            ) from None
         except ValueError as exc:
             raise GatewayError(f"the request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
@@ -407,7 +435,8 @@ class GatewayServer:
     # ---- the app -------------------------------------------------------------------------------------------
 
     def app(self) -> Any:
-        """The ASGI app: a starlette router (no middleware stack: the handlers answer their own errors)."""
+        """The ASGI app: a starlette router (no middleware stack: the handlers answer their own errors) inside the
+        body cap."""
         from starlette.routing import Mount, Route, Router
 
         from platoon.gateway.http import agents, anthropic, openai_chat, responses
@@ -427,7 +456,8 @@ class GatewayServer:
             if in_scope:
                 scoped.append(Mount(path, app=app))
         top.extend(self._extra_routes)
-        return Router(routes=[*top, *v1, Mount("/s/{secret}", routes=scoped)])
+        router = Router(routes=[*top, *v1, Mount("/s/{secret}", routes=scoped)])
+        return BodyCap(router, limit=self.max_body_bytes, too_large=RequestTooLarge, render=_error_json)
 
     # ---- life cycle ----------------------------------------------------------------------------------------
 
@@ -478,7 +508,7 @@ class GatewayServer:
             server_header=False,
             date_header=False,
             timeout_keep_alive=30,
-            h11_max_incomplete_event_size=MAX_BODY_BYTES,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         return _server_class()(config)
 

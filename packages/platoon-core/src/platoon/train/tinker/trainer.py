@@ -496,7 +496,9 @@ async def _train(
                 base_url = await asyncio.to_thread(server.url, should_stop=stop_requested)
             except StartAbandoned:
                 return stopped_before_training(start_step)
+            api_key = server.api_key  # issued for this run; the server takes no other
             monitor.name = f"the local Tinker server at {base_url}"
+        assert api_key is not None  # checked above, or the local server's own
         doing("building the environments' services")  # an in-process ORS service imports its SDK
         trainer = Trainer(
             config,

@@ -150,9 +150,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.user_properties.append(
             (_GUARANTEE_PROPERTY, {**guarantee, "order": _COLLECTION_INDEX.get(item.nodeid, 0)})
         )
+    escape = item.get_closest_marker("escape")
+    if escape is not None:
+        cell = dict(
+            zip(("configuration", "label", "row", "what", "capability", "kind"), escape.args, strict=True)
+        )
+        item.user_properties.append(
+            (_ESCAPE_PROPERTY, {**cell, "order": _COLLECTION_INDEX.get(item.nodeid, 0)})
+        )
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record_escape_cell(report)
     guarantee = next((value for name, value in report.user_properties if name == _GUARANTEE_PROPERTY), None)
     if guarantee is None:
         return
@@ -164,11 +173,43 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    target = os.environ.get("PLATOON_GUARANTEE_RESULTS")
     is_xdist_worker = hasattr(session.config, "workerinput")
+    escapes_target = os.environ.get("PLATOON_SECURITY_RESULTS")
+    if escapes_target and _ESCAPES and not is_xdist_worker:
+        cells = sorted(_ESCAPES.values(), key=lambda entry: int(str(entry["order"])))
+        rows = [{key: value for key, value in entry.items() if key != "order"} for entry in cells]
+        Path(escapes_target).write_text(json.dumps(rows, indent=1) + "\n")
+    target = os.environ.get("PLATOON_GUARANTEE_RESULTS")
     if target and _GUARANTEES and not is_xdist_worker:
         in_collection_order = sorted(_GUARANTEES.values(), key=lambda entry: int(str(entry["order"])))
         rows = [
             {key: value for key, value in entry.items() if key != "order"} for entry in in_collection_order
         ]
         Path(target).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The escape suite's table
+#
+# An escape-suite test (tests/security) names its cell with `@pytest.mark.escape(configuration, label, row, what,
+# capability, kind)` and appends its verdict (held, escaped, not enforced, works, broken, no result) and evidence
+# to its user_properties. When `PLATOON_SECURITY_RESULTS` names a file, the session writes every cell there, as the
+# guarantee sheet's results are written, and `scripts/security_table.py` makes docs/security.md's table from it.
+
+_ESCAPE_PROPERTY = "platoon-escape"
+_ESCAPE_VERDICT_PROPERTY = "platoon-escape-verdict"  # tests/security/escape_suite.py appends it
+_ESCAPES: dict[str, dict[str, object]] = {}
+
+
+def _record_escape_cell(report: pytest.TestReport) -> None:
+    cell = next((value for name, value in report.user_properties if name == _ESCAPE_PROPERTY), None)
+    if cell is None:
+        return
+    entry = _ESCAPES.setdefault(report.nodeid, {"nodeid": report.nodeid, **cell, "outcome": "passed"})
+    for name, value in report.user_properties:
+        if name == _ESCAPE_VERDICT_PROPERTY:
+            entry.update(value)
+    if report.failed:
+        entry["outcome"] = "failed"
+    elif report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "xfailed" if hasattr(report, "wasxfail") else "skipped"

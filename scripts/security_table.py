@@ -29,7 +29,12 @@ BEGIN = (
 )
 END = "<!-- /security-table -->"
 #: The configurations the suite runs, in the table's order: (configuration name, column title).
-RUN_HERE = (("process", "process + bwrap"), ("docker", "docker"), ("runsc", "docker + runsc"))
+RUN_HERE = (
+    ("unconfined", "process"),
+    ("process", "process + bwrap"),
+    ("docker", "docker"),
+    ("runsc", "docker + runsc"),
+)
 #: The providers CI has no runtime for: column title -> the adapter class whose claims the cells give.
 NOT_RUN_HERE = {
     "singularity": "platoon_sandbox.hpc:SingularityProvider",

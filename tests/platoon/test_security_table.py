@@ -74,15 +74,15 @@ def test_the_table_is_written_between_the_markers_and_then_checks_clean(tmp_path
     assert text.startswith("# Security\n\n## Sandboxes\n\n") and text.endswith(f"{END}\n\n## Services\n")
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[0] == (
-        "| Attempt | Guarantee | process + bwrap | docker | docker + runsc | singularity [*] | enroot [*] |"
+        "| Attempt | Guarantee | process | process + bwrap | docker | docker + runsc | singularity [*] | enroot [*] |"
     )
     # Singularity's adapter claims `clean_env`, not `limit_pids`; runsc ran only the route, which it refused.
     assert rows[1:] == [
-        "| host secrets in the environment | `clean_env` | held | held | not run | not run here; claims it | "
+        "| host secrets in the environment | `clean_env` | not run | held | held | not run | not run here; claims it | "
         "not run here; claims it |",
-        "| start 5,000 processes | `limit_pids` | not enforced [1] | held | not run | not run here; not claimed | "
+        "| start 5,000 processes | `limit_pids` | not run | not enforced [1] | held | not run | not run here; not claimed | "
         "not run here; not claimed |",
-        "| the route | — | works | works | refused at start [2] | not run here | not run here |",
+        "| the route | — | not run | works | works | refused at start [2] | not run here | not run here |",
     ]
     assert "[1] process + bwrap does not claim `limit_pids`." in text.splitlines()
     assert "[2] docker + runsc refuses it at the run's start." in text.splitlines()
@@ -104,7 +104,10 @@ def test_check_fails_on_an_escape_a_missing_result_and_a_table_that_is_not_the_r
         f"security_table: {page}: the security table is not this run's; regenerate it (see its page)",
     ]
     _table(tmp_path, [RESULTS[0], escaped, *RESULTS[2:]])
-    assert "| start 5,000 processes | `limit_pids` | not enforced [1] | **ESCAPED** |" in page.read_text()
+    assert (
+        "| start 5,000 processes | `limit_pids` | not run | not enforced [1] | **ESCAPED** |"
+        in page.read_text()
+    )
 
 
 def test_a_page_without_the_markers_is_one_line(tmp_path):

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -221,6 +222,33 @@ def test_a_sandbox_killed_from_outside_is_gone_not_a_failed_command(exec_path: s
             with pytest.raises(SandboxGone, match=f"sandbox {sandbox.name} is gone") as gone:
                 await sandbox.exec("echo still here")
             assert gone.value.failure_kind == "sandbox_gone"
+        finally:
+            await sandbox.stop()
+
+    run(go())
+
+
+def test_a_read_the_engine_never_ends_stops_once_the_container_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gVisor sandbox that crashed left the engine holding an exec's stream open for good: the exec asks the
+    engine every ALIVE_CHECK_S whether its container runs, and raises `SandboxGone` once it does not. No engine here
+    leaves a stream open for a dead container, so the read is one that never ends."""
+    from platoon_sandbox import docker as docker_module
+
+    monkeypatch.setattr(docker_module, "ALIVE_CHECK_S", 0.2)
+
+    async def go() -> None:
+        sandbox = await started()
+        try:
+            if sandbox._api is None:
+                pytest.fail("the Engine API path is not in use; DOCKER_HOST must name the test engine")
+            endless: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+            docker("kill", sandbox.name)
+            begun = time.monotonic()
+            with pytest.raises(SandboxGone, match=f"sandbox {sandbox.name} is gone"):
+                await sandbox._wait_while_running(endless, 60)
+            assert time.monotonic() - begun < 30
         finally:
             await sandbox.stop()
 

@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 
 #: Every CLI call except `exec` (which has the caller's timeout) may take this long: pulls, copies, commits.
 CLI_TIMEOUT_S = 600.0
+#: How often a running exec asks the engine whether its container still runs (one inspect call per exec and period).
+ALIVE_CHECK_S = 5.0
 SNAPSHOT_REPO = "platoon-snapshot"
 
 #: The capabilities a sandbox keeps; docs/sandboxes.md says what needs each. They are what root needs in an ordinary
@@ -87,10 +89,12 @@ DEFAULT_PIDS_LIMIT = 2048
 #: Processes added to a sandbox's pids limit for the moment its kill script needs to start (see `_run_with_room`).
 PIDS_HEADROOM = 16
 #: Under gVisor the guest's processes live in the sandbox's own kernel and the host's pids limit counts the
-#: runtime's tasks (about five per guest process with the ptrace platform: 197 guest processes held 1,057 host
-#: tasks here), and reaching it kills the whole sandbox. So the guest is limited by RLIMIT_NPROC (a fork over it
-#: fails with EAGAIN) and the host limit is a backstop: this many host tasks per guest process, plus a base.
-RUNSC_HOST_PIDS_PER_PROCESS = 8
+#: runtime's tasks, and reaching it kills the whole sandbox. With the ptrace platform a guest process costs five to
+#: eight host tasks, which the runtime keeps after the process exits (1,500 sleeping processes held 11,768 host
+#: tasks here; each later round of 1,500 added about 4,500). So the guest is limited by RLIMIT_NPROC (a fork over it
+#: fails with EAGAIN) and the host limit is a backstop: this many host tasks per guest process, plus a base. At 8 a
+#: fork bomb up to the 2,048 default sometimes crossed it and the sandbox died.
+RUNSC_HOST_PIDS_PER_PROCESS = 16
 RUNSC_HOST_PIDS_BASE = 256
 #: How often the disk watchdog measures a sandbox's writable layer (the engine walks the layer to answer).
 DISK_POLL_S = 2.0
@@ -526,7 +530,7 @@ class DockerSandbox:
         timed_out = False
         try:
             try:
-                code = await asyncio.wait_for(asyncio.shield(run), timeout_s)
+                code = await self._wait_while_running(run, timeout_s)
             except TimeoutError:
                 timed_out = True
                 await self._kill_marker(marker, user)
@@ -539,6 +543,44 @@ class DockerSandbox:
                 await asyncio.shield(self._abandon(run, opened))
             raise
         return ExecResult(code if code is not None else -9, out.text(), err.text(), timed_out=timed_out)
+
+    async def _wait_while_running(
+        self, run: asyncio.Future[int | None], timeout_s: float | None
+    ) -> int | None:
+        """The exec's exit code; TimeoutError at `timeout_s`; `SandboxGone` when the container stops meanwhile.
+
+        An engine does not always end an exec's stream when its container dies under it (a gVisor sandbox that
+        crashed left the read waiting for good), so every `ALIVE_CHECK_S` the engine is asked whether the container
+        still runs."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            wait = ALIVE_CHECK_S if left is None else min(ALIVE_CHECK_S, left)
+            done, _ = await asyncio.wait([run], timeout=wait)
+            if done:
+                return run.result()
+            if not await self._still_running():
+                raise SandboxGone(
+                    f"sandbox {self.name} is gone (killed, or its main process exited) while a command ran"
+                )
+
+    async def _still_running(self) -> bool:
+        """Whether the engine says the container runs; True when it cannot say (a slow engine is not a dead one)."""
+
+        api = self._api
+        if api is None:
+            return True  # the CLI path: its `docker exec` ends with its container
+
+        def running() -> bool:
+            try:
+                return bool(api.inspect_container(self.name)["State"]["Running"])
+            except Exception as error:
+                return getattr(error, "status_code", None) != 404  # removed: gone; anything else: unknown
+
+        return await asyncio.to_thread(running)
 
     @staticmethod
     async def _abandon(run: asyncio.Future[int | None], opened: list[socket.socket]) -> int | None:

@@ -1,6 +1,6 @@
 """docs/security.md's table of what each sandbox configuration holds, generated from the escape suite's results.
 
-    PLATOON_SECURITY_RESULTS=/tmp/escapes.json uv run pytest tests/security -n 3 --dist loadfile   # or the suite
+    PLATOON_SECURITY_RESULTS=/tmp/escapes.json uv run pytest tests/security   # or the whole suite
     uv run python scripts/security_table.py /tmp/escapes.json           # rewrite the table
     uv run python scripts/security_table.py /tmp/escapes.json --check   # exit 1 when the table is not this run's
 

@@ -142,16 +142,9 @@ class Configuration:
     #: as the contract defines it is wider than what is tried
     unclaimed: frozenset[str] = frozenset()
 
-    def rows(self, rows: tuple[Row, ...]) -> list[Any]:
-        """`pytest.param`s of these rows, each marked as a cell of this configuration's column."""
-        return [
-            pytest.param(
-                row,
-                id=row.name,
-                marks=pytest.mark.escape(self.name, self.label, row.name, row.what, row.capability, row.kind),
-            )
-            for row in rows
-        ]
+    def cell(self, row: Row) -> pytest.MarkDecorator:
+        """The mark that makes a test of `row` under this configuration a cell of this configuration's column."""
+        return pytest.mark.escape(self.name, self.label, row.name, row.what, row.capability, row.kind)
 
 
 EVERY_GUARANTEE = frozenset(
@@ -593,7 +586,8 @@ def run_configuration(configuration: Configuration, workdir: Path) -> EscapeRun:
     env = {name: value for name, value in os.environ.items() if name not in NOT_INHERITED}
     env.update({name: f"{prefix}{marker}" for name, prefix in SECRET_VARIABLES.items()})
     env.update(XDG_CONFIG_HOME=str(workdir / "xdg"), PLATOON_TASK_CACHE="0")
-    # One episode at a time on this host, whichever pytest worker runs it: four fork bombs at once (two of them
+    # One episode at a time on this host, whichever pytest worker runs it (tests/security is one file, so one worker
+    # under --dist loadfile; other ways of running it may split it): four fork bombs at once (two of them
     # unlimited) once took the host near its pid_max, and a gVisor sandbox died under that load. Each column of the
     # table measures its sandbox, not its neighbours.
     with open(EPISODE_LOCK, "a") as lock:

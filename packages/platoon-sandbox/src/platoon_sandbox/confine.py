@@ -31,7 +31,6 @@ import fcntl
 import json
 import os
 import posixpath
-import select
 import shutil
 import signal
 import subprocess
@@ -47,7 +46,7 @@ from urllib.parse import urlparse
 
 from platoon_sandbox import procs
 from platoon_sandbox.contract import SandboxError, SandboxGone
-from platoon_sandbox.netns import BWRAP_ENV, bwrap_binary
+from platoon_sandbox.netns import BWRAP_ENV, bwrap_binary, read_until_closed
 
 __all__ = ["CONFINE_MODES", "Bind", "Confinement", "root_layout", "unavailable"]
 
@@ -194,24 +193,6 @@ def root_layout(fs: str, own: Sequence[str], binds: Sequence[Bind]) -> list[str]
     return [*args, *_masks(owned | targets | set(_FRESH))]
 
 
-def _read_until_closed(fd: int, timeout_s: float, end: bytes | None = None) -> bytes:
-    """What is written to `fd` until every writer closes it (or what was written ends with `end`), within
-    `timeout_s`."""
-    chunks = []
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        if end is not None and b"".join(chunks).endswith(end):
-            break
-    return b"".join(chunks)
-
-
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:
@@ -279,8 +260,8 @@ class Confinement:
             os.close(said_write)
         try:
             # bwrap names the init before it makes the mounts; only the holder's own line says they all worked
-            info = await asyncio.to_thread(_read_until_closed, info_read, START_TIMEOUT_S)
-            said = await asyncio.to_thread(_read_until_closed, said_read, START_TIMEOUT_S, b"ready\n")
+            info = await asyncio.to_thread(read_until_closed, info_read, START_TIMEOUT_S)
+            said = await asyncio.to_thread(read_until_closed, said_read, START_TIMEOUT_S, b"ready\n")
         finally:
             os.close(info_read)
             os.close(said_read)

@@ -43,6 +43,7 @@ from typing import Any
 
 from platoon_sandbox import procs
 from platoon_sandbox.contract import SandboxError
+from platoon_sandbox.netns import read_until_closed
 
 __all__ = [
     "EGRESS_NETWORKS",
@@ -496,7 +497,7 @@ def _start_slirp(
         os.close(exit_read)
         slirp = Slirp(proc, exit_write, marker)
         try:
-            ready = _read_until_closed(ready_read, READY_TIMEOUT_S, stop_at=b"1")
+            ready = read_until_closed(ready_read, READY_TIMEOUT_S, end=b"1")
             if ready != b"1":
                 slirp.stop()
                 log_file.seek(0)
@@ -513,20 +514,6 @@ def _start_slirp(
         finally:
             os.close(ready_read)
     return slirp
-
-
-def _read_until_closed(fd: int, timeout_s: float, *, stop_at: bytes) -> bytes:
-    chunks = b""
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0 and chunks != stop_at:
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            break
-        chunk = os.read(fd, 16)
-        if not chunk:
-            break
-        chunks += chunk
-    return chunks
 
 
 def _load_rules(egress: EgressPlan, enter: Sequence[str]) -> None:

@@ -81,7 +81,7 @@ class NetNamespace:
             os.close(info_write)
         net_fd = user_fd = None
         try:
-            info = _read_all(info_read, CREATE_TIMEOUT_S)  # bwrap closes it once the child is set up
+            info = read_until_closed(info_read, CREATE_TIMEOUT_S)  # bwrap closes it once the child is set up
             if not info:
                 proc.kill()
                 proc.wait()
@@ -142,9 +142,10 @@ class NetNamespace:
         self._net_fd, self._user_fd = -1, None
 
 
-def _read_all(fd: int, timeout_s: float) -> bytes:
-    """Everything written to `fd` until its writers close it, within `timeout_s` (then what came so far)."""
-    chunks = []
+def read_until_closed(fd: int, timeout_s: float, end: bytes | None = None) -> bytes:
+    """What is written to `fd` until every writer closes it (or what was written ends with `end`), within
+    `timeout_s` (then what came so far). Blocking; for the pipes bwrap and slirp4netns report on."""
+    chunks = b""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         ready, _, _ = select.select([fd], [], [], left)
@@ -153,8 +154,10 @@ def _read_all(fd: int, timeout_s: float) -> bytes:
         chunk = os.read(fd, 4096)
         if not chunk:
             break
-        chunks.append(chunk)
-    return b"".join(chunks)
+        chunks += chunk
+        if end is not None and chunks.endswith(end):
+            break
+    return chunks
 
 
 _probed: dict[tuple[str | None, str | None], str | None] = {}

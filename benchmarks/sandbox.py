@@ -14,7 +14,8 @@ The docker column comes in three rows: `docker` (the least-privilege defaults, w
 Harbor task sets them), `docker/old` (the flags before them: no dropped capabilities, no `no-new-privileges`, no
 pids or disk limit; a subclass only this script makes) and `docker+runsc` (gVisor, when the engine lists `runsc`).
 The first two are measured in alternating rounds, so load that comes and goes falls on both; the script prints the
-hardened start p50 over the old one (issue 36's target: at most 1.2) and the two exec p50s.
+hardened start p50 over the old one (issue 36's target: at most 1.2) and the two exec p50s. Likewise `process`
+(commands confined by bubblewrap, the default) beside `process/unconf` (`confine: none`, the provider before them).
 """
 
 from __future__ import annotations
@@ -194,6 +195,10 @@ async def main() -> int:
             if name == "process":
                 from platoon_sandbox import netns
 
+                # the provider before issue 36: commands unconfined (what `confine: none` keeps)
+                unconfined = type(provider)(scratch_root=str(scratch), confine="none")
+                variants.append(("process/unconf", unconfined, specs["process"]))
+
                 if (why := netns.unavailable()) is None:
                     variants.append(("process/none", provider, replace(specs["process"], network="none")))
                 else:
@@ -239,13 +244,14 @@ async def main() -> int:
             verdict = row["start p50"] <= start_target and row["exec p50"] <= exec_target
             print(f"{name}: target start p50 <= {start_target * 1000:.0f} ms, exec p50 <= {exec_target * 1000:.0f} ms"
                   f" at concurrency 1: {'met' if verdict else 'MISSED'}")  # fmt: skip
-    for concurrency in (1, 8):
-        hardened, old = rows.get(("docker", concurrency)), rows.get(("docker/old", concurrency))
-        if hardened and old:
-            ratio = hardened["start p50"] / old["start p50"]
-            print(f"docker at concurrency {concurrency}: hardened start p50 / old = {ratio:.2f} (target <= "
-                  f"{HARDENED_START_RATIO}: {'met' if ratio <= HARDENED_START_RATIO else 'MISSED'}); exec p50 "
-                  f"{hardened['exec p50'] * 1000:.1f} ms hardened, {old['exec p50'] * 1000:.1f} ms old")  # fmt: skip
+    for name, before in (("docker", "docker/old"), ("process", "process/unconf")):
+        for concurrency in (1, 8):
+            hardened, old = rows.get((name, concurrency)), rows.get((before, concurrency))
+            if hardened and old:
+                ratio = hardened["start p50"] / old["start p50"]
+                print(f"{name} at concurrency {concurrency}: hardened start p50 / old = {ratio:.2f} (target <= "
+                      f"{HARDENED_START_RATIO}: {'met' if ratio <= HARDENED_START_RATIO else 'MISSED'}); exec p50 "
+                      f"{hardened['exec p50'] * 1000:.1f} ms hardened, {old['exec p50'] * 1000:.1f} ms old")  # fmt: skip
     print(f"left behind: {len(dirs)} sandbox dir(s) or container(s), {len(pids)} process(es)")
     return 1 if dirs or pids else 0
 

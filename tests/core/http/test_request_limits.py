@@ -288,3 +288,26 @@ def error_message(error: openai.APIStatusError) -> str:
     """The gateway's own message (the client's `message` prefixes the status)."""
     assert isinstance(error.body, dict)
     return str(error.body["message"])
+
+
+def test_a_bad_limit_variable_stops_validate_and_the_run_before_any_gateway(monkeypatch, capsys) -> None:
+    """Every check a run makes before starting, `platoon config validate` makes too: a limit variable that is not
+    an integer it takes is one line naming it, exit 78, not an error once the gateway is made."""
+    from pathlib import Path
+
+    from platoon.cli import main
+    from platoon.request_limits import gateway_limit_problems
+
+    assert gateway_limit_problems({}) == []
+    assert (
+        gateway_limit_problems({"PLATOON_MAX_MINTED_AGENTS": "0", "PLATOON_GATEWAY_MAX_TOKENS": " 8 "}) == []
+    )
+    monkeypatch.setenv("PLATOON_GATEWAY_MAX_TOKENS", "abc")
+    monkeypatch.setenv("PLATOON_MAX_MINTED_AGENTS", "-1")
+    example = Path(__file__).resolve().parents[3] / "examples" / "bandit" / "train.yaml"
+    assert main(["config", "validate", str(example)]) == 78
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [
+        "  PLATOON_GATEWAY_MAX_TOKENS must be a positive integer; got 'abc' (unset it for the default)",
+        "  PLATOON_MAX_MINTED_AGENTS must be an integer >= 0; got -1 (unset it for the default)",
+    ]

@@ -77,6 +77,33 @@ def loads_within_depth(raw: bytes | str, max_depth: int) -> Any:
     return value
 
 
+#: The variables that set the gateway's limits (read where each limit is made), with the least value each takes.
+MAX_BODY_BYTES_ENV = "PLATOON_GATEWAY_MAX_BODY_BYTES"
+MAX_JSON_DEPTH_ENV = "PLATOON_GATEWAY_MAX_JSON_DEPTH"
+MAX_TOKENS_ENV = "PLATOON_GATEWAY_MAX_TOKENS"
+MAX_PROMPT_TOKENS_ENV = "PLATOON_GATEWAY_MAX_PROMPT_TOKENS"
+MAX_MINTED_AGENTS_ENV = "PLATOON_MAX_MINTED_AGENTS"
+GATEWAY_LIMIT_VARIABLES = {
+    MAX_BODY_BYTES_ENV: 1,
+    MAX_JSON_DEPTH_ENV: 1,
+    MAX_TOKENS_ENV: 1,
+    MAX_PROMPT_TOKENS_ENV: 1,
+    MAX_MINTED_AGENTS_ENV: 0,
+}
+
+
+def gateway_limit_problems(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per gateway limit variable set to something other than an integer it takes: the run-start check
+    (and `platoon config validate`'s), so a bad value stops the run before its gateway is made."""
+    problems: list[str] = []
+    for name, minimum in GATEWAY_LIMIT_VARIABLES.items():
+        try:
+            limit_from_env(name, minimum, env, minimum=minimum)
+        except ValueError as exc:
+            problems.append(f"{exc} (unset it for the default)")
+    return problems
+
+
 def limit_from_env(
     name: str,
     default: int,

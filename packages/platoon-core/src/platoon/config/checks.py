@@ -34,7 +34,11 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
     if kind == "train":
         from platoon.config.training import training_problems
 
-        problems += training_problems(config)
+        problems += training_problems(config)  # the gateway's limits among them
+    else:
+        from platoon.request_limits import gateway_limit_problems
+
+        problems += gateway_limit_problems()
     return problems
 
 

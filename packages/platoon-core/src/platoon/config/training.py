@@ -595,7 +595,9 @@ def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     Only what the config alone decides: no length of training, and judges turned off. (The keep_recovery rule is
     enforced when the config validates; a batch larger than the listed tasks needs the listing.)
     """
-    problems: list[str] = []
+    from platoon.request_limits import gateway_limit_problems
+
+    problems: list[str] = gateway_limit_problems()
     train = config.train
     if train.num_epochs is None and train.max_training_steps is None:
         problems.append("train: set num_epochs or max_training_steps (at least one is required to train)")

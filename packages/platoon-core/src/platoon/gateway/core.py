@@ -32,7 +32,7 @@ from platoon.gateway.measure import (
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 from platoon.renderers.base import RendererError
-from platoon.request_limits import limit_from_env
+from platoon.request_limits import MAX_PROMPT_TOKENS_ENV, MAX_TOKENS_ENV, limit_from_env
 
 if TYPE_CHECKING:
     from platoon.task import Task
@@ -70,8 +70,6 @@ DEFAULT_SAMPLE_TIMEOUT_SECONDS = 600.0
 #: The most tokens one call may ask to sample, and the longest prompt, when nothing smaller is set: past any model's
 #: context, so no real call meets them; a context window (`context_window_length`) bounds both far sooner.
 DEFAULT_TOKEN_LIMIT = 1 << 20
-MAX_TOKENS_ENV = "PLATOON_GATEWAY_MAX_TOKENS"
-MAX_PROMPT_TOKENS_ENV = "PLATOON_GATEWAY_MAX_PROMPT_TOKENS"
 #: Calls slower than this are logged (the only logging on the call path).
 SLOW_CALL_SECONDS = 30.0
 #: Closed agent keys remembered so that late calls get 410 (agent closed) rather than 401 (unknown key).

@@ -24,6 +24,9 @@ from platoon.gateway.core import AuthenticationFailed, GatewayError
 from platoon.harness.agent import CALL_KIND_HEADER, ChatReply, ModelEndpoint
 from platoon.request_limits import (
     DEFAULT_MAX_JSON_DEPTH,
+    MAX_BODY_BYTES_ENV,
+    MAX_JSON_DEPTH_ENV,
+    MAX_MINTED_AGENTS_ENV,
     MIB,
     BodyCap,
     JSONTooDeep,
@@ -56,13 +59,10 @@ log = logging.getLogger(__name__)
 
 #: The largest request body the gateway reads: a chat request of 200k tokens of text is about 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 32 * MIB
-MAX_BODY_BYTES_ENV = "PLATOON_GATEWAY_MAX_BODY_BYTES"
-MAX_JSON_DEPTH_ENV = "PLATOON_GATEWAY_MAX_JSON_DEPTH"
 #: The request line and headers h11 buffers before it answers 400 (an agent key and a few headers fit many times).
 MAX_HEADER_BYTES = 64 << 10
 #: The synthetic stream's keepalive comment period; `GatewayServer(keepalive_seconds=)` for tests.
 DEFAULT_KEEPALIVE_SECONDS = 10.0
-MAX_MINTED_AGENTS_ENV = "PLATOON_MAX_MINTED_AGENTS"
 DEFAULT_MAX_MINTED_AGENTS = 64
 _KEEPALIVE = b": keepalive\n\n"
 _CALL_ID_HEADER = "x-platoon-call-id"

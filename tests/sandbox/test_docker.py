@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -245,10 +244,9 @@ def test_a_read_the_engine_never_ends_stops_once_the_container_is_gone(
                 pytest.fail("the Engine API path is not in use; DOCKER_HOST must name the test engine")
             endless: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
             docker("kill", sandbox.name)
-            begun = time.monotonic()
-            with pytest.raises(SandboxGone, match=f"sandbox {sandbox.name} is gone"):
-                await sandbox._wait_while_running(endless, 60)
-            assert time.monotonic() - begun < 30
+            # SandboxGone, not the TimeoutError the 600 s budget would end in: the watch ended the wait
+            with pytest.raises(SandboxGone, match=f"sandbox {sandbox.name} is gone .*while a command ran"):
+                await sandbox._wait_while_running(endless, 600)
         finally:
             await sandbox.stop()
 

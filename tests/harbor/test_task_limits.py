@@ -159,12 +159,21 @@ def test_a_runtime_the_engine_lacks_is_refused_at_the_run_start(tmp_path: Path) 
         EnvSetupError, match="provider docker: the docker engine has no runtime 'no-such-runtime'"
     ):
         run(service.check_tasks("train", ["plain"]))
-    # runsc is registered with this engine; under gVisor a task runs without network (public egress is refused)
+    # runsc is registered with this engine, and runsc-hostinet, which public and allowlist tasks run under
     write_task(
         tmp_path, "offline", f'[environment]\ndocker_image = "{PYTHON_IMAGE}"\nnetwork_mode = "no-network"\n'
     )
     runsc = HarborService(dataset_dir=str(tmp_path), provider_options={"runtime": "runsc"})
-    assert run(runsc.check_tasks("train", ["offline"])) is None
+    assert run(runsc.check_tasks("train", ["offline", "plain"])) is None
+    # an egress runtime the engine lacks refuses the public task only, in one line naming daemon.json's entry
+    missing = HarborService(
+        dataset_dir=str(tmp_path), provider_options={"runtime": "runsc", "egress_runtime": "no-such-hostinet"}
+    )
+    with pytest.raises(EnvSetupError) as refused:
+        run(missing.check_tasks("train", ["offline", "plain"]))
+    said = str(refused.value)
+    assert "plain" in said and "offline" not in said and "\n" not in said, said
+    assert 'add "no-such-hostinet": {"path": ' in said and '"--network=host"' in said and "daemon.json" in said
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,8 @@ from platoon_sandbox.registry import clear_process_labels
 PYTHON_IMAGE = "docker://platoon-test/python:bookworm"
 BUSYBOX_IMAGE = "docker://platoon-test/busybox"
 LABELS = {"platoon.test": f"egress-{uuid.uuid4().hex[:12]}"}
-PROVIDERS = ("docker", "process")
+#: `docker+runsc`: gVisor, whose public and allowlist sandboxes run under the engine's egress runtime
+PROVIDERS = ("docker", "docker+runsc", "process")
 
 
 def run[T](coro: Coroutine[Any, Any, T]) -> T:
@@ -80,7 +81,7 @@ def kind(request: pytest.FixtureRequest) -> str:
     """The provider under test: docker needs the engine; process needs filtered egress here (bubblewrap,
     slirp4netns, nftables, root), skipped without it outside CI only."""
     name = str(request.param)
-    if name == "docker":
+    if name.startswith("docker"):
         request.getfixturevalue("docker_engine")
     elif (why := egress.process_unavailable()) is not None:
         if os.environ.get("CI"):
@@ -92,11 +93,13 @@ def kind(request: pytest.FixtureRequest) -> str:
 def provider(kind: str, tmp_path: Path, **options: Any) -> Any:
     if kind == "docker":
         return DockerProvider(**options)
+    if kind == "docker+runsc":
+        return DockerProvider(runtime="runsc", **options)
     return ProcessProvider(scratch_root=str(tmp_path / "scratch"), **options)
 
 
 def spec(kind: str, **kwargs: Any) -> SandboxSpec:
-    image = kwargs.pop("image", PYTHON_IMAGE if kind == "docker" else "local")
+    image = kwargs.pop("image", PYTHON_IMAGE if kind.startswith("docker") else "local")
     return SandboxSpec(image=image, labels={**LABELS, **kwargs.pop("labels", {})}, **kwargs)
 
 
@@ -296,7 +299,8 @@ def test_none_reaches_nothing(kind: str, tmp_path: Path, greeters: dict[str, Gre
         finally:
             await sandbox.stop()
         assert seen.pop(f"127.0.0.1:{allowed.port}") == "ECONNREFUSED"  # its own loopback, empty
-        assert set(seen.values()) == {"ENETUNREACH"}, seen
+        # no route: gVisor's own network stack says so with EHOSTUNREACH
+        assert set(seen.values()) == {"EHOSTUNREACH" if kind == "docker+runsc" else "ENETUNREACH"}, seen
 
     run(go())
     assert allowed.accepted == 0
@@ -338,8 +342,8 @@ RAW_SYN = textwrap.dedent(
         return ~(t + (t >> 16)) & 0xFFFF
     try:
         raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-    except PermissionError:
-        print(json.dumps("no raw sockets")); sys.exit(0)
+    except OSError as e:  # no CAP_NET_RAW (EPERM); gVisor's hostinet has no packet sockets (EAFNOSUPPORT)
+        print(json.dumps("no raw sockets: " + errno.errorcode.get(e.errno, str(e.errno)))); sys.exit(0)
     raw.bind(("tap0", 0))
     raw.settimeout(0.5)
     mac = raw.getsockname()[4]
@@ -372,14 +376,21 @@ RAW_SYN = textwrap.dedent(
 )
 
 
+by_runtime = pytest.mark.parametrize("runtime", [None, "runsc"], ids=["runc", "runsc"])
+
+
+@by_runtime
 @pytest.mark.usefixtures("docker_engine")
-def test_raw_frames_cannot_go_around_the_filter(tmp_path: Path, greeters: dict[str, Greeter]) -> None:
+def test_raw_frames_cannot_go_around_the_filter(
+    runtime: str | None, tmp_path: Path, greeters: dict[str, Greeter]
+) -> None:
     """With docker's default capabilities a sandbox holds CAP_NET_RAW: frames it writes on a packet socket skip the
-    output hook, and the table on tap0's egress hook must drop them. (Without CAP_NET_RAW there is nothing to try.)"""
+    output hook, and the table on tap0's egress hook must drop them. Without CAP_NET_RAW (platoon drops it), and under
+    gVisor (whose hostinet has no packet sockets), there is no socket to write them with."""
     allowed, other = greeters["allowed"], greeters["other"]
 
     async def go() -> Any:
-        sandbox = await DockerProvider(egress_allow=[f"127.0.0.1:{allowed.port}"]).start(
+        sandbox = await DockerProvider(runtime=runtime, egress_allow=[f"127.0.0.1:{allowed.port}"]).start(
             spec("docker", network="public")
         )
         try:
@@ -400,7 +411,8 @@ def test_raw_frames_cannot_go_around_the_filter(tmp_path: Path, greeters: dict[s
         return json.loads(result.stdout)
 
     seen = run(go())
-    if seen == "no raw sockets":
+    if isinstance(seen, str):
+        assert seen == ("no raw sockets: EAFNOSUPPORT" if runtime == "runsc" else "no raw sockets: EPERM")
         return
     # the allowed destination answers a raw SYN (SYN-ACK): the raw path works, so the refusals below are the filter's
     assert seen.pop(f"10.0.2.2:{allowed.port}") == "answered 0x12"
@@ -408,37 +420,84 @@ def test_raw_frames_cannot_go_around_the_filter(tmp_path: Path, greeters: dict[s
     assert other.accepted == 0
 
 
-SET_TAP_DOWN = textwrap.dedent(
+# Inside the sandbox: what it holds, then two ways to change its network: set tap0 down (an ioctl) and delete the
+# egress table (an nftables batch on a netfilter netlink socket, what `nft delete table` sends).
+CHANGE_NETWORK = textwrap.dedent(
     """
-    import fcntl, socket, struct
+    import errno, fcntl, socket, struct
     caps = int([l for l in open("/proc/self/status") if l.startswith("CapEff:")][0].split()[1], 16)
     print("net_admin" if caps & (1 << 12) else "no net_admin")
+    def refused(e):
+        return "refused " + errno.errorcode.get(e.errno, str(e.errno))
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"tap0", 0))  # SIOCSIFFLAGS: tap0 down
-        print("changed")
-    except PermissionError:
-        print("refused")
+        print("tap0 down")
+    except OSError as e:
+        print(refused(e))
+    def message(kind, flags, seq, body):
+        return struct.pack("=LHHLL", 16 + len(body), kind, flags, seq, 0) + body
+    name = b"platoon_egress\\0"
+    attr = struct.pack("=HH", 4 + len(name), 1) + name + b"\\0" * (-len(name) % 4)  # NFTA_TABLE_NAME
+    nftables = struct.pack("=BBH", 0, 0, socket.htons(10))  # NFNL_SUBSYS_NFTABLES
+    batch = (
+        message(16, 1, 1, nftables)  # batch begin
+        + message((10 << 8) | 2, 1 | 4, 2, struct.pack("=BBH", 1, 0, 0) + attr)  # NFT_MSG_DELTABLE, inet
+        + message(17, 1, 3, nftables)  # batch end
+    )
+    try:
+        n = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
+        n.settimeout(30)
+        n.send(batch)
+        reply = n.recv(65536)
+        code = struct.unpack_from("=i", reply, 16)[0] if struct.unpack_from("=H", reply, 4)[0] == 2 else 0
+        print("table deleted" if code == 0 else "refused " + errno.errorcode.get(-code, str(code)))
+    except OSError as e:
+        print(refused(e))
     """
 )
 
 
-@pytest.mark.usefixtures("docker_engine")
-def test_a_docker_sandbox_cannot_change_its_network() -> None:
-    """The rules live in the container's own namespace; changing them (or tap0) needs CAP_NET_ADMIN, which Docker
-    never grants a container. The escape suite (tests/security) runs `nft flush ruleset` itself."""
+def namespace_state(container: str) -> str:
+    """tap0's link and the rule set of a container's network namespace, read from the host."""
+    pid = subprocess.run(
+        [docker_binary(), "inspect", "--format", "{{.State.Pid}}", container],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    enter = ["nsenter", f"--target={pid}", "--net", "--"]
+    link = subprocess.run([*enter, "ip", "-o", "link", "show", "tap0"], capture_output=True, text=True)
+    rules = subprocess.run([*enter, "nft", "list", "ruleset"], capture_output=True, text=True)
+    assert link.returncode == 0 and rules.returncode == 0, (link, rules)
+    return link.stdout + rules.stdout
 
-    async def go() -> list[str]:
-        sandbox = await DockerProvider().start(spec("docker", network="public"))
+
+@by_runtime
+@pytest.mark.usefixtures("docker_engine")
+def test_a_docker_sandbox_cannot_change_its_network(runtime: str | None) -> None:
+    """The rules live in the container's own namespace; changing them (or tap0) needs CAP_NET_ADMIN, which no
+    sandbox holds, and gVisor's hostinet passes neither the ioctl nor netfilter netlink through. The host sees the
+    namespace as it was."""
+
+    async def go() -> tuple[list[str], str, str]:
+        sandbox = await DockerProvider(runtime=runtime).start(spec("docker", network="public"))
         try:
-            result = await sandbox.exec(["python3", "-c", SET_TAP_DOWN])
-            listed = await sandbox.exec("cat /proc/net/dev")
+            before = namespace_state(sandbox.name)
+            result = await sandbox.exec(["python3", "-c", CHANGE_NETWORK])
+            after = namespace_state(sandbox.name)
         finally:
             await sandbox.stop()
-        assert "tap0" in listed.stdout
-        return result.stdout.split("\n")
+        assert result.exit_code == 0, result
+        return result.stdout.splitlines(), before, after
 
-    assert run(go())[:2] == ["no net_admin", "refused"]
+    said, before, after = run(go())
+    assert ",UP," in before and "table inet platoon_egress" in before
+    assert after == before
+    expected = (
+        ["refused ENOTTY", "refused EPROTONOSUPPORT"] if runtime == "runsc" else ["refused EPERM", "refused EPERM"]
+    )
+    assert said == ["no net_admin", *expected]
 
 
 # --- slirp4netns lives exactly as long as its sandbox -----------------------------------------------------------
@@ -502,8 +561,11 @@ KILLED_RUN = textwrap.dedent(
 
     async def main():
         kind, labels, scratch = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-        made = DockerProvider() if kind == "docker" else ProcessProvider(scratch_root=scratch)
-        image = "docker://platoon-test/python:bookworm" if kind == "docker" else "local"
+        if kind.startswith("docker"):
+            made = DockerProvider(runtime="runsc" if kind == "docker+runsc" else None)
+            image = "docker://platoon-test/python:bookworm"
+        else:
+            made, image = ProcessProvider(scratch_root=scratch), "local"
         sandbox = await made.start(SandboxSpec(image=image, network="public", labels=labels))
         print(sandbox._egress.pid, flush=True)
         await asyncio.sleep(3600)
@@ -557,10 +619,48 @@ def test_bad_egress_allow_entries_are_refused_in_one_line(entries: Any, message:
             make(egress_allow=entries)
 
 
-def test_runsc_and_missing_tools_are_refusals_before_any_start() -> None:
-    refusal = DockerProvider.network_public_refusal({"runtime": "runsc"})
-    assert refusal is not None and "runsc" in refusal
-    assert DockerProvider.network_allowlist_refusal({"runtime": "runsc"}) == refusal
+@pytest.mark.usefixtures("docker_engine")
+def test_runsc_needs_its_egress_runtime_and_says_which_in_one_line() -> None:
+    """The engine `.ci/docker-engine` starts lists runsc-hostinet; a missing egress runtime refuses public and
+    allowlist sandboxes (never none) before anything starts, naming the daemon.json entry to add."""
+    assert DockerProvider.network_public_refusal({"runtime": "runsc"}) is None
+    options = {"runtime": "runsc", "egress_runtime": "no-such-hostinet"}
+    refusal = DockerProvider.network_public_refusal(options)
+    assert refusal is not None and "\n" not in refusal
+    assert "'no-such-hostinet', which it does not list: add \"no-such-hostinet\": {\"path\": " in refusal
+    assert DockerProvider.network_allowlist_refusal(options) == refusal
+    made = DockerProvider(runtime="runsc", egress_runtime="no-such-hostinet")
+    with pytest.raises(SandboxError) as refused:
+        run(made.start(spec("docker", network="public")))
+    assert str(refused.value) == refusal
+    with pytest.raises(SandboxError, match="egress_runtime option applies with runtime: runsc only"):
+        DockerProvider(egress_runtime="runsc-hostinet")
+
+
+@pytest.mark.usefixtures("docker_engine")
+def test_a_public_runsc_sandbox_runs_under_the_egress_runtime_and_a_none_one_does_not() -> None:
+    async def go() -> dict[str, str]:
+        made = DockerProvider(runtime="runsc")
+        public, offline = await asyncio.gather(
+            made.start(spec("docker", network="public")), made.start(spec("docker", network="none"))
+        )
+        try:
+            return {
+                box.spec.network: subprocess.run(
+                    [docker_binary(), "inspect", "--format", "{{.HostConfig.Runtime}}", box.name],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.strip()
+                for box in (public, offline)
+            }
+        finally:
+            await asyncio.gather(public.stop(), offline.stop())
+
+    assert run(go()) == {"public": "runsc-hostinet", "none": "runsc"}
+
+
+def test_missing_tools_are_refusals_before_any_start() -> None:
     assert DockerProvider.network_public_refusal({}) is None  # slirp4netns, nft, nsenter and root are here
     assert "one port at a time" in (
         DockerProvider.network_public_refusal({"egress_allow": ["localhost"]}) or ""

@@ -174,10 +174,8 @@ DOCKER_RUNSC = Configuration(
     "docker + runsc",
     "docker",
     {"runtime": "runsc"},
+    # the allowlist task runs under the engine's runsc-hostinet runtime, with the same slirp4netns and rules as runc
     required=EVERY_GUARANTEE,
-    # gVisor runs with --network=none here (platform.md 4): no egress to filter, so allowlist tasks are refused
-    network_mode="no-network",
-    refused={"allowlist_host": "public and allowlist egress is not available under it"},
 )
 
 

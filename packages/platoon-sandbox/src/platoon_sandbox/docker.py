@@ -68,7 +68,14 @@ from platoon_sandbox.registry import Registration, class_path, merge_labels, reg
 from platoon_sandbox.routes import SCRIPT as FORWARDER_SCRIPT
 from platoon_sandbox.routes import ContainerForwarders
 
-__all__ = ["DEFAULT_PIDS_LIMIT", "KEPT_CAPABILITIES", "DockerProvider", "DockerSandbox", "DockerSnapshot"]
+__all__ = [
+    "DEFAULT_EGRESS_RUNTIME",
+    "DEFAULT_PIDS_LIMIT",
+    "KEPT_CAPABILITIES",
+    "DockerProvider",
+    "DockerSandbox",
+    "DockerSnapshot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +103,10 @@ PIDS_HEADROOM = 16
 #: fork bomb up to the 2,048 default sometimes crossed it and the sandbox died.
 RUNSC_HOST_PIDS_PER_PROCESS = 16
 RUNSC_HOST_PIDS_BASE = 256
+#: The engine runtime that public and allowlist sandboxes run under when the provider's runtime is `runsc` (the
+#: `egress_runtime` option names another): gVisor with `--network=host`, whose sentry opens real sockets in the
+#: container's own `--network none` namespace, where slirp4netns and the nftables rules are attached as under runc.
+DEFAULT_EGRESS_RUNTIME = "runsc-hostinet"
 #: How often the disk watchdog measures a sandbox's writable layer (the engine walks the layer to answer).
 DISK_POLL_S = 2.0
 MB = 1024 * 1024
@@ -764,10 +775,30 @@ class DockerSandbox:
         registry().unregister(self._entry)
 
 
+def _egress_runtime_refusal(options: Mapping[str, Any]) -> str | None:
+    """Why public and allowlist sandboxes cannot run under runsc with these options: the engine does not list the
+    egress runtime (or cannot be asked), or None."""
+    runtime = options.get("egress_runtime") or DEFAULT_EGRESS_RUNTIME
+    binary = options.get("binary") or docker_binary()
+    listed = _runtimes(binary, os.environ.get("DOCKER_HOST"))
+    if isinstance(listed, str):
+        return f"cannot check the docker runtime {runtime!r} for public and allowlist sandboxes: {listed}"
+    if runtime in listed:
+        return None
+    runsc = shutil.which("runsc") or "/usr/bin/runsc"
+    return (
+        f"runtime: runsc runs public and allowlist sandboxes under the engine runtime {runtime!r}, which it does "
+        f'not list: add "{runtime}": {{"path": "{runsc}", "runtimeArgs": ["--network=host", '
+        '"--fsgofer-host-uds"]} to "runtimes" in the engine\'s daemon.json and restart it'
+    )
+
+
 class DockerProvider:
     """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`), `runtime` (the engine's
-    OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default), `egress_allow` (host or
-    host:port destinations that public and allowlist sandboxes may reach even when private or the host's own)."""
+    OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default), `egress_runtime` (with
+    `runtime: runsc`, the engine runtime of public and allowlist sandboxes: `DEFAULT_EGRESS_RUNTIME` unless named),
+    `egress_allow` (host or host:port destinations that public and allowlist sandboxes may reach even when private
+    or the host's own)."""
 
     name: ClassVar[str] = "docker"
     # clean_env: a container starts from its image's environment and the variables it is given with values
@@ -799,17 +830,27 @@ class DockerProvider:
         *,
         binary: str | None = None,
         runtime: str | None = None,
+        egress_runtime: str | None = None,
         egress_allow: Sequence[str] | None = None,
     ) -> None:
-        if runtime is not None and (not isinstance(runtime, str) or not runtime.strip()):
+        for option, value in (("runtime", runtime), ("egress_runtime", egress_runtime)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise SandboxError(
+                    f"the docker provider's {option} option names an OCI runtime (e.g. runsc); got {value!r}"
+                )
+        if egress_runtime is not None and runtime != "runsc":
             raise SandboxError(
-                f"the docker provider's runtime option names an OCI runtime (e.g. runsc); got {runtime!r}"
+                "the docker provider's egress_runtime option applies with runtime: runsc only; drop it or set "
+                "runtime: runsc"
             )
         self.options: dict[str, Any] = {
-            key: value for key, value in (("binary", binary), ("runtime", runtime)) if value
+            key: value
+            for key, value in (("binary", binary), ("runtime", runtime), ("egress_runtime", egress_runtime))
+            if value
         }
         self.docker = binary or docker_binary()
         self.runtime = runtime
+        self.egress_runtime = egress_runtime or DEFAULT_EGRESS_RUNTIME
         self.egress_allow = egress.parse_egress_allow(egress_allow)
         if self.egress_allow:
             self.options["egress_allow"] = list(self.egress_allow)
@@ -850,11 +891,8 @@ class DockerProvider:
     def network_public_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         """Why public sandboxes cannot have filtered egress with these options on this host, or None."""
         options = options or {}
-        if options.get("runtime") == "runsc":
-            return (
-                "runtime: runsc runs sandboxes with gVisor's --network=none, so public and allowlist egress is not "
-                "available under it; use the default runtime for tasks that need the network"
-            )
+        if options.get("runtime") == "runsc" and (why := _egress_runtime_refusal(options)) is not None:
+            return why
         try:
             egress.parse_egress_allow(options.get("egress_allow"))
         except SandboxError as exc:
@@ -887,8 +925,9 @@ class DockerProvider:
             spec.workdir,
             *_network_args(spec, egress_plan),
         ]
-        if self.runtime is not None:
-            args += ["--runtime", self.runtime]
+        runtime = self._runtime_for(spec)
+        if runtime is not None:
+            args += ["--runtime", runtime]
         if self.hardening:
             args += _privilege_args(spec)
             args += _limit_args(spec, self.runtime, disk_quota=disk_quota)
@@ -904,6 +943,13 @@ class DockerProvider:
             for source, target in ContainerForwarders.binds(spec.upstreams):
                 args += ["--volume", f"{source}:{target}:ro"]
         return [*args, "--entrypoint", "sleep", image, "infinity"]
+
+    def _runtime_for(self, spec: SandboxSpec) -> str | None:
+        """The engine runtime of a sandbox: `egress_runtime` for public and allowlist ones under runsc (gVisor's
+        own netstack cannot be given a network here), else `runtime`."""
+        if self.runtime == "runsc" and spec.network in egress.EGRESS_NETWORKS:
+            return self.egress_runtime
+        return self.runtime
 
     def _engine_key(self) -> tuple[str, str | None]:
         return self.docker, os.environ.get("DOCKER_HOST")

@@ -173,7 +173,9 @@ def test_a_runtime_the_engine_lacks_is_refused_at_the_run_start(tmp_path: Path) 
         run(missing.check_tasks("train", ["offline", "plain"]))
     said = str(refused.value)
     assert "plain" in said and "offline" not in said and "\n" not in said, said
-    assert 'add "no-such-hostinet": {"path": ' in said and '"--network=host"' in said and "daemon.json" in said
+    assert (
+        'add "no-such-hostinet": {"path": ' in said and '"--network=host"' in said and "daemon.json" in said
+    )
 
 
 @pytest.mark.parametrize(

@@ -495,7 +495,9 @@ def test_a_docker_sandbox_cannot_change_its_network(runtime: str | None) -> None
     assert ",UP," in before and "table inet platoon_egress" in before
     assert after == before
     expected = (
-        ["refused ENOTTY", "refused EPROTONOSUPPORT"] if runtime == "runsc" else ["refused EPERM", "refused EPERM"]
+        ["refused ENOTTY", "refused EPROTONOSUPPORT"]
+        if runtime == "runsc"
+        else ["refused EPERM", "refused EPERM"]
     )
     assert said == ["no net_admin", *expected]
 
@@ -627,7 +629,7 @@ def test_runsc_needs_its_egress_runtime_and_says_which_in_one_line() -> None:
     options = {"runtime": "runsc", "egress_runtime": "no-such-hostinet"}
     refusal = DockerProvider.network_public_refusal(options)
     assert refusal is not None and "\n" not in refusal
-    assert "'no-such-hostinet', which it does not list: add \"no-such-hostinet\": {\"path\": " in refusal
+    assert '\'no-such-hostinet\', which it does not list: add "no-such-hostinet": {"path": ' in refusal
     assert DockerProvider.network_allowlist_refusal(options) == refusal
     made = DockerProvider(runtime="runsc", egress_runtime="no-such-hostinet")
     with pytest.raises(SandboxError) as refused:

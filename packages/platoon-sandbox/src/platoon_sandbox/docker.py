@@ -15,7 +15,9 @@ marker.
 
 Networks (harness.md 5.7): `host` is the host's own namespace; every other policy starts the container with
 `--network none`; `public` and `allowlist` then get filtered egress attached to its namespace (`egress`: one
-slirp4netns per sandbox and nftables rules inside; not under `runtime: runsc`, whose sandboxes have no network).
+slirp4netns per sandbox and nftables rules inside). Under `runtime: runsc` those two run under the engine runtime
+`egress_runtime` (`runsc-hostinet`: gVisor with `--network=host`, whose kernel opens real sockets in the container's
+own namespace, where the rules apply); gVisor's own network stack (`runsc`, `--network=none`) cannot be given one.
 
 Routes (harness.md 5.6): a container with a namespace of its own reaches each Unix-socket upstream through a
 forwarder inside it (`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder

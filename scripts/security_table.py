@@ -7,8 +7,7 @@
 One row per attempt (then the paths that must keep working, then the checks of the host), one column per sandbox
 configuration the suite runs, and one per provider it cannot run here (Singularity and enroot: no runtime in CI),
 whose cells say what the adapter claims. A cell is `held`, `ESCAPED`, `not enforced` (the configuration neither
-must nor claims to stop it; a note says which guarantee), `works`, `refused at start` (an allowed path the
-configuration refuses in one line when a run starts; a note says which), `BROKEN`, `LEFT BEHIND` (a container or helper
+must nor claims to stop it; a note says which guarantee), `works`, `BROKEN`, `LEFT BEHIND` (a container or helper
 process outlived the run), `no result` (the run gave no evidence) or `not run`. `--check` (what CI runs after the
 suite) fails when an attempt escaped or gave no result, when an allowed path broke, or when the committed table
 differs from the results.
@@ -56,11 +55,6 @@ def cell(entry: dict[str, Any] | None, notes: list[str]) -> str:
     if entry is None:
         return "not run"
     outcome, verdict = entry["outcome"], entry.get("verdict")
-    if outcome == "passed" and verdict == "refused":
-        reason = str(entry.get("reason") or "refused")
-        if reason not in notes:
-            notes.append(reason)
-        return f"refused at start [{notes.index(reason) + 1}]"
     if outcome == "passed":
         return "works" if entry["kind"] == "allowed" else "held"
     if outcome == "xfailed":

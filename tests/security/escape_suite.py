@@ -11,7 +11,6 @@ results are not part of the run's records (its log keeps their first line only).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import functools
@@ -133,11 +132,6 @@ class Configuration:
     provider: str
     options: dict[str, Any] = field(default_factory=dict)
     required: frozenset[str] = frozenset()
-    #: the task's network policy: `allowlist` (its one host is the host's allowed server), or `no-network` where
-    #: the configuration refuses egress
-    network_mode: str = "allowlist"
-    #: allowed paths the configuration refuses at the run's start, each with the words its refusal must say
-    refused: dict[str, str] = field(default_factory=dict)
     #: required guarantees the provider rightly does not declare: their attempts must fail here, but the guarantee
     #: as the contract defines it is wider than what is tried
     unclaimed: frozenset[str] = frozenset()
@@ -414,17 +408,16 @@ def declared_capabilities(configuration: Configuration, options: dict[str, Any])
     return frozenset(getattr(provider, "capabilities", ()) or ())
 
 
-def _task(root: Path, name: str, host: Host | None, storage: bool, network_mode: str = "allowlist") -> Path:
+def _task(root: Path, name: str, host: Host, storage: bool) -> Path:
     task = root / name
     (task / "tests").mkdir(parents=True)
     # JSON's strings and lists are TOML's too
     environment: dict[str, Any] = {
         "docker_image": PYTHON_IMAGE,
         "workdir": "/app",
-        "network_mode": network_mode,
+        "network_mode": "allowlist",
+        "allowed_hosts": [host.address],
     }
-    if network_mode == "allowlist":
-        environment["allowed_hosts"] = [host.address if host is not None else "192.0.2.1"]
     if storage:
         environment["storage_mb"] = STORAGE_MB
     lines = ["[environment]", *(f"{key} = {json.dumps(value)}" for key, value in environment.items())]
@@ -649,7 +642,7 @@ def _run(configuration: Configuration, workdir: Path, marker: str, task_name: st
 
         capabilities = declared_capabilities(configuration, {**options, "egress_allow": egress_allow})
         limit_disk = "limit_disk" in configuration.required | capabilities
-        _task(workdir / "tasks", task_name, host, storage=limit_disk, network_mode=configuration.network_mode)
+        _task(workdir / "tasks", task_name, host, storage=limit_disk)
         out_dir = workdir / "eval"
         config = {
             "inference": {
@@ -734,16 +727,7 @@ def check_attempt(run: EscapeRun, row: Row, request: pytest.FixtureRequest) -> N
 
 def check_allowed(run: EscapeRun, row: Row, request: pytest.FixtureRequest) -> None:
     """The allowed paths still work: the route (the attack's result came back to the policy) and the allowlisted
-    host. A run refused before its rollout started gives no result. A path the configuration refuses is checked
-    to be refused at the run's start, in its one line."""
-    if row.name in run.configuration.refused:
-        refusal = refused_at_start(run.configuration)
-        expected = run.configuration.refused[row.name]
-        if refusal is not None and expected in refusal:
-            _record(request, "refused", refusal, f"{run.configuration.label} refuses it at the run's start")
-            return
-        _record(request, "broken", f"expected a refusal saying {expected!r}; got {refusal!r}")
-        pytest.fail(f"{row.name}: {run.configuration.label} should refuse it at start; got {refusal!r}")
+    host. A run refused before its rollout started gives no result."""
     if row.name == "gateway_route":
         # The attack's own result reached the policy: through the route, both ways.
         works = len(run.tool_results) >= 1
@@ -766,23 +750,6 @@ def check_allowed(run: EscapeRun, row: Row, request: pytest.FixtureRequest) -> N
         f"{row.name} does not work under {run.configuration.label}: {evidence}; {run.problem()}",
         pytrace=False,
     )
-
-
-def refused_at_start(configuration: Configuration) -> str | None:
-    """The Harbor service's run-start refusal of an `allowlist` task under `configuration`, or None."""
-    from platoon.envs.service import EnvSetupError
-    from platoon_harbor.service import HarborService
-
-    with tempfile.TemporaryDirectory() as root:
-        _task(Path(root), "allowlist", None, storage=False)
-        service = HarborService(
-            dataset_dir=root, provider=configuration.provider, provider_options=dict(configuration.options)
-        )
-        try:
-            asyncio.run(service.check_tasks("train", ["allowlist"]))
-        except EnvSetupError as refusal:
-            return str(refusal)
-    return None
 
 
 def check_host(run: EscapeRun, row: Row, request: pytest.FixtureRequest) -> None:

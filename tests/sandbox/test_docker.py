@@ -383,6 +383,40 @@ def test_kill_processes_keeps_the_container(image: str, exec_path: str) -> None:
         run(sandbox.stop())
 
 
+def test_a_keep_alive_not_yet_started_when_the_start_lists_its_processes_is_waited_for(monkeypatch) -> None:
+    """`docker run -d` may return before the container's init has started its keep-alive. Played here by answering
+    the start's first listing of the container's own processes with the init alone: the start lists again, so the
+    keep-alive is recorded and `kill_processes` spares it (the container would stop with it)."""
+    real_run = DockerSandbox._run
+    early = []
+
+    async def keep_alive_not_started_yet(
+        self: DockerSandbox, argv: Any, **kwargs: Any
+    ) -> tuple[int, str, str]:
+        rc, out, err = await real_run(self, argv, **kwargs)
+        if "platoon-list" in argv and not early:
+            early.append(out)
+            out = "".join(line + "\n" for line in out.splitlines() if line.startswith(("1:", "ns:")))
+        return rc, out, err
+
+    monkeypatch.setattr(DockerSandbox, "_run", keep_alive_not_started_yet)
+
+    async def go() -> tuple[DockerSandbox, str]:
+        sandbox = await started()
+        await sandbox.exec(["sh", "-c", "nohup sleep 309 >/dev/null 2>&1 &"])
+        await sandbox.kill_processes()
+        return sandbox, (await sandbox.exec(["echo", "alive"])).stdout
+
+    sandbox, alive = run(go())
+    try:
+        assert early, "the start listed the container's processes"
+        assert alive == "alive\n"
+        left = processes(sandbox)
+        assert "sleep infinity" in left and not [p for p in left if p.startswith("sleep 309")]
+    finally:
+        run(sandbox.stop())
+
+
 def test_the_providers_own_commands_run_after_the_workdir_is_deleted(exec_path: str) -> None:
     """An agent may delete its working directory: the kill script and commands with another cwd still run (from
     `/`), and a command told to enter the deleted directory gets 126."""

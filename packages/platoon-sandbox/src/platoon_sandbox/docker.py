@@ -48,6 +48,7 @@ import posixpath
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -86,6 +87,8 @@ CLI_TIMEOUT_S = 600.0
 #: How often a running exec asks the engine whether its container still runs (one inspect call per exec and period).
 ALIVE_CHECK_S = 5.0
 SNAPSHOT_REPO = "platoon-snapshot"
+#: How long a start waits for the container's init to have started its keep-alive (milliseconds, unless loaded).
+OWN_PROCESSES_WAIT_S = 10.0
 
 #: The capabilities a sandbox keeps; docs/sandboxes.md says what needs each. They are what root needs in an ordinary
 #: task image to install packages (apt-get, dpkg, pip) and manage users (useradd, chown, su), and to signal the
@@ -362,10 +365,19 @@ class DockerSandbox:
             self._egress = None
 
     async def _record_own_processes(self) -> None:
-        rc, out, err = await self._run(["sh", "-c", LIST_OWN, "platoon-list"])
-        if rc != 0:
-            raise SandboxError(f"cannot list the processes of {self.name} (exit {rc}): {err.strip()}")
-        self._own = OwnProcesses.parse(out)
+        """Record the container's own processes: its init and the keep-alive the init starts. `docker run -d` may
+        return before the init has forked the keep-alive; a keep-alive left out of the record would be killed by
+        the first `kill_processes`, and the container with it, so the listing is repeated until both are there."""
+        deadline = time.monotonic() + OWN_PROCESSES_WAIT_S
+        while True:
+            rc, out, err = await self._run(["sh", "-c", LIST_OWN, "platoon-list"])
+            if rc != 0:
+                raise SandboxError(f"cannot list the processes of {self.name} (exit {rc}): {err.strip()}")
+            own = OwnProcesses.parse(out)
+            if len(own.listed) >= 2 or time.monotonic() >= deadline:
+                self._own = own
+                return
+            await asyncio.sleep(0.05)
 
     def _check_live(self) -> None:
         if self._over_disk is not None:

@@ -165,12 +165,13 @@ def test_provider_options_are_limited(tmp_path: Path) -> None:
     )
     assert found == [
         "provider_options.network: a site profile may set only allow_network_none, egress_allow, rootfs_layout, "
-        "scratch_root, image_cache, stage_images, gpu, runtime (other options belong in a run config's "
+        "scratch_root, image_cache, stage_images, gpu, runtime, egress_runtime (other options belong in a run config's "
         "provider_options)",
         "provider_options.stage_images: 'sometimes' is not a bool",
     ]
-    site_file(tmp_path, {"provider": "docker", "provider_options": {"runtime": "runsc"}})
-    assert load_site().provider_options == {"runtime": "runsc"}
+    options = {"runtime": "runsc", "egress_runtime": "gvisor-hostinet"}
+    site_file(tmp_path, {"provider": "docker", "provider_options": options})
+    assert load_site().provider_options == options
     assert site_problems(tmp_path, {"provider_options": {"gpu": "all"}}) == [
         "provider_options: set without a provider; name the provider they are for"
     ]

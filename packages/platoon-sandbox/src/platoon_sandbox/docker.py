@@ -87,7 +87,7 @@ CLI_TIMEOUT_S = 600.0
 #: How often a running exec asks the engine whether its container still runs (one inspect call per exec and period).
 ALIVE_CHECK_S = 5.0
 SNAPSHOT_REPO = "platoon-snapshot"
-#: How long a start waits for the container's init to have started its keep-alive (milliseconds, unless loaded).
+#: How long a start waits for the container's init to have started its keep-alive (milliseconds, longer when loaded).
 OWN_PROCESSES_WAIT_S = 10.0
 
 #: The capabilities a sandbox keeps; docs/sandboxes.md says what needs each. They are what root needs in an ordinary

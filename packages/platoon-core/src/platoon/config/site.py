@@ -35,6 +35,7 @@ PROVIDER_OPTIONS: dict[str, str] = {
     "stage_images": "bool",
     "gpu": "text",
     "runtime": "text",
+    "egress_runtime": "text",
 }
 
 #: Built-in providers and whether they isolate; others are asked about through the plugin machinery.

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,6 +161,72 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.user_properties.append(
             (_ESCAPE_PROPERTY, {**cell, "order": _COLLECTION_INDEX.get(item.nodeid, 0)})
         )
+
+
+#: how long a guarantee test's leftovers may take to go once it ended (a process exiting, a container removed)
+_LEFTOVER_GRACE_SECONDS = 10.0
+
+
+def _processes_in(folder: Path) -> list[str]:
+    """Live processes, other than this one, whose command line names `folder` or who run in it."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(Path(entry.path, "cwd"))
+        except OSError:  # gone while we looked, or not ours to read
+            continue
+        if cmdline and (str(folder) in cmdline or Path(cwd).is_relative_to(folder)):
+            found.append(f"pid {entry.name}: {cmdline.strip()[:300]}")
+    return found
+
+
+def _containers_of_runs_in(folder: Path) -> list[str]:
+    """Containers (running or not) whose run label is a run directory under `folder`; none when no engine answers."""
+    docker = os.environ.get("PLATOON_DOCKER", "docker")
+    if shutil.which(docker) is None:
+        return []
+    try:
+        listed = subprocess.run(
+            [
+                docker,
+                "ps",
+                "--all",
+                "--filter",
+                "label=platoon.run",
+                "--format",
+                '{{.Names}} {{.Label "platoon.run"}}',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        return ["the Docker engine did not list its containers within 60 s"]
+    if listed.returncode != 0:
+        return []  # no engine here: this test started no container
+    return [
+        line for line in listed.stdout.splitlines() if Path(line.partition(" ")[2]).is_relative_to(folder)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _a_guarantee_leaves_nothing_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every row of the guarantee sheet also holds that its fault left nothing running: once a guarantee test and
+    its fixtures are done, no process names its folder or runs in it, and no container carries the label of a run
+    in it. A teardown failure fails the row."""
+    if request.node.get_closest_marker("guarantee") is None or "tmp_path" not in request.fixturenames:
+        yield
+        return
+    folder: Path = request.getfixturevalue("tmp_path")
+    yield
+    deadline = time.monotonic() + _LEFTOVER_GRACE_SECONDS
+    while left := _processes_in(folder) + _containers_of_runs_in(folder):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{request.node.nodeid} left these running:\n" + "\n".join(left), pytrace=False)
+        time.sleep(0.5)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

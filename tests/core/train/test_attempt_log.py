@@ -1,6 +1,6 @@
 """The attempt log on its own: what a start that resumes at step S keeps, supersedes, feeds again and skips, when
 groups ran ahead of training (`train.max_staleness` > 0) and others were in flight as the last start died. The whole
-trainer across a real SIGKILL is tested in test_metrics_resume.py."""
+trainer across a real SIGKILL is tested in tests/faults/test_trainer_faults.py."""
 
 from __future__ import annotations
 

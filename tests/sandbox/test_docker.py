@@ -377,8 +377,44 @@ def test_kill_processes_keeps_the_container(image: str, exec_path: str) -> None:
     try:
         left = processes(sandbox)
         assert not [p for p in left if p.startswith("sleep 30")]
-        assert "sleep infinity" in left  # the keep-alive, spared
+        assert "sleep 2147483647" in left  # the keep-alive, spared
         assert run(sandbox.exec(["echo", "alive"])).stdout == "alive\n"
+    finally:
+        run(sandbox.stop())
+
+
+# Every signal a command may send (SIGKILL and SIGSTOP included) to PID 1, then SIGKILL to every other process it can
+# see, the keep-alive among them: an agent that ends its sandbox gets an untrainable `sandbox_gone` instead of a 0.
+END_OWN_SANDBOX = (
+    "for s in KILL TERM INT HUP QUIT STOP USR1 USR2 PIPE ALRM; do kill -$s 1; done; "
+    "for d in /proc/[0-9]*; do p=${d#/proc/}; [ $p = $$ ] || [ $p = 1 ] || kill -9 $p; done; exit 0"
+)
+
+
+@pytest.mark.parametrize("image", [PYTHON_IMAGE, BUSYBOX_IMAGE])
+def test_a_command_cannot_end_its_own_sandbox(image: str) -> None:
+    async def go() -> tuple[DockerSandbox, str, str]:
+        sandbox = await started(image=image)
+        await sandbox.exec(["sh", "-c", END_OWN_SANDBOX])
+        after = (await sandbox.exec(["echo", "alive"])).stdout
+        # an orphan (its shell exits first) is reaped by the init, whatever was killed before
+        await sandbox.exec(["sh", "-c", "sleep 0.1 &"])
+        await asyncio.sleep(1)
+        await sandbox.kill_processes()
+        return sandbox, after, (await sandbox.exec(["echo", "alive"])).stdout
+
+    sandbox, after, after_kill = run(go())
+    try:
+        assert (after, after_kill) == ("alive\n", "alive\n")
+        state = subprocess.run(
+            [docker_binary(), "inspect", "--format", "{{.State.Running}}", sandbox.name],
+            capture_output=True,
+            text=True,
+        )
+        assert state.stdout.strip() == "true"
+        zombies = run(sandbox.exec(["sh", "-c", "cat /proc/[0-9]*/stat | grep -c ') Z ' || true"])).stdout
+        if image == PYTHON_IMAGE:  # bash reaps orphans even once the keep-alive is gone
+            assert zombies.strip() == "0"
     finally:
         run(sandbox.stop())
 
@@ -412,7 +448,7 @@ def test_a_keep_alive_not_yet_started_when_the_start_lists_its_processes_is_wait
         assert early, "the start listed the container's processes"
         assert alive == "alive\n"
         left = processes(sandbox)
-        assert "sleep infinity" in left and not [p for p in left if p.startswith("sleep 309")]
+        assert "sleep 2147483647" in left and not [p for p in left if p.startswith("sleep 309")]
     finally:
         run(sandbox.stop())
 

@@ -148,9 +148,9 @@ def test_a_confined_command_sees_only_its_own_sandboxs_processes(tmp_path):
             await first.exec("sleep 300 >/dev/null 2>&1 &")
             seen = await second.exec("ps -eo pid=,args=")
             processes = dict(line.strip().split(None, 1) for line in seen.stdout.strip().split("\n"))
-            # pid 1 (bubblewrap's init) and its `cat` hold the namespace; then ps itself: nothing else
-            assert processes.pop("1").startswith(shutil.which("bwrap") or "bwrap")
-            assert sorted(processes.values()) == ["cat", "ps -eo pid=,args="]  # bash execs a lone command
+            # pid 1 (the holder's shell) holds the namespace; then ps itself: nothing else
+            assert processes.pop("1").startswith(f"{shutil.which('bash')} -c trap")
+            assert sorted(processes.values()) == ["ps -eo pid=,args="]  # bash execs a lone command
             assert str(os.getpid()) not in (await second.exec("ls /proc")).stdout.split()
         finally:
             await first.stop()
@@ -410,13 +410,31 @@ def test_the_holder_is_ready_only_once_every_mount_is_made(tmp_path):
     assert list((tmp_path / f"platoon-sandboxes-{os.getuid()}").iterdir()) == []
 
 
+def _pid_inside(pid: int) -> int:
+    """A host process's pid in its own (innermost) PID namespace."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1])
+
+
 @pytest.mark.usefixtures("confined_here")
-def test_a_command_that_kills_the_namespaces_init_leaves_a_sandbox_that_says_it_is_gone(tmp_path):
+def test_a_command_cannot_end_its_own_sandbox_but_a_killed_init_is_said(tmp_path):
+    """An agent that ends its sandbox would make its episode the untrainable `sandbox_gone` instead of its score:
+    every signal to the namespace's init, and SIGKILL to every other process, leave the sandbox running (an orphan is
+    still reaped). The init killed from outside the sandbox (the host) ends it, and the sandbox says so."""
+
     async def main() -> None:
         sandbox = await started(tmp_path)
         try:
-            assert (await sandbox.exec("kill -9 1")).ok  # the init ignores it: it is the namespace's
-            await sandbox.exec("sleep 300 >/dev/null 2>&1 & kill -9 2")  # its `cat`: the init then ends
+            signals = "KILL TERM INT HUP QUIT STOP USR1 USR2 PIPE ALRM"
+            await sandbox.exec(f"for s in {signals}; do kill -$s 1; done; kill -9 -1; exit 0")
+            assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+            await sandbox.exec("sleep 0.1 &")  # orphaned as its shell exits
+            await asyncio.sleep(1)
+            zombies = await sandbox.exec("cat /proc/[0-9]*/stat | grep -c ') Z ' || true")
+            assert zombies.stdout.strip() == "0"
+            assert sandbox._confinement is not None
+            (init,) = [pid for pid in sandbox._confinement.holder_pids() if _pid_inside(pid) == 1]
+            os.kill(init, signal.SIGKILL)  # from the host: outside the namespace
             assert procs.wait_gone(sandbox.process_ids(), 30.0) == []
             with pytest.raises(SandboxGone, match="the init of its PID namespace exited"):
                 await sandbox.exec("true")

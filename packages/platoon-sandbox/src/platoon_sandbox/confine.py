@@ -1,8 +1,9 @@
 """Bubblewrap around a process sandbox's commands (harness.md 5.7): what they may see of the host, and what not.
 
 Each sandbox has a *holder*: a bwrap started with the sandbox, before any command of the agent's, that makes the
-sandbox's namespaces (PID, mount, IPC, UTS) and mounts its filesystem once; its init lives as long as the sandbox
-and dies with platoon (`--die-with-parent`), taking every process of the sandbox with it. Every command enters the
+sandbox's namespaces (PID, mount, IPC, UTS) and mounts its filesystem once; its init (`HOLD`, which no command can
+signal) lives as long as the sandbox and dies with platoon (`--die-with-parent`), taking every process of the
+sandbox with it. Every command enters the
 holder's namespaces with `nsenter` and drops every capability, with no new privileges (`setpriv`): so a sandbox's
 commands see one another (a server one command starts is there for the next, as in a container) and none of the
 host's processes (`/proc` is the namespace's, a command's parent is outside it, and no host process's
@@ -58,8 +59,12 @@ START_TIMEOUT_S = 30.0
 TEARDOWN_S = 10.0
 #: Stop-then-kill passes over the processes of the sandbox's commands (`kill_commands`).
 KILL_PASSES = 50
-#: The holder's command: says it runs (so every mount is in place), then waits for its stdin to close.
-HOLD = "echo ready; exec cat >/dev/null"
+#: The holder's command, the PID namespace's init (`--as-pid-1`): says it runs (so every mount is in place), then
+#: waits for its stdin to close. The kernel delivers no signal to a namespace's init from inside it unless the init
+#: handles it, never SIGKILL or SIGSTOP, and this shell ignores the rest: no command can end its own sandbox (which
+#: would make its episode the untrainable `sandbox_gone`). bash, where the host has it, reaps orphaned processes
+#: while it reads; a plain sh leaves them as zombies until the sandbox stops.
+HOLD = 'trap "" HUP INT QUIT TERM USR1 USR2 PIPE ALRM; echo ready; while read -r _; do :; done'
 #: Mounted fresh rather than taken from the host.
 _FRESH = ("/proc", "/dev")
 #: Sockets that reach a Docker engine besides the one `DOCKER_HOST` names (those under /run and /tmp are private).
@@ -67,6 +72,7 @@ _HOME_DOCKER_SOCKETS = (".docker/run/docker.sock", ".docker/desktop/docker.sock"
 #: The holder: the namespaces every command joins, no capabilities, and SIGKILL when platoon goes.
 _HOLDER_FLAGS = (
     "--unshare-pid",
+    "--as-pid-1",
     "--unshare-ipc",
     "--unshare-uts",
     "--new-session",
@@ -221,7 +227,7 @@ class Confinement:
         self._pidns: tuple[int, int] | None = (
             None  # (device, inode) of the PID namespace, to find its members
         )
-        self._own: set[int] = set()  # the holder's init and its `cat`: the namespace's, not a command's
+        self._own: set[int] = set()  # the holder's init: the namespace's, not a command's
 
     async def start(self, prefix: Sequence[str], env: Mapping[str, str]) -> None:
         """Start the holder (`prefix` runs it in the sandbox's network namespace, as every command) and wait until
@@ -241,7 +247,7 @@ class Confinement:
                 "--info-fd",
                 str(info_write),
                 "--",
-                "sh",
+                shutil.which("bash") or "sh",
                 "-c",
                 HOLD,
                 stdin=asyncio.subprocess.PIPE,  # the init lives until we close it
@@ -314,7 +320,7 @@ class Confinement:
         return self._holder is not None
 
     def holder_pids(self) -> set[int]:
-        """The holder's processes (its bwrap on the host's side, the init, the `cat`) while it runs."""
+        """The holder's processes (its bwrap on the host's side, the init) while it runs."""
         return {self._holder.pid, *self._own} if self._holder is not None else set()
 
     def command(self, argv: Sequence[str], cwd: str) -> list[str]:
@@ -324,7 +330,7 @@ class Confinement:
         if self._holder is None:
             raise SandboxError("the sandbox's namespaces are gone (its holder stopped)")
         if not all(procs.running(pid) for pid in self._own):
-            # a command killed the holder's `cat`: bwrap's init then ends, and the namespace with every process
+            # the init is gone (killed from outside the sandbox: no command can signal it), and every process with it
             raise SandboxGone(
                 "the sandbox is gone: the init of its PID namespace exited, and every process with it"
             )

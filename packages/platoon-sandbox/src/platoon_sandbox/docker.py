@@ -7,8 +7,9 @@ CLI). Commands (`exec` and the provider's own scripts) go through the `docker` S
 (`platoon_sandbox.engine`), which saves the CLI's process start on the hot path; with another CLI than `docker`,
 or an engine the SDK cannot reach, they fall back to `docker exec`.
 
-Each sandbox is a detached `sleep infinity` container named `platoon-<12hex>` (under `--init`, so orphaned children
-are reaped and the container's own processes are an init and a keep-alive). Commands carry `PLATOON_EXEC=<uuid>`:
+Each sandbox is a detached container named `platoon-<12hex>` whose own processes are an init and a keep-alive: a
+shell that no command can signal (`INIT`), so a command cannot end its own sandbox, and that reaps orphaned
+children (the old flags: `sleep infinity` under `--init`). Commands carry `PLATOON_EXEC=<uuid>`:
 abandoning an exec (its API connection or its `docker exec` client) does not stop the command inside, so a timeout
 or a cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the
 marker.
@@ -115,6 +116,16 @@ DEFAULT_EGRESS_RUNTIME = "runsc-hostinet"
 #: How often the disk watchdog measures a sandbox's writable layer (the engine walks the layer to answer).
 DISK_POLL_S = 2.0
 MB = 1024 * 1024
+
+# The container's PID 1 under the hardened defaults (harness.md 5.7), so that no command can end its own sandbox
+# (which would turn its episode into the untrainable `sandbox_gone` instead of its score). The kernel delivers no
+# signal to a PID namespace's init from inside it unless the init handles it, never SIGKILL or SIGSTOP: this shell
+# ignores the rest. It waits on a keep-alive (`wait` reaps orphaned processes meanwhile); if a command kills the
+# keep-alive, it blocks reading its stdin (kept open by the engine, `--interactive`) instead of exiting, and bash
+# (used where the image has it) still reaps orphans there. Started by `sh -c INIT_LAUNCH platoon-init INIT`. gVisor
+# does deliver a SIGKILL from inside to its init: docs/sandboxes.md says so.
+INIT = 'trap "" HUP INT QUIT TERM USR1 USR2 PIPE ALRM; sleep 2147483647 & wait; while read -r _; do :; done'
+INIT_LAUNCH = 'command -v bash >/dev/null 2>&1 && exec bash -c "$1"; eval "$1"'
 
 # Whether an engine (binary, DOCKER_HOST) applies `--storage-opt size=`: learnt from its first refusal.
 _DISK_QUOTA: dict[tuple[str, str | None], bool] = {}
@@ -932,7 +943,8 @@ class DockerProvider:
         args = [
             "run",
             "--detach",
-            "--init",
+            # the hardened init takes no signal from a command (INIT); the old flags' docker-init ends with its child
+            *(("--interactive",) if self.hardening else ("--init",)),
             "--name",
             name,
             "--workdir",
@@ -956,6 +968,8 @@ class DockerProvider:
         if spec.network != "host":
             for source, target in ContainerForwarders.binds(spec.upstreams):
                 args += ["--volume", f"{source}:{target}:ro"]
+        if self.hardening:
+            return [*args, "--entrypoint", "sh", image, "-c", INIT_LAUNCH, "platoon-init", INIT]
         return [*args, "--entrypoint", "sleep", image, "infinity"]
 
     def _runtime_for(self, spec: SandboxSpec) -> str | None:

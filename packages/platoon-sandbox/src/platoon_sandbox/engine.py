@@ -82,15 +82,15 @@ def run_in_container(
             user=user or "",
         )["Id"]
     except Exception as error:
-        # The engine's own refusal, before anything ran in the container (so no command's output can fake it):
-        # 409 for a container that is not running, 404 for one that was removed.
-        if getattr(error, "status_code", None) in (404, 409):
-            raise SandboxGone(
-                f"sandbox {container} is gone (killed, or its main process exited); the engine answered: "
-                f"{getattr(error, 'explanation', None) or error}"
-            ) from error
-        raise
-    conn = _retried(api.exec_start, exec_id, socket=True)
+        if (gone := _gone(error, container)) is None:
+            raise
+        raise gone from error
+    try:
+        conn = _retried(api.exec_start, exec_id, socket=True)
+    except Exception as error:  # the container died between the two requests: the exec went with it
+        if (gone := _gone(error, container)) is None:
+            raise
+        raise gone from error
     raw: socket.socket = getattr(conn, "_sock", conn)
     opened.append(raw)
     try:
@@ -103,6 +103,18 @@ def run_in_container(
         with contextlib.suppress(OSError):
             raw.close()
     return None if abandoned else _exit_code(api, exec_id)
+
+
+def _gone(error: Exception, container: str) -> SandboxGone | None:
+    """`SandboxGone` for the engine's own refusal of an exec, made before anything ran in the container (so no
+    command's output can fake it): 409 for a container that is not running, 404 for one (or its exec) removed with
+    it. None for any other error."""
+    if getattr(error, "status_code", None) in (404, 409):
+        return SandboxGone(
+            f"sandbox {container} is gone (killed, or its main process exited); the engine answered: "
+            f"{getattr(error, 'explanation', None) or error}"
+        )
+    return None
 
 
 def written_bytes(api: Any, container: str) -> int | None:

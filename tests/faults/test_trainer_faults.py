@@ -213,9 +213,9 @@ def _platoon_lines(text: str) -> list[str]:
     "fills",
     "Harbor tasks in Docker, training (one run, four starts)",
     "the resume reaps what the killed start left and redoes what it lost; Ctrl-C mid-step abandons that step and "
-    "keeps what the start trained in `_interrupted`, exit 130; a full disk stops at the step boundary with one line, exit 1; every group of the "
-    "weights' lineage trained exactly once (on the datums the service received); each step's metrics once and its "
-    "rollouts' events on disk; no container left after any start that ended",
+    "keeps what the start trained in `_interrupted`, exit 130; a full disk stops at the step boundary with one "
+    "line, exit 1; every group of the weights' lineage trained exactly once (on the datums the service received); "
+    "each step's metrics once and its rollouts' events on disk; no container left after any start that ended",
 )
 def test_a_harbor_run_survives_sigkill_piped_ctrl_c_and_a_full_disk_and_trains_each_group_once(
     tmp_path: Path, run_disk: Path
@@ -286,9 +286,8 @@ def test_a_harbor_run_survives_sigkill_piped_ctrl_c_and_a_full_disk_and_trains_e
     (run_disk / "filler").unlink()
     finished = Start(command, env)
     assert finished.wait() == 0, finished.text[-4000:]
-    assert "platoon: resuming at step 4 from " in finished.text, (
-        finished.text
-    )  # the 3rd start's launch checkpoint
+    # from the launch checkpoint the third start saved, as of step 3
+    assert "platoon: resuming at step 4 from " in finished.text, finished.text
     assert [row["step"] for row in _lines(run / "metrics.jsonl")] == [1, 2, 3, 4]
     (superseded,) = _lines(run / "metrics_superseded.jsonl")  # the lost step 3's row, kept aside
     assert superseded["superseded_by_start_at_step"] == 2

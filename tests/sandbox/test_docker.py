@@ -132,7 +132,10 @@ def test_the_entry_point_names_the_provider() -> None:
         "limit_pids",
         "limit_disk",
         "run_as_user",
+        "lifetime",
     }
+    # gVisor delivers a SIGKILL from inside the sandbox to its init: a command can end a runsc sandbox
+    assert "lifetime" not in DockerProvider(runtime="runsc").capabilities
 
 
 def test_exec_strings_run_under_bash_with_env_cwd_and_stdin(exec_path: str) -> None:

@@ -333,9 +333,9 @@ def test_routes_tcp_upstreams_are_their_own_and_unix_ones_on_the_host_network_ge
         finally:
             await sandbox.stop()
         assert ProcessProvider.isolates is False
-        # the network guarantees and clean_env only where bubblewrap (and slirp4netns) work (test_process_netns.py,
-        # test_egress.py, test_process_confine.py)
-        where_bwrap = {"network_none", "network_public", "network_allowlist", "clean_env"}
+        # the network guarantees, clean_env and lifetime only where bubblewrap (and slirp4netns) work
+        # (test_process_netns.py, test_egress.py, test_process_confine.py)
+        where_bwrap = {"network_none", "network_public", "network_allowlist", "clean_env", "lifetime"}
         assert provider(tmp_path).capabilities - where_bwrap == {"snapshot", "routes", "host_loopback"}
         assert stat.S_IMODE(os.stat(sandbox.root.parent).st_mode) == 0o700
 

@@ -106,7 +106,7 @@ def test_no_environment_a_confined_command_can_read_holds_the_hosts_secrets(tmp_
     async def main() -> None:
         sandbox = await started(tmp_path, env={"MODE": "test"})
         try:
-            assert sandbox.confined and "clean_env" in ProcessProvider().capabilities
+            assert sandbox.confined and {"clean_env", "lifetime"} <= ProcessProvider().capabilities
             seen = await sandbox.exec(ALL_ENVIRONS, env={"EXTRA": "given"})
             assert seen.exit_code == 0 and "MODE=test" in seen.stdout and "EXTRA=given" in seen.stdout
             assert leaked(seen.stdout, host_secrets) == []
@@ -126,7 +126,8 @@ def test_unconfined_the_environment_is_still_the_allowlist_but_the_parents_is_in
     async def main() -> None:
         sandbox = await started(tmp_path, "none")
         try:
-            assert not sandbox.confined and "clean_env" not in ProcessProvider(confine="none").capabilities
+            assert not sandbox.confined
+            assert not {"clean_env", "lifetime"} & ProcessProvider(confine="none").capabilities
             own = await sandbox.exec("env")
             assert leaked(own.stdout, host_secrets) == [] and "DOCKER_HOST" not in own.stdout
             # what confinement is for: unconfined, the parent's environment (as this process started) is one file
@@ -343,7 +344,7 @@ def test_without_bubblewrap_one_warning_and_confine_bwrap_refuses(tmp_path, monk
     monkeypatch.setenv(netns.BWRAP_ENV, str(tmp_path / "no-such-bwrap"))
     monkeypatch.setattr(process_module, "_warned", False)
     assert "not an executable" in (confine.unavailable() or "")
-    assert "clean_env" not in ProcessProvider.capabilities
+    assert not {"clean_env", "lifetime"} & ProcessProvider.capabilities
 
     async def main() -> None:
         provider = ProcessProvider(scratch_root=str(tmp_path / "s"))

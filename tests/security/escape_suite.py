@@ -11,6 +11,7 @@ results are not part of the run's records (its log keeps their first line only).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import functools
@@ -104,6 +105,11 @@ ATTEMPTS = (
     Row("mount_tmpfs", "`mount -t tmpfs x /mnt`", "least_privilege"),
     Row("host_canary", "change a host file outside the workdir (any path, or after a remount)", "isolation"),
     Row("disk_past_storage_mb", f"write {DISK_MB} MB past `storage_mb = {STORAGE_MB}`", "limit_disk"),
+    Row(
+        "end_own_sandbox",
+        "end its own sandbox: every signal to PID 1, SIGKILL to every other process (the keep-alive too)",
+        "lifetime",
+    ),
 )
 ALLOWED = (
     Row("gateway_route", "the gateway through the sandbox's route (the episode completes)", kind="allowed"),
@@ -671,6 +677,7 @@ def _run(configuration: Configuration, workdir: Path, marker: str, task_name: st
             f"the disk attempt's file is on the host: {path}"
             for path in _disk_copies(disk_file, host.scratch, workdir)
         ]
+        results["end_own_sandbox"] = asyncio.run(_end_own_sandbox(configuration, options, workdir, task_name))
         return {
             "status": status,
             "capabilities": sorted(capabilities),
@@ -682,6 +689,56 @@ def _run(configuration: Configuration, workdir: Path, marker: str, task_name: st
             "host_changes": host_changes,
             "leftovers": _leftovers(task_name, host.scratch, policy.observed),
         }
+
+
+# A command that tries to end its own sandbox (whose death is the untrainable `sandbox_gone`, which an agent would
+# trade a failing episode for): every signal a command may send to PID 1, then SIGKILL to everything else it sees.
+END_OWN_SANDBOX = (
+    "for s in KILL TERM INT HUP QUIT STOP USR1 USR2 PIPE ALRM; do kill -$s 1 2>/dev/null; done; "
+    "for d in /proc/[0-9]*; do p=${d#/proc/}; [ $p = $$ ] || [ $p = 1 ] || kill -9 $p 2>/dev/null; done; exit 0"
+)
+#: a hang guard on the attempt's own command: under gVisor its exec may never return once the sandbox is gone
+END_EXEC_TIMEOUT_S = 30.0
+
+
+async def _end_own_sandbox(
+    configuration: Configuration, options: dict[str, Any], workdir: Path, task_name: str
+) -> dict[str, Any]:
+    """The attempt in a sandbox of its own from the configuration's provider (after the episode, whose disk attempt
+    may already have ended its sandbox): held when the sandbox still runs a command afterwards. Never made where
+    commands share the host's PID namespace (the unconfined process provider), where PID 1 is the host's init."""
+    from platoon import plugins
+    from platoon_sandbox import SandboxSpec
+
+    cls = plugins.resolve_target(plugins.get_sandbox_runtime(configuration.provider).provider)
+    if configuration.provider == "process":
+        provider = cls(scratch_root=str(workdir / "end-scratch"), **options)
+        spec = SandboxSpec(network="none")
+    else:
+        provider = cls(**options)
+        spec = SandboxSpec(
+            image=f"docker://{PYTHON_IMAGE}", network="none", labels={"platoon.task": task_name}
+        )
+    sandbox = await provider.start(spec)
+    try:
+        own = (await sandbox.exec("readlink /proc/self/ns/pid")).stdout.strip()
+        if own == os.readlink("/proc/self/ns/pid"):
+            return {
+                "escaped": True,
+                "evidence": "commands run in the host's PID namespace (PID 1 is the host's init): not tried",
+            }
+        try:
+            await sandbox.exec(END_OWN_SANDBOX, timeout_s=END_EXEC_TIMEOUT_S)
+            after = await sandbox.exec("echo alive", timeout_s=END_EXEC_TIMEOUT_S)
+        except Exception as exc:  # the sandbox went with its init
+            return {"escaped": True, "evidence": f"the next command failed: {type(exc).__name__}: {exc}"}
+        alive = after.stdout == "alive\n"
+        return {
+            "escaped": not alive,
+            "evidence": "a command still runs after it" if alive else f"the next command answered {after!r}",
+        }
+    finally:
+        await sandbox.stop()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,9 @@ __all__ = [
 #: reach the host's loopback, link-local, private or own addresses), `network_allowlist` (the same, reaching only
 #: `allowed_hosts`), `isolation` (the host's files and processes out of reach), `clean_env` (commands start with an
 #: allowlisted environment, never the host's), `limit_cpu_memory`, `limit_pids`, `limit_disk` (`storage_mb`),
-#: `run_as_user` (`user`), `least_privilege` (no capabilities beyond a documented minimum, no new privileges).
+#: `run_as_user` (`user`), `least_privilege` (no capabilities beyond a documented minimum, no new privileges),
+#: `lifetime` (no command can end its own sandbox: a dead sandbox is the untrainable `sandbox_gone`, which an agent
+#: must not be able to trade a failing episode for).
 CAPABILITIES = frozenset(
     (
         "snapshot",
@@ -52,6 +54,7 @@ CAPABILITIES = frozenset(
         "limit_disk",
         "run_as_user",
         "least_privilege",
+        "lifetime",
     )
 )
 

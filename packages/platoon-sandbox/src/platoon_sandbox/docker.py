@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from platoon_sandbox import egress
 from platoon_sandbox.contract import (
@@ -818,6 +818,36 @@ def _egress_runtime_refusal(options: Mapping[str, Any]) -> str | None:
     )
 
 
+#: What every docker sandbox enforces, whatever its runtime.
+BASE_CAPABILITIES = frozenset(
+    {
+        "snapshot",
+        "network_none",
+        "network_public",
+        "network_allowlist",
+        "isolation",
+        "routes",
+        "host_loopback",
+        "clean_env",
+        "least_privilege",
+        "limit_cpu_memory",
+        "limit_pids",
+        "limit_disk",
+        "run_as_user",
+    }
+)
+
+
+class _Capabilities:
+    """`DockerProvider.capabilities`: the class's, plus `lifetime` for a provider whose runtime is not gVisor's
+    (gVisor delivers a SIGKILL sent from inside the sandbox to its init, so a command can end a runsc sandbox)."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> frozenset[str]:
+        if getattr(instance, "runtime", None) == "runsc":
+            return BASE_CAPABILITIES
+        return BASE_CAPABILITIES | {"lifetime"}
+
+
 class DockerProvider:
     """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`), `runtime` (the engine's
     OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default), `egress_runtime` (with
@@ -828,23 +858,8 @@ class DockerProvider:
     name: ClassVar[str] = "docker"
     # clean_env: a container starts from its image's environment and the variables it is given with values
     # (`--env KEY=VALUE`, the Engine API's `KEY=VALUE`), never a bare `--env KEY`, which would copy the host's.
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {
-            "snapshot",
-            "network_none",
-            "network_public",
-            "network_allowlist",
-            "isolation",
-            "routes",
-            "host_loopback",
-            "clean_env",
-            "least_privilege",
-            "limit_cpu_memory",
-            "limit_pids",
-            "limit_disk",
-            "run_as_user",
-        }
-    )
+    # lifetime: the init no command can signal (`INIT`), except under gVisor (`_Capabilities`).
+    capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = True
     #: The least-privilege flags and the default pids limit; only `benchmarks/sandbox.py` turns them off (on a
     #: subclass), to measure what they cost. Not an option: no configuration can reach it.

@@ -137,8 +137,9 @@ class _Capabilities:
             caps = BASE_CAPABILITIES | {"network_none", "network_public", "network_allowlist"}
         if getattr(instance, "confine", None) != "none" and confinement_unavailable() is None:
             # the allowlisted environment is there without bwrap too, but the parent's /proc/<pid>/environ is not
-            # out of reach there: only a confined command has nothing of the host's environment to read
-            caps |= {"clean_env"}
+            # out of reach there: only a confined command has nothing of the host's environment to read; and only
+            # there is the sandbox's life its holder's init, which no command can signal
+            caps |= {"clean_env", "lifetime"}
         return caps
 
 

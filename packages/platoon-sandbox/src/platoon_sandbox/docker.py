@@ -839,8 +839,8 @@ BASE_CAPABILITIES = frozenset(
 
 
 class _Capabilities:
-    """`DockerProvider.capabilities`: the class's, plus `lifetime` for a provider whose runtime is not gVisor's
-    (gVisor delivers a SIGKILL sent from inside the sandbox to its init, so a command can end a runsc sandbox)."""
+    """`DockerProvider.capabilities`: `BASE_CAPABILITIES`, plus `lifetime` unless the provider's runtime is gVisor's
+    (which delivers a SIGKILL sent from inside the sandbox to its init, so a command can end a runsc sandbox)."""
 
     def __get__(self, instance: object, owner: type | None = None) -> frozenset[str]:
         if getattr(instance, "runtime", None) == "runsc":

@@ -4,10 +4,9 @@ Each sandbox has a *holder*: a bwrap started with the sandbox, before any comman
 sandbox's namespaces (PID, mount, IPC, UTS) and mounts its filesystem once; its init (`HOLD`, which no command can
 signal) lives as long as the sandbox and dies with platoon (`--die-with-parent`), taking every process of the
 sandbox with it. Every command enters the holder's namespaces with `nsenter` and drops every capability, with no
-new privileges (`setpriv`): so a sandbox's
-commands see one another (a server one command starts is there for the next, as in a container) and none of the
-host's processes (`/proc` is the namespace's, a command's parent is outside it, and no host process's
-`/proc/<pid>/environ` is in reach). The mounts are never made again while the agent's files are there: a symlink a
+new privileges (`setpriv`): so a sandbox's commands see one another (a server one command starts is there for the
+next, as in a container) and none of the host's processes (`/proc` is the namespace's, a command's parent is
+outside it, and no host process's `/proc/<pid>/environ` is in reach). The mounts are never made again while the agent's files are there: a symlink a
 command plants cannot steer them onto the host's files.
 
 The filesystem a command sees: the sandbox's `fs/` as `/`, so `/app`, `/tests`, `/logs`, `/solution`, `/tmp` and

@@ -163,8 +163,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
-#: how long a guarantee test's leftovers may take to go once it ended (a process exiting, a container removed)
-_LEFTOVER_GRACE_SECONDS = 10.0
+#: how long a guarantee test's leftovers may take to go once it ended (a process exiting, a container removed): a
+#: hang guard on a loaded machine, spent only when something is left
+_LEFTOVER_GRACE_SECONDS = 30.0
 
 
 def _processes_in(folder: Path) -> list[str]:

@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_cli import containers, docker
 
 from platoon.cli import main
 from platoon.testing import Completion, serve_policy, tool_call
 from platoon.trajectory_events import by_collection, read_events
 
 PYTHON_IMAGE = "platoon-test/python:bookworm"
-DOCKER = os.environ.get("PLATOON_DOCKER", "docker")
 GROUP_SIZE = 2
 SAMPLE_TIMEOUT = 5
 VERIFIER_TIMEOUT = 5
@@ -72,12 +70,6 @@ def _write_dataset(root: Path) -> Path:
     return root
 
 
-def _docker(*args: str) -> list[str]:
-    listed = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=60)
-    assert listed.returncode == 0, listed.stderr
-    return listed.stdout.split()
-
-
 class FaultyPolicy:
     """The policy behind the agent, by task: `answer` is solved on its first rollout only; `sampler` fails or
     stalls; `killed` has its sandboxes killed before the answer comes back; the rest write the answer."""
@@ -98,16 +90,9 @@ class FaultyPolicy:
                 raise RuntimeError("the sampler failed (injected)")
             return Completion("never sent", delay=3600)  # past train.sample_timeout_seconds
         if task == "killed":
-            running = _docker(
-                "ps",
-                "--quiet",
-                "--filter",
-                "label=platoon.task=killed",
-                "--filter",
-                f"label=platoon.run={self.run_dir}",
-            )
+            running = containers("platoon.task=killed", f"platoon.run={self.run_dir}", running_only=True)
             assert running, "no sandbox of the `killed` task is running while its agent waits for an answer"
-            _docker("kill", *running)
+            docker("kill", *running)
         return "\n" + tool_call("bash", {"command": ANSWER})
 
 
@@ -177,4 +162,4 @@ def test_a_command_line_agent_s_faults_on_harbor_tasks_never_train_as_zero(
     assert step["train/batch/outcome/scored"] == GROUP_SIZE
     assert step["train/datums/trajectories"] == GROUP_SIZE  # only the sound task's rollouts made datums
     assert step["train/batch/optimizer_updates"] == 1.0
-    assert _docker("ps", "--all", "--quiet", "--filter", f"label=platoon.run={run.resolve()}") == []
+    assert containers(f"platoon.run={run.resolve()}") == []

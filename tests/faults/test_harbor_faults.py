@@ -8,7 +8,6 @@ CI starts the Docker engine and builds `platoon-test/python:bookworm` first (`.c
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import uuid
@@ -16,25 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_cli import DOCKER, containers, docker
 
 from platoon_harbor.service import HarborService
 
 PYTHON_IMAGE = "platoon-test/python:bookworm"
-DOCKER = os.environ.get("PLATOON_DOCKER", "docker")
 TEST_SH = """#!/bin/bash
 if grep -qx 42 /app/answer.txt; then echo 1 > /logs/verifier/reward.txt
 else echo 0 > /logs/verifier/reward.txt; fi
 """
-
-
-def _containers(env_name: str) -> list[str]:
-    listed = subprocess.run(
-        [DOCKER, "ps", "--all", "--quiet", "--filter", f"label=platoon.env={env_name}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return listed.stdout.split()
 
 
 async def _killed_mid_episode(service: HarborService, env_name: str) -> tuple[Any, Any]:
@@ -42,9 +31,9 @@ async def _killed_mid_episode(service: HarborService, env_name: str) -> tuple[An
     session = await service.open(await service.get_task("answer"), rollout_id=f"r-{uuid.uuid4().hex[:8]}")
     try:
         await session.call_tool("bash", {"command": "echo 42 > /app/answer.txt"})
-        running = _containers(env_name)
+        running = containers(f"platoon.env={env_name}")
         assert running, "the agent's sandbox is not a container of this environment"
-        subprocess.run([DOCKER, "kill", *running], capture_output=True, check=True)
+        docker("kill", *running)
         after = await session.call_tool("bash", {"command": "cat /app/answer.txt"})
         return after, await session.grade()
     finally:
@@ -83,7 +72,7 @@ def test_a_sandbox_killed_mid_episode_is_never_a_zero(tmp_path: Path, mode: str)
     try:
         after, outcome = asyncio.run(_killed_mid_episode(service, env_name))
     finally:
-        left = _containers(env_name)
+        left = containers(f"platoon.env={env_name}")
         if left:
             subprocess.run([DOCKER, "rm", "--force", *left], capture_output=True)
     assert after.is_error  # the agent is told its command did not run

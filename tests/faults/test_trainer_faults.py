@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_cli import containers
 
 from platoon.trajectory_events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "harbor-dataset" / "train.yaml"
-DOCKER = os.environ.get("PLATOON_DOCKER", "docker")
 STEPS = 4
 TASKS = 2
 GROUP_SIZE = 2
@@ -118,17 +118,6 @@ AGENT = textwrap.dedent(
 def _lines(path: Path) -> list[dict[str, Any]]:
     """Every line of a JSONL file as a row: fails on a line that does not parse."""
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _containers(run: Path) -> list[str]:
-    listed = subprocess.run(
-        [DOCKER, "ps", "--all", "--quiet", "--filter", f"label=platoon.run={run}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert listed.returncode == 0, listed.stderr
-    return listed.stdout.split()
 
 
 def _mount(*args: str) -> None:
@@ -255,7 +244,7 @@ def test_a_harbor_run_survives_sigkill_piped_ctrl_c_and_a_full_disk_and_trains_e
     assert [row["step"] for row in _lines(run / "metrics.jsonl")] == [1, 2, 3]
     lost_step_3 = _lines(run / "metrics.jsonl")[-1]
     assert [row["name"] for row in _lines(run / "checkpoints.jsonl")] == ["recovery-000000", "000002"]
-    left = _containers(run)
+    left = containers(f"platoon.run={run}")
     assert left, "the killed start had step 4's sandbox running; SIGKILL gave it no chance to stop it"
 
     # 2. Resumed with its output into a pipe; the reader goes and Ctrl-C comes while step 4's rollouts run: the
@@ -271,7 +260,7 @@ def test_a_harbor_run_survives_sigkill_piped_ctrl_c_and_a_full_disk_and_trains_e
     assert f"platoon: reaped {len(left)} sandbox(es) of {run}" in _platoon_lines(interrupted.text)
     assert "platoon: resuming at step 3 from 000002" in interrupted.text, interrupted.text
     assert _lines(run / "checkpoints.jsonl")[-1]["name"] == "000003_interrupted"
-    assert _containers(run) == []
+    assert containers(f"platoon.run={run}") == []
 
     # 3. Resumed at step 4, whose first rollout fills the disk: the run stops at the step boundary.
     filling = Start(command, env, FAULT="fill", FAULT_AT="1", FAULT_DISK=str(run_disk))
@@ -280,7 +269,7 @@ def test_a_harbor_run_survives_sigkill_piped_ctrl_c_and_a_full_disk_and_trains_e
     (line,) = [line for line in filling.text.splitlines() if "no space" in line]
     assert line.startswith(f"platoon: could not write {run}/"), line
     assert [row["step"] for row in _lines(run / "metrics.jsonl")] == [1, 2, 3]  # every row parses
-    assert _containers(run) == []
+    assert containers(f"platoon.run={run}") == []
 
     # 4. Space again: the same command finishes the run.
     (run_disk / "filler").unlink()
@@ -295,7 +284,7 @@ def test_a_harbor_run_survives_sigkill_piped_ctrl_c_and_a_full_disk_and_trains_e
         key: value for key, value in superseded.items() if not key.startswith("superseded")
     } == lost_step_3
     assert _lines(run / "checkpoints.jsonl")[-1]["name"] == "final"
-    assert _containers(run) == []
+    assert containers(f"platoon.run={run}") == []
 
     trained_by = {1: killed, 2: killed, 3: interrupted, 4: finished}
     _assert_each_group_of_the_lineage_trained_once(

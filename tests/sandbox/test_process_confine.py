@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -430,13 +431,16 @@ def test_a_command_cannot_end_its_own_sandbox_but_a_killed_init_is_said(tmp_path
             await sandbox.exec(f"for s in {signals}; do kill -$s 1; done; kill -9 -1; exit 0")
             assert (await sandbox.exec("echo alive")).stdout == "alive\n"
             await sandbox.exec("sleep 0.1 &")  # orphaned as its shell exits
-            await asyncio.sleep(1)
-            zombies = await sandbox.exec("cat /proc/[0-9]*/stat | grep -c ') Z ' || true")
-            assert zombies.stdout.strip() == "0"
+            # gone, not a zombie: polled until no `sleep` is left (a zombie keeps its name in /proc/<pid>/stat)
+            count = "cat /proc/[0-9]*/stat 2>/dev/null | grep -c '(sleep) ' || true"
+            deadline = time.monotonic() + 30.0  # a hang guard
+            while int((await sandbox.exec(count)).stdout.strip() or 0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert (await sandbox.exec(count)).stdout.strip() == "0"
             assert sandbox._confinement is not None
             (init,) = [pid for pid in sandbox._confinement.holder_pids() if _pid_inside(pid) == 1]
             os.kill(init, signal.SIGKILL)  # from the host: outside the namespace
-            assert procs.wait_gone(sandbox.process_ids(), 30.0) == []
+            assert procs.wait_gone([init, *sandbox.process_ids()], 30.0) == []
             with pytest.raises(SandboxGone, match="the init of its PID namespace exited"):
                 await sandbox.exec("true")
         finally:

@@ -719,7 +719,10 @@ async def _end_own_sandbox(
         spec = SandboxSpec(
             image=f"docker://{PYTHON_IMAGE}", network="none", labels={"platoon.task": task_name}
         )
-    sandbox = await provider.start(spec)
+    try:
+        sandbox = await provider.start(spec)
+    except Exception as exc:  # said as the attempt's own failure, never passed off as held
+        return {"escaped": False, "error": True, "evidence": f"the sandbox did not start: {exc}"}
     try:
         own = (await sandbox.exec("readlink /proc/self/ns/pid")).stdout.strip()
         if own == os.readlink("/proc/self/ns/pid"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from platoon.cli import main
 
 CORE_COMMANDS = [
@@ -39,8 +41,9 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "No such command 'bogus'" in capsys.readouterr().err
 
 
-def _command_groups() -> list[tuple[str, ...]]:
-    """The path of every command group the installed `platoon` has (core's and installed plugins'), nested ones too."""
+def _commands(*, groups_only: bool) -> list[tuple[str, ...]]:
+    """The path of every command (or only every command group) the installed `platoon` has, core's and installed
+    plugins', nested ones too."""
     from typer import _click
     from typer.core import TyperGroup
 
@@ -57,9 +60,15 @@ def _command_groups() -> list[tuple[str, ...]]:
             if isinstance(command, TyperGroup):
                 paths.append((*path, name))
                 walk(command, (*path, name))
+            elif not groups_only and name != "viz":  # viz parses its own arguments
+                paths.append((*path, name))
 
     walk(root, ())
     return paths
+
+
+def _command_groups() -> list[tuple[str, ...]]:
+    return _commands(groups_only=True)
 
 
 def test_every_command_group_lists_its_subcommands_and_refuses_unknown_ones(capsys):
@@ -76,6 +85,29 @@ def test_every_command_group_lists_its_subcommands_and_refuses_unknown_ones(caps
         assert "Commands:\n" in help_text, path
         assert main([*path, "bogus"]) == 64, path
         assert "No such command 'bogus'" in capsys.readouterr().err, path
+
+
+def test_every_help_page_shows_plain_placeholders_and_flags(capsys):
+    # `CONFIG`, not typer's `{CONFIG}`; `TEXT`, not `<str>`; `--json-output`, not
+    # `--json-output / --no-json-output [default: no-json-output]`
+    pages = {}
+    for path in _commands(groups_only=False):
+        assert main([*path, "--help"]) == 0, path
+        pages[path] = capsys.readouterr().out
+    assert len(pages) > 20
+    for path, page in pages.items():
+        usage = page.splitlines()[0]
+        assert "{" not in usage and "<" not in usage, (path, usage)
+        assert not re.search(r"<(str|int|float|int range|float range)>", page), (path, page)
+        assert "[default: no-" not in page and "/ --no-json-output" not in page, (path, page)
+    assert "Usage: platoon train [OPTIONS] CONFIG [K=V]...\n" in pages[("train",)]
+    assert re.search(r"\n  --json-output +Print JSON instead of text\.\n", pages[("extensions", "list")])
+    assert re.search(r"\n  --task TEXT +The task id", pages[("rollout",)])
+
+
+def test_the_negative_twin_of_a_flag_still_parses(capsys):
+    assert main(["extensions", "list", "--kind", "program", "--no-json-output"]) == 0
+    assert capsys.readouterr().out.startswith("kind ")
 
 
 def test_bad_option_is_a_usage_error(capsys):

@@ -17,7 +17,7 @@ from platoon.errors import EX_CONFIG, ConfigError
 
 Config = Annotated[str, typer.Argument(metavar="CONFIG", help="A run config.", show_default=False)]
 Overrides = Annotated[
-    list[str] | None, typer.Argument(metavar="[k=v ...]", help="Config overrides.", show_default=False)
+    list[str] | None, typer.Argument(metavar="[K=V]...", help="Config overrides.", show_default=False)
 ]
 Concurrency = Annotated[
     int, typer.Option("--concurrency", min=1, help="Tasks checked at once (each runs two sandboxes).")

@@ -21,7 +21,7 @@ Target = Annotated[
     str, typer.Argument(metavar="CONFIG|LOCK", help="A run config, or a lock file.", show_default=False)
 ]
 Overrides = Annotated[
-    list[str] | None, typer.Argument(metavar="[k=v ...]", help="Config overrides.", show_default=False)
+    list[str] | None, typer.Argument(metavar="[K=V]...", help="Config overrides.", show_default=False)
 ]
 CacheOption = Annotated[
     str | None,

@@ -16,6 +16,7 @@ from typer.core import TyperCommand, TyperGroup
 from platoon.cli import components, config, extensions, plot, prepare, rollout, root, tinker, train
 from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
+from platoon.cli.style import plain_help
 from platoon.errors import ExtensionError
 
 
@@ -65,7 +66,7 @@ def _load_plugin_group(name: str) -> _click.Command:
     # `--help` and run it for any unknown name (`platoon sandbox bogus` running `reap`).
     command = typer.main.get_group(app)
     command.name = name
-    return command
+    return plain_help(command)
 
 
 def _version_callback(value: bool) -> None:
@@ -132,4 +133,4 @@ def _viz_placeholder() -> int:
 
 
 def build_command() -> _click.Command:
-    return typer.main.get_command(build_app())
+    return plain_help(typer.main.get_command(build_app()))

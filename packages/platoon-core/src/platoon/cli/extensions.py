@@ -30,6 +30,7 @@ KindOption = Annotated[
     str | None,
     typer.Option("--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}.", show_default=False),
 ]
+JsonOption = Annotated[bool, typer.Option(help="Print JSON instead of text.")]
 
 
 def _check_kind(kind: str | None) -> None:
@@ -53,7 +54,7 @@ def _record(info: Any) -> dict[str, Any]:
 
 
 @app.command("list")
-def list_(kind: KindOption = None, json_output: bool = False) -> None:
+def list_(kind: KindOption = None, json_output: JsonOption = False) -> None:
     """List every component installed extensions provide (metadata only; nothing is imported)."""
     from platoon import plugins
 
@@ -119,7 +120,7 @@ def show(
     ],
     kind: KindOption = None,
     load: Annotated[bool, typer.Option("--load", help="Import the component to show its versions.")] = False,
-    json_output: bool = False,
+    json_output: JsonOption = False,
 ) -> int:
     """Show where a component comes from, what it requires and whether it loads."""
     from platoon import plugins

@@ -92,8 +92,39 @@ def test_extension_groups_follow_sys_path_order_as_importlib_metadata_does(
     listing = dict(root.listing())
     # an extension cannot take a core command's name
     assert listing["config"] == root.CORE_COMMANDS["config"]
-    assert listing["acme"] == "Commands of Acme-Tools (an extension)."
+    assert listing["acme"] == "Commands from Acme-Tools."
     assert root.render_help() == _typer_page()
+
+
+def test_first_party_groups_are_listed_with_their_own_help_and_say_their_package(capsys):
+    installed = root.extension_groups()
+    for name, (distribution, line) in root.FIRST_PARTY_GROUPS.items():
+        if installed.get(name) != distribution:
+            continue  # platoon-core alone (CI's package step) or a distribution without it
+        assert dict(root.listing())[name] == line
+        assert main([name, "--help"]) == 0
+        page = capsys.readouterr().out
+        # the line is the group's own description, and the group's help names the package it comes with
+        assert f"\n\n  {line}\n\n  From the {distribution} package.\n\n" in page, page
+    assert "(an extension)" not in root.render_help()
+
+
+def test_a_first_party_group_that_is_not_installed_names_the_package(monkeypatch, capsys):
+    # platoon-core alone: the metadata lists no first-party group (whatever this environment installs)
+    everything = root.extension_groups()
+    monkeypatch.setattr(
+        root, "extension_groups", lambda: {k: v for k, v in everything.items() if k not in root.FIRST_PARTY_GROUPS}
+    )
+    for argv in (["harbor"], ["harbor", "fetch", "c.yaml"], ["sandbox", "--help"], ["toolchain", "list"]):
+        assert main(argv) == 64, argv
+        captured = capsys.readouterr()
+        distribution = root.FIRST_PARTY_GROUPS[argv[0]][0]
+        assert captured.err == (
+            f"platoon: `platoon {argv[0]}` comes with the {distribution} package: uv pip install {distribution}\n"
+        )
+        assert captured.out == ""
+    assert main(["harbr"]) == 64  # any other name is click's usage error, as before
+    assert "No such command 'harbr'" in capsys.readouterr().err
 
 
 def test_a_zip_on_sys_path_is_left_to_importlib_metadata(tmp_path, monkeypatch, fresh_plugins):

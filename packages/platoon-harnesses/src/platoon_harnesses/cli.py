@@ -16,7 +16,7 @@ import typer
 from platoon.cli.output import err, new_app, out, table
 from platoon.errors import EX_CONFIG, EX_FAILURE, EX_USAGE
 
-app = new_app("Toolchains for harnesses that run inside task sandboxes: build once per site, list, verify.")
+app = new_app("Build, list and verify the toolchains of sandboxed harnesses.")
 
 RootOption = Annotated[
     str | None,

@@ -19,7 +19,7 @@ import typer
 
 from platoon.cli.output import err, new_app, out, table
 
-app = new_app("Sandboxes a run started: list what its label still has, reap what a killed run left.")
+app = new_app("List and reap the sandboxes a run started.")
 
 RunDirArgument = Annotated[
     str, typer.Argument(metavar="RUN_DIR", help="A run or evaluation directory.", show_default=False)

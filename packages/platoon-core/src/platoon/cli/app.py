@@ -17,7 +17,7 @@ from platoon.cli import components, config, extensions, plot, prepare, rollout, 
 from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
 from platoon.cli.style import plain_help
-from platoon.errors import ExtensionError
+from platoon.errors import ExtensionError, UsageError
 
 
 class PlatoonGroup(TyperGroup):
@@ -38,15 +38,18 @@ class PlatoonGroup(TyperGroup):
         if cmd_name not in groups:
             return None
         # A stand-in for help listings; running the group loads the real one (resolve_command).
-        line = root.extension_group_help(groups[cmd_name])
+        line = root.extension_group_help(cmd_name, groups[cmd_name])
         return TyperCommand(name=cmd_name, help=line, short_help=line)
 
     def resolve_command(
         self, ctx: _click.Context, args: list[str]
     ) -> tuple[str | None, _click.Command | None, list[str]]:
         name = args[0] if args else None
-        if name is not None and name not in self.commands and name in self._plugin_groups():
-            return name, _load_plugin_group(name), args[1:]
+        if name is not None and name not in self.commands:
+            if name in self._plugin_groups():
+                return name, _load_plugin_group(name), args[1:]
+            if (missing := root.missing_group_message(name)) is not None:
+                raise UsageError(missing)
         return super().resolve_command(ctx, args)
 
 
@@ -66,6 +69,9 @@ def _load_plugin_group(name: str) -> _click.Command:
     # `--help` and run it for any unknown name (`platoon sandbox bogus` running `reap`).
     command = typer.main.get_group(app)
     command.name = name
+    distribution = root.extension_groups().get(name)
+    if distribution:  # the group's own help says which package it comes with
+        command.help = f"{command.help or ''}\n\nFrom the {distribution} package.".lstrip()
     return plain_help(command)
 
 

@@ -42,9 +42,32 @@ OPTIONS: list[tuple[str, str]] = [
 _USAGE = "Usage: platoon [OPTIONS] COMMAND [ARGS]..."
 
 
-def extension_group_help(distribution: str | None) -> str:
-    """An extension's command group's line in the root listing (its module is imported only to run it)."""
-    return f"Commands of {distribution or 'an unknown distribution'} (an extension)."
+#: the command groups of platoon's own plugin distributions, which are installed apart from core: name ->
+#: (distribution, its line in the root listing: the first paragraph of the group's own help). Core knows them by
+#: name only (it never imports them): to list them as it lists its own commands, and to name the package to install
+#: where one is missing.
+FIRST_PARTY_GROUPS: dict[str, tuple[str, str]] = {
+    "harbor": ("platoon-harbor", "Harbor datasets: fetch and lock, verify, check, task images."),
+    "sandbox": ("platoon-sandbox", "List and reap the sandboxes a run started."),
+    "toolchain": ("platoon-harnesses", "Build, list and verify the toolchains of sandboxed harnesses."),
+}
+
+
+def extension_group_help(name: str, distribution: str | None) -> str:
+    """An extension's command group's line in the root listing. Its module is imported only to run it, so a third
+    party's group is listed by the distribution it comes from."""
+    first_party = FIRST_PARTY_GROUPS.get(name)
+    if first_party is not None and _normalize(first_party[0]) == _normalize(distribution or ""):
+        return first_party[1]
+    return f"Commands from {distribution or 'an unknown distribution'}."
+
+
+def missing_group_message(name: str) -> str | None:
+    """What to install for a first-party command group that is not installed (None for any other name)."""
+    if name not in FIRST_PARTY_GROUPS:
+        return None
+    distribution = FIRST_PARTY_GROUPS[name][0]
+    return f"`platoon {name}` comes with the {distribution} package: uv pip install {distribution}"
 
 
 # ---------------------------------------------------------------------------------------------- extension groups
@@ -141,7 +164,7 @@ def listing() -> list[tuple[str, str]]:
     """(name, line) of every root command, extension groups included, sorted by name."""
     rows = dict(CORE_COMMANDS)
     for name, distribution in extension_groups().items():
-        rows.setdefault(name, extension_group_help(distribution))
+        rows.setdefault(name, extension_group_help(name, distribution))
     return sorted(rows.items())
 
 

@@ -179,6 +179,37 @@ def test_extensions_show(with_extensions, capsys):
     )
 
 
+def test_show_and_check_take_the_same_names(with_extensions, capsys):
+    # a distribution, spelled as `check` takes it: what it requires and what it provides, nothing imported
+    for spelling in ("acme-agents", "acme_agents", "Acme.Agents"):
+        assert main(["extensions", "show", spelling]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[:3] == ["acme-agents 1.3.0  (distribution)", "requires: platoon-core<0.3,>=0.2", "provides:"]
+        rows = [line.split() for line in lines[4:]]
+        assert ["harness", "acme-solver", "ok", "acme_agents.plugin"] in rows
+        assert ["reward_processor", "acme-bonus", "ok", "acme_agents.rewards:bonus"] in rows
+    assert "acme_agents" not in sys.modules
+    assert main(["extensions", "show", "acme-agents", "--kind", "program", "--json-output"]) == 0
+    [block] = json.loads(capsys.readouterr().out)
+    assert (block["distribution"], [c["name"] for c in block["components"]]) == ("acme-agents", ["acme-twice"])
+    # (spelled acme-broken it is its harness's name: a component's name comes first)
+    assert main(["extensions", "show", "acme_broken", "--load"]) == 78
+    captured = capsys.readouterr()
+    assert "  harness  acme-broken  failed  acme_broken.plugin" in captured.out
+    assert "platoon: acme-broken (acme-broken) failed to load: RuntimeError:" in captured.err
+    # a component name checks the distribution that provides it
+    assert main(["extensions", "check", "acme-agents", "--load"]) == 0
+    by_distribution = capsys.readouterr().out
+    assert main(["extensions", "check", "acme-solver", "--load"]) == 0
+    assert capsys.readouterr().out == by_distribution == "ok: no problems found\n"
+    # a name that is neither: one line, the same from both, instead of `check` finding nothing wrong with nothing
+    unknown = "'nobody' is neither a component nor a distribution of an installed extension"
+    for command in ("show", "check"):
+        assert main(["extensions", command, "nobody"]) == 78
+        captured = capsys.readouterr()
+        assert captured.err == f"platoon: {unknown} (see `platoon extensions list`)\n" and captured.out == ""
+
+
 def test_two_distributions_claiming_one_name(extension_dirs, monkeypatch, fresh_plugins):
     monkeypatch.syspath_prepend(str(extension_dirs["clash"]))
     monkeypatch.syspath_prepend(str(extension_dirs["main"]))

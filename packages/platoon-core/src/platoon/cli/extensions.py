@@ -113,16 +113,76 @@ def _requires_text(info: Any) -> str:
     return ", ".join(info.requires) if info.requires else "- (states no requirement on platoon)"
 
 
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _unknown_name(name: str) -> str:
+    return (
+        f"{name!r} is neither a component nor a distribution of an installed extension "
+        "(see `platoon extensions list`)"
+    )
+
+
+def _distribution_infos(name: str, kind: str | None = None) -> list[Any]:
+    """The entry points of the installed distribution `name` (spelled any way its normalized name matches)."""
+    from platoon import plugins
+
+    return [i for i in plugins.entry_points(kind) if i.distribution and _normalize(i.distribution) == _normalize(name)]
+
+
+def _show_distribution(name: str, kind: str | None, load: bool, json_output: bool) -> int:
+    """`show` given a distribution name: what it requires and every component it provides."""
+    from platoon import plugins
+
+    infos = _distribution_infos(name, kind)
+    if not infos:
+        err(f"{_distribution_infos(name)[0].distribution} provides no {kind} (see `platoon extensions show {name}`)")
+        return EX_CONFIG
+    status_code = 0
+    if load:
+        for info in infos:
+            if plugins.first_party_shadow(info) is None and not plugins.conflicting_claims(info):
+                try:
+                    plugins.load(info)
+                except ExtensionError:
+                    status_code = EX_CONFIG  # reported below, by name, with the components' status
+    first = infos[0]
+    if json_output:
+        block = {
+            "distribution": first.distribution,
+            "version": first.distribution_version,
+            "builtin": first.builtin,
+            "requires": list(first.requires),
+            "components": [_record(info) for info in infos],
+        }
+        out(dump_json([block]))
+    else:
+        rows = [(info.kind, info.name, plugins.status(info), info.value) for info in infos]
+        head = f"{first.distribution} {first.distribution_version or ''}".rstrip()
+        lines = [f"{head}  (distribution)", f"requires: {_requires_text(first)}", "provides:"]
+        out("\n".join([*lines, table(("kind", "name", "status", "source"), rows, indent="  ")]))
+    for info in infos:
+        if (failure := plugins.failure(info)) is not None:
+            err(f"{info.name} ({info.label}) failed to load: {plugins.failure_reason(failure)}")
+    return status_code
+
+
 @app.command()
 def show(
     name: Annotated[
-        str, typer.Argument(metavar="NAME", help="A component name as configs write it.", show_default=False)
+        str,
+        typer.Argument(
+            metavar="NAME",
+            help="A component name as configs write it, or a distribution (as `check` takes it).",
+            show_default=False,
+        ),
     ],
     kind: KindOption = None,
     load: Annotated[bool, typer.Option("--load", help="Import the component to show its versions.")] = False,
     json_output: JsonOption = False,
 ) -> int:
-    """Show where a component comes from, what it requires and whether it loads."""
+    """Show where a component comes from, what it requires and whether it loads; or what a distribution provides."""
     from platoon import plugins
 
     _check_kind(kind)
@@ -132,7 +192,9 @@ def show(
     bare = name.split("@", 1)[0]
     infos = [i for i in plugins.entry_points(kind) if i.name == bare]
     if not infos:
-        err(f"no installed extension provides a component named {bare!r} (see `platoon extensions list`)")
+        if _distribution_infos(name):
+            return _show_distribution(name, kind, load, json_output)
+        err(_unknown_name(bare))
         return EX_CONFIG
     status_code = 0
     blocks = []
@@ -203,10 +265,6 @@ def suggested_requirement(version: str) -> str:
     lower = str(v) if v.is_prerelease else f"{v.major}.{v.minor}"
     upper = f"0.{v.minor + 1}" if v.major == 0 else str(v.major + 1)
     return f"platoon>={lower},<{upper}"
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
@@ -332,16 +390,39 @@ def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:
     return problems
 
 
+def _distributions_named(names: list[str]) -> list[str]:
+    """The distributions `check NAME...` means: each name a distribution, or a component whose distribution it
+    checks (as `show` takes both). An unknown name is a ConfigError naming it."""
+    from platoon import plugins
+    from platoon.errors import ConfigError
+
+    found: list[str] = []
+    for name in names:
+        if _distribution_infos(name):
+            found.append(name)
+            continue
+        bare = name.split("@", 1)[0]
+        providers = {i.distribution for i in plugins.entry_points() if i.name == bare and i.distribution}
+        if not providers:
+            raise ConfigError(_unknown_name(name))
+        found += sorted(providers)
+    return found
+
+
 @app.command()
 def check(
     dists: Annotated[
         list[str] | None,
-        typer.Argument(metavar="[DIST]...", help="Only these distributions.", show_default=False),
+        typer.Argument(
+            metavar="[DIST]...",
+            help="Only these distributions (a component name checks the distribution that provides it).",
+            show_default=False,
+        ),
     ] = None,
     load: Annotated[bool, typer.Option("--load", help="Also import every component.")] = False,
 ) -> int:
     """Check installed extensions: names, platoon requirements and, with --load, that they import."""
-    problems = check_problems(list(dists or []), load)
+    problems = check_problems(_distributions_named(list(dists or [])), load)
     for severity, label, message in problems:
         out(f"{severity}: {label}: {message}")
     errors = sum(1 for p in problems if p[0] == "error")

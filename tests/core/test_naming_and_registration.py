@@ -112,9 +112,19 @@ def test_unknown_harness_lists_what_exists(fresh_plugins):
     with pytest.raises(ExtensionError) as caught:
         pt.get_harness("acme-solvr")
     message = str(caught.value)
-    assert message.startswith("unknown harness 'acme-solvr' (did you mean acme-solver?). registered: ")
-    assert "acme-solver@1" in message.split("; installed entry points: ")[0]
+    assert message.startswith("unknown harness 'acme-solvr' (did you mean acme-solver?). installed: ")
+    assert "; registered by code in this process: acme-solver@1; " in message
+    assert "registered: none" not in message
     assert "provide one with @platoon.harness" in message
+
+
+def test_an_unknown_name_lists_what_is_installed_not_an_empty_registry(fresh_plugins):
+    # nothing registered by code: the message says what installed packages provide, not "registered: none"
+    with pytest.raises(ExtensionError) as caught:
+        get_program("acme-nothing")
+    message = str(caught.value)
+    assert message.startswith("unknown program 'acme-nothing'. installed: gym (platoon-core), single (platoon-core); ")
+    assert "registered" not in message.split("; provide one")[0]
 
 
 def test_programs(fresh_plugins):

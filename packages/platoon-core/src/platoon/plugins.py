@@ -386,18 +386,25 @@ def _component_name(kind: str, answer: Any) -> str | None:
 
 
 def unknown_name_error(kind: str, name: str, registered: Iterable[str], how: str) -> ExtensionError:
-    """The unknown-name message: what is registered and installed, close names, how to add one."""
-    registered = sorted(set(registered))
+    """The unknown-name message: what installed packages provide, what code registered besides, close names, how
+    to add one. `registered` holds what this process registered (`name@version`), installed components once loaded
+    included: only the others are named as registered by code."""
     installed = entry_points(kind)
-    names = sorted({ref.split("@", 1)[0] for ref in registered} | {i.name for i in installed})
+    installed_names = {i.name for i in installed}
+    by_code = sorted({ref for ref in registered if ref.split("@", 1)[0] not in installed_names})
+    names = sorted({ref.split("@", 1)[0] for ref in by_code} | installed_names)
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-    head = f"unknown {kind.replace('_', ' ')} {name!r}"
+    what = kind.replace("_", " ")
+    head = f"unknown {what} {name!r}"
     if close:
         head += f" (did you mean {', '.join(close)}?)"
     parts = [
-        "registered: " + (", ".join(registered) or "none"),
-        "installed entry points: " + (", ".join(f"{i.name} ({i.label})" for i in installed) or "none"),
+        "installed: " + ", ".join(f"{i.name} ({i.label})" for i in installed)
+        if installed
+        else f"no installed package provides a {what}"
     ]
+    if by_code:
+        parts.append("registered by code in this process: " + ", ".join(by_code))
     failed = failures(kind)
     if failed:
         parts.append("failed to load: " + ", ".join(f"{i.name} ({i.label})" for i in failed))

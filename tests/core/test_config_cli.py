@@ -296,6 +296,20 @@ def test_validate_refuses_everything_platoon_train_refuses_at_start_all_at_once(
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_mentions_the_site_profile_only_when_there_is_one(configs, capsys, monkeypatch, tmp_path):
+    for variable in ("TINKER_API_KEY", "TINKER_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    configs(c="extends: base.yaml\ntinker_base_url: null\n")  # refused at start: no Tinker key
+    assert main(["train", "c.yaml"]) == 78
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("platoon: TINKER_API_KEY is not set"), lines
+    site = tmp_path / "site.yaml"
+    site.write_text("runs: /srv/runs\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    assert main(["train", "c.yaml"]) == 78
+    assert capsys.readouterr().err.splitlines()[0] == f"platoon: site profile {site}: runs /srv/runs"
+
+
 def test_validate_refuses_a_run_directory_a_live_run_holds(configs, capsys, tmp_path):
     import subprocess
 

@@ -52,7 +52,10 @@ def test_no_profile(tmp_path: Path) -> None:
     assert load_site() is None
     looked = tmp_path / "xdg" / "platoon" / "site.yaml"
     assert site_location() == (None, looked)
-    assert describe_site(None) == [f"no site profile ({looked} does not exist): cache root ~/.cache/platoon"]
+    assert describe_site(None, mention_absence=True) == [
+        f"no site profile ({looked} does not exist): cache root ~/.cache/platoon"
+    ]
+    assert describe_site(None) == []  # a run says nothing of a profile it does not have
 
 
 def test_default_location_without_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -404,11 +404,15 @@ def describe_site(
     *,
     looked_at: Path | None = None,
     env: Mapping[str, str] | None = None,
+    mention_absence: bool = False,
 ) -> list[str]:
-    """The stderr lines that say which site profile a command read (or that it read none) and what it gave,
-    without the `platoon: ` prefix the command line adds."""
+    """The stderr lines that say which site profile a command read and what it gave, without the `platoon: `
+    prefix the command line adds. Without a profile there is nothing to say, unless `mention_absence` (a command
+    that writes into the cache root says where it looked and which cache root it uses)."""
     lines: list[str] = []
     if profile is None:
+        if not mention_absence:
+            return lines
         where = looked_at if looked_at is not None else site_location(env)[1]
         lines.append(f"no site profile ({where} does not exist): cache root {DEFAULT_CACHE_TEXT}")
     else:

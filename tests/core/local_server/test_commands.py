@@ -49,7 +49,12 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
         assert capabilities == {
             "supported_models": [{"model_name": "platoon/toy", "trainable": True, "sampleable": True}]
         }
-        assert f"TINKER_BASE_URL={base_url} and TINKER_API_KEY={key}" in child.stderr.readline()
+        assert [child.stderr.readline() for _ in range(4)] == [
+            f"platoon: local Tinker server for platoon/toy at {base_url}\n",
+            f"platoon: checkpoints in {tmp_path / 'state'}; Ctrl-C stops the server\n",
+            f"platoon: TINKER_BASE_URL={base_url}\n",
+            f"platoon: TINKER_API_KEY={key} (no other key works)\n",
+        ]
         child.send_signal(signal.SIGINT)
         try:
             assert child.wait(timeout=20) == 0
@@ -62,6 +67,28 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
     finally:
         child.kill()
     assert (tmp_path / "state" / "runs").is_dir()
+
+
+@pytest.mark.parametrize("for_a_command", [False, True])
+def test_the_banner_fits_a_100_column_terminal(for_a_command):
+    from pathlib import Path
+
+    from platoon.local_server import issue_api_key
+    from platoon.local_server.process import banner
+
+    lines = banner(
+        model="Qwen/Qwen3-4B-Instruct-2507",
+        base_url="http://127.0.0.1:41234",
+        listening_on=None,
+        directory=Path.home() / ".cache" / "platoon" / "local-tinker",
+        issued_key=issue_api_key(),
+        for_a_command=for_a_command,
+    )
+    assert [line for line in lines if len(f"platoon: {line}") > 100] == []
+    assert "checkpoints in ~/.cache/platoon/local-tinker" in "\n".join(lines)
+    # a server that `tinker_base_url: local` started: the command stops it and holds its key, so neither Ctrl-C
+    # nor the key is the user's business
+    assert len(lines) == (1 if for_a_command else 4)
 
 
 def serve(*args: str) -> list[str]:
@@ -107,12 +134,10 @@ def test_tinker_serve_on_every_address_prints_a_url_other_machines_can_use(tmp_p
         base_url = child.stdout.readline().strip()
         host = urlsplit(base_url).hostname
         assert host not in ("127.0.0.1", "0.0.0.0", "localhost", None), base_url
-        banner = child.stderr.readline()
-        assert (
-            f"listening on 0.0.0.0:{urlsplit(base_url).port}, reachable by other machines at {base_url}"
-            in banner
-        )
-        assert key not in banner, "a key given on the command line is not repeated"
+        banner = [child.stderr.readline() for _ in range(4)]
+        assert banner[0] == f"platoon: local Tinker server for platoon/toy, listening on 0.0.0.0:{urlsplit(base_url).port}\n"
+        assert banner[2] == f"platoon: TINKER_BASE_URL={base_url} (reachable by other machines)\n"
+        assert key not in "".join(banner), "a key given on the command line is not repeated"
         url = f"{base_url}/api/v1/get_server_capabilities"
         assert httpx.get(url, headers={"X-API-Key": key}, timeout=10).status_code == 200
         assert httpx.get(url, headers={"X-API-Key": "tml-made-up"}, timeout=10).status_code == 401

@@ -211,6 +211,40 @@ def check_listening(host: str, api_key: str | None) -> None:
         )
 
 
+def banner(
+    *,
+    model: str,
+    base_url: str,
+    listening_on: str | None,
+    directory: Path,
+    issued_key: str | None,
+    for_a_command: bool,
+) -> list[str]:
+    """What a started server says on stderr, line by line (without the `platoon: ` prefix): short lines that fit
+    100 columns with a usual model name and state directory.
+
+    `listening_on` is the bound `host:port` of a server beyond loopback (None on loopback); `issued_key` the key
+    it issued (None when it was given one). A server `for_a_command` (`tinker_base_url: local`) says only where it
+    is: that command named the model, holds the key and stops the server itself.
+    """
+    home = Path.home()
+    where = f"~/{directory.relative_to(home)}" if directory.is_relative_to(home) else str(directory)
+    if for_a_command:
+        return [f"local Tinker server at {base_url}, checkpoints in {where}"]
+    if listening_on is None:
+        lines = [f"local Tinker server for {model} at {base_url}"]
+        url_line = f"TINKER_BASE_URL={base_url}"
+    else:
+        lines = [f"local Tinker server for {model}, listening on {listening_on}"]
+        url_line = f"TINKER_BASE_URL={base_url} (reachable by other machines)"
+    key_line = (
+        f"TINKER_API_KEY={issued_key} (no other key works)"
+        if issued_key is not None
+        else "TINKER_API_KEY: the key given with --api-key (no other key works)"
+    )
+    return [*lines, f"checkpoints in {where}; Ctrl-C stops the server", url_line, key_line]
+
+
 def serve_foreground(
     *,
     host: str = "127.0.0.1",
@@ -229,7 +263,7 @@ def serve_foreground(
     A `host` other than loopback needs an `api_key` (`check_listening`). `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
     `create_model` finds them ready (a request that needs them meanwhile waits for the warm-up).
     """
-    from platoon.cli.output import err
+    from platoon.cli.output import write_stderr
 
     check_listening(host, api_key)
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -261,18 +295,15 @@ def serve_foreground(
         print(server.base_url, flush=True)
         if api_key is None:
             print(server.api_key, flush=True)
-        where = f"at {server.base_url}"
-        if not is_loopback(host):
-            where = f"listening on {server.listening_on}, reachable by other machines at {server.base_url}"
-        key = (
-            f"TINKER_API_KEY={server.api_key}"
-            if api_key is None
-            else "the key it was given as TINKER_API_KEY"
+        lines = banner(
+            model=model,
+            base_url=server.base_url,
+            listening_on=None if is_loopback(host) else server.listening_on,
+            directory=directory,
+            issued_key=server.api_key if api_key is None else None,
+            for_a_command=exit_on_stdin_eof,
         )
-        err(
-            f"local Tinker server for {model} {where} (checkpoints in {directory}); use "
-            f"TINKER_BASE_URL={server.base_url} and {key} (it takes no other key); Ctrl-C stops it"
-        )
+        write_stderr("".join(f"platoon: {line}\n" for line in lines))  # one write: the banner is never split
         while not done.wait(0.5):
             pass
     except KeyboardInterrupt:

@@ -270,6 +270,26 @@ def test_unknown_keys_name_the_full_path_and_suggest() -> None:
     ]
 
 
+def test_a_key_given_at_the_wrong_level_is_named_where_it_lives() -> None:
+    assert problems({}, "batch_size=4") == [
+        "override 'batch_size=4': batch_size: unknown key; did you mean train.batch_size?"
+    ]
+    assert problems({}, "learning_rate=0.1") == [
+        "override 'learning_rate=0.1': learning_rate: unknown key; did you mean train.optimizer.learning_rate?"
+    ]
+    # below a section too, and every section that has it (a training config's own schema)
+    from platoon.config.training import PlatoonTinkerRLTrainerConfig as Training
+
+    assert problems({}, "train.group_size=4", schema=Training) == [
+        "override 'train.group_size=4': train.group_size: unknown key; "
+        "did you mean train.workflow_config.group_size?"
+    ]
+    assert problems({}, "group_size=4", schema=Training) == [
+        "override 'group_size=4': group_size: unknown key; "
+        "did you mean train.workflow_config.group_size or eval.workflow_config.group_size?"
+    ]
+
+
 def test_cannot_walk_into_a_scalar() -> None:
     found = problems({"train": {"batch_size": 3}}, "train.batch_size.x=1")
     assert found == [

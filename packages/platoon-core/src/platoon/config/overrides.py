@@ -139,16 +139,37 @@ def did_you_mean(key: str, candidates: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
+def keys_below(model: type[BaseModel], key: str, depth: int = 2) -> list[str]:
+    """The dotted paths inside `model`'s sections (down to `depth` levels) that end in the key `key`:
+    `batch_size` -> `train.batch_size` in a training config."""
+    found: list[str] = []
+    for name, info in model.model_fields.items():
+        written = info.alias if isinstance(info.alias, str) else name
+        annotation = unwrap(info.annotation)
+        for section in union_members(annotation) or [annotation]:
+            if not is_model(section):
+                continue
+            if key in model_keys(section):
+                found.append(f"{written}.{key}")
+            elif depth > 1:
+                found += [f"{written}.{path}" for path in keys_below(section, key, depth - 1)]
+    return list(dict.fromkeys(found))
+
+
 def unknown_key_message(model: type[BaseModel], key: str, dotted: str) -> str:
-    """`<dotted>: unknown key; did you mean <dotted match>?` or the class's hint."""
+    """`<dotted>: unknown key; did you mean <dotted match>?` or the class's hint. The match is the key itself
+    one or two sections down (a `batch_size=` that belongs under `train.`), else a close name at this level."""
     hints = getattr(model, "UNKNOWN_KEY_HINTS", {}) or {}
     if key in hints:
         return f"{dotted}: unknown key; {hints[key]}"
+    parent = dotted.rsplit(".", 1)[0] + "." if "." in dotted else ""
+    below = keys_below(model, key)
+    if below:
+        return f"{dotted}: unknown key; did you mean {' or '.join(parent + path for path in below[:3])}?"
     match = did_you_mean(key, model_keys(model))
     if match is None:
         return f"{dotted}: unknown key"
-    parent = dotted.rsplit(".", 1)[0] if "." in dotted else ""
-    return f"{dotted}: unknown key; did you mean {parent + '.' if parent else ''}{match}?"
+    return f"{dotted}: unknown key; did you mean {parent}{match}?"
 
 
 def pick_member(tp: Any, value: Any) -> Any:

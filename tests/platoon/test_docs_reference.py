@@ -42,7 +42,7 @@ def test_every_command_and_public_name_is_listed(generator):
     commands = (generator.REFERENCE / "commands.md").read_text(encoding="utf-8")
     for name in [*root.CORE_COMMANDS, "harbor", "sandbox", "toolchain"]:
         assert f"\n## platoon {name}\n" in commands
-    assert "Usage: platoon plot [OPTIONS] {RUN_DIR}" in commands
+    assert "Usage: platoon plot [OPTIONS] RUN_DIR\n" in commands
 
     import platoon
     import platoon.testing

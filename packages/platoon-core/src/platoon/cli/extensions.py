@@ -182,7 +182,10 @@ def show(
     load: Annotated[bool, typer.Option("--load", help="Import the component to show its versions.")] = False,
     json_output: JsonOption = False,
 ) -> int:
-    """Show where a component comes from, what it requires and whether it loads; or what a distribution provides."""
+    """Show where a component comes from, what it requires and whether it loads.
+
+    NAME may also be a distribution (as `check` takes it): then what it requires and every component it provides.
+    """
     from platoon import plugins
 
     _check_kind(kind)

@@ -97,4 +97,4 @@ def test_help_does_not_import_matplotlib():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert "Usage: platoon plot [OPTIONS] {RUN_DIR}" in done.stdout
+    assert "Usage: platoon plot [OPTIONS] RUN_DIR\n" in done.stdout

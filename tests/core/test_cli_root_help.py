@@ -113,7 +113,9 @@ def test_a_first_party_group_that_is_not_installed_names_the_package(monkeypatch
     # platoon-core alone: the metadata lists no first-party group (whatever this environment installs)
     everything = root.extension_groups()
     monkeypatch.setattr(
-        root, "extension_groups", lambda: {k: v for k, v in everything.items() if k not in root.FIRST_PARTY_GROUPS}
+        root,
+        "extension_groups",
+        lambda: {k: v for k, v in everything.items() if k not in root.FIRST_PARTY_GROUPS},
     )
     for argv in (["harbor"], ["harbor", "fetch", "c.yaml"], ["sandbox", "--help"], ["toolchain", "list"]):
         assert main(argv) == 64, argv

@@ -184,14 +184,21 @@ def test_show_and_check_take_the_same_names(with_extensions, capsys):
     for spelling in ("acme-agents", "acme_agents", "Acme.Agents"):
         assert main(["extensions", "show", spelling]) == 0
         lines = capsys.readouterr().out.splitlines()
-        assert lines[:3] == ["acme-agents 1.3.0  (distribution)", "requires: platoon-core<0.3,>=0.2", "provides:"]
+        assert lines[:3] == [
+            "acme-agents 1.3.0  (distribution)",
+            "requires: platoon-core<0.3,>=0.2",
+            "provides:",
+        ]
         rows = [line.split() for line in lines[4:]]
         assert ["harness", "acme-solver", "ok", "acme_agents.plugin"] in rows
         assert ["reward_processor", "acme-bonus", "ok", "acme_agents.rewards:bonus"] in rows
     assert "acme_agents" not in sys.modules
     assert main(["extensions", "show", "acme-agents", "--kind", "program", "--json-output"]) == 0
     [block] = json.loads(capsys.readouterr().out)
-    assert (block["distribution"], [c["name"] for c in block["components"]]) == ("acme-agents", ["acme-twice"])
+    assert (block["distribution"], [c["name"] for c in block["components"]]) == (
+        "acme-agents",
+        ["acme-twice"],
+    )
     # (spelled acme-broken it is its harness's name: a component's name comes first)
     assert main(["extensions", "show", "acme_broken", "--load"]) == 78
     captured = capsys.readouterr()

@@ -123,7 +123,9 @@ def test_an_unknown_name_lists_what_is_installed_not_an_empty_registry(fresh_plu
     with pytest.raises(ExtensionError) as caught:
         get_program("acme-nothing")
     message = str(caught.value)
-    assert message.startswith("unknown program 'acme-nothing'. installed: gym (platoon-core), single (platoon-core); ")
+    assert message.startswith(
+        "unknown program 'acme-nothing'. installed: gym (platoon-core), single (platoon-core); "
+    )
     assert "registered" not in message.split("; provide one")[0]
 
 

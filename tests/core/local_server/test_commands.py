@@ -135,7 +135,10 @@ def test_tinker_serve_on_every_address_prints_a_url_other_machines_can_use(tmp_p
         host = urlsplit(base_url).hostname
         assert host not in ("127.0.0.1", "0.0.0.0", "localhost", None), base_url
         banner = [child.stderr.readline() for _ in range(4)]
-        assert banner[0] == f"platoon: local Tinker server for platoon/toy, listening on 0.0.0.0:{urlsplit(base_url).port}\n"
+        assert (
+            banner[0]
+            == f"platoon: local Tinker server for platoon/toy, listening on 0.0.0.0:{urlsplit(base_url).port}\n"
+        )
         assert banner[2] == f"platoon: TINKER_BASE_URL={base_url} (reachable by other machines)\n"
         assert key not in "".join(banner), "a key given on the command line is not repeated"
         url = f"{base_url}/api/v1/get_server_capabilities"

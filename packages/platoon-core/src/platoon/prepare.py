@@ -233,7 +233,9 @@ def run_prepare(
 
     say = err or print_err
     loaded, entries = load_environments(config, overrides)
-    for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at, mention_absence=True):
+    for line in describe_site(
+        loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at, mention_absence=True
+    ):
         say(line)
     if not dry_run and (unavailable := site_provider_problem(loaded.site)) is not None:
         raise ConfigError(unavailable)

@@ -128,7 +128,11 @@ def _distribution_infos(name: str, kind: str | None = None) -> list[Any]:
     """The entry points of the installed distribution `name` (spelled any way its normalized name matches)."""
     from platoon import plugins
 
-    return [i for i in plugins.entry_points(kind) if i.distribution and _normalize(i.distribution) == _normalize(name)]
+    return [
+        i
+        for i in plugins.entry_points(kind)
+        if i.distribution and _normalize(i.distribution) == _normalize(name)
+    ]
 
 
 def _show_distribution(name: str, kind: str | None, load: bool, json_output: bool) -> int:
@@ -137,7 +141,9 @@ def _show_distribution(name: str, kind: str | None, load: bool, json_output: boo
 
     infos = _distribution_infos(name, kind)
     if not infos:
-        err(f"{_distribution_infos(name)[0].distribution} provides no {kind} (see `platoon extensions show {name}`)")
+        err(
+            f"{_distribution_infos(name)[0].distribution} provides no {kind} (see `platoon extensions show {name}`)"
+        )
         return EX_CONFIG
     status_code = 0
     if load:

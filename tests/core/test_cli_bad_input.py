@@ -37,7 +37,7 @@ CASES = [
     (["env", "show", "no_module_here:ENV"], 78, "environment: cannot import 'no_module_here:ENV'"),
     (["harness", "show", "a:b:c"], 78, "harness: not an import string: 'a:b:c'"),
     (["program", "show", "x y"], 78, "unknown program 'x y'"),
-    (["extensions", "show", ""], 78, "no installed extension provides a component named ''"),
+    (["extensions", "show", ""], 78, "'' is neither a component nor a distribution"),
     (["extensions", "list", "--kind"], 64, "Option '--kind' requires an argument"),
     (
         ["config", "validate", "--kind", "yaml", "base.yaml"],

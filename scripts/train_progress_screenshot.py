@@ -72,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for parts in shown[:count]:
         # the run's directory as the user's working directory would show it
         shot.print(
-            Text.assemble(
-                ("platoon: ", "dim"), *((text.replace(scratch, "."), style) for text, style in parts)
-            )
+            progress.LiveProgress.styled([(text.replace(scratch, "."), style) for text, style in parts])
         )
     shot.print(status_line)
     options.out.parent.mkdir(parents=True, exist_ok=True)

@@ -146,6 +146,8 @@ def test_the_terminal_display_draws_the_lines_above_a_status_line_and_gives_stde
     )
     assert "platoon: a warning from elsewhere" in printed
     assert "\x1b[33m (no update: all 2 groups scored alike)" in styled
+    # what reads the terminal's bytes (a pty, a `script` log) finds the step as in a plain log
+    assert "platoon: step 1/4: reward \x1b[1;36m0.000" in styled
 
 
 class _Terminal(io.StringIO):

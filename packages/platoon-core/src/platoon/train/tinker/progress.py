@@ -18,10 +18,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
+    from rich.text import Text
 
     from platoon.train.tinker.workflows import GroupOutput
 
 __all__ = [
+    "FAILED",
+    "NOTHING_TO_TRAIN",
+    "SCORED_ALIKE",
+    "STALE",
+    "ZERO_ADVANTAGE",
     "LiveProgress",
     "StepReport",
     "TrainingProgress",
@@ -203,7 +209,7 @@ class TrainingProgress:
                 (f" over {report.rollouts} rollouts", ""),
             ]
         )
-        parts = [(f"step {report.step}/{self.end_step}", "bold"), (": ", ""), *reward]
+        parts = [(f"step {report.step}/{self.end_step}: ", ""), *reward]
         if not report.updated:
             why = f": {report.no_update}" if report.no_update else ""
             parts.append((f" (no update{why})", "yellow"))
@@ -212,9 +218,6 @@ class TrainingProgress:
         timing = f" ({self.timing_text()})" if self.timing_in_lines else ""
         parts.append((f"; {report.seconds:.1f} s{timing}", "dim"))
         return parts
-
-    def step_line(self, report: StepReport) -> str:
-        return "".join(text for text, _ in self.step_parts(report))
 
     def evaluation_line(self, step: int, metrics: dict[str, float]) -> str:
         reward = metrics.get("eval/reward/avg")
@@ -282,9 +285,16 @@ class LiveProgress(TrainingProgress):
         super().begin(line)
 
     def show(self, parts: Sequence[tuple[str, str]]) -> None:
+        # soft wrap: the terminal folds a long line, so a path in it copies whole
+        self.console.print(self.styled(parts), soft_wrap=True)
+
+    @staticmethod
+    def styled(parts: Sequence[tuple[str, str]]) -> Text:
+        """A line as the terminal shows it. `platoon: step 3/24: ` stays unstyled, so that what reads a terminal's
+        output (a `script` log, a test on a pty) finds it as in a plain log."""
         from rich.text import Text
 
-        self.console.print(Text.assemble(("platoon: ", "dim"), *parts))
+        return Text.assemble("platoon: ", *parts)
 
     def close(self) -> None:
         if self._live is not None:

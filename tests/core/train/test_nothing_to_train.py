@@ -86,6 +86,11 @@ def test_a_finished_run_says_nothing_to_train_before_loading_or_starting_anythin
     report, err = _train(finished)
     assert report["status"] == 0, err
     assert "nothing to train: " in err and "already reached step 2 of 2" in err
+    # and how to go on: train further (the limit that ended it), or start afresh in another run directory
+    assert (
+        "platoon: to go on, raise train.max_training_steps (the run resumes after step 2); to start afresh, add "
+        "stats.trial_name=NEW (another run directory) or delete this one"
+    ) in err.splitlines()
     assert "local Tinker" not in err, "the local server is not started for a run with nothing to train"
     assert report["imported"] == [], "no SDK, tokenizer or torch is loaded to find there is nothing to train"
     run = finished / "runs" / "bandit" / "run"

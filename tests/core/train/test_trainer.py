@@ -65,7 +65,24 @@ def test_the_bandit_example_learns_on_the_local_server(tmp_path, monkeypatch, ca
     checkpoints = [json.loads(line) for line in (run / "checkpoints.jsonl").read_text().splitlines()]
     assert checkpoints[0]["name"] == "recovery-000000" and checkpoints[-1]["name"] == "final"
     assert all(c["sampler_path"].startswith("tinker://") for c in checkpoints)
-    assert "step 24/24" in err
+    # Not a terminal (captured), so plain lines: one per step, saying why a step took no update, with the elapsed
+    # time and (but on the last) the ETA.
+    steps = [line for line in err.splitlines() if line.startswith("platoon: step ")]
+    assert [line.split(":")[1] for line in steps] == [f" step {n}/24" for n in range(1, 25)]
+    for row, line in zip(rows, steps, strict=True):
+        assert ("(no update: " in line) == bool(row["train/batch/skipped_optimizer"]), line
+        if row["train/batch/task_reward/avg"] in (0.0, 1.0):  # every rollout of every group scored the same
+            assert "(no update: all 8 groups scored alike)" in line, line
+    assert any("scored alike" in line for line in steps), "the learnt policy's steps score 1 in every group"
+    assert re.search(r"; \d+\.\d s \(elapsed \d+:\d\d, ETA \d+:\d\d\)$", steps[0]), steps[0]
+    assert re.search(r"; \d+\.\d s \(elapsed \d+:\d\d\)$", steps[-1]), steps[-1]
+    # The closing line: the steps, the whole time, how many updated, the last and best rewards, the checkpoints.
+    best = max(range(24), key=lambda i: (curve[i], -i))
+    summary = re.escape(
+        f" ({int(rows[-1]['train/optim/updates_total'])} with an update); reward {curve[-1]:.3f} at step 24 "
+        f"(best {curve[best]:.3f} at step {best + 1}); checkpoints in {run / 'checkpoints.jsonl'}"
+    )
+    assert re.fullmatch(rf"platoon: done: steps 1\.\.24 in \d+:\d\d{summary}", err.splitlines()[-1]), err
 
     # The policy it saved, evaluated by the example's eval config: the local server of a later command finds the
     # checkpoint under the site cache, and the trained policy answers C on the held-out orders.
@@ -227,8 +244,15 @@ def test_evaluation_runs_at_the_configured_steps_and_never_twice_across_a_resume
     assert (run / "rollouts" / "eval" / "step_2").is_dir()
     capsys.readouterr()
     # the resumed start evaluates step 4, not step 2 (or 0) again
-    assert main(_small(site, "train.max_training_steps=4", *overrides)) == 0, capsys.readouterr().err
+    assert main(_small(site, "train.max_training_steps=4", *overrides)) == 0
     assert [row["step"] for row in _rows(run / "evaluations.jsonl")] == [0, 2, 4]
+    said = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("platoon: evaluation of")
+    ]
+    assert [line.split(":")[1] for line in said] == [" evaluation of step 4"]
+    assert re.fullmatch(
+        r"platoon: evaluation of step 4: reward \d\.\d{3} over 4 rollouts; \d+\.\d s", said[0]
+    )
 
 
 STOPPER = "test-trainer-stopper"

@@ -26,6 +26,15 @@ from typing import TYPE_CHECKING, Any
 from platoon.gateway.tinker_service import close_session
 from platoon.rollouts.one_rollout import FileWriter, MemberOutcome, MemberRequest, run_member
 from platoon.train.tinker.admission import AdmissionQueue, Row
+from platoon.train.tinker.progress import (
+    FAILED,
+    STALE,
+    StepReport,
+    TrainingProgress,
+    group_fate,
+    no_update_reason,
+    open_progress,
+)
 from platoon.train.tinker.trainer import doing, say, started_training
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
 
@@ -194,6 +203,7 @@ class Trainer:
         renderer: Any,
         service_monitor: ServiceMonitor | None = None,
         eval_tasks: list[Any] | None = None,
+        started_at: float | None = None,
     ) -> None:
         from platoon.config.training import DEFAULT_LABEL_COLUMN
         from platoon.train.tinker.batch_stats import BatchStats
@@ -275,6 +285,12 @@ class Trainer:
         self._queue = AdmissionQueue(train.batch_size, train.rollout_group_limits)
         # Training rollouts' event files are written off the groups' path (workers write their own)
         self._files = FileWriter()
+        #: what the start shows while it trains; the live display replaces it when training begins at a terminal
+        self.progress = TrainingProgress(
+            first_step=self.start_batch,
+            end_step=end_batch,
+            started_at=time.monotonic() if started_at is None else started_at,
+        )
 
     # ----------------------------------------------------------------------------------------------- open
 
@@ -686,6 +702,7 @@ class Trainer:
                 step, every=self.eval_every, at_start=self.config.eval.at_start, done=self._eval_done
             ):
                 self.policy.republish()
+                self.progress.evaluating(step)
                 metrics = await evaluate(
                     self.config,
                     step=step,
@@ -701,6 +718,7 @@ class Trainer:
                 )
                 self._eval_done.add(step)
                 self.metrics.log(self.train_step, metrics, timing=False)
+                self.progress.evaluated(step, metrics)
             async with self._progress:
                 self._eval_handled = step
                 self._progress.notify_all()
@@ -721,6 +739,9 @@ class Trainer:
 
         train = self.config.train
         concurrency = train.max_concurrent_rollouts or train.batch_size * self.group_size
+        progress = self.progress = open_progress(
+            first_step=self.start_batch, end_step=self.end_batch, started_at=self.progress.started_at
+        )
         background = self._background
         background.append(asyncio.ensure_future(self._feed()))
         background += [
@@ -730,10 +751,10 @@ class Trainer:
         if evaluating:
             background.append(asyncio.ensure_future(self._eval_loop()))
         started_training()
-        say(
-            f"training {train.model_name} for steps {self.start_batch + 1}..{self.end_batch} in {self.run_dir}"
-        )
         try:
+            progress.begin(
+                f"training {train.model_name} for steps {self.start_batch + 1}..{self.end_batch} in {self.run_dir}"
+            )
             for step in range(self.start_batch, self.end_batch):
                 if stop_requested():  # asked between two steps (or while the service opened): no new step
                     return await self._stop(step)
@@ -753,11 +774,11 @@ class Trainer:
             await self._save("final", self.end_batch)
             if evaluating:
                 await self._wait_for_evaluation(self.end_batch)
-            say(
-                f"done: steps {self.start_batch + 1}..{self.end_batch}; checkpoints in {self.checkpoints.path}"
-            )
+            progress.close()
+            progress.say(progress.summary(str(self.checkpoints.path)))
             return 0
         finally:
+            progress.close()  # a stop's or a failure's line was said above the status line, which goes now
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -841,6 +862,9 @@ class Trainer:
         first_group_at: float | None = None
         # Where the step's wall time went: waiting for groups (rollouts), waiting for the service.
         waited = {"groups": 0.0, "service": 0.0}
+        # what became of each group that never reached the step's datums (raised, stale), for a step without update
+        fates: list[str] = []
+        self.progress.groups(0, train.batch_size)
         for _minibatch in range(minibatches):
             pending: list[tuple[Any, Any]] = []
             for _microbatch in range(microbatches):
@@ -851,8 +875,10 @@ class Trainer:
                     first_group_at = first_group_at or time.monotonic()
                     waited["groups"] += time.monotonic() - t_wait
                     counts["groups_dequeued"] += 1
+                    self.progress.groups(counts["groups_dequeued"], train.batch_size)
                     failures.append(raised if output is None else output.failure)
                     if output is None:
+                        fates.append(FAILED)
                         counts["failed"] += 1
                         attempts.append({"row": row, "state": "dropped", "reason": raised})
                         continue
@@ -863,6 +889,7 @@ class Trainer:
                         and self.policy.version - oldest > staleness
                     ):
                         counts["stale_groups"] += 1  # dropped whole, never requeued
+                        fates.append(STALE)
                         counts["stale_rollouts"] += len(output.members)
                         attempts.append({"row": row, "state": "dropped", "reason": "stale"})
                         continue
@@ -978,9 +1005,16 @@ class Trainer:
             self.policy.update(sampler, advanced=True)
             if not self._served:
                 self.gateway.sampler = sampler
-        else:
-            why = "no datums" if not all_datums else "its objective is zero (every advantage is 0)"
-            log.info("step %d took no optimizer step: %s", done, why)
+        causes = set(failures)
+        cause = causes.pop() if not applied and len(causes) == 1 else None
+        no_update = None
+        if not applied:
+            no_update = (
+                f"every group failed: {cause}"
+                if cause is not None
+                else no_update_reason(fates + [group_fate(group) for group in consumed])
+            )
+            log.info("step %d took no optimizer step: %s", done, no_update)
             if kind is not None:
                 # Saved anyway (the weights are the last step's, the policy stays as it is): skipping a due
                 # checkpoint would leave the resume point behind and widen what a crash loses.
@@ -993,14 +1027,6 @@ class Trainer:
         self._updated.set()  # wakes the eval loop, skipped steps too
         self.watchdog.beat()
         rewards_avg = metrics.get("train/batch/task_reward/avg")
-        rewards = int(metrics.get("train/batch/task_reward/count", 0))
-        reward_text = (
-            "no scored rollout"
-            if rewards_avg is None
-            else f"reward {rewards_avg:.3f} over {rewards} rollouts"
-        )
-        causes = set(failures)
-        cause = causes.pop() if not applied and len(causes) == 1 else None
         self._failing.record(done, cause)
         infra_kinds, rollouts = infra_counts(consumed)
         self._infra.record(done, infra_kinds, rollouts)
@@ -1010,14 +1036,14 @@ class Trainer:
             listed = ", ".join(f"{kind} {count}" for kind, count in ranked[:3])
             more = ", ..." if len(infra_kinds) > 3 else ""
             infra_text = f"; {infra_kinds.total()} of {rollouts} rollouts failed in the infrastructure ({listed}{more})"
-        update_text = (
-            ""
-            if applied
-            else " (no update)"
-            if cause is None
-            else f" (no update: every group failed: {cause})"
-        )
-        say(
-            f"step {done}/{self.end_batch}: {reward_text}{update_text}{infra_text}; "
-            f"{metrics['timing/batch_total']:.1f} s"
+        self.progress.step(
+            StepReport(
+                step=done,
+                reward=rewards_avg,
+                rollouts=int(metrics.get("train/batch/task_reward/count", 0)),
+                seconds=metrics["timing/batch_total"],
+                updated=bool(applied),
+                no_update=no_update,
+                infra=infra_text,
+            )
         )

@@ -383,10 +383,11 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
     With the local server, its child starts first, once the start's own checks pass (`_early_local_server`), so
     its start-up (importing torch, building the model) overlaps the listing, the records and the SDK's import.
     """
+    began = time.monotonic()
     server = _early_local_server(config)
     _heartbeat.start()
     try:
-        return await _train(config, loaded=loaded, server=server)
+        return await _train(config, loaded=loaded, server=server, began=began)
     finally:
         _heartbeat.stop()
         if server is not None:
@@ -423,7 +424,11 @@ def _start_local_server(config: PlatoonTinkerRLTrainerConfig) -> LocalServerChil
 
 
 async def _train(
-    config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | None, server: LocalServerChild | None
+    config: PlatoonTinkerRLTrainerConfig,
+    *,
+    loaded: LoadedConfig | None,
+    server: LocalServerChild | None,
+    began: float,
 ) -> int:
     from platoon.gateway.core import sample_timeout_with_source
     from platoon.gateway.tinker_service import (
@@ -464,6 +469,7 @@ async def _train(
         end_batch, per_epoch = total_steps(config, order.total_tasks)
         if resume is not None and resume.start_batch >= end_batch:
             say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
+            say(_how_to_go_on(config, end_batch, per_epoch))
             return 0
         _write_records(run_dir, config, loaded)
         doing("loading the renderer")
@@ -515,6 +521,7 @@ async def _train(
             sample_timeout_seconds=timeout,
             renderer=renderer,
             service_monitor=monitor,
+            started_at=began,
         )
         # In-process rollouts run harness code here: the key, read once above, is not in their environment.
         with withheld_from_environment((KEY_VARIABLE,)):
@@ -526,6 +533,22 @@ async def _train(
         reap_sandboxes(run_dir, loaded)
         if not supervised:
             (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)
+
+
+def _how_to_go_on(config: PlatoonTinkerRLTrainerConfig, end_batch: int, per_epoch: int) -> str:
+    """What a finished run can do next: train on (raise the limit that ended it) or start afresh elsewhere
+    (`platoon train` has no flag that discards a run: its checkpoints are the user's to delete)."""
+    train = config.train
+    limit = (
+        "train.max_training_steps"
+        if train.max_training_steps is not None
+        and (train.num_epochs is None or train.max_training_steps <= train.num_epochs * per_epoch)
+        else "train.num_epochs"
+    )
+    return (
+        f"to go on, raise {limit} (the run resumes after step {end_batch}); to start afresh, add "
+        "stats.trial_name=NEW (another run directory) or delete this one"
+    )
 
 
 def _how_it_ended(returncode: int) -> str:

@@ -295,10 +295,9 @@ def test_a_resume_that_changes_model_or_renderer_is_refused_before_any_service(
     tmp_path, monkeypatch, capsys, request, override, message
 ):
     from platoon.local_server import process
+    from platoon.renderers.tokenizers import get_tokenizer, register_tokenizer, unregister_tokenizer
     from platoon.rollouts.records import write_identity
     from platoon.train.tinker.checkpoints import CheckpointLog
-
-    from platoon.renderers.tokenizers import get_tokenizer, register_tokenizer, unregister_tokenizer
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     # another model the local server can serve: the start's own check of the model passes, the resume's refuses it

@@ -153,3 +153,121 @@ def test_a_sections_rule_names_the_field_it_is_about(configs, capsys):
             "between 1 and group_size (2)",
         ],
     )
+
+
+def test_a_misspelt_top_level_key_is_refused_by_validate_as_train_refuses_it(configs, capsys):
+    # `trian:` picks no schema by its keys; validate used to pass the file unvalidated ("ok (no schema)").
+    configs(typo="log_path: runs\ntrian:\n  model_name: platoon/toy\n")
+    lines = ["train: required key is missing", "trian: unknown key; did you mean train?"]
+    assert validate(capsys, "typo.yaml") == (78, ["FAIL typo.yaml", *[f"  {line}" for line in lines]])
+    assert train(capsys, "typo.yaml") == (
+        78,
+        ["platoon: invalid config typo.yaml:", *[f"  {x}" for x in lines]],
+    )
+    # A file of known keys that picks no schema (a base to extend) is still left unvalidated.
+    configs(base="checkpoint: {every: 10}\n")
+    assert validate(capsys, "base.yaml") == (0, ["ok   base.yaml (no schema)"])
+
+
+LOCAL_RUN = """
+    log_path: runs
+    tinker_base_url: local
+    train: {model_name: platoon/toy, renderer_name: qwen3_instruct, batch_size: 1, max_training_steps: 5}
+    environments:
+      - service: table
+        service_kwargs: {rows: [a]}
+    stats: {wandb: {mode: disabled}}
+"""
+
+
+def refusal(capsys, *overrides: str) -> tuple[list[str], list[str]]:
+    """The problem lines `platoon config validate` and then `platoon train` print for `run.yaml` + overrides."""
+    assert main(["config", "validate", "run.yaml", *overrides]) == 78
+    validated = [line.strip() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert main(["train", "run.yaml", *overrides]) == 78
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    # One problem is `platoon: <problem>`; more are indented under `platoon: invalid config:`.
+    last = captured.err.splitlines()[-1]
+    if last.startswith("platoon: "):
+        return validated, [last.removeprefix("platoon: ")]
+    return validated, [line.strip() for line in captured.err.splitlines() if line.startswith("  ")]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["train.loss_fn=nope"],
+            "train.loss_fn: the local server has no loss function 'nope'; it computes cross_entropy, "
+            "importance_sampling, ppo, cispo",
+        ),
+        (
+            ["train.loss_fn=cipso", "tinker_base_url=https://tinker.example"],
+            "train.loss_fn: the Tinker SDK has no loss function 'cipso' (did you mean cispo?); it knows "
+            "cross_entropy, importance_sampling, ppo, cispo, dro",
+        ),
+        (
+            ["train.workflow_config.group_size=1000000000"],
+            "train.workflow_config.group_size: 1000000000 is more than 1024, the most rollouts a group may hold",
+        ),
+        (
+            ["train.batch_size=100000"],
+            "train.batch_size: 100000 is more than 8192, the most tasks a step may draw",
+        ),
+        (
+            ["train.batch_size=4096", "train.workflow_config.group_size=64"],
+            "train: batch_size 4096 x workflow_config.group_size 64 = 262144 rollouts a step, more than 65536: "
+            "lower one of them",
+        ),
+        (
+            ["train.model_name=./no-such-model"],
+            "train.model_name: the local server cannot serve './no-such-model': no such model directory; it serves "
+            "platoon/toy, a model directory, or a Hugging Face model whose tokenizer `platoon prepare CONFIG` "
+            "fetched",
+        ),
+    ],
+)
+def test_what_the_service_cannot_do_is_refused_by_validate_and_train_alike(
+    configs, capsys, monkeypatch, overrides, line
+):
+    monkeypatch.setenv(
+        "TINKER_API_KEY", "tml-" + "k" * 20
+    )  # a hosted service's key, so only the config is wrong
+    configs(run=LOCAL_RUN)
+    validated, trained = refusal(capsys, *overrides)
+    assert validated == [line]
+    assert trained == [line]
+
+
+def test_a_model_the_local_server_cannot_serve_offline_is_refused_with_what_it_serves(
+    configs, capsys, monkeypatch
+):
+    from huggingface_hub import constants
+
+    configs(run=LOCAL_RUN)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    validated, trained = refusal(capsys, "train.model_name=platoon/tyo")
+    assert (
+        validated
+        == trained
+        == [
+            "train.model_name: the local server cannot serve 'platoon/tyo' (did you mean platoon/toy?): its tokenizer "
+            "is not in the Hugging Face cache and HF_HUB_OFFLINE=1 keeps the hub out of reach; it serves platoon/toy, "
+            "a model directory, or a Hugging Face model whose tokenizer `platoon prepare CONFIG` fetched"
+        ]
+    )
+    # With the hub in reach it may have the model: nothing is said before the start asks it.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    status = main(["config", "validate", "run.yaml", "train.model_name=platoon/tyo"])
+    assert status == 0, capsys.readouterr().out
+
+
+def test_the_sdk_loss_functions_are_the_installed_sdks():
+    import typing
+
+    from tinker.types import LossFnType
+
+    from platoon.config.tinker import SDK_LOSS_FNS
+
+    assert set(SDK_LOSS_FNS) == set(typing.get_args(LossFnType))

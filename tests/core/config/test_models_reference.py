@@ -33,7 +33,7 @@ def test_reference_lists_every_section_with_defaults_and_deprecations() -> None:
         "### EnvironmentsOnlyConfig",
     ):
         assert heading in text
-    assert "| `batch_size` | int | `32` | tasks per step |" in text
+    assert "| `batch_size` | int | `32` | tasks per step (at most 8192) |" in text
     assert (
         "WorkflowConfig with group_size: 1, filter_errors: false, filter_zero_advantage_datums: false" in text
     )

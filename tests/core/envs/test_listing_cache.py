@@ -217,3 +217,38 @@ def test_the_key_settles_on_the_environment_not_on_unrelated_settings(tmp_path, 
     assert listing_cache.listing_key("python://platoon.envs.bandit.env", {}, settings) is None
     monkeypatch.setenv("PLATOON_TASK_CACHE", "off")
     assert listing_cache.listing_key(ref, {}, settings) is None
+
+
+def test_a_start_that_will_train_lists_afresh_when_the_cached_listing_is_stale(tmp_path, monkeypatch, capsys):
+    """What the key cannot see (code outside the environment's directory, environment variables) can make a cached
+    listing stale: a start that trains checks it against the service it builds anyway, says so in one line, drops
+    the entry and trains on the fresh listing, instead of failing one group per task the service no longer has."""
+    import asyncio
+
+    from platoon.config import load_config
+    from platoon.train.tinker.trainer import preflight, relist_if_stale
+
+    monkeypatch.delenv("PLATOON_TASK_CACHE")
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    config = load_config(BANDIT, [f"log_path={tmp_path / 'runs'}"]).config
+
+    async def start() -> list[str]:
+        checked = await relist_if_stale(
+            config, await preflight(config, base_dir=BANDIT.parent), base_dir=BANDIT.parent
+        )
+        return [task for pool in checked.pools for task in pool.task_ids]
+
+    listed = asyncio.run(start())  # listed through the service, and cached
+    (cached,) = list((tmp_path / "cache" / "task-listings").glob("*.json"))
+    entry = json.loads(cached.read_text())
+    entry["listing"]["task_ids"][0] = "train:999"  # a task the environment no longer has
+    cached.write_text(json.dumps(entry))
+
+    assert asyncio.run(start()) == listed
+    err = capsys.readouterr().err
+    assert (
+        f"platoon: environments[default]: the task listing cached in {tmp_path / 'cache' / 'task-listings'} is "
+        "stale (the service no longer lists 'train:999'): listing the tasks afresh\n"
+    ) in err
+    assert json.loads(cached.read_text())["listing"]["task_ids"] == listed  # cached anew, fresh

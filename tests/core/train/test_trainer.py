@@ -316,13 +316,17 @@ def test_a_stop_request_abandons_the_batch_it_has_not_applied_and_resume_redoes_
     ],
 )
 def test_a_resume_that_changes_model_or_renderer_is_refused_before_any_service(
-    tmp_path, monkeypatch, capsys, override, message
+    tmp_path, monkeypatch, capsys, request, override, message
 ):
     from platoon.local_server import process
+    from platoon.renderers.tokenizers import get_tokenizer, register_tokenizer, unregister_tokenizer
     from platoon.rollouts.records import write_identity
     from platoon.train.tinker.checkpoints import CheckpointLog
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    # another model the local server can serve: the start's own check of the model passes, the resume's refuses it
+    register_tokenizer("platoon/other", lambda: get_tokenizer("platoon/toy"))
+    request.addfinalizer(lambda: unregister_tokenizer("platoon/other"))
     started: list[str] = []
     monkeypatch.setattr(process, "LocalServerChild", lambda **kw: started.append("server"))
     run = _run_dir(tmp_path)

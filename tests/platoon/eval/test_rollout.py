@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,7 @@ def test_rollout_on_a_training_config_samples_the_train_policy(
         "base_url_origin": f"http://127.0.0.1:{port}",
     }
     assert not (workdir / "logs").exists()  # a rollout never writes into the training run's directory
+    assert "sampling" not in captured.err  # no run, no checkpoint: the base model goes without saying
     assert files_containing(run_dir, tinker_server.api_key) == []
 
 
@@ -391,41 +393,23 @@ def test_tinker_base_url_local_starts_the_local_server_for_the_command(
     assert lock["policy"]["base_url_origin"] == "local"
 
 
-@pytest.mark.slow
-def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_stops_it(
+def test_an_unknown_task_is_refused_before_the_local_server_starts(
     workdir, write_config, capsys, monkeypatch
 ):
-    """Its start-up overlaps the task's resolution (importing the environment's SDK); an unknown task is still
-    refused (78) with nothing written, and the child it started is stopped and gone."""
+    """The task is resolved first: an unknown one is refused (78) with nothing written, and no local server was
+    started for it (its state directory under the site cache never appears)."""
     import os
-
-    from platoon.local_server import process
 
     profile = workdir / "site.yaml"
     profile.write_text(f"cache: {workdir / 'cache'}\n")
     monkeypatch.setenv("PLATOON_SITE", str(profile))
     monkeypatch.setenv("TINKER_BASE_URL", "local")
-    started: list[dict[str, Any]] = []
-    real_start = process.start_local_server_process
-
-    def start(**kwargs: Any) -> Any:
-        url, key, stop = real_start(**kwargs)
-        record: dict[str, Any] = {"stopped": False}
-
-        def stopping() -> None:
-            record["stopped"] = True
-            stop()
-
-        started.append(record)
-        return url, key, stopping
-
-    monkeypatch.setattr(process, "start_local_server_process", start)
     config = write_config(number_search_eval())
     assert main(["rollout", str(config), "--task", "val:99999"]) == 78
     err = capsys.readouterr().err.splitlines()
     assert err[-1].startswith("platoon: --task 'val:99999': environments[default] has no such task")
-    assert "platoon: starting the local Tinker-compatible server for platoon/toy" in err
-    assert [record["stopped"] for record in started] == [True]
+    assert not any("local Tinker" in line for line in err)
+    assert not (workdir / "cache" / "local-tinker").exists()
     assert not (workdir / "runs").exists()
     children = [
         pid
@@ -434,7 +418,74 @@ def test_the_local_server_starts_before_the_task_is_resolved_and_a_refused_task_
         and _parent_of(pid) == os.getpid()
         and b"platoon.local_server.process" in _cmdline(pid)
     ]
-    assert not children, "the local server's child is stopped and reaped"
+    assert not children
+
+
+def test_rollout_of_a_trained_run_samples_its_newest_checkpoint(
+    workdir, write_config, capsys, monkeypatch, tinker_server, request
+):
+    """A training config whose run saved checkpoints (or that run's directory) samples the newest sampler
+    checkpoint not since deleted, and says so; `--base` samples the base model."""
+    import tinker
+
+    from platoon.gateway.tinker_service import close_session
+
+    service = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
+    request.addfinalizer(lambda: close_session(service))
+    client = service.create_lora_training_client(base_model="platoon/toy", rank=8)
+    saved = [client.save_weights_for_sampler(name).result().path for name in ("000001", "000002", "000003")]
+    monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)
+    data = {
+        "log_path": "logs",
+        "tinker_base_url": tinker_server.base_url,
+        "train": {
+            "model_name": "platoon/toy",
+            "renderer_name": "qwen3_instruct",
+            "max_training_steps": 3,
+            "workflow_config": {
+                "rollout_config": {
+                    "verbose": False,
+                    "max_steps": 1,
+                    "sampling_precedence": "config",
+                    "inference_params": {"max_completion_tokens": 4},
+                }
+            },
+        },
+        "environments": [{"env": "platoon-number-search", "harness": "platoon-react"}],
+        "stats": {"experiment_name": "search", "wandb": {"mode": "disabled"}},
+    }
+    config = write_config(data, "train.yaml")
+    run = workdir / "logs" / "search" / "run"
+
+    def roll_out(*args: str) -> tuple[str | None, list[str]]:
+        """(the model_path the rollout's lock records, its stderr lines)."""
+        status = main(["rollout", *args, "--task", "train:3", "--output-dir", "out"])
+        captured = capsys.readouterr()
+        assert status == 0, captured.err
+        lock = json.loads((workdir / "out" / "lock.json").read_text())
+        shutil.rmtree(workdir / "out")
+        return lock["policy"]["model_path"], captured.err.splitlines()
+
+    run.mkdir(parents=True)
+    rows = [
+        {"name": name, "kind": "permanent", "batch": batch, "state_path": None, "sampler_path": sampler}
+        for batch, (name, sampler) in enumerate(zip(("000001", "000002", "000003"), saved, strict=True), 1)
+    ]
+    (run / "checkpoints.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (run / "checkpoints_deleted.jsonl").write_text(json.dumps({"path": saved[2], "name": "000003"}) + "\n")
+    path, err = roll_out(str(config))
+    assert path == saved[1]  # the newest whose sampler weights still exist
+    assert (
+        f"platoon: sampling checkpoint 000002 (step 2) of {run}; pass --base to sample the base model" in err
+    )
+
+    (run / "config.resolved.yaml").write_text(config.read_text())
+    assert roll_out(str(run))[0] == saved[1]  # the run's directory names the same run
+    assert roll_out(str(config), "--base")[0] is None
+    assert main(["rollout", str(config), "--task", "train:3", "--base", "--model-path", saved[0]]) == 64
+    assert "--base samples the base model and --model-path a checkpoint" in capsys.readouterr().err
+    assert main(["rollout", str(workdir), "--task", "train:3"]) == 78
+    assert "a directory without config.resolved.yaml" in capsys.readouterr().err
 
 
 def _parent_of(pid: str) -> int | None:

@@ -27,9 +27,11 @@ from platoon.config.overrides import (
     apply_overrides,
     child_type,
     deep_merge,
+    did_you_mean,
     is_any,
     is_model,
     is_str_like,
+    model_keys,
     parse_override,
     pick_member,
     split_library_argv,
@@ -312,9 +314,14 @@ def schema_for_kind(kind: str) -> type[BaseModel] | None:
     return getattr(module, name)
 
 
+#: the top-level key that picks each schema under `auto`
+_PICKING_KEYS = {"inference": "eval", "train": "train", "environments": "environments"}
+
+
 def choose_kind(data: Mapping[str, Any]) -> str:
     """The schema a file's keys pick: only `environments` -> environments; `inference` -> eval; `train` -> train;
-    else none."""
+    else the schema whose picking key an unknown top-level key misspells (`trian:` -> train, so the file is
+    refused as `platoon train` refuses it, not passed unvalidated); else none."""
     keys = set(data)
     if keys == {"environments"}:
         return "environments"
@@ -322,6 +329,22 @@ def choose_kind(data: Mapping[str, Any]) -> str:
         return "eval"
     if "train" in keys:
         return "train"
+    return _misspelt_kind(keys)
+
+
+def _misspelt_kind(keys: set[Any]) -> str:
+    """The kind whose picking key one of `keys` nearly spells, among the keys no schema knows; else none."""
+    known: set[str] = set()
+    for kind in ("train", "eval"):
+        schema = schema_for_kind(kind)
+        if schema is not None:
+            known.update(model_keys(schema))
+    for key in sorted(str(k) for k in keys):
+        if key in known:
+            continue
+        match = did_you_mean(key.lower(), _PICKING_KEYS)
+        if match is not None:
+            return _PICKING_KEYS[match]
     return "none"
 
 

@@ -43,6 +43,12 @@ DEFAULT_LABEL_COLUMN = "_platoon_environment"
 DEFAULT_EVAL_CONCURRENCY = 256
 #: Exit codes a supervisor never restarts after, so the watchdog may not exit with them.
 _NO_RESTART_CODES = (0, 78, 130, 143)
+#: the most rollouts in one group: far past any real run's (and the local server's most samples per request)
+MAX_GROUP_SIZE = 1024
+#: the most tasks one step draws
+MAX_BATCH_SIZE = 8192
+#: the most rollouts one step runs (batch_size x group_size): every one is held in memory until the step trains
+MAX_ROLLOUTS_PER_STEP = 65536
 
 
 class StragglerPolicy(ConfigModel):
@@ -66,7 +72,7 @@ class WorkflowConfig(ConfigModel):
         ),
     }
 
-    group_size: Int = Field(8, ge=1, description="rollouts per task in a group")
+    group_size: Int = Field(8, ge=1, description="rollouts per task in a group (at most 1024)")
     rollout_config: RolloutConfig = Field(default_factory=RolloutConfig, description="how each rollout runs")
     leave_one_out_baseline: Bool = Field(False, description="baseline each member on the others' mean")
     depth_level_weighting: Bool = Field(False, description="inverse-frequency weights per agent depth")
@@ -210,7 +216,7 @@ class TrainConfig(ConfigModel):
         description="prompts that do not fit are refused; so are, window or not, prompts and max_tokens past "
         "$PLATOON_GATEWAY_MAX_PROMPT_TOKENS / $PLATOON_GATEWAY_MAX_TOKENS (1048576 each)",
     )
-    batch_size: Int = Field(32, ge=1, description="tasks per step")
+    batch_size: Int = Field(32, ge=1, description="tasks per step (at most 8192)")
     num_epochs: Int | None = Field(
         None, ge=1, description="passes over the tasks (this or max_training_steps)"
     )
@@ -223,7 +229,12 @@ class TrainConfig(ConfigModel):
         None, ge=0, description="policy versions a group may lag; None = unbounded"
     )
     optimizer: AdamParams = Field(default_factory=AdamParams, description="Adam parameters")
-    loss_fn: str = Field("cispo", min_length=1, description="the Tinker loss function")
+    loss_fn: str = Field(
+        "cispo",
+        min_length=1,
+        description="the Tinker loss function: cross_entropy, importance_sampling, ppo, cispo (dro: not on the "
+        "local server)",
+    )
     loss_fn_config: dict[str, Any] = Field(
         default_factory=_default_loss_fn_config, description="loss function settings; replaced whole when set"
     )
@@ -589,6 +600,43 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
         return self
 
 
+def _size_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
+    """Batch and group sizes past what any run could hold (a typo such as `group_size: 1000000000` would otherwise
+    start a run that queues a billion rollouts)."""
+    problems: list[str] = []
+    train = config.train
+    if train.batch_size > MAX_BATCH_SIZE:
+        problems.append(
+            f"train.batch_size: {train.batch_size} is more than {MAX_BATCH_SIZE}, the most tasks a step may draw"
+        )
+    for section in ("train", "eval"):
+        size = getattr(config, section).workflow_config.group_size
+        if size > MAX_GROUP_SIZE:
+            problems.append(
+                f"{section}.workflow_config.group_size: {size} is more than {MAX_GROUP_SIZE}, the most rollouts a "
+                "group may hold"
+            )
+    rollouts = train.batch_size * train.workflow_config.group_size
+    if not problems and rollouts > MAX_ROLLOUTS_PER_STEP:
+        problems.append(
+            f"train: batch_size {train.batch_size} x workflow_config.group_size {train.workflow_config.group_size}"
+            f" = {rollouts} rollouts a step, more than {MAX_ROLLOUTS_PER_STEP}: lower one of them"
+        )
+    return problems
+
+
+def _service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
+    """A loss function the service does not compute; on the local server, a model it cannot serve."""
+    from platoon.config.tinker import local_model_problem, loss_fn_problem
+    from platoon.gateway.tinker_service import uses_local_server
+
+    local = uses_local_server(config.tinker_base_url)
+    problems = [loss_fn_problem(config.train.loss_fn, local=local)]
+    if local:
+        problems.append(local_model_problem(config.train.model_name))
+    return [problem for problem in problems if problem is not None]
+
+
 def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     """What a run refuses from the config alone, before the service opens (exit 78).
 
@@ -601,6 +649,7 @@ def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     train = config.train
     if train.num_epochs is None and train.max_training_steps is None:
         problems.append("train: set num_epochs or max_training_steps (at least one is required to train)")
+    problems += _size_problems(config) + _service_problems(config)
     for section in ("train", "eval"):
         rollout = getattr(config, section).workflow_config.rollout_config
         # eval inherits train's rollout config: report the switch once, where it was made

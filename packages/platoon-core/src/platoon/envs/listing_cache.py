@@ -14,7 +14,9 @@ A module directory larger than `MAX_FILES` files or `MAX_BYTES` bytes is not cac
 the cache saves). A file that cannot be read makes the listing uncacheable; a cache file that cannot be read,
 is corrupt or has another format is a miss: the tasks are listed through the service and the entry written anew.
 What the key cannot see (a module elsewhere that the environment imports, data it reads from outside its
-directory, environment variables) is why the cache can be turned off: `PLATOON_TASK_CACHE=0`.
+directory, environment variables) is why a training start checks a cached listing against the service once it has
+built it (`task_order.stale_listing`), removes a stale entry and lists afresh, and why the cache can be turned off:
+`PLATOON_TASK_CACHE=0`.
 
 Location: `<cache root>/task-listings/<key>.json`, the cache root being the site profile's `cache`, else
 `~/.cache/platoon`. Removing the directory clears it.
@@ -32,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_DIR_NAME", "DISABLE_VARIABLE", "cache_dir", "listing_key", "load", "store"]
+__all__ = ["CACHE_DIR_NAME", "DISABLE_VARIABLE", "cache_dir", "listing_key", "load", "remove", "store"]
 
 log = logging.getLogger(__name__)
 
@@ -199,3 +201,11 @@ def store(key: str, listing: Mapping[str, Any]) -> None:
             raise
     except (OSError, TypeError, ValueError) as exc:
         log.debug("task listing cache not written in %s: %s", directory, exc)
+
+
+def remove(key: str) -> None:
+    """Drop the listing under `key` (a stale one): the next listing asks the service; a file already gone is fine."""
+    try:
+        (cache_dir() / f"{key}.json").unlink(missing_ok=True)
+    except OSError as exc:
+        log.debug("task listing cache entry %s not removed: %s", key, exc)

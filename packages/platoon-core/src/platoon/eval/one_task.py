@@ -3,7 +3,8 @@ config (`train.*` on `tinker_base_url`) or an evaluation config (`inference.*` o
 ad-hoc run directory `<runs>/adhoc/<UTC time>-<slug>` with the resolved config, `lock.json`,
 `trajectory_collection.json` and the event file under `rollouts/events/`.
 
-Every refusal (exit 78; 64 for contradictory options) comes before the run directory is written.
+Every refusal (exit 78; 64 for contradictory options), an unknown task id included, comes before the run directory
+is written and before the local server starts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from platoon.errors import ConfigError, PlatoonError, UsageError
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
     from platoon.eval.policy import EarlyLocalServer, PolicySpec
+    from platoon.eval.tasks import EvalTask
     from platoon.trajectory import TrajectoryCollection
 
 __all__ = ["RolloutOptions", "policy_of", "run_adhoc_rollout", "run_dir_for"]
@@ -47,6 +49,8 @@ class RolloutOptions:
     model: str | None = None
     model_path: str | None = None
     renderer: str | None = None
+    #: sample the base model: no checkpoint, neither the run's newest nor the config's `model_path`
+    base: bool = False
 
 
 def task_slug(task_id: str) -> str:
@@ -87,7 +91,11 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
         if spec.hosted is not None:
             given = [
                 flag
-                for flag, value in (("--renderer", options.renderer), ("--model-path", options.model_path))
+                for flag, value in (
+                    ("--renderer", options.renderer),
+                    ("--model-path", options.model_path),
+                    ("--base", options.base),
+                )
                 if value
             ]
             if given:
@@ -95,6 +103,8 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
                     f"{' and '.join(given)} do not apply to a hosted model (inference.hosted is set): its server "
                     "renders and samples; --model replaces the served model"
                 )
+    if options.base and options.model_path:
+        raise UsageError("--base samples the base model and --model-path a checkpoint: give one of them")
     if options.model_path:
         from platoon.config.tinker import check_checkpoint_path
 
@@ -113,7 +123,7 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
         spec,
         backend=backend,
         model=options.model or spec.model,
-        model_path=options.model_path or spec.model_path,
+        model_path=None if options.base else options.model_path or spec.model_path,
         renderer=renderer,
     )
 
@@ -131,6 +141,18 @@ def _renderer_problem(spec: PolicySpec) -> str | None:
     close = difflib.get_close_matches(spec.renderer, known, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return f"--renderer: unknown renderer {spec.renderer!r}{hint}"
+
+
+def _local_model_problem(spec: PolicySpec, options: RolloutOptions, *, training: bool) -> str | None:
+    """A base model the local server (when the policy samples it) cannot serve: refused before it starts."""
+    from platoon.config.tinker import local_model_problem
+    from platoon.eval.policy import TINKER
+    from platoon.gateway.tinker_service import uses_local_server
+
+    if spec.backend != TINKER or not uses_local_server(spec.base_url):
+        return None
+    where = "--model" if options.model else ("train.model_name" if training else "inference.model_name")
+    return local_model_problem(spec.model, where=where)
 
 
 def _phase_rollout_config(config: Any, split: str) -> Any:
@@ -173,6 +195,7 @@ async def run_adhoc_rollout(
     """Roll out `options.task` and return its summary and the run directory."""
     from platoon.eval.evaluator import check_output_dir_free
     from platoon.eval.policy import EarlyLocalServer, check_policy_key, sample_timeout_line
+    from platoon.eval.tasks import resolve_task
     from platoon.rollouts import records
 
     config: Any = loaded.config
@@ -186,22 +209,29 @@ async def run_adhoc_rollout(
     if line is not None:
         say(line)
     problems = _start_problems(config)
-    renderer_problem = _renderer_problem(spec)
-    if renderer_problem is not None:
-        problems.append(renderer_problem)
+    for problem in (_renderer_problem(spec), _local_model_problem(spec, options, training=training)):
+        if problem is not None:
+            problems.append(problem)
     if problems:
         raise ConfigError(problems)
     run_dir = run_dir_for(loaded, options, now=now)
     if (unwritable := records.writable_dir_problem(run_dir, key="--output-dir")) is not None:
         raise ConfigError(unwritable)
     check_output_dir_free(run_dir, key="--output-dir", way_out="stop that run, or give another --output-dir")
-    # Every refusal but the task's own is behind us: the local server's child starts now, so its start-up (torch,
-    # the model) runs while this process resolves the task (importing the environment's SDK). A refusal of the
-    # task stops it; otherwise the policy takes it over.
+    # The task last, since it may import the environment's SDK; a task the service refuses starts nothing.
+    item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent, split=split)
+    # Every refusal is behind us: the local server's child starts now, so its start-up (torch, the model) runs
+    # while this process writes the run's records and resolves its components; the policy then takes it over.
     server = EarlyLocalServer.for_policy(spec, say=say)
     try:
         return await _roll_out(
-            loaded, options, spec=spec, split=split, run_dir=run_dir, server=server, say=say
+            loaded,
+            spec=spec,
+            split=split,
+            task=(item, service),
+            run_dir=run_dir,
+            server=server,
+            say=say,
         )
     finally:
         if server is not None:
@@ -210,10 +240,10 @@ async def run_adhoc_rollout(
 
 async def _roll_out(
     loaded: LoadedConfig,
-    options: RolloutOptions,
     *,
     spec: PolicySpec,
     split: str,
+    task: tuple[EvalTask, Any],
     run_dir: Path,
     server: EarlyLocalServer | None,
     say: Say,
@@ -222,14 +252,14 @@ async def _roll_out(
     from platoon.eval.components import component_records
     from platoon.eval.evaluator import judges_lock
     from platoon.eval.policy import open_policy
-    from platoon.eval.tasks import entries_by_label, resolve_task
+    from platoon.eval.tasks import entries_by_label
     from platoon.eval.tree import rollout_summary
     from platoon.rollouts import records
     from platoon.rollouts.one_rollout import MemberRequest, run_member
 
     config: Any = loaded.config
     training = _is_training(config)
-    item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent, split=split)
+    item, service = task
     entry = entries_by_label(config)[item.label][1]
     rollout_config = _phase_rollout_config(config, split).model_copy(
         update={

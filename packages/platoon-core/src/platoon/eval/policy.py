@@ -277,7 +277,7 @@ def _dialects(entries: Any) -> list[str]:
 
 class EarlyLocalServer:
     """The local server's child started ahead of the policy that samples it, so its start-up (importing torch,
-    loading the model) runs while this process does its own (resolving the task, importing the environment's SDK).
+    loading the model) runs while this process does its own (writing the run's records, resolving components).
 
     `open_policy(local_server=...)` takes its base URL and key and stops it when the policy closes; `stop()` is idempotent,
     so whoever started it stops it again on the way out of a start that failed before the policy opened.

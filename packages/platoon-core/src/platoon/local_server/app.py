@@ -14,7 +14,6 @@ import hmac
 import json
 import logging
 import math
-import os
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
@@ -184,7 +183,9 @@ class ServerState:
         Hugging Face cache. A made-up name would otherwise hold its request for the hub's retries (about a minute
         without a network) before failing.
         """
-        if base_model == self.model or _available_offline(base_model):
+        from platoon.renderers.tokenizers import tokenizer_available_offline
+
+        if base_model == self.model or tokenizer_available_offline(base_model):
             return
         raise HTTPError(
             404,
@@ -215,27 +216,6 @@ class ServerState:
         for callback in callbacks:
             callback()
         self.futures.close()
-
-
-def _available_offline(base_model: str) -> bool:
-    """Whether `base_model`'s tokenizer loads without the network: registered with platoon, a directory, or in the
-    Hugging Face cache."""
-    from platoon.renderers import tokenizers
-
-    if tokenizers.is_tokenizer_registered(base_model):
-        return True
-    if os.path.isdir(base_model):
-        return True
-    repo = tokenizers.LLAMA3_TOKENIZER if base_model.startswith(tokenizers.LLAMA3_PREFIX) else base_model
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        for name in ("tokenizer_config.json", "tokenizer.json"):
-            if isinstance(try_to_load_from_cache(repo, name), str):
-                return True
-    except Exception:  # no huggingface_hub, or a name that is no repository id: not in the cache either way
-        return False
-    return False
 
 
 def _build(state: ServerState, base_model: str, *, lora_rank: int | None, seed: int | None) -> Backend:

@@ -53,6 +53,38 @@ def registered_tokenizer_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def tokenizer_available_offline(name: str) -> bool:
+    """Whether `name`'s tokenizer loads without the network: registered with platoon, a directory, or in the
+    Hugging Face cache (the local server serves such a model without asking the hub)."""
+    if is_tokenizer_registered(name) or os.path.isdir(name):
+        return True
+    repo = LLAMA3_TOKENIZER if name.startswith(LLAMA3_PREFIX) else name
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return any(
+            isinstance(try_to_load_from_cache(repo, file), str)
+            for file in ("tokenizer_config.json", "tokenizer.json")
+        )
+    except Exception:  # no huggingface_hub, or a name that is no repository id: not in the cache either way
+        return False
+
+
+def cached_hub_tokenizers() -> list[str]:
+    """The Hugging Face models whose tokenizer is in the cache, sorted (none without huggingface_hub)."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        repos = scan_cache_dir().repos
+    except Exception:  # no huggingface_hub, or no cache directory yet
+        return []
+    return sorted(
+        repo.repo_id
+        for repo in repos
+        if repo.repo_type == "model" and tokenizer_available_offline(repo.repo_id)
+    )
+
+
 def get_tokenizer(name: str) -> Any:
     """The tokenizer for a model name, from the first of these that has it.
 

@@ -202,6 +202,13 @@ class CheckpointLog:
         resumable = [row for row in self.rows() if row.state_path]
         return resumable[-1] if resumable else None
 
+    def latest_sampler(self) -> CheckpointRow | None:
+        """The newest row whose sampler weights were saved and not since deleted (what `platoon rollout` samples
+        by default): None before the first checkpoint."""
+        deleted = self.deleted_paths()
+        sampled = [row for row in self.rows() if row.sampler_path and row.sampler_path not in deleted]
+        return sampled[-1] if sampled else None
+
     def resume_point(self, num_minibatches: int = 1) -> ResumePoint | None:
         """The resume point with defaults (`policy_version` = batch, `optimizer_steps` = batch x minibatches)."""
         row = self.latest_resumable()

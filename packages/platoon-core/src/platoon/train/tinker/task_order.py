@@ -29,7 +29,7 @@ import math
 import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,7 @@ __all__ = [
     "plan_lines",
     "planned_steps",
     "split_task_id",
+    "stale_listing",
     "training_problems_after_listing",
 ]
 
@@ -89,6 +90,8 @@ class Pool:
     labels: Mapping[str, str | None] | None = None
     columns: frozenset[str] = frozenset()
     excluded: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: the task listing cache's key when the listing came from the cache (`listing_cache`), else None
+    cached: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # A tuple, so a pool cannot change under an order that already drew from it.
@@ -495,7 +498,9 @@ async def _list_entry(
         cache_key = listing_cache.listing_key(entry.service, service_kwargs, settings)
         cached = listing_cache.load(cache_key) if cache_key is not None else None
         if cached is not None and (pool := _pool_of_listing(cached, label, entry, index)) is not None:
-            return pool  # the same environment listed the same way before: no service is built
+            # the same environment listed the same way before: no service is built (`stale_listing` checks it
+            # once a start builds the service anyway)
+            return replace(pool, cached=cache_key)
         if entry.package:
             importlib.import_module(entry.package)
         service = resolve_service(entry.service, service_kwargs)
@@ -584,6 +589,30 @@ async def _list_entry(
     if cache_key is not None and len(problems) == bad:  # only a listing the run accepts is kept
         listing_cache.store(cache_key, listing)
     return _pool(listing, label, entry, index)
+
+
+async def stale_listing(pool: Pool, service: Any) -> str | None:
+    """Why a pool listed from the cache no longer matches what its service lists (None when it still does): a
+    task the service no longer has, or another number of tasks in one of its splits. The cache key cannot see
+    everything an environment depends on (code outside its directory, environment variables); this check costs
+    one listing, made once the start has built the service."""
+    fresh: set[str] = set()
+    cached = 0
+    for split, record in pool.excluded.items():
+        try:
+            fresh.update(str(t) for t in await service.list_tasks(split))
+        except Exception as exc:  # the user's service: listing it afresh reports the failure properly
+            return f"listing split {split!r} again failed: {_failure(exc)}"
+        listed = record.get("listed") if isinstance(record, Mapping) else None
+        cached += listed if isinstance(listed, int) else 0
+    if len(fresh) != cached:  # each id once over the splits, as the listing counted them
+        return f"the service now lists {len(fresh)} tasks, the cached listing {cached}"
+    prefix = f"{pool.label}{ID_SEPARATOR}"
+    gone = [t for t in pool.task_ids if t.removeprefix(prefix) not in fresh]
+    if gone:
+        more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+        return f"the service no longer lists {gone[0]!r}{more}"
+    return None
 
 
 def _pool_of_listing(listing: Mapping[str, Any], label: str, entry: Any, index: int) -> Pool | None:

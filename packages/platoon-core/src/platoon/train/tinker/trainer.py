@@ -354,6 +354,47 @@ async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> 
     return Preflight(run_dir, pools, resume, order, service_kwargs, services, held_out, eval_tasks)
 
 
+async def relist_if_stale(
+    config: PlatoonTinkerRLTrainerConfig, checked: Preflight, *, base_dir: Path
+) -> Preflight:
+    """`checked`, or a fresh preflight when a listing answered from the task listing cache no longer matches its
+    service (the stale entry removed first, so the tasks are listed through the service). Only a start that will
+    train checks: it builds the services anyway, while one with nothing to train never imports an SDK."""
+    from platoon.envs import listing_cache
+    from platoon.train.tinker.task_order import stale_listing
+
+    cached = [pool for pool in checked.pools if pool.cached is not None]
+    if not cached or _finished(config, checked):
+        return checked
+    stale: list[str] = []
+    for pool in cached:
+        reason = await stale_listing(pool, checked.services[pool.label])
+        if reason is not None:
+            assert pool.cached is not None
+            listing_cache.remove(pool.cached)
+            stale.append(pool.label)
+            say(
+                f"environments[{pool.label}]: the task listing cached in {listing_cache.cache_dir()} is stale "
+                f"({reason}): listing the tasks afresh"
+            )
+    if not stale:
+        return checked
+    relisted = await preflight(config, base_dir=base_dir)
+    if any(pool.cached is not None for pool in relisted.pools if pool.label in stale):
+        raise ConfigError(
+            f"the task listing cache {listing_cache.cache_dir()} holds a stale listing it cannot drop: delete that "
+            f"directory, or set {listing_cache.DISABLE_VARIABLE}=0"
+        )
+    return relisted
+
+
+def _finished(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) -> bool:
+    """Whether the run already reached its last step (a start that says "nothing to train")."""
+    if checked.resume is None:
+        return False
+    return checked.resume.start_batch >= total_steps(config, checked.order.total_tasks)[0]
+
+
 def resume_problems(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) -> list[str]:
     """What a resume of `checked.run_dir` would refuse (a changed model, renderer or hold-out), writing nothing.
 
@@ -446,6 +487,7 @@ async def _train(
     base_dir = loaded.path.parent if loaded is not None else Path.cwd()
     doing("listing tasks")
     checked = await preflight(config, base_dir=base_dir)
+    checked = await relist_if_stale(config, checked, base_dir=base_dir)
     api_key = check_tinker_key(config.tinker_base_url)
     timeout, source = sample_timeout_with_source(
         config.train.sample_timeout_seconds, "train.sample_timeout_seconds"
@@ -570,7 +612,13 @@ async def _renderer(config: PlatoonTinkerRLTrainerConfig) -> Any:
     from platoon.renderers import get_renderer, get_tokenizer
 
     train = config.train
-    tokenizer = await asyncio.to_thread(get_tokenizer, train.model_name)
+    try:
+        tokenizer = await asyncio.to_thread(get_tokenizer, train.model_name)
+    except OSError as exc:  # transformers' word for a name the hub does not have, or a hub out of reach
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"train.model_name: cannot load the tokenizer of {train.model_name!r}: {first}"
+        ) from None
     return get_renderer(train.renderer_name, tokenizer, renderer_kwargs=train.renderer_kwargs)
 
 

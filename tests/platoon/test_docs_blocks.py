@@ -13,7 +13,8 @@ writers); each says why in its own words:
     <!-- docs-test: skip REASON -->          not run; listed with its reason by test_exemptions_are_few_and_listed
     <!-- docs-test: compile REASON -->       compiled, not run (a fragment of a larger program); listed likewise
     <!-- docs-test: file PATH -->            the block is a file's content: written to PATH (Python is compiled)
-    <!-- docs-test: cd DIR -->               run in DIR of the working folder ($DOCS_REPO: the repository)
+    <!-- docs-test: cd DIR -->               run in DIR of the working folder ($DOCS_REPO: the repository,
+                                             $DOCS_TMP: the page's temporary folder, where a clone goes)
     <!-- docs-test: env NAME=VALUE -->       an environment variable for this block
     <!-- docs-test: replace OLD => NEW -->   run the block with OLD replaced by NEW (a stand-in URL, a free port)
     <!-- docs-test: before COMMAND -->       a shell command run before the block (creating what it reads)
@@ -28,6 +29,11 @@ writers); each says why in its own words:
     <!-- docs-test: requires MODULE -->      skipped (and said so) where MODULE is not installed
     <!-- docs-test: slow -->                 the page's test is marked slow
     <!-- docs-test: files-from PAGE -->      first write the `file` blocks of PAGE (relative to the repository)
+    <!-- docs-test: venv REQUIREMENT -->     an install block: it runs in a fresh virtual environment (with pip)
+                                             holding the locked third-party dependencies of REQUIREMENT (a
+                                             workspace package with extras: `platoon[tinker,ors]`), activated, and
+                                             offline: `pip` and `uv pip` install into it from local files only,
+                                             `uv build` builds; nothing reaches the registry or this environment
 """
 
 from __future__ import annotations
@@ -150,6 +156,9 @@ case "$sub" in
     done
     exec "$@" ;;
   sync) echo "(docs test) uv sync: this environment is already synced" >&2 ;;
+  build|pip)  # an install block's own throwaway environment (the venv directive), offline
+    [ -n "${DOCS_VENV:-}" ] || { echo "(docs test) uv $sub installs or builds: mark the block with venv" >&2; exit 97; }
+    exec "$DOCS_REAL_UV" "$sub" "$@" ;;
   --version) echo "uv (docs-test stand-in)" ;;
   *) echo "(docs test) uv $sub is not stood in: mark the block with a docs-test directive" >&2; exit 97 ;;
 esac
@@ -179,6 +188,7 @@ def _environment(tmp: Path, work: Path) -> dict[str, str]:
     env["XDG_CONFIG_HOME"] = str(tmp / "home" / ".config")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(work), env.get("PYTHONPATH")]))
     env["DOCS_REPO"] = str(ROOT)
+    env["DOCS_REAL_UV"] = shutil.which("uv") or "uv"
     env["COLUMNS"] = "100"
     for name in ("TINKER_BASE_URL", "TINKER_API_KEY", "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS"):
         env.pop(name, None)
@@ -275,6 +285,37 @@ def _hosted_openai(env: dict[str, str]) -> Iterator[dict[str, str]]:
 
 
 STAND_INS = {"local-tinker": _local_tinker, "hosted-openai": _hosted_openai}
+
+
+def _install_venv(tmp: Path, requirement: str, env: dict[str, str]) -> dict[str, str]:
+    """A fresh venv (with pip, which install blocks call) holding the locked third-party dependencies of
+    `requirement`, and the environment that runs a block in it, activated and offline. The lock's versions come
+    from uv's cache, so an install block resolves nothing from the registry: the packages it installs from local
+    wheels, folders or git URLs find their dependencies already there."""
+    from packaging.requirements import Requirement
+
+    wanted = Requirement(requirement)
+    venv = tmp / f"venv-{len(list(tmp.glob('venv-*')))}"
+    uv = env["DOCS_REAL_UV"]
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    lock = venv / "pylock.toml"
+    export = ["export", "--frozen", "--quiet", "--format", "pylock.toml", "--package", wanted.name, "--no-dev"]
+    extras = [f"--extra={extra}" for extra in sorted(wanted.extras)]
+    subprocess.run([uv, *export, *extras, "--no-emit-workspace", "--output-file", str(lock)], cwd=ROOT, check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([uv, "pip", "install", "--quiet", "--offline", "--python", python, "-r", str(lock)], check=True)
+    return {
+        "DOCS_VENV": str(venv),
+        "VIRTUAL_ENV": str(venv),
+        # the `uv` stand-in first, then the venv: `pip`, `python` and the scripts installed are the venv's own
+        "PATH": os.pathsep.join([str(tmp / "bin"), str(venv / "bin"), env["PATH"]]),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "UV_OFFLINE": "1",
+        "PYTHONPATH": "",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -475,8 +516,12 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 if missing is not None:
                     skipped.append(f"{block.where}: {missing} is not installed here")
                     continue
-                cwd = work / (block.first("cd") or ".").replace("$DOCS_REPO", str(ROOT))
+                where = (block.first("cd") or ".").replace("$DOCS_REPO", str(ROOT))
+                cwd = work / where.replace("$DOCS_TMP", str(tmp_path))
                 block_env = dict(env)
+                requirement = block.first("venv")
+                if requirement is not None:
+                    block_env.update(_install_venv(tmp_path, requirement, env))
                 for assignment in block.values("env"):
                     name, _, value = assignment.partition("=")
                     block_env[name] = value
@@ -530,7 +575,7 @@ def test_exemptions_are_few_and_listed() -> None:
 def test_directives_are_known() -> None:
     known = {
         "skip", "compile", "file", "cd", "env", "replace", "before", "server", "stand-in", "requires", "slow",
-        "files-from", "timeout",
+        "files-from", "timeout", "venv",
     }  # fmt: skip
     for page in PAGES:
         for block in parse(page):

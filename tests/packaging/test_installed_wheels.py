@@ -274,3 +274,38 @@ def test_an_extension_that_requires_platoon_replacing_this_project_is_named_with
     assert repaired.returncode == 0, repaired.stderr
     assert _run(platoon, "--help").returncode == 0
     assert _run(python, "-c", "import platoon; print(platoon.__version__)").stdout.strip() == "0.2.0"
+
+
+def test_the_textcraft_readme_installs_it_with_its_platoon_extra_as_written(tmp_path, wheels):
+    """packages/platoon-textcraft/README.md's pip command, run as written against the built wheels (its `uv build`
+    line is the session's build): the extra brings this project's platoon-core and harnesses, never the registry's
+    unrelated `platoon`, and the named environments load."""
+    readme = (ROOT / "packages/platoon-textcraft/README.md").read_text(encoding="utf-8")
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("uv build --all-packages ")
+    install = block.split("\n", 1)[1]
+    assert install.startswith('pip install "./dist/platoon_textcraft-0.2.0-py3-none-any.whl[platoon]"')
+    lock = tmp_path / "pylock.toml"
+    export = ["export", "--frozen", "--quiet", "--format", "pylock.toml", "--package", "platoon-textcraft"]
+    subprocess.run(
+        [_uv(), *export, "--extra", "platoon", "--no-dev", "--no-emit-workspace", "--output-file", str(lock)],
+        cwd=ROOT,
+        check=True,
+    )
+    python = _venv(tmp_path / "venv", lock, with_pip=True)
+    (tmp_path / "dist").symlink_to(wheels["platoon-core"].parent)
+    offline = f"export PATH={python.parent}:$PATH PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=\n"
+    installed = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", offline + install],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
+    )
+    assert installed.returncode == 0, installed.stderr
+    listed = _run(python.parent / "platoon", "env", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "textcraft-synth" in listed.stdout and "platoon-textcraft" in listed.stdout
+    shown = _run(python.parent / "platoon", "env", "show", "textcraft-synth")
+    assert shown.returncode == 0 and "platoon-codeact" in shown.stdout, (shown.stdout, shown.stderr)

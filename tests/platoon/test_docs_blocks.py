@@ -33,7 +33,11 @@ writers); each says why in its own words:
                                              holding the locked third-party dependencies of REQUIREMENT (a
                                              workspace package with extras: `platoon[tinker,ors]`), activated, and
                                              offline: `pip` and `uv pip` install into it from local files only,
-                                             `uv build` builds; nothing reaches the registry or this environment
+                                             `uv build` builds; nothing reaches the registry or this environment.
+                                             `venv REQUIREMENT editable` also installs the package itself, editable
+                                             from this repository (a block that builds on an installed platoon).
+                                             The page's blocks naming the same venv share it (a Python block runs
+                                             in an interpreter of its own there, in the block's `cd` folder)
 """
 
 from __future__ import annotations
@@ -294,21 +298,43 @@ def _install_venv(tmp: Path, requirement: str, env: dict[str, str]) -> dict[str,
     wheels, folders or git URLs find their dependencies already there."""
     from packaging.requirements import Requirement
 
-    wanted = Requirement(requirement)
+    spec, _, flag = requirement.partition(" ")
+    assert flag in ("", "editable"), f"venv takes REQUIREMENT [editable], not {requirement!r}"
+    wanted = Requirement(spec)
     venv = tmp / f"venv-{len(list(tmp.glob('venv-*')))}"
     uv = env["DOCS_REAL_UV"]
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     lock = venv / "pylock.toml"
-    export = ["export", "--frozen", "--quiet", "--format", "pylock.toml", "--package", wanted.name, "--no-dev"]
+    export = [
+        "export",
+        "--frozen",
+        "--quiet",
+        "--format",
+        "pylock.toml",
+        "--package",
+        wanted.name,
+        "--no-dev",
+    ]
     extras = [f"--extra={extra}" for extra in sorted(wanted.extras)]
-    subprocess.run([uv, *export, *extras, "--no-emit-workspace", "--output-file", str(lock)], cwd=ROOT, check=True)
+    subprocess.run(
+        [uv, *export, *extras, "--no-emit-workspace", "--output-file", str(lock)], cwd=ROOT, check=True
+    )
     python = str(venv / "bin" / "python")
-    subprocess.run([uv, "pip", "install", "--quiet", "--offline", "--python", python, "-r", str(lock)], check=True)
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--offline", "--python", python, "-r", str(lock)], check=True
+    )
+    if flag == "editable":  # the package itself too, from this repository, as `uv sync` installs it
+        own = ["install", "--quiet", "--offline", "--no-deps", "--python", python, "--editable"]
+        subprocess.run([uv, "pip", *own, str(ROOT / "packages" / wanted.name)], check=True)
+    # The `uv` stand-in first, then the venv, and not this environment: `pip`, `python` and every script a block
+    # installs are the venv's own, and a command the install failed to provide is missing, not found here.
+    this_env = str(Path(sys.executable).parent)
+    rest = [entry for entry in env["PATH"].split(os.pathsep) if entry not in (this_env, str(tmp / "bin"))]
     return {
         "DOCS_VENV": str(venv),
         "VIRTUAL_ENV": str(venv),
-        # the `uv` stand-in first, then the venv: `pip`, `python` and the scripts installed are the venv's own
-        "PATH": os.pathsep.join([str(tmp / "bin"), str(venv / "bin"), env["PATH"]]),
+        "UV_PYTHON": python,  # uv's interpreter setting outranks VIRTUAL_ENV: name the venv's own
+        "PATH": os.pathsep.join([str(tmp / "bin"), str(venv / "bin"), *rest]),
         "PIP_CONFIG_FILE": os.devnull,
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": "",
@@ -343,10 +369,10 @@ for line in sys.stdin:
 class PythonSession:
     """One interpreter per page, fed one block at a time; its output goes to the test's captured output."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, cwd: Path, env: dict[str, str], python: Path | None = None) -> None:
         read, write = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", PY_RUNNER, str(write)],
+            [str(python or sys.executable), "-c", PY_RUNNER, str(write)],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
@@ -500,7 +526,8 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
             for other in parse(ROOT / source_page):
                 if other.first("file") is not None:
                     _write_file(other, work, env)
-        session: PythonSession | None = None
+        sessions: dict[str | None, PythonSession] = {}  # one interpreter per page, and one per venv it uses
+        venvs: dict[str, dict[str, str]] = {}  # a page's blocks naming one venv share it
         try:
             for block in blocks:
                 if block.first("file") is not None:
@@ -519,9 +546,11 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 where = (block.first("cd") or ".").replace("$DOCS_REPO", str(ROOT))
                 cwd = work / where.replace("$DOCS_TMP", str(tmp_path))
                 block_env = dict(env)
-                requirement = block.first("venv")
-                if requirement is not None:
-                    block_env.update(_install_venv(tmp_path, requirement, env))
+                venv = block.first("venv")
+                if venv is not None:
+                    if venv not in venvs:
+                        venvs[venv] = _install_venv(tmp_path, venv, env)
+                    block_env.update(venvs[venv])
                 for assignment in block.values("env"):
                     name, _, value = assignment.partition("=")
                     block_env[name] = value
@@ -533,9 +562,10 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 print(f"--- {block.where} ({block.language})", flush=True)
                 started = time.monotonic()
                 if block.language == "python":
-                    if session is None:
-                        session = PythonSession(work, env)
-                    error = session.run(block, source)
+                    if venv not in sessions:
+                        python = Path(block_env["DOCS_VENV"]) / "bin" / "python" if venv else None
+                        sessions[venv] = PythonSession(cwd if venv else work, block_env, python)
+                    error = sessions[venv].run(block, source)
                     assert error is None, f"{block.where}: the Python block failed:\n{error}"
                 else:
                     done = _run_shell(block, _shell(block, source), cwd, block_env, tmp_path)
@@ -547,7 +577,7 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 ran += 1
                 timings.append(f"{block.where} {time.monotonic() - started:.1f}s")
         finally:
-            if session is not None:
+            for session in sessions.values():
                 session.close()
     print(f"{_page_id(page)}: {ran} block(s) ran ({', '.join(timings)}); not run: {skipped or 'none'}")
     if skipped and all(s.endswith("is not installed here") for s in skipped) and not ran:

@@ -124,7 +124,9 @@ def _wheel_of(directory: Path, name: str, version: str, files: dict[str, str], m
 
 def _earlier_line_wheel(directory: Path, version: str = "0.2.1") -> Path:
     """A wheel shaped like the registry's earlier `platoon` line: files in platoon/ and a `platoon` script."""
-    script = {f"platoon-{version}.dist-info/entry_points.txt": "[console_scripts]\nplatoon = platoon.cli:main\n"}
+    script = {
+        f"platoon-{version}.dist-info/entry_points.txt": "[console_scripts]\nplatoon = platoon.cli:main\n"
+    }
     return _wheel_of(directory, "platoon", version, {**EARLIER_LINE_FILES, **script})
 
 
@@ -252,7 +254,9 @@ def test_an_extension_that_requires_platoon_replacing_this_project_is_named_with
     index.mkdir()
     _earlier_line_wheel(index, "0.4.0")
     _wheel_of(index, "acme_ext", "1.0", {"acme_ext/__init__.py": ""}, "Requires-Dist: platoon>=0.3\n")
-    installed = _run(python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", index, "acme-ext")
+    installed = _run(
+        python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", index, "acme-ext"
+    )
     assert installed.returncode == 0, installed.stderr
     version = "from importlib.metadata import version; print(version('platoon'))"
     assert _run(python, "-c", version).stdout.strip() == "0.4.0"  # pip replaced the meta package

@@ -194,7 +194,9 @@ def _install_sources(core: metadata.Distribution, *, with_meta: bool) -> list[st
         meta = (
             os.path.join(folder, f"platoon-{version}-py3-none-any.whl")
             if name.startswith("platoon_core-") and name.endswith(".whl")
-            else os.path.join(folder, "platoon")  # a source folder: packages/platoon-core beside packages/platoon
+            else os.path.join(
+                folder, "platoon"
+            )  # a source folder: packages/platoon-core beside packages/platoon
         )
         if os.path.exists(meta):
             found.append(meta)

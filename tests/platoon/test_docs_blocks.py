@@ -7,7 +7,7 @@ pipefail`, Python blocks in one interpreter per page (so a page's later blocks s
 `uv run ... CMD` as CMD in this environment and treats `uv sync` as done (this environment is the synced one), so a
 block never syncs or installs. A page whose blocks take more than a few seconds (training runs) is marked `slow`.
 
-An HTML comment on the lines right above a block's fence adjusts how it runs (docs/README.md documents them for
+An HTML comment on the lines right above a block's fence adjusts how it runs (CONTRIBUTING.md documents them for
 writers); each says why in its own words:
 
     <!-- docs-test: skip REASON -->          not run; listed with its reason by test_exemptions_are_few_and_listed

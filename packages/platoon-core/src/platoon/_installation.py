@@ -29,7 +29,6 @@ CORE = "platoon-core"
 SITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: where platoon-core came from, when its installation recorded no direct URL (PEP 610)
 UNKNOWN_SOURCE = "<the platoon_core wheel or git URL you installed it from>"
-REINSTALL = f"pip install --force-reinstall --no-deps {UNKNOWN_SOURCE}"
 
 
 def is_own_module(module_name: str | None) -> bool:

@@ -62,7 +62,8 @@ def _title_and_labels(figure):
 
 def test_the_png_is_titled_with_the_run_name_and_its_curves_labelled_in_words(tmp_path, figures):
     run = _run_dir(tmp_path, _rows(), name="anywhere")
-    (run / "config.resolved.yaml").write_text("stats:\n  experiment_name: bandit\n  trial_name: run\n")
+    # the resolved config leaves out trial_name at its default, `run`
+    (run / "config.resolved.yaml").write_text("stats:\n  experiment_name: bandit\n")
     assert main(["plot", str(run.resolve())]) == 0
     assert _title_and_labels(figures[-1]) == ("bandit/run", ["reward (mean)", "eval reward (mean)"])
     # without a resolved config, the run directory's last two parts (log_path/<experiment>/<trial>)

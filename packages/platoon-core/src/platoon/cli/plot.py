@@ -71,14 +71,21 @@ def run_name(run_dir: Path) -> str:
     path parts (a run dir is `log_path/<experiment>/<trial>`)."""
     import yaml
 
+    from platoon.config.training import StatsConfig
+
     try:
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"))
-        stats = config.get("stats") if isinstance(config, dict) else None
-        names = [stats.get("experiment_name"), stats.get("trial_name")] if isinstance(stats, dict) else []
-        if names and all(isinstance(name, str) and name for name in names):
-            return "/".join(str(name) for name in names)
     except (OSError, ValueError, yaml.YAMLError):
-        pass  # no resolved config (a copied metrics file): the directory names the run
+        config = None  # no resolved config (a copied metrics file): the directory names the run
+    if isinstance(config, dict):
+        given = config.get("stats")
+        stats = given if isinstance(given, dict) else {}
+        # the resolved config leaves out the keys at their defaults
+        names = [
+            stats.get(key, StatsConfig.model_fields[key].default) for key in ("experiment_name", "trial_name")
+        ]
+        if all(isinstance(name, str) and name for name in names):
+            return "/".join(str(name) for name in names)
     return "/".join(run_dir.resolve().parts[-2:])
 
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from platoon.cli import main
-from platoon.cli.plot import read_series
+from platoon.cli import plot as plot_module
+from platoon.cli.plot import metric_label, read_series
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -38,6 +39,45 @@ def test_writes_a_png_of_the_train_and_eval_reward(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"wrote {png} (")
     assert "train/batch/task_reward/avg 0.9 at step 4" in out and "eval/reward/avg 0.25 at step 2" in out
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures `platoon plot` draws, kept for the test to read (titles, legends)."""
+    drawn = []
+    real = plot_module.draw
+
+    def keep(series, *, title):
+        drawn.append(real(series, title=title))
+        return drawn[-1]
+
+    monkeypatch.setattr(plot_module, "draw", keep)
+    return drawn
+
+
+def _title_and_labels(figure):
+    axes = figure.axes[0]
+    return axes.get_title(), [text.get_text() for text in axes.get_legend().get_texts()]
+
+
+def test_the_png_is_titled_with_the_run_name_and_its_curves_labelled_in_words(tmp_path, figures):
+    run = _run_dir(tmp_path, _rows(), name="anywhere")
+    # the resolved config leaves out trial_name at its default, `run`
+    (run / "config.resolved.yaml").write_text("stats:\n  experiment_name: bandit\n")
+    assert main(["plot", str(run.resolve())]) == 0
+    assert _title_and_labels(figures[-1]) == ("bandit/run", ["reward (mean)", "eval reward (mean)"])
+    # without a resolved config, the run directory's last two parts (log_path/<experiment>/<trial>)
+    (tmp_path / "runs" / "math").mkdir(parents=True)
+    copied = _run_dir(tmp_path / "runs" / "math", _rows(), name="trial-3")
+    assert main(["plot", str(copied)]) == 0
+    assert _title_and_labels(figures[-1])[0] == "math/trial-3"
+
+
+def test_any_metric_key_reads_as_words_and_its_statistic():
+    assert metric_label("train/batch/task_reward/avg") == "reward (mean)"
+    assert metric_label("train/batch/reward/reward/bonus/max") == "reward reward bonus (max)"
+    assert metric_label("eval/reward/avg") == "eval reward (mean)"
+    assert metric_label("time/step") == "time step"
 
 
 def test_series_by_step_with_eval_rows_at_their_eval_step(tmp_path):
@@ -85,7 +125,7 @@ def test_without_matplotlib_one_line_names_the_extra(tmp_path, capsys, monkeypat
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without the extra sees
     assert main(["plot", str(run)]) == 1
     assert capsys.readouterr().err == (
-        "platoon: platoon plot needs matplotlib, which is not installed: pip install 'platoon[plot]'\n"
+        "platoon: platoon plot needs matplotlib, which is not installed: pip install 'platoon-core[plot]'\n"
     )
     assert not (run / "reward.png").exists()
 

@@ -102,25 +102,32 @@ def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def _earlier_line_wheel(directory: Path) -> Path:
-    """A wheel shaped like the registry's earlier `platoon` 0.2.1: files in platoon/ and a `platoon` script."""
-    dist_info = "platoon-0.2.1.dist-info"
+def _wheel_of(directory: Path, name: str, version: str, files: dict[str, str], metadata: str = "") -> Path:
+    """A wheel of `name` `version` holding `files`, with `metadata` lines added to its METADATA."""
+    dist_info = f"{name}-{version}.dist-info"
     files = {
-        **EARLIER_LINE_FILES,
-        f"{dist_info}/METADATA": "Metadata-Version: 2.1\nName: platoon\nVersion: 0.2.1\n",
+        **files,
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{metadata}",
         f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: the tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{dist_info}/entry_points.txt": "[console_scripts]\nplatoon = platoon.cli:main\n",
     }
     record = []
-    for name, text in files.items():
+    for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
     files[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
-    path = directory / "platoon-0.2.1-py3-none-any.whl"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as wheel:
-        for name, text in files.items():
-            wheel.writestr(name, text)
+        for member, text in files.items():
+            wheel.writestr(member, text)
     return path
+
+
+def _earlier_line_wheel(directory: Path, version: str = "0.2.1") -> Path:
+    """A wheel shaped like the registry's earlier `platoon` line: files in platoon/ and a `platoon` script."""
+    script = {
+        f"platoon-{version}.dist-info/entry_points.txt": "[console_scripts]\nplatoon = platoon.cli:main\n"
+    }
+    return _wheel_of(directory, "platoon", version, {**EARLIER_LINE_FILES, **script})
 
 
 def test_bare_core_from_its_wheel_starts_lightly_and_names_the_extras_it_lacks(
@@ -233,3 +240,76 @@ def test_a_file_of_core_deleted_after_install_is_named_by_the_command_and_by_the
         "except ImportError as exc:\n    print(exc)",
     )
     assert api.stdout.strip() == line
+
+
+def test_an_extension_that_requires_platoon_replacing_this_project_is_named_with_the_command_that_restores_it(
+    tmp_path, wheels, locked_dependencies
+):
+    """An extension written against the registry's `platoon` (`platoon>=0.3`): pip takes that project's 0.4.0 for
+    it, replacing this project's meta package and writing over platoon-core's files. The next command says so,
+    naming the wheels platoon-core came from, and the command it names restores this project."""
+    python = _venv(tmp_path / "venv", locked_dependencies["platoon"], with_pip=True)
+    _pip(python, *wheels.values())
+    index = tmp_path / "index"
+    index.mkdir()
+    _earlier_line_wheel(index, "0.4.0")
+    _wheel_of(index, "acme_ext", "1.0", {"acme_ext/__init__.py": ""}, "Requires-Dist: platoon>=0.3\n")
+    installed = _run(
+        python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", index, "acme-ext"
+    )
+    assert installed.returncode == 0, installed.stderr
+    version = "from importlib.metadata import version; print(version('platoon'))"
+    assert _run(python, "-c", version).stdout.strip() == "0.4.0"  # pip replaced the meta package
+
+    platoon = python.parent / "platoon"
+    line = _one_line_error(_run(platoon, "--help"))
+    assert line.startswith(
+        "platoon: an installer replaced this project with platoon 0.4.0, an unrelated project of the same name"
+    ), line
+    restore = line.split("restore platoon 0.2.0: ", 1)[1]
+    assert restore == (
+        f"pip uninstall -y platoon && pip install --force-reinstall --no-deps {wheels['platoon-core']} "
+        f"{wheels['platoon']}"
+    )
+    assert _one_line_error(_run(python, "-m", "platoon", "extensions", "list")) == line
+
+    # the named command, run as a user would, restores this project
+    repaired = _run("bash", "-c", f"export PATH={python.parent}:$PATH PIP_NO_INDEX=1; {restore}")
+    assert repaired.returncode == 0, repaired.stderr
+    assert _run(platoon, "--help").returncode == 0
+    assert _run(python, "-c", "import platoon; print(platoon.__version__)").stdout.strip() == "0.2.0"
+
+
+def test_the_textcraft_readme_installs_it_with_its_platoon_extra_as_written(tmp_path, wheels):
+    """packages/platoon-textcraft/README.md's pip command, run as written against the built wheels (its `uv build`
+    line is the session's build): the extra brings this project's platoon-core and harnesses, never the registry's
+    unrelated `platoon`, and the named environments load."""
+    readme = (ROOT / "packages/platoon-textcraft/README.md").read_text(encoding="utf-8")
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("uv build --all-packages ")
+    install = block.split("\n", 1)[1]
+    assert install.startswith('pip install "./dist/platoon_textcraft-0.2.0-py3-none-any.whl[platoon]"')
+    lock = tmp_path / "pylock.toml"
+    export = ["export", "--frozen", "--quiet", "--format", "pylock.toml", "--package", "platoon-textcraft"]
+    subprocess.run(
+        [_uv(), *export, "--extra", "platoon", "--no-dev", "--no-emit-workspace", "--output-file", str(lock)],
+        cwd=ROOT,
+        check=True,
+    )
+    python = _venv(tmp_path / "venv", lock, with_pip=True)
+    (tmp_path / "dist").symlink_to(wheels["platoon-core"].parent)
+    offline = f"export PATH={python.parent}:$PATH PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=\n"
+    installed = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", offline + install],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
+    )
+    assert installed.returncode == 0, installed.stderr
+    listed = _run(python.parent / "platoon", "env", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "textcraft-synth" in listed.stdout and "platoon-textcraft" in listed.stdout
+    shown = _run(python.parent / "platoon", "env", "show", "textcraft-synth")
+    assert shown.returncode == 0 and "platoon-codeact" in shown.stdout, (shown.stdout, shown.stderr)

@@ -7,13 +7,14 @@ pipefail`, Python blocks in one interpreter per page (so a page's later blocks s
 `uv run ... CMD` as CMD in this environment and treats `uv sync` as done (this environment is the synced one), so a
 block never syncs or installs. A page whose blocks take more than a few seconds (training runs) is marked `slow`.
 
-An HTML comment on the lines right above a block's fence adjusts how it runs (docs/README.md documents them for
+An HTML comment on the lines right above a block's fence adjusts how it runs (CONTRIBUTING.md documents them for
 writers); each says why in its own words:
 
     <!-- docs-test: skip REASON -->          not run; listed with its reason by test_exemptions_are_few_and_listed
     <!-- docs-test: compile REASON -->       compiled, not run (a fragment of a larger program); listed likewise
     <!-- docs-test: file PATH -->            the block is a file's content: written to PATH (Python is compiled)
-    <!-- docs-test: cd DIR -->               run in DIR of the working folder ($DOCS_REPO: the repository)
+    <!-- docs-test: cd DIR -->               run in DIR of the working folder ($DOCS_REPO: the repository,
+                                             $DOCS_TMP: the page's temporary folder, where a clone goes)
     <!-- docs-test: env NAME=VALUE -->       an environment variable for this block
     <!-- docs-test: replace OLD => NEW -->   run the block with OLD replaced by NEW (a stand-in URL, a free port)
     <!-- docs-test: before COMMAND -->       a shell command run before the block (creating what it reads)
@@ -28,6 +29,15 @@ writers); each says why in its own words:
     <!-- docs-test: requires MODULE -->      skipped (and said so) where MODULE is not installed
     <!-- docs-test: slow -->                 the page's test is marked slow
     <!-- docs-test: files-from PAGE -->      first write the `file` blocks of PAGE (relative to the repository)
+    <!-- docs-test: venv REQUIREMENT -->     an install block: it runs in a fresh virtual environment (with pip)
+                                             holding the locked third-party dependencies of REQUIREMENT (a
+                                             workspace package with extras: `platoon[tinker,ors]`), activated, and
+                                             offline: `pip` and `uv pip` install into it from local files only,
+                                             `uv build` builds; nothing reaches the registry or this environment.
+                                             `venv REQUIREMENT editable` also installs the package itself, editable
+                                             from this repository (a block that builds on an installed platoon).
+                                             The page's blocks naming the same venv share it (a Python block runs
+                                             in an interpreter of its own there, in the block's `cd` folder)
 """
 
 from __future__ import annotations
@@ -150,6 +160,9 @@ case "$sub" in
     done
     exec "$@" ;;
   sync) echo "(docs test) uv sync: this environment is already synced" >&2 ;;
+  build|pip)  # an install block's own throwaway environment (the venv directive), offline
+    [ -n "${DOCS_VENV:-}" ] || { echo "(docs test) uv $sub installs or builds: mark the block with venv" >&2; exit 97; }
+    exec "$DOCS_REAL_UV" "$sub" "$@" ;;
   --version) echo "uv (docs-test stand-in)" ;;
   *) echo "(docs test) uv $sub is not stood in: mark the block with a docs-test directive" >&2; exit 97 ;;
 esac
@@ -179,6 +192,7 @@ def _environment(tmp: Path, work: Path) -> dict[str, str]:
     env["XDG_CONFIG_HOME"] = str(tmp / "home" / ".config")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(work), env.get("PYTHONPATH")]))
     env["DOCS_REPO"] = str(ROOT)
+    env["DOCS_REAL_UV"] = shutil.which("uv") or "uv"
     env["COLUMNS"] = "100"
     for name in ("TINKER_BASE_URL", "TINKER_API_KEY", "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS"):
         env.pop(name, None)
@@ -277,6 +291,59 @@ def _hosted_openai(env: dict[str, str]) -> Iterator[dict[str, str]]:
 STAND_INS = {"local-tinker": _local_tinker, "hosted-openai": _hosted_openai}
 
 
+def _install_venv(tmp: Path, requirement: str, env: dict[str, str]) -> dict[str, str]:
+    """A fresh venv (with pip, which install blocks call) holding the locked third-party dependencies of
+    `requirement`, and the environment that runs a block in it, activated and offline. The lock's versions come
+    from uv's cache, so an install block resolves nothing from the registry: the packages it installs from local
+    wheels, folders or git URLs find their dependencies already there."""
+    from packaging.requirements import Requirement
+
+    spec, _, flag = requirement.partition(" ")
+    assert flag in ("", "editable"), f"venv takes REQUIREMENT [editable], not {requirement!r}"
+    wanted = Requirement(spec)
+    venv = tmp / f"venv-{len(list(tmp.glob('venv-*')))}"
+    uv = env["DOCS_REAL_UV"]
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    lock = venv / "pylock.toml"
+    export = [
+        "export",
+        "--frozen",
+        "--quiet",
+        "--format",
+        "pylock.toml",
+        "--package",
+        wanted.name,
+        "--no-dev",
+    ]
+    extras = [f"--extra={extra}" for extra in sorted(wanted.extras)]
+    subprocess.run(
+        [uv, *export, *extras, "--no-emit-workspace", "--output-file", str(lock)], cwd=ROOT, check=True
+    )
+    python = str(venv / "bin" / "python")
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--offline", "--python", python, "-r", str(lock)], check=True
+    )
+    if flag == "editable":  # the package itself too, from this repository, as `uv sync` installs it
+        own = ["install", "--quiet", "--offline", "--no-deps", "--python", python, "--editable"]
+        subprocess.run([uv, "pip", *own, str(ROOT / "packages" / wanted.name)], check=True)
+    # The `uv` stand-in first, then the venv, and not this environment: `pip`, `python` and every script a block
+    # installs are the venv's own, and a command the install failed to provide is missing, not found here.
+    this_env = str(Path(sys.executable).parent)
+    rest = [entry for entry in env["PATH"].split(os.pathsep) if entry not in (this_env, str(tmp / "bin"))]
+    return {
+        "DOCS_VENV": str(venv),
+        "VIRTUAL_ENV": str(venv),
+        "UV_PYTHON": python,  # uv's interpreter setting outranks VIRTUAL_ENV: name the venv's own
+        "PATH": os.pathsep.join([str(tmp / "bin"), str(venv / "bin"), *rest]),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "UV_OFFLINE": "1",
+        "PYTHONPATH": "",
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Running blocks
 
@@ -302,10 +369,10 @@ for line in sys.stdin:
 class PythonSession:
     """One interpreter per page, fed one block at a time; its output goes to the test's captured output."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, cwd: Path, env: dict[str, str], python: Path | None = None) -> None:
         read, write = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", PY_RUNNER, str(write)],
+            [str(python or sys.executable), "-c", PY_RUNNER, str(write)],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
@@ -459,7 +526,8 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
             for other in parse(ROOT / source_page):
                 if other.first("file") is not None:
                     _write_file(other, work, env)
-        session: PythonSession | None = None
+        sessions: dict[str | None, PythonSession] = {}  # one interpreter per page, and one per venv it uses
+        venvs: dict[str, dict[str, str]] = {}  # a page's blocks naming one venv share it
         try:
             for block in blocks:
                 if block.first("file") is not None:
@@ -475,8 +543,14 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 if missing is not None:
                     skipped.append(f"{block.where}: {missing} is not installed here")
                     continue
-                cwd = work / (block.first("cd") or ".").replace("$DOCS_REPO", str(ROOT))
+                where = (block.first("cd") or ".").replace("$DOCS_REPO", str(ROOT))
+                cwd = work / where.replace("$DOCS_TMP", str(tmp_path))
                 block_env = dict(env)
+                venv = block.first("venv")
+                if venv is not None:
+                    if venv not in venvs:
+                        venvs[venv] = _install_venv(tmp_path, venv, env)
+                    block_env.update(venvs[venv])
                 for assignment in block.values("env"):
                     name, _, value = assignment.partition("=")
                     block_env[name] = value
@@ -488,9 +562,10 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 print(f"--- {block.where} ({block.language})", flush=True)
                 started = time.monotonic()
                 if block.language == "python":
-                    if session is None:
-                        session = PythonSession(work, env)
-                    error = session.run(block, source)
+                    if venv not in sessions:
+                        python = Path(block_env["DOCS_VENV"]) / "bin" / "python" if venv else None
+                        sessions[venv] = PythonSession(cwd if venv else work, block_env, python)
+                    error = sessions[venv].run(block, source)
                     assert error is None, f"{block.where}: the Python block failed:\n{error}"
                 else:
                     done = _run_shell(block, _shell(block, source), cwd, block_env, tmp_path)
@@ -502,7 +577,7 @@ def test_docs_page_blocks_run(page: Path, tmp_path: Path) -> None:
                 ran += 1
                 timings.append(f"{block.where} {time.monotonic() - started:.1f}s")
         finally:
-            if session is not None:
+            for session in sessions.values():
                 session.close()
     print(f"{_page_id(page)}: {ran} block(s) ran ({', '.join(timings)}); not run: {skipped or 'none'}")
     if skipped and all(s.endswith("is not installed here") for s in skipped) and not ran:
@@ -530,7 +605,7 @@ def test_exemptions_are_few_and_listed() -> None:
 def test_directives_are_known() -> None:
     known = {
         "skip", "compile", "file", "cd", "env", "replace", "before", "server", "stand-in", "requires", "slow",
-        "files-from", "timeout",
+        "files-from", "timeout", "venv",
     }  # fmt: skip
     for page in PAGES:
         for block in parse(page):

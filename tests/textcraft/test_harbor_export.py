@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,8 @@ def test_the_layout_and_the_root_files(small):
     card = (out / "README.md").read_text()
     assert card.startswith("---\npretty_name: TextCraft-Synth\nlicense: mit\n") and "viewer: false" in card
     assert "0" * 40 in card and RECIPES_SHA256 in card
+    # the provenance names this release, the workspace's version (not the unrelated registry line's 0.1.0)
+    assert f"Exported by platoon-textcraft {metadata.version('platoon-core')} from commit" in card
     assert (out / "LICENSE").read_text().startswith("MIT License")
 
 

@@ -206,7 +206,7 @@ def test_as_environment_without_openreward(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "openreward.environments", None)
     with pytest.raises(ImportError) as info:
         gym.as_environment(Counter, name="Counting")
-    assert "pip install 'platoon[ors]'" in str(info.value)
+    assert "pip install 'platoon-core[ors]'" in str(info.value)
     assert "\n" not in str(info.value)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from platoon.episode.rollout import RewardProcessorError
-from platoon.errors import ExtensionError
+from platoon.errors import ConfigError, ExtensionError
 from platoon.harness.agent import AgentResult
 from platoon.testing import EpisodeRun, arun_episode, make_gateway, run_episode
 
@@ -57,12 +57,28 @@ def test_a_reward_processor_given_by_import_string_scores_the_episode_as_trainin
     assert run.root.misc["reward_processor"] == f"{scoring}:bonus"
 
 
-def test_a_reward_processor_given_as_a_callable(tmp_path):
+def test_a_reward_processor_given_as_a_callable_on_a_named_environment(tmp_path):
     def double(trajectory: dict[str, Any]) -> tuple[float, dict[str, float]]:
         return 2 * trajectory["reward"], {"reward/doubled": 1.0}
 
-    run = run_episode("train:0", **BANDIT, policy=["C"], reward_processor=double, output_dir=tmp_path)
+    # the named environment gives the service and harness it names, as a config's `env:` does
+    run = run_episode(
+        "train:0", env="platoon-bandit@1", policy=["C"], reward_processor=double, output_dir=tmp_path
+    )
+    assert run.root.misc["harness"]["spec"] == "platoon-bandit-answer@1"
     assert run.reward == 2.0 and run.reward_components == {"reward/doubled": 1.0}
+
+
+def test_an_unknown_environment_name_is_refused_as_a_config_names_it():
+    with pytest.raises(
+        ConfigError, match=r"^env: unknown environment 'platoon-bandt' \(did you mean platoon-bandit\?\)"
+    ):
+        run_episode("train:0", env="platoon-bandt", policy=["C"])
+
+
+def test_without_a_service_or_an_environment_it_says_what_to_give():
+    with pytest.raises(TypeError, match=r"needs service= .* or env= \(a named environment\)"):
+        run_episode("train:0", harness="platoon-bandit-answer", policy=["C"])
 
 
 def test_a_registered_processor_by_name_and_the_built_in_one(monkeypatch, tmp_path):

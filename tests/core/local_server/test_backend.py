@@ -395,4 +395,4 @@ def test_a_missing_torch_is_one_line_naming_the_extra(monkeypatch: pytest.Monkey
     with pytest.raises(ImportError) as excinfo:
         backend_module.import_torch()
     assert str(excinfo.value) == backend_module.TORCH_MISSING
-    assert "pip install 'platoon[local]'" in str(excinfo.value) and "\n" not in str(excinfo.value)
+    assert "pip install 'platoon-core[local]'" in str(excinfo.value) and "\n" not in str(excinfo.value)

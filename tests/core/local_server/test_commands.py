@@ -206,9 +206,7 @@ def test_missing_torch_is_one_line(run_python_no_torch):
         """
     )
     assert result.returncode == 1
-    line = (
-        "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon[local]'"
-    )
+    line = "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon-core[local]'"
     assert result.stdout == line + "\n"
     assert result.stderr == f"platoon: {line}\n"
 

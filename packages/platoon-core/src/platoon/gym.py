@@ -124,14 +124,14 @@ def as_environment(
     `Task` given to `reset`, and the whole spec is its misc. The prompt is the first observation. Each `act`
     result's reward is the return so far, `finished` when the env is done, with metadata `step_reward` and
     `return`; acting after the end answers "The episode is over.". Copy forks deep-copy the step env
-    (`platoon_copy`); teardown closes it. Needs the openreward SDK (`pip install 'platoon[ors]'`).
+    (`platoon_copy`); teardown closes it. Needs the openreward SDK (`pip install 'platoon-core[ors]'`).
     """
     try:
         from openreward.environments import Environment, TextBlock, ToolOutput, tool
         from pydantic import BaseModel, Field
     except ImportError as exc:
         raise ImportError(
-            f"pt.gym.as_environment needs the openreward SDK ({exc}); install it with: pip install 'platoon[ors]'"
+            f"pt.gym.as_environment needs the openreward SDK ({exc}); install it with: pip install 'platoon-core[ors]'"
         ) from exc
 
     # The name is the class name, and servers route by its lower case: it must be one clean URL path segment.

@@ -264,16 +264,19 @@ def show(
 
 
 def suggested_requirement(version: str) -> str:
-    """`platoon>=0.2,<0.3` below 1.0, `platoon>=1.4,<2` from 1.0; a prerelease is its own lower bound."""
+    """`platoon-core>=0.2,<0.3` below 1.0, `platoon-core>=1.4,<2` from 1.0; a prerelease is its own lower bound.
+
+    platoon-core, not `platoon`: the registry's `platoon` is an unrelated project an installer would fetch for it.
+    """
     from packaging.version import InvalidVersion, Version
 
     try:
         v = Version(version)
     except InvalidVersion:
-        return "platoon>=0.2,<0.3"
+        return "platoon-core>=0.2,<0.3"
     lower = str(v) if v.is_prerelease else f"{v.major}.{v.minor}"
     upper = f"0.{v.minor + 1}" if v.major == 0 else str(v.major + 1)
-    return f"platoon>={lower},<{upper}"
+    return f"platoon-core>={lower},<{upper}"
 
 
 def check_problems(dists: list[str], load: bool) -> list[tuple[str, str, str]]:

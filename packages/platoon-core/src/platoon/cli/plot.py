@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, TypeGuard
+from typing import Annotated, Any, TypeGuard
 
 import typer
 
@@ -20,7 +20,12 @@ from platoon.errors import PlatoonError, UsageError
 METRICS_FILE = "metrics.jsonl"
 TRAIN_REWARD = "train/batch/task_reward/avg"
 EVAL_REWARD = "eval/reward/avg"
-MISSING_MATPLOTLIB = "platoon plot needs matplotlib, which is not installed: pip install 'platoon[plot]'"
+# platoon-core's extra: a bare `platoon[plot]` would fetch the registry's unrelated `platoon`
+MISSING_MATPLOTLIB = "platoon plot needs matplotlib, which is not installed: pip install 'platoon-core[plot]'"
+#: what the legend calls the default curves
+LABELS = {TRAIN_REWARD: "reward (mean)", EVAL_REWARD: "eval reward (mean)"}
+#: the statistic a metrics key ends with, as the legend says it
+_STATISTICS = {"avg": "mean", "min": "min", "max": "max", "count": "count", "std": "std"}
 
 
 def _number(value: object) -> TypeGuard[int | float]:
@@ -46,8 +51,46 @@ def read_series(path: Path, metrics: list[str]) -> dict[str, list[tuple[int, flo
     return {metric: sorted(found.items()) for metric, found in points.items()}
 
 
-def render_png(series: dict[str, list[tuple[int, float]]], output: Path, *, title: str) -> None:
-    """Draw every non-empty series against the step and write the PNG."""
+def metric_label(key: str) -> str:
+    """A legend label a reader understands: `reward (mean)` for the task reward, else the key's words with its
+    statistic in parentheses (`train/batch/reward/reward/bonus/max` -> `reward reward bonus (max)`)."""
+    if key in LABELS:
+        return LABELS[key]
+    parts = [part for part in key.split("/") if part]
+    statistic = _STATISTICS.get(parts[-1]) if parts else None
+    if statistic is not None:
+        parts = parts[:-1]
+    if parts[:2] == ["train", "batch"]:
+        parts = parts[2:]
+    words = " ".join(parts).replace("_", " ") or key
+    return f"{words} ({statistic})" if statistic else words
+
+
+def run_name(run_dir: Path) -> str:
+    """The run's name for a title: `experiment/trial` from its resolved config, else the directory's last two
+    path parts (a run dir is `log_path/<experiment>/<trial>`)."""
+    import yaml
+
+    from platoon.config.training import StatsConfig
+
+    try:
+        config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        config = None  # no resolved config (a copied metrics file): the directory names the run
+    if isinstance(config, dict):
+        given = config.get("stats")
+        stats = given if isinstance(given, dict) else {}
+        # the resolved config leaves out the keys at their defaults
+        names = [
+            stats.get(key, StatsConfig.model_fields[key].default) for key in ("experiment_name", "trial_name")
+        ]
+        if all(isinstance(name, str) and name for name in names):
+            return "/".join(str(name) for name in names)
+    return "/".join(run_dir.resolve().parts[-2:])
+
+
+def draw(series: dict[str, list[tuple[int, float]]], *, title: str) -> Any:
+    """A matplotlib Figure of every non-empty series against the step, each labelled by `metric_label`."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -60,13 +103,20 @@ def render_png(series: dict[str, list[tuple[int, float]]], output: Path, *, titl
     for metric, points in series.items():
         if points:
             steps, values = zip(*points, strict=True)
-            axes.plot(steps, values, marker="o" if len(points) < 40 else None, markersize=3, label=metric)
+            label = metric_label(metric)
+            axes.plot(steps, values, marker="o" if len(points) < 40 else None, markersize=3, label=label)
     axes.set_xlabel("step")
     axes.set_ylabel("reward")
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(loc="best")
     figure.tight_layout()
+    return figure
+
+
+def render_png(series: dict[str, list[tuple[int, float]]], output: Path, *, title: str) -> None:
+    """Draw every non-empty series against the step and write the PNG."""
+    figure = draw(series, title=title)
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, format="png")
 
@@ -109,7 +159,7 @@ def plot(
     if not named and not series[TRAIN_REWARD]:
         raise PlatoonError(f"{metrics_path} has no {TRAIN_REWARD} values yet")
     target = output if output is not None else run_dir / "reward.png"
-    render_png(series, target, title=str(run_dir))
+    render_png(series, target, title=run_name(run_dir))
     drawn = {key: points for key, points in series.items() if points}
     last = "; ".join(f"{key} {points[-1][1]:.3g} at step {points[-1][0]}" for key, points in drawn.items())
     out(f"wrote {target} ({last})")

@@ -457,6 +457,18 @@ def _expand_named(data: dict[str, Any], problems: list[str]) -> None:
         entries[index] = {"env": named.ref, **expanded}
 
 
+def expand_named_environment(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One `environments` entry with its `env: name[@version]` expanded exactly as a config's is: the named entry
+    below the given keys, its harness defaults under `harness_options`. Raises ConfigError naming the problem."""
+    data: dict[str, Any] = {"environments": [dict(entry)]}
+    problems: list[str] = []
+    _expand_named(data, problems)
+    if problems:
+        raise ConfigError(problems)
+    expanded: dict[str, Any] = data["environments"][0]
+    return expanded
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Normalization and deprecations
 # ---------------------------------------------------------------------------------------------------------------

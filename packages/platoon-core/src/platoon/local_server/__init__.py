@@ -47,9 +47,7 @@ MIN_KEY_CHARS = 16
 _KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 #: the largest request line and headers uvicorn's h11 reads (a larger head is answered 400)
 MAX_HEADER_BYTES = 16 << 10
-MISSING_TORCH = (
-    "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon[local]'"
-)
+MISSING_TORCH = "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon-core[local]'"
 
 
 class LocalServerUnavailable(PlatoonError, ImportError):

@@ -23,7 +23,7 @@ from platoon.local_server.sampling import SamplingParams, decode
 if TYPE_CHECKING:
     import torch
 
-TORCH_MISSING = "the local Tinker server needs torch and transformers: pip install 'platoon[local]'"
+TORCH_MISSING = "the local Tinker server needs torch and transformers: pip install 'platoon-core[local]'"
 
 #: the SDK's 0.16 AdamParams defaults, for fields a request leaves out
 ADAM_DEFAULTS: dict[str, float] = {

@@ -263,6 +263,43 @@ def _route(
     )
 
 
+def _named_environment(ref: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The episode's arguments with the named environment `ref` below them, expanded as the config loader expands
+    `environments[].env` (so an episode and a run of the same entry agree). Objects (a service, a callable reward
+    processor, an `AgentsConfig`) stay as given; only references and mappings go through the entry."""
+    import importlib
+
+    from platoon.config.environments import AgentsConfig
+    from platoon.config.loader import expand_named_environment
+    from platoon.errors import ConfigError
+
+    keys: dict[str, Any] = {"env": ref}
+    for key, value in given.items():
+        if isinstance(value, str | Mapping):
+            keys[key] = dict(value) if isinstance(value, Mapping) else value
+    try:
+        expanded = expand_named_environment(keys)
+    except ConfigError as exc:  # said of the arguments, not of a config's first entry
+        raise ConfigError([problem.removeprefix("environments.0.") for problem in exc.problems]) from None
+    if isinstance(expanded.get("harness"), Mapping):
+        raise ValueError(
+            f"the environment {ref} draws its harness from a mixture ({', '.join(expanded['harness'])}): "
+            "name the one to run with harness="
+        )
+    if isinstance(expanded.get("package"), str):
+        importlib.import_module(expanded["package"])  # its registrations, as a run imports it first
+    resolved = {key: expanded.get(key) for key in given}
+    for key, value in given.items():  # objects the entry cannot carry
+        if value is not None and not isinstance(value, str | Mapping):
+            resolved[key] = value
+    if given["harness"] is not None and not isinstance(given["harness"], str):
+        # the entry's harness defaults are for harnesses it names; a harness object takes only its own options
+        resolved["harness_options"] = given["harness_options"]
+    if isinstance(resolved["agents"], Mapping):
+        resolved["agents"] = AgentsConfig(**resolved["agents"])
+    return resolved
+
+
 def _rollout_config(rollout: Any, max_steps: int | None) -> Any:
     from platoon.config_defs import RolloutConfig
 
@@ -280,19 +317,20 @@ def _rollout_config(rollout: Any, max_steps: int | None) -> Any:
 async def arun_episode(
     task: Any,
     *,
-    service: Any,
-    harness: Any,
+    service: Any = None,
+    harness: Any = None,
     policy: Any = (),
     service_kwargs: Mapping[str, Any] | None = None,
     harness_options: Mapping[str, Any] | None = None,
-    program: Any = "single",
+    program: Any = None,
     agents: Any = None,
     max_steps: int | None = None,
     rollout: Any = None,
     output_dir: str | Path | None = None,
     reward_processor: RewardProcessorArg = None,
-    placement: str = "auto",
-    builtins: str = "default",
+    placement: str | None = None,
+    builtins: str | None = None,
+    env: str | None = None,
 ) -> EpisodeRun:
     """`run_episode` as a coroutine function, to await inside a running event loop (0.2.0's `run_episode`)."""
     from platoon.episode.rollout import process_rewards, recorded_rollout
@@ -301,15 +339,45 @@ async def arun_episode(
     from platoon.task import Task
     from platoon.testing.gateway import make_gateway
 
+    given = {
+        "service": service,
+        "service_kwargs": service_kwargs,
+        "harness": harness,
+        "harness_options": harness_options,
+        "program": program,
+        "agents": agents,
+        "reward_processor": reward_processor,
+        "placement": placement,
+        "builtins": builtins,
+    }
+    if env is not None:
+        given = _named_environment(env, given)
+    elif given["service"] is None:
+        raise TypeError(
+            "run_episode needs service= (a service reference or object) or env= (a named environment)"
+        )
+    if given["harness"] is None:
+        raise TypeError(
+            "run_episode needs harness=" + (f" (the environment {env} names none)" if env is not None else "")
+        )
+    service, service_kwargs, harness = given["service"], given["service_kwargs"], given["harness"]
+    harness_options, agents, reward_processor = (
+        given["harness_options"],
+        given["agents"],
+        given["reward_processor"],
+    )
+    program = given["program"] or "single"
+    placement, builtins = given["placement"] or "auto", given["builtins"] or "default"
+
     if isinstance(reward_processor, str):
         from platoon import plugins
 
         plugins.get_reward_processor(
             reward_processor
         )  # resolves before the episode runs, as a run's start does
-    env = resolve_service(service, service_kwargs)
+    session_service = resolve_service(service, service_kwargs)
     if not isinstance(task, Task):
-        task = await env.get_task(str(task))
+        task = await session_service.get_task(str(task))
     gateway = policy if isinstance(policy, ModelGateway) else make_gateway(policy)
     config = _rollout_config(rollout, max_steps)
     route = _route(
@@ -332,7 +400,7 @@ async def arun_episode(
     await server.astart()
     try:
         collection, recorder = await recorded_rollout(
-            task, service=env, route=route, config=config, gateway=gateway, output_dir=out
+            task, service=session_service, route=route, config=config, gateway=gateway, output_dir=out
         )
     finally:
         await server.astop()
@@ -351,24 +419,28 @@ async def arun_episode(
 def run_episode(
     task: Any,
     *,
-    service: Any,
-    harness: Any,
+    service: Any = None,
+    harness: Any = None,
     policy: Any = (),
     service_kwargs: Mapping[str, Any] | None = None,
     harness_options: Mapping[str, Any] | None = None,
-    program: Any = "single",
+    program: Any = None,
     agents: Any = None,
     max_steps: int | None = None,
     rollout: Any = None,
     output_dir: str | Path | None = None,
     reward_processor: RewardProcessorArg = None,
-    placement: str = "auto",
-    builtins: str = "default",
+    placement: str | None = None,
+    builtins: str | None = None,
+    env: str | None = None,
 ) -> EpisodeRun:
     """Run one task through the harness rollout with a scripted policy; see the module docstring.
 
     `task` is a `Task` or an id the service resolves; `service` a service reference (with `service_kwargs`) or
-    an `EnvironmentService`; `policy` a `ScriptedPolicy`, its script or a gateway from `make_gateway`; `agents`
+    an `EnvironmentService`; `env` instead a named environment (`name[@version]` or `module:attr`), expanded as a
+    config's `environments[].env` is: its service, harness, program, agents and reward processor are the
+    defaults the other arguments override, and its harness defaults go under `harness_options`.
+    `policy` a `ScriptedPolicy`, its script or a gateway from `make_gateway`; `agents`
     the entry's `agents` settings; `rollout` a `RolloutConfig` or its keys (default `verbose: false`);
     `output_dir` defaults to a kept temporary directory `platoon-episode-*`, where `trajectory_collection.json` is
     written; `reward_processor` (a name or import string as `environments[].reward_processor` takes, or the
@@ -394,6 +466,7 @@ def run_episode(
         reward_processor=reward_processor,
         placement=placement,
         builtins=builtins,
+        env=env,
     )
     try:
         asyncio.get_running_loop()

@@ -19,6 +19,16 @@ def _size_category(n: int) -> str:
     return "100K<n<1M"
 
 
+def _exporter_version() -> str:
+    """The installed platoon-textcraft's version, which the provenance names."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("platoon-textcraft")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def dataset_card(
     v: Variant,
     by_split: Mapping[str, Sequence[ExportedTask]],
@@ -139,7 +149,7 @@ def dataset_card(
         "",
         "## Provenance",
         "",
-        f"Exported by platoon-textcraft 0.1.0 from commit `{source_revision or 'unknown'}` of platoon. Source task files",
+        f"Exported by platoon-textcraft {_exporter_version()} from commit `{source_revision or 'unknown'}` of platoon. Source task files",
         "(SHA-256):",
         "",
         *(f"- `{name}`: `{digest}`" for name, digest in sources.items()),

@@ -181,7 +181,7 @@ def _sdk() -> Any:
         from openreward.environments import environment as sdk_environment
     except ImportError as exc:
         raise ImportError(
-            f"python:// services need the openreward SDK ({exc}); install it with: pip install 'platoon[ors]'"
+            f"python:// services need the openreward SDK ({exc}); install it with: pip install 'platoon-core[ors]'"
         ) from exc
     with _sdk_lock:
         if not _sdk_ready:

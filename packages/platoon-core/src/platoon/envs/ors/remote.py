@@ -200,7 +200,7 @@ def _sdk_client() -> Any:
         from openreward.api.environments import client
     except ImportError as exc:
         raise ImportError(
-            f"ors+http:// services need the openreward SDK ({exc}); install it with: pip install 'platoon[ors]'"
+            f"ors+http:// services need the openreward SDK ({exc}); install it with: pip install 'platoon-core[ors]'"
         ) from exc
     return client
 

@@ -415,7 +415,7 @@ def test_filters_by_reward_outcome_task_and_label_from_the_keyboard(runs):
                 async def apply(text: str) -> None:
                     await pilot.press("f")
                     assert app.focused is field
-                    await pilot.press(*["backspace"] * len(field.value), *text, "enter")
+                    await pilot.press("ctrl+u", *text, "enter")  # ctrl+u: clear the field
                     await pilot.pause()
 
                 await apply("outcome:error")
@@ -428,18 +428,14 @@ def test_filters_by_reward_outcome_task_and_label_from_the_keyboard(runs):
 
                 await apply("reward>=1 task:train:6")  # the members of step 3 that answered right
                 assert app.shown_labels() == ["step 3 · policy v2 · 2 of 8 rollouts · reward avg 1.000"]
-                await apply("reward:0..0.5")
-                assert all("reward avg 0.000" in line for line in app.shown_labels())
-                await apply(f"label:{label}")  # the label the run's label_by gave that task
-                assert [line.split(" · ")[0] for line in app.shown_labels()] == ["step 3"]
-                await apply("step:2..3 reward<1")
-                assert [line.split(" · ")[0] for line in app.shown_labels()] == ["step 3", "step 2"]
+                await apply(f"label:{label} reward<1")  # the label the run's label_by gave that task
+                assert app.shown_labels() == ["step 3 · policy v2 · 1 of 8 rollouts · reward avg 0.000"]
 
                 # a term it does not know: one line under the field, which stays open; the filter stays as it was
                 await apply("rewrd>1")
                 error = str(app.query_one("#filter-error", Static).content)
                 assert error.startswith("unknown filter term 'rewrd>1': use reward>=X, reward<X, reward:A..B")
-                assert app.focused is field and app.rule.text == "step:2..3 reward<1"
+                assert app.focused is field and app.rule.text == f"label:{label} reward<1"
                 await pilot.press("escape")
                 assert app.focused is app.query_one("#tree", Tree)
                 await apply("")  # nothing: everything again

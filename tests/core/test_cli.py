@@ -116,11 +116,14 @@ def test_bad_option_is_a_usage_error(capsys):
 
 
 def test_viz_hands_its_arguments_to_the_viewer(capsys):
-    # Not typer: the viewer's own parser answers (tests/platoon/viz has the viewer itself).
+    # The viewer's own command group answers, in the same style as every other (tests/platoon/viz has the rest).
     assert main(["viz", "tail"]) == 64
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        "platoon viz tail: name at least one file or --dir or --rdir"
-    )
+    assert capsys.readouterr().err.splitlines() == [
+        "Usage: platoon viz tail [OPTIONS] [PATH]...",
+        "Try 'platoon viz tail -h' for help.",
+        "",
+        "Error: name at least one file, --dir or --rdir",
+    ]
 
 
 def test_harness_show_unknown_is_a_config_error(capsys):

@@ -166,4 +166,17 @@ def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path
         if records[0]["type"] == "trajectory_created" and records[-1]["type"] == "trajectory_finished"
     ]
     assert len(whole) >= 6 * 2 * 8  # (the SIGKILL may have cut the killed start's last rollout short)
+    # each record says where its rollout belongs, by which the viewer groups them: its training step and the policy
+    # version it sampled (the version its file is named after); an evaluation's, the step it evaluated
+    for records in whole:
+        assert {r["scope"] for r in records} == {"train"}
+        assert len({(r["training_step"], r["policy_version"]) for r in records}) == 1
+        step, version = records[0]["training_step"], records[0]["policy_version"]
+        assert 1 <= step <= 6 and 0 <= version <= step - 1
+    evaluated = read_events(sorted((run / "rollouts" / "eval").glob("step_*/events/*.jsonl")))
+    assert evaluated and {(r["scope"], r["training_step"]) for r in evaluated} <= {
+        ("eval", 2),
+        ("eval", 4),
+        ("eval", 6),
+    }
     assert not (run / "process.json").exists()

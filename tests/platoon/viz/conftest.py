@@ -1,4 +1,5 @@
-"""Fixtures of the viewer's tests: event files of real number-search rollouts, made once per session."""
+"""Fixtures of the viewer's tests: event files of real number-search rollouts, and a training run's rollouts
+directory of real bandit rollouts written as the trainer writes them, made once per session."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ import viz_runs
 
 @dataclass
 class Runs:
-    """The event files (and the collection dumps beside them) of the three rollouts."""
+    """The event files (and the collection dumps beside them) of the three rollouts, and a training run's
+    directory (`viz_runs.training_layout`)."""
 
     codeact: Path
     react: Path
     tree: Path
+    training: Path
 
     @staticmethod
     def dump_of(events: Path) -> Path:
@@ -37,4 +40,5 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         codeact=viz_runs.codeact_run(base / "codeact"),
         react=viz_runs.react_run(base / "react"),
         tree=viz_runs.tree_run(base / "tree"),
+        training=viz_runs.training_layout(base / "training"),
     )

@@ -1,6 +1,7 @@
 """The viewer's model without Textual: event files of real number-search rollouts folded into the tree (labels,
-colours, forks, verifiers, steps, details), search, OpenHands steps and ORS bridge turns, and the sources
-(tailing through growth, truncation and replacement; replay merged by time; dumps converted)."""
+colours, forks, verifiers, steps, details), a training run's rollouts grouped by step and filtered, labels cut at
+word boundaries, search, OpenHands steps and ORS bridge turns, and the sources (tailing through growth, truncation
+and replacement, looked at less often while nothing changes; replay merged by time; dumps converted)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,33 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from platoon.trajectory import TrajectoryCollection
-from platoon.viz.model import EventModel, Node, TrajectoryState, search, steps_node, task_info, walk
-from platoon.viz.sources import FileTail, Replay, Tailer, convert_dumps, event_files, parse_lines
+from platoon.viz.model import (
+    EventModel,
+    Node,
+    TrajectoryState,
+    collection_node,
+    fit,
+    parse_filter,
+    search,
+    steps_node,
+    task_info,
+    view,
+    walk,
+)
+from platoon.viz.sources import (
+    POLL_INTERVAL,
+    POLL_LONGEST,
+    Backoff,
+    FileTail,
+    Replay,
+    Tailer,
+    convert_dumps,
+    event_files,
+    parse_lines,
+)
 
 
 def records_of(path: Path) -> list[dict[str, Any]]:
@@ -37,8 +62,8 @@ def test_a_codeact_rollout_becomes_collection_trajectory_task_and_steps(runs):
     steps = [r["step"]["misc"] for r in records if r["type"] == "trajectory_step_added"]
     [collection] = model_of(runs.codeact).tree()
     assert collection.label == (
-        f"collection: task:number_search.train.3 · index:3 · split:train · trajs:solver=1,verifier=0 · "
-        f"id:{collection_id[:8]}"
+        f"collection: task:number_search.train.3 · reward:1.000 · index:3 · split:train · "
+        f"trajs:solver=1,verifier=0 · id:{collection_id[:8]}"
     )
     [trajectory] = collection.children
     assert trajectory.label == f"traj:{root_id[:8]} · subtree:solver=1,verifier=0 · reward:1.000"
@@ -349,3 +374,128 @@ def test_a_file_rewritten_longer_between_two_polls_is_read_again(tmp_path, runs)
     path.write_text(runs.react.read_text())  # same inode, and longer than what was read
     records, reset = tail.poll()
     assert reset and records == records_of(runs.react)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A training run's rollouts: groups, filters; labels that fit; the tail's back-off
+
+
+def training_model(runs: Any, *, drop_context: bool = False) -> EventModel:
+    """The training layout's rollouts read as the viewer reads them; `drop_context` strips what the records say
+    about their step, as files written before they said it."""
+    model = EventModel()
+    for path in sorted((runs.training / "rollouts").rglob("*.jsonl")):
+        for record in records_of(path):
+            if drop_context:
+                record = {
+                    k: v
+                    for k, v in record.items()
+                    if k not in ("scope", "training_step", "policy_version", "label")
+                }
+            model.apply(record, str(path))
+    return model
+
+
+def tops(model: EventModel, text: str = "") -> list[Node]:
+    nodes = {cid: collection_node(c, "auto") for cid, c in model.collections.items()}
+    return view(model.collections.values(), nodes, parse_filter(text))
+
+
+def test_a_training_run_is_grouped_by_step_and_policy_version_newest_first(runs):
+    model = training_model(runs)
+    groups = tops(model)
+    assert [g.key for g in groups] == [
+        "g:train:step4",
+        "g:train:step3",
+        "g:eval:step2",
+        "g:train:step2",
+        "g:train:step1",
+    ]
+    assert all(not g.expand and not any(c.expand for c in g.children) for g in groups)
+    assert [len(g.children) for g in groups] == [8, 8, 2, 8, 8]
+    [summary] = groups[0].details
+    assert summary.content["policy_versions"] == [3] and summary.content["outcomes"] == {
+        "error": 2,
+        "scored": 6,
+    }
+    assert summary.content["reward"] == {
+        "avg": 4 / 6,
+        "min": 0.0,
+        "max": 1.0,
+        "count": 6,
+    }  # failures are not 0s
+    # files written before the records said their step: training's layout still groups them, by policy version
+    older = tops(training_model(runs, drop_context=True))
+    assert [g.label.split(" · ")[:2] for g in older] == [
+        ["eval @ step 2", "2 rollouts"],
+        ["policy v3", "8 rollouts"],
+        ["policy v2", "8 rollouts"],
+        ["policy v1", "8 rollouts"],
+        ["policy v0", "8 rollouts"],
+    ]
+    # rollouts of no step (platoon eval, platoon rollout) are listed as they are; a lone one open
+    [alone] = tops(model_of(runs.react))
+    assert alone.kind == "collection" and alone.expand
+
+
+def test_filter_terms_select_rollouts_and_name_what_is_wrong(runs):
+    model = training_model(runs)
+
+    def shown(text: str) -> int:
+        return sum(len(g.children) for g in tops(model, text))
+
+    assert shown("") == 34
+    assert shown("outcome:error") == shown("outcome:harness_crash") == 8
+    assert shown("outcome:error,scored") == 34
+    assert shown("reward>=1") == shown("reward=1") == shown("reward>0.5") == 16 + 2
+    assert shown("reward<1") == shown("reward<=0") == shown("reward:..0.5") == 8  # errors have no reward
+    assert shown("reward:0..1") == 26
+    assert shown("task:train:4") == shown("task:bandit.train.4") == 4
+    assert shown("step:2") == shown("step:2..2") == 8 + 2 and shown("step:3..") == 16
+    label = next(c.label for c in model.collections.values() if c.step == 3)
+    assert label is not None and shown(f"label:{label.lower()}") == 4
+    assert shown("reward>=1 step:1 task:train:2") == 2
+    for bad, says in (
+        ("rewrd>1", "unknown filter term 'rewrd>1': use reward>=X, reward<X, reward:A..B, outcome:KIND"),
+        ("reward>x", "unknown filter term 'reward>x'"),
+        ("reward:..", "filter term 'reward:..' has no bound: write reward:A..B, reward:A.. or reward:..B"),
+        ("outcome:", "unknown filter term 'outcome:'"),
+    ):
+        with pytest.raises(ValueError, match="^" + says.replace("(", r"\(").replace(".", r"\.")):
+            parse_filter(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "width", "cut"),
+    [
+        ("Answer with one letter: D, A, B or C.", 20, "Answer with one…"),
+        ("task:bandit.train.18 · index:18 · split:train", 30, "task:bandit.train.18…"),
+        ("guess(number=497) · guess(number=250)", 24, "guess(number=497)…"),
+        ("step 0: print(numbers, key=value)", 22, "step 0: print(…"),
+        ("step 0: print(numbers, key=value)", 24, "step 0: print(numbers…"),
+        ("/a/very/long/path/without/any/space", 12, "/a/very/lon…"),  # one word: cut inside it
+        ("fits as it is", 13, "fits as it is"),
+    ],
+)
+def test_labels_are_cut_at_a_word_boundary(text, width, cut):
+    assert fit(text, width) == cut and len(cut) <= width
+
+
+def test_the_tail_looks_less_often_while_nothing_changes_and_reads_only_what_grew(tmp_path, runs):
+    backoff = Backoff()
+    assert [backoff.after(False) for _ in range(6)] == [
+        0.4,
+        0.8,
+        1.6,
+        POLL_LONGEST,
+        POLL_LONGEST,
+        POLL_LONGEST,
+    ]
+    assert backoff.after(True) == POLL_INTERVAL
+    path = tmp_path / "events.jsonl"
+    path.write_text(runs.react.read_text())
+    tail = FileTail(path)
+    assert tail.poll()[0] and tail.reads == 1
+    for _ in range(5):
+        assert tail.poll() == ([], False)
+    assert tail.reads == 1  # an unchanged file is only stat'ed

@@ -8,7 +8,8 @@ version>/` is appended to `events/events_train_<version>.jsonl`, and every rollo
 to `rollouts/eval/step_<n>/events/events_eval_<n>.jsonl` (`append_events`: whole lines, one rollout at a time, so a
 viewer tailing the file never reads half a rollout's line). `platoon eval` and `platoon rollout`, whose rollouts
 each have a record directory of their own, write one file per rollout beside it (`write_events`: atomically, a
-hidden `.<name>.<pid>.tmp` then a rename).
+hidden `.<name>.<pid>.tmp` then a rename). Training's records also say where the rollout belongs (`scope`,
+`training_step`, `policy_version`, and `label` when the run has labels): the viewer groups and filters by them.
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ def event_file_name(task_id: str | None, collection_id: str) -> str:
     return f"events_{task_part}_{_UNSAFE.sub('_', collection_id)}.jsonl"
 
 
-def events_of(collection: TrajectoryCollection, *, ts: float | None = None) -> Iterator[dict[str, Any]]:
-    """The event records of `collection`, root first, `ts` one microsecond apart from `ts` (default: now)."""
+def events_of(
+    collection: TrajectoryCollection, *, ts: float | None = None, context: Mapping[str, Any] | None = None
+) -> Iterator[dict[str, Any]]:
+    """The event records of `collection`, root first, `ts` one microsecond apart from `ts` (default: now). Every
+    record also carries `context`: where the rollout belongs (training writes its `scope`, `training_step`,
+    `policy_version` and `label`, by which the viewer groups and filters); a record's own fields win over it."""
+    where = {key: value for key, value in (context or {}).items() if value is not None}
     start = time.time() if ts is None else ts
     pid = os.getpid()
     count = 0
@@ -59,7 +65,7 @@ def events_of(collection: TrajectoryCollection, *, ts: float | None = None) -> I
         nonlocal count
         stamp = start + count * 1e-6
         count += 1
-        return {
+        event = {
             "type": kind,
             "collection_id": collection.id,
             "trajectory_id": trajectory_id,
@@ -67,6 +73,9 @@ def events_of(collection: TrajectoryCollection, *, ts: float | None = None) -> I
             "ts": stamp,
             **fields,
         }
+        for key, value in where.items():
+            event.setdefault(key, value)
+        return event
 
     for trajectory in collection.trajectories.values():
         data = trajectory.to_dict()
@@ -119,9 +128,9 @@ def write_events(
     return path
 
 
-def events_text(collection: TrajectoryCollection) -> str:
+def events_text(collection: TrajectoryCollection, context: Mapping[str, Any] | None = None) -> str:
     """`collection`'s event records as JSONL text, one record a line."""
-    return "".join(json.dumps(event, default=str) + "\n" for event in events_of(collection))
+    return "".join(json.dumps(event, default=str) + "\n" for event in events_of(collection, context=context))
 
 
 def scope_event_file(output_dir: str | os.PathLike[str], scope: str, key: str | int) -> Path:
@@ -137,8 +146,13 @@ _APPEND_LOCK = threading.Lock()
 _APPENDED: set[Path] = set()
 
 
-def append_events(collection: TrajectoryCollection | Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Append `collection`'s event records to `path` as whole lines.
+def append_events(
+    collection: TrajectoryCollection | Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    context: Mapping[str, Any] | None = None,
+) -> None:
+    """Append `collection`'s event records (each carrying `context`, as `events_of`) to `path` as whole lines.
 
     A write that fails part-way (a full disk) is cut back to where it began, so the file never holds half a
     record; a tail a killed process left without its newline is closed first, so the next rollout starts on a
@@ -146,7 +160,7 @@ def append_events(collection: TrajectoryCollection | Mapping[str, Any], path: st
     """
     if not isinstance(collection, TrajectoryCollection):
         collection = TrajectoryCollection.from_dict(collection)
-    data = events_text(collection).encode("utf-8")
+    data = events_text(collection, context).encode("utf-8")
     target = Path(path)
     with _APPEND_LOCK:
         target.parent.mkdir(parents=True, exist_ok=True)

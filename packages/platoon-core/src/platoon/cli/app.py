@@ -18,6 +18,7 @@ from platoon.cli import eval as eval_command
 from platoon.cli.output import new_app
 from platoon.cli.style import plain_help
 from platoon.errors import ExtensionError, UsageError
+from platoon.viz import cli as viz
 
 
 class PlatoonGroup(TyperGroup):
@@ -122,20 +123,9 @@ def build_app() -> typer.Typer:
     tinker_app = new_app("The local Tinker-compatible training server.")
     tinker_app.command("serve")(tinker.serve)
     app.add_typer(tinker_app, name="tinker", short_help=line["tinker"])
-    app.command(
-        "viz",
-        help=line["viz"],
-        short_help=line["viz"],
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    )(_viz_placeholder)
+    # The viewer's own group (`main` hands `viz` to it directly; here it is listed and documented with the rest).
+    app.add_typer(viz.app, name="viz", short_help=line["viz"])
     return app
-
-
-def _viz_placeholder() -> int:
-    # `main` hands `viz` to the viewer before typer parses; this entry only lists the command in --help.
-    from platoon.viz.cli import main as viz_main
-
-    return viz_main([], prog="platoon viz")
 
 
 def build_command() -> _click.Command:

@@ -183,10 +183,13 @@ class FileWriter:
     def submit(self, request: MemberRequest, outcome: MemberOutcome) -> None:
         self._pool.submit(self._write, request, outcome)
 
-    def append_events(self, path: str | Path, task_id: str, outcome: MemberOutcome) -> None:
-        """Append the events of `outcome` (when it has a collection) to the shared event file `path`."""
+    def append_events(
+        self, path: str | Path, task_id: str, outcome: MemberOutcome, context: Mapping[str, Any] | None = None
+    ) -> None:
+        """Append the events of `outcome` (when it has a collection), each carrying `context`, to the shared event
+        file `path`."""
         if outcome.collection is not None:
-            self._pool.submit(self._append, Path(path), task_id, outcome.collection)
+            self._pool.submit(self._append, Path(path), task_id, outcome.collection, context)
 
     def _write(self, request: MemberRequest, outcome: MemberOutcome) -> None:
         try:
@@ -194,11 +197,13 @@ class FileWriter:
         except OSError as exc:
             self._failed(exc, request.task_id, request.output_dir)
 
-    def _append(self, path: Path, task_id: str, collection: TrajectoryCollection) -> None:
+    def _append(
+        self, path: Path, task_id: str, collection: TrajectoryCollection, context: Mapping[str, Any] | None
+    ) -> None:
         from platoon.trajectory_events import append_events
 
         try:
-            append_events(collection, path)
+            append_events(collection, path, context=context)
         except OSError as exc:
             self._failed(exc, task_id, str(path))
 

@@ -1,43 +1,101 @@
-"""The trajectory viewer's Textual app: the agent tree on the left, the selected node's details on the right
-(a draggable divider between them), a search bar with grouped results, and the keys of harness.md section 8.
+"""The trajectory viewer's Textual app: the rollouts grouped by training step on the left, the highlighted node's
+details on the right (a draggable divider between them), a filter bar, a search bar with grouped results, a help
+screen, and the keys of harness.md section 8.
 
-Imported only when a viewer command runs (`platoon.viz.cli` imports it inside `main`). What is shown comes from
-`platoon.viz.model`; this module only keeps the Tree widget in step with the model's nodes (by their stable keys,
-so expanded nodes and the cursor survive updates) and renders `Section`s with rich.
+Imported only when a viewer command runs (`platoon.viz.cli` imports it once the arguments are good). What is shown
+comes from `platoon.viz.model`; this module keeps the Tree widget in step with the model's nodes by their stable keys
+(so what the user opened and the cursor survive updates), and fills a node's children into the widget only once it
+is opened: a run of thousands of rollouts costs a few dozen widget nodes until the user looks inside. At rest it is
+idle: a followed file that stops growing is looked at less and less often (`sources.Backoff`), and a replay that
+reached its end stops its timer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
-from rich.console import Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
 from rich.json import JSON
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from platoon.viz.model import EventModel, Mode, Node, SearchGroup, Section, collection_node, search
-from platoon.viz.sources import POLL_INTERVAL, Replay, Tailer
+from platoon.viz.model import (
+    FILTER_TERMS,
+    EventModel,
+    Mode,
+    Node,
+    RolloutFilter,
+    SearchGroup,
+    Section,
+    collection_node,
+    fit,
+    parse_filter,
+    search,
+    view,
+)
+from platoon.viz.sources import Backoff, Replay, Tailer
 
-__all__ = ["ViewerApp", "render_sections"]
+__all__ = ["HELP", "ViewerApp", "render_sections"]
 
 Kind = Literal["tail", "replay"]
+T = TypeVar("T")
 
-#: the actions of printable keys (and `right`), which a focused search field must receive as text instead
-_TYPING_ACTIONS = frozenset({"quit", "toggle_play", "step", "restart", "toggle_mouse", "details_only"})
+#: the actions of printable keys (and `right`), which a focused text field must receive as text instead
+_TYPING_ACTIONS = frozenset(
+    {"quit", "toggle_play", "step", "restart", "toggle_mouse", "details_only", "filter", "help"}
+)
+#: labels narrower than this are left whole (the pane is being dragged shut)
+_NARROWEST_CUT = 12
+#: the open/close arrow: bold, and marked as Tree marks it so that a click on it opens or closes the node
+_TOGGLE = Style(bold=True) + Style.from_meta({"toggle": True})
+
+HELP = f"""\
+[b]platoon viz[/b]: the rollouts of a run, grouped by training step (or evaluation), newest first.
+
+[b]Moving around[/b]
+up / down          move; the details pane shows the highlighted node
+enter              open or close the highlighted node
+shift+up / down    previous / next sibling;  shift+left: the parent
+d                  details only (cleaner terminal selection); d again: both panes
+m                  mouse capture on/off (off: drag in the terminal to select text)
+drag the bar       resize the panes
+
+[b]Following and replaying[/b]
+space              play / pause (replay); pause / resume following (tail)
+right, n           one record (replay) or one look at the files (tail); pauses
+r                  restart from the beginning
+
+[b]Filter (f)[/b]: which rollouts are listed; every term must hold; enter applies it, an empty filter lists all
+{FILTER_TERMS}
+e.g.  reward<1 outcome:error,timeout task:train:3 label:math step:10..12
+
+[b]Search (ctrl+f)[/b]: matches in labels and details, grouped by trajectory; enter jumps to the first
+f3 / shift+f3      next / previous result
+escape             close the search or the filter
+
+? or escape closes this help;  q quits the viewer."""
 
 
-def render_sections(sections: Sequence[Section]) -> RenderableType:
-    """The details pane's content: a bold title per section, code highlighted, JSON pretty-printed."""
+def render_sections(sections: Sequence[Section], title: str | None = None) -> RenderableType:
+    """The details pane's content: the node's whole label (the tree may have cut it), then a bold title per section,
+    code highlighted, JSON pretty-printed."""
     parts: list[RenderableType] = []
+    if title:
+        parts += [Text(title, style="bold"), Text("")]
     for section in sections:
         parts.append(Text(section.title, style="bold underline"))
         if section.kind == "code":
@@ -50,6 +108,46 @@ def render_sections(sections: Sequence[Section]) -> RenderableType:
             parts.append(Text(str(section.content)))
         parts.append(Text(""))
     return Group(*parts) if parts else Text("(nothing to show)", style="dim")
+
+
+class FittedTree(Tree[T]):
+    """A Tree whose labels are cut to the pane's width at a word boundary, an ellipsis marking the cut, instead of
+    running off the edge mid-word (the details pane shows the whole label), and whose `enter` opens a node at once:
+    `opening` fills its children first, so a key pressed right after lands among them."""
+
+    #: called with a node about to be opened by `enter`, to give it its children
+    opening: Callable[[TreeNode[T]], None] | None = None
+
+    def action_select_cursor(self) -> None:
+        # Tree's own `enter` opens the node later, on a message of its own, and a `down` typed before that message
+        # would skip what was being opened; here it is open before the next key is read.
+        node = self.cursor_node
+        if node is not None and node.allow_expand:
+            if node.is_expanded:
+                node.collapse()
+            else:
+                if self.opening is not None:
+                    self.opening(node)
+                node.expand()
+        super().action_select_cursor()
+
+    def render_label(self, node: TreeNode[T], base_style: Style, style: Style) -> Text:
+        label = Text(node.label) if isinstance(node.label, str) else node.label.copy()
+        depth = 0
+        parent = node.parent
+        while parent is not None and not (parent.is_root and not self.show_root):
+            depth += 1
+            parent = parent.parent
+        prefix = self.ICON_NODE_EXPANDED if node.is_expanded else self.ICON_NODE
+        room = self.scrollable_content_region.width - depth * self.guide_depth
+        room -= cell_len(prefix) if node.allow_expand else 0
+        if room >= _NARROWEST_CUT and label.cell_len > room:
+            label = Text(fit(label.plain, room), style=label.style)
+            label.truncate(room)  # wide characters take two cells
+        label.stylize(style)
+        if not node.allow_expand:
+            return label
+        return Text.assemble((prefix, base_style + _TOGGLE), label)
 
 
 class Divider(Widget):
@@ -86,15 +184,39 @@ class Divider(Widget):
             event.stop()
 
 
+class HelpScreen(ModalScreen[None]):
+    """The keys and the filter's terms (`?`)."""
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: 112; max-width: 100%; height: auto; max-height: 90%;
+        border: round $accent; background: $surface; padding: 0 1;
+    }
+    HelpScreen Static { width: 100%; height: auto; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark", "close", "Close help", priority=True)
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(HELP, id="help-text")
+
+    def action_close(self) -> None:
+        self.dismiss()
+
+
 class ViewerApp(App[int]):
     """The viewer over a `Tailer` (follow files) or a `Replay` (read whole, step through by time)."""
 
     TITLE = "platoon viz"
     CSS = """
     #left { width: 55%; }
-    #search { height: auto; max-height: 50%; display: none; }
-    #search.open { display: block; }
+    #search, #filter { height: auto; max-height: 50%; display: none; }
+    #search.open, #filter.open { display: block; }
     #results { height: auto; max-height: 12; border-bottom: solid $panel-lighten-2; }
+    #filter-error { color: $error; height: auto; }
     #tree { height: 1fr; }
     #details-pane { width: 1fr; padding: 0 1; }
     #status { height: 1; background: $panel; color: $text-muted; padding: 0 1; }
@@ -104,14 +226,16 @@ class ViewerApp(App[int]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit", priority=True),
         Binding("space", "toggle_play", "Play/pause", priority=True),
-        Binding("right,n", "step", "Step", priority=True),
+        Binding("right,n", "step", "Step", priority=True, key_display="n"),
         Binding("r", "restart", "Restart", priority=True),
+        Binding("f", "filter", "Filter", priority=True),
         Binding("ctrl+f", "search", "Search", priority=True),
-        Binding("f3", "next_hit", "Next", priority=True),
-        Binding("shift+f3", "previous_hit", "Previous", priority=True),
-        Binding("escape", "close_search", "Close search", priority=True, show=False),
+        Binding("f3", "next_hit", "Next", priority=True, show=False),
+        Binding("shift+f3", "previous_hit", "Previous", priority=True, show=False),
+        Binding("escape", "close_bars", "Close", priority=True, show=False),
         Binding("m", "toggle_mouse", "Mouse", priority=True),
         Binding("d", "details_only", "Details only", priority=True),
+        Binding("question_mark", "help", "Help", priority=True, key_display="?"),
     ]
 
     def __init__(
@@ -123,6 +247,7 @@ class ViewerApp(App[int]):
         mode: Mode = "auto",
         selectable_text: bool = False,
         title: str | None = None,
+        rule: RolloutFilter | None = None,
     ) -> None:
         super().__init__()
         if (tailer is None) == (replay is None):
@@ -132,13 +257,19 @@ class ViewerApp(App[int]):
         self.delay = max(0.0, delay)
         self.mode: Mode = mode
         self.model = EventModel()
+        self.rule = rule or RolloutFilter()
         self.playing = True
         self.mouse_reporting = not selectable_text
+        self.backoff = Backoff()
+        self.poll_timer: Timer | None = None  # the next look at the followed files
+        self.timer: Timer | None = None  # the replay's next record; None once it reached the end
         self.nodes: dict[str, Node] = {}  # collection id -> its node tree, as last built
-        self.tree_nodes: dict[str, TreeNode[Node]] = {}  # node key -> its widget node
+        self.top: list[Node] = []  # the tree's top level as last shown (groups, and rollouts in none)
+        self.tree_nodes: dict[str, TreeNode[Node]] = {}  # node key -> its widget node, where one was made
         self.groups: list[SearchGroup] = []
         self.hits: list[str] = []
         self.hit_index = -1
+        self._status_shown = ""
         if title:
             self.sub_title = title
 
@@ -147,15 +278,21 @@ class ViewerApp(App[int]):
     def compose(self) -> ComposeResult:
         with Horizontal():
             with Vertical(id="left"):
+                with Vertical(id="filter"):
+                    yield Input(placeholder=f"filter: {FILTER_TERMS}", id="filter-input")
+                    yield Static(id="filter-error")
                 with Vertical(id="search"):
                     yield Input(
                         placeholder="search (enter: first hit, f3/shift+f3: next/previous)", id="search-input"
                     )
-                    results: Tree[str] = Tree("results", id="results")
+                    results: FittedTree[str] = FittedTree("results", id="results")
                     results.show_root = False
+                    results.auto_expand = False
                     yield results
-                tree: Tree[Node] = Tree("events", id="tree")
+                tree: FittedTree[Node] = FittedTree("rollouts", id="tree")
                 tree.show_root = False
+                tree.auto_expand = False  # `enter` opens a node itself (FittedTree); a click only selects it
+                tree.opening = self._fill
                 yield tree
             yield Divider("#left")
             with VerticalScroll(id="details-pane"):
@@ -168,24 +305,32 @@ class ViewerApp(App[int]):
         if not self.mouse_reporting:
             self._set_mouse(False)
         if self.tailer is not None:
-            self._poll()
-            self.timer = self.set_interval(POLL_INTERVAL, self._poll)
+            self.poll()
         else:
             assert self.replay is not None
             if self.delay == 0:
                 self._apply(self.replay.take(None))
-            self.timer = self.set_interval(self.delay or POLL_INTERVAL, self._tick, pause=self.delay == 0)
+            else:
+                self.timer = self.set_interval(self.delay, self._tick)
         self._status()
 
     # -- feeding the model ---------------------------------------------------------------------------------
 
-    def _poll(self) -> None:
-        assert self.tailer is not None
+    def poll(self) -> None:
+        """One look at the followed files, then the next one scheduled: soon while they grow, later and later
+        (up to `sources.POLL_LONGEST`) while they do not."""
+        self.poll_timer = None
         if not self.playing:
             return
-        self._poll_once()
+        changed = self._poll_once()
+        self.schedule_poll(self.backoff.after(changed))
 
-    def _poll_once(self) -> None:
+    def schedule_poll(self, delay: float) -> None:
+        """The next look at the files in `delay` seconds (tests replace this to run the app on simulated time)."""
+        self.poll_timer = self.set_timer(delay, self.poll)
+
+    def _poll_once(self) -> bool:
+        """Read what the files gained; whether anything did."""
         assert self.tailer is not None
         changed: set[str] = set()
         for path, records, reset in self.tailer.poll():
@@ -195,10 +340,20 @@ class ViewerApp(App[int]):
         if changed:
             self._refresh_collections(changed)
         self._status()
+        return bool(changed)
 
     def _tick(self) -> None:
         if self.playing and self.replay is not None and not self.replay.done:
             self._apply(self.replay.take(1))
+        if self.replay is not None and self.replay.done:
+            self._stop_replay_timer()
+
+    def _stop_replay_timer(self) -> None:
+        # At its end a replay has nothing to do: no timer stays behind waking the app.
+        if self.timer is not None:
+            self.timer.stop()
+            self.timer = None
+        self._status()
 
     def _apply(self, items: Sequence[tuple[Path, dict[str, Any]]]) -> None:
         changed: set[str] = set()
@@ -211,22 +366,27 @@ class ViewerApp(App[int]):
         self._status()
 
     def _refresh_collections(self, changed: set[str]) -> None:
-        tree = self.query_one("#tree", Tree)
         for cid in changed:
             collection = self.model.collections.get(cid)
             if collection is None:
                 self.nodes.pop(cid, None)
             else:
                 self.nodes[cid] = collection_node(collection, self.mode)
-        self._sync(tree.root, [self.nodes[cid] for cid in self.model.collections if cid in self.nodes])
-        cursor = tree.cursor_node
-        if cursor is not None and cursor.data is not None:
-            self._show(cursor.data)
+        self._refresh_view()
+
+    def _refresh_view(self) -> None:
+        """Show the model's rollouts as the filter lets them through, keeping what is open and the cursor."""
+        tree = self.query_one("#tree", Tree)
+        self.top = view(self.model.collections.values(), self.nodes, self.rule)
+        self._sync(tree.root, self.top)
+        self._show_cursor()
         if self.query_one("#search").has_class("open"):
             self._run_search(self.query_one("#search-input", Input).value, keep_position=True)
 
     def _sync(self, parent: TreeNode[Node], wanted: list[Node]) -> None:
-        """Make `parent`'s children show `wanted`, reusing widget nodes with the same key."""
+        """Make `parent`'s children show `wanted` (reusing widget nodes with the same key; a new one goes where
+        `wanted` puts it), and go on into the children that are open; a closed one is filled when it is opened
+        (`_fill`)."""
         keys = {node.key for node in wanted}
         existing: dict[str, TreeNode[Node]] = {}
         for child in list(parent.children):
@@ -252,7 +412,8 @@ class ViewerApp(App[int]):
                     widget.set_label(label)
                 widget.data = node
             widget.allow_expand = bool(node.children)
-            self._sync(widget, node.children)
+            if widget.is_expanded:
+                self._sync(widget, node.children)
             previous = widget
 
     def _forget(self, widget: TreeNode[Node]) -> None:
@@ -261,9 +422,19 @@ class ViewerApp(App[int]):
         for child in widget.children:
             self._forget(child)
 
+    @on(Tree.NodeExpanded, "#tree")
+    def _opened(self, event: Tree.NodeExpanded[Node]) -> None:
+        self._fill(event.node)
+
+    def _fill(self, widget: TreeNode[Node]) -> None:
+        """Give a node that is being opened its children (a closed node's are made only when it opens)."""
+        if widget.data is not None:
+            self._sync(widget, widget.data.children)
+
     def _clear(self) -> None:
         self.model.reset()
         self.nodes.clear()
+        self.top = []
         self.tree_nodes.clear()
         self.query_one("#tree", Tree).root.remove_children()
         self.query_one("#details", Static).update(Text("select a node to see its details", style="dim"))
@@ -275,11 +446,30 @@ class ViewerApp(App[int]):
         if event.node.data is not None:
             self._show(event.node.data)
 
+    def _show_cursor(self) -> None:
+        """The details of the node under the cursor; the cursor goes to the first line when it is on none, so the
+        details pane is never blank while the tree has something to show."""
+        tree = self.query_one("#tree", Tree)
+        if tree.cursor_node is None and tree.root.children:
+            tree.move_cursor(tree.root.children[0])
+        cursor = tree.cursor_node
+        if cursor is not None and cursor.data is not None:
+            self._show(cursor.data)
+
     def _show(self, node: Node) -> None:
-        self.query_one("#details", Static).update(render_sections(node.details))
+        self.query_one("#details", Static).update(render_sections(node.details, title=node.label))
+
+    def shown_rollouts(self) -> list[Node]:
+        """The collection nodes the filter lets through, in tree order."""
+        return [node for top in self.top for node in (top.children if top.kind == "group" else [top])]
 
     def status_text(self) -> str:
-        parts = [self.kind, f"mode {self.mode}", f"{len(self.model.collections)} collection(s)"]
+        total = len(self.model.collections)
+        parts = [self.kind, f"mode {self.mode}"]
+        if self.rule:
+            parts.append(f"filter {self.rule.text}: {len(self.shown_rollouts())} of {total} rollouts")
+        else:
+            parts.append(f"{total} rollout{'s' if total != 1 else ''}")
         if self.tailer is not None:
             parts += [f"{len(self.tailer.tails)} file(s)", "following" if self.playing else "paused"]
         elif self.replay is not None:
@@ -291,20 +481,33 @@ class ViewerApp(App[int]):
             parts.append("mouse off (terminal selection)")
         if self.hits:
             parts.append(f"hit {self.hit_index + 1}/{len(self.hits)}")
+        parts.append("? help")
         return " · ".join(parts)
 
     def _status(self) -> None:
-        self.query_one("#status", Static).update(self.status_text())
+        text = self.status_text()
+        if text != self._status_shown:  # an unchanged line is not drawn again
+            self._status_shown = text
+            self.query_one("#status", Static).update(text)
 
     # -- actions -------------------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Typing into the search field: its letters, space and arrows are text, not commands.
+        if isinstance(self.screen, HelpScreen):
+            return action == "quit"  # the help's own keys close it
+        # Typing into a text field: its letters, space and arrows are text, not commands.
         return not (action in _TYPING_ACTIONS and isinstance(self.focused, Input))
 
     def action_toggle_play(self) -> None:
         self.playing = not self.playing
-        if self.replay is not None and self.delay:
+        if self.tailer is not None:
+            if self.playing:
+                self.backoff.reset()
+                self.poll()
+            elif self.poll_timer is not None:
+                self.poll_timer.stop()
+                self.poll_timer = None
+        elif self.timer is not None:
             if self.playing:
                 self.timer.resume()
             else:
@@ -313,10 +516,12 @@ class ViewerApp(App[int]):
 
     def action_step(self) -> None:
         """One record (replay) or one look at the files (tail); playback pauses."""
-        if self.playing and (self.tailer is not None or self.delay):
+        if self.playing and (self.tailer is not None or self.timer is not None):
             self.action_toggle_play()
         if self.replay is not None:
             self._apply(self.replay.take(1))
+            if self.replay.done:
+                self._stop_replay_timer()
         else:
             self._poll_once()
 
@@ -326,20 +531,48 @@ class ViewerApp(App[int]):
             self.replay.restart()
             if self.delay == 0:
                 self._apply(self.replay.take(None))
+            elif self.timer is None:
+                self.timer = self.set_interval(self.delay, self._tick, pause=not self.playing)
         else:
             assert self.tailer is not None
             self.tailer.restart()
             self._poll_once()
+            self.backoff.reset()
+        self._status()
+
+    def action_filter(self) -> None:
+        self._close_bar("#search")
+        bar = self.query_one("#filter")
+        bar.add_class("open")
+        field = self.query_one("#filter-input", Input)
+        field.value = self.rule.text
+        self.query_one("#filter-error", Static).update("")
+        field.focus()
+
+    @on(Input.Submitted, "#filter-input")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self.rule = parse_filter(event.value)
+        except ValueError as exc:
+            self.query_one("#filter-error", Static).update(str(exc))
+            return
+        self._close_bar("#filter")
+        self._refresh_view()
         self._status()
 
     def action_search(self) -> None:
+        self._close_bar("#filter")
         self.query_one("#search").add_class("open")
         self.query_one("#search-input", Input).focus()
 
-    def action_close_search(self) -> None:
-        search_bar = self.query_one("#search")
-        if search_bar.has_class("open"):
-            search_bar.remove_class("open")
+    def action_close_bars(self) -> None:
+        self._close_bar("#search")
+        self._close_bar("#filter")
+
+    def _close_bar(self, which: str) -> None:
+        bar = self.query_one(which)
+        if bar.has_class("open"):
+            bar.remove_class("open")
             self.query_one("#tree", Tree).focus()
 
     def action_next_hit(self) -> None:
@@ -358,6 +591,9 @@ class ViewerApp(App[int]):
             self.query_one("#details-pane").focus()
         else:
             self.query_one("#tree", Tree).focus()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
 
     def _set_mouse(self, captured: bool) -> None:
         """Mouse reporting on or off in the terminal; off lets the terminal's own drag-selection work."""
@@ -394,7 +630,7 @@ class ViewerApp(App[int]):
         current = (
             self.hits[self.hit_index] if keep_position and 0 <= self.hit_index < len(self.hits) else None
         )
-        self.groups = search(self.nodes.values(), query)
+        self.groups = search(self.shown_rollouts(), query)
         self.hits = [hit.key for group in self.groups for hit in group.hits]
         self.hit_index = self.hits.index(current) if current in self.hits else -1
         results = self.query_one("#results", Tree)
@@ -415,34 +651,76 @@ class ViewerApp(App[int]):
         self._jump(self.hits[self.hit_index])
         self._status()
 
+    def _path_to(self, key: str) -> list[Node]:
+        """The nodes from the top of the tree down to the one with `key` ([] when it is not shown)."""
+        rollout = key.split("/", 1)[0]
+
+        def down(node: Node) -> list[Node]:
+            if node.key == key:
+                return [node]
+            for child in node.children:
+                found = down(child)
+                if found:
+                    return [node, *found]
+            return []
+
+        for top in self.top:
+            if top.key == key:
+                return [top]
+            for node in top.children if top.kind == "group" else [top]:
+                if node.key == rollout:
+                    found = down(node)
+                    return [top, *found] if found and top is not node else found
+        return []
+
     def _jump(self, key: str) -> None:
+        """Open the way to the node with `key`, move the cursor there and show its details."""
+        path = self._path_to(key)
+        if not path:
+            return
+        tree = self.query_one("#tree", Tree)
+        for node in path[:-1]:
+            widget = self.tree_nodes.get(node.key)
+            if widget is None:
+                return
+            if not widget.is_expanded:
+                widget.expand()
+                self._sync(widget, node.children)
         widget = self.tree_nodes.get(key)
         if widget is None:
             return
-        ancestor = widget.parent
-        while ancestor is not None:
-            ancestor.expand()
-            ancestor = ancestor.parent
-        tree = self.query_one("#tree", Tree)
         tree.last_line  # noqa: B018 -- rebuilds the tree's lines after the expansions, so the node has its line
         tree.move_cursor(widget)
-        if widget.data is not None:
-            self._show(widget.data)
+        self._show(path[-1])
 
     # -- what tests and the screenshot script ask ----------------------------------------------------------
 
     def labels(self) -> list[str]:
-        """Every label in the tree widget, depth-first (collapsed branches included)."""
-        found: list[str] = []
+        """Every label the tree widget holds, depth-first (closed nodes' children only once they were opened)."""
+        return [str(widget.label) for widget, _ in self._widgets(open_only=False)]
 
-        def walk(node: TreeNode[Node]) -> None:
+    def shown_labels(self) -> list[str]:
+        """The labels on the tree's lines, top to bottom: what a user sees scrolling through it."""
+        return [str(widget.label) for widget, _ in self._widgets(open_only=True)]
+
+    def _widgets(self, *, open_only: bool) -> list[tuple[TreeNode[Node], int]]:
+        found: list[tuple[TreeNode[Node], int]] = []
+
+        def walk(node: TreeNode[Node], depth: int) -> None:
             for child in node.children:
-                found.append(str(child.label))
-                walk(child)
+                found.append((child, depth))
+                if child.is_expanded or not open_only:
+                    walk(child, depth + 1)
 
-        walk(self.query_one("#tree", Tree).root)
+        walk(self.query_one("#tree", Tree).root, 0)
         return found
 
     def select(self, key: str) -> None:
-        """Move the cursor to the node with `key` (its ancestors expanded) and show its details."""
+        """Move the cursor to the node with `key` (its ancestors opened) and show its details."""
         self._jump(key)
+
+    def details_text(self) -> str:
+        """What the details pane shows, as plain text."""
+        console = Console(width=1000, record=True, file=io.StringIO(), color_system=None)
+        console.print(self.query_one("#details", Static).content)
+        return console.export_text()

@@ -1,5 +1,6 @@
-"""What the trajectory viewer shows, without Textual: event records folded into collections of trajectories, and
-those turned into a tree of `Node`s (labels, colours, the payload the details pane renders) and searched.
+"""What the trajectory viewer shows, without Textual: event records folded into collections of trajectories, those
+turned into a tree of `Node`s (labels, colours, the payload the details pane renders), grouped by training step
+(`view`), filtered (`parse_filter`) and searched.
 
 Applying a record is idempotent (a step is set at its `step_index`, a created trajectory replaces its earlier
 self), so a file read twice — a tailed file replaced by an atomic rename, a replay restarted — shows the same tree.
@@ -11,25 +12,38 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+import math
+import re
+import statistics
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
     "BRIDGE_TYPES",
+    "FILTER_TERMS",
     "MODES",
     "TRAJECTORY_TYPES",
     "CollectionState",
     "EventModel",
+    "GroupKey",
     "Node",
+    "RolloutFilter",
     "SearchGroup",
     "Section",
     "TaskInfo",
     "TrajectoryState",
+    "collection_node",
+    "fit",
+    "group_node",
+    "parse_filter",
     "record_time",
     "search",
     "task_info",
+    "view",
     "walk",
 ]
 
@@ -50,6 +64,8 @@ BRIDGE_TYPES = frozenset(
     }
 )
 MODES = ("auto", "codeact", "openhands")
+#: nodes whose details sum up their children: a training step's group, a trajectory's steps
+SUMMARY_KINDS = frozenset({"group", "steps"})
 Mode = Literal["auto", "codeact", "openhands"]
 OPENREWARD_REFERENCE = "openreward:v1:"
 FINAL_PAYLOAD_KEY = "openreward/final_payload"
@@ -69,10 +85,23 @@ def record_time(record: Mapping[str, Any]) -> float:
 # Small text helpers
 
 
+def fit(text: str, width: int) -> str:
+    """`text` cut to `width` characters at a word boundary, an ellipsis marking the cut. A word longer than most of
+    the width (a path, an id) is cut inside rather than leaving the line near-empty."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = text[: width - 1]
+    boundary = max(head.rfind(" "), head.rfind(","), head.rfind("("))
+    if boundary >= width // 2:
+        head = head[: boundary + (head[boundary] != " ")]
+    return head.rstrip(" ·,") + "…"
+
+
 def one_line(value: Any, limit: int = 80) -> str:
-    """`value` on one line, whitespace collapsed, cut to `limit` characters with an ellipsis."""
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    """`value` on one line, whitespace collapsed, cut to `limit` characters at a word boundary with an ellipsis."""
+    return fit(" ".join(str(value).split()), limit)
 
 
 def first_line(value: Any, limit: int = 80) -> str:
@@ -89,6 +118,11 @@ def _text(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return None
+
+
+def _count(value: Any, default: int | None) -> int | None:
+    """`value` when it is a whole number of 0 or more (a step, a policy version), else `default`."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -265,12 +299,74 @@ class TrajectoryState:
 
 @dataclass
 class CollectionState:
-    """One rollout (a trajectory collection), or one ORS bridge session (`bridge:<session>`)."""
+    """One rollout (a trajectory collection), or one ORS bridge session (`bridge:<session>`). `scope`, `step`,
+    `policy_version` and `label` say where a training rollout belongs (from its records, else from the path of its
+    file); `first_time` and `arrival` order rollouts newest first."""
 
     id: str
     trajectories: dict[str, TrajectoryState] = field(default_factory=dict)
     bridge_events: list[dict[str, Any]] = field(default_factory=list)
     sources: set[str] = field(default_factory=set)
+    scope: str | None = None
+    step: int | None = None
+    policy_version: int | None = None
+    label: str | None = None
+    first_time: float | None = None
+    arrival: int = 0
+
+    def note(self, record: Mapping[str, Any], source: str) -> None:
+        """Take what a record says about where the rollout belongs, and when it was written."""
+        time = record_time(record)
+        if time and (self.first_time is None or time < self.first_time):
+            self.first_time = time
+        self.scope = _text(record.get("scope")) or self.scope
+        self.step = _count(record.get("training_step"), self.step)
+        self.policy_version = _count(record.get("policy_version"), self.policy_version)
+        self.label = _text(record.get("label")) or self.label
+        if self.scope is None and source:
+            self._place_by_path(source)
+
+    def _place_by_path(self, source: str) -> None:
+        scope, number = _placement_by_path(source)
+        if scope == "train":
+            self.scope, self.policy_version = scope, _count(number, self.policy_version)
+        elif scope == "eval":
+            self.scope, self.step = scope, _count(number, self.step)
+
+    @property
+    def group(self) -> GroupKey | None:
+        """The group the rollout is listed under: its training step (or evaluation), else its policy version;
+        None for rollouts that belong to no training step (platoon eval, platoon rollout)."""
+        if self.step is None and self.policy_version is None:
+            return None
+        if self.step is not None:
+            return GroupKey(self.scope or "train", self.step, None)
+        return GroupKey(self.scope or "train", None, self.policy_version)
+
+    @property
+    def reward(self) -> float | None:
+        """The rollout's reward: its root trajectory's, once finished and scored. A rollout that ended otherwise
+        (an error, a timeout) has none: failures are not zeros, as in training's averages."""
+        root = self.root
+        if root is None or not root.finished or self.outcome not in ("scored", "none"):
+            return None
+        return root.reward
+
+    @property
+    def outcome(self) -> str:
+        """How the rollout ended: its root's outcome status (`scored`, `error`, `timeout`, ...), `running` before
+        the root finished, `none` when it finished without one."""
+        root = self.root
+        if root is None or not root.finished:
+            return "running"
+        outcome = root.misc.get("outcome")
+        return (_text(outcome.get("status")) if isinstance(outcome, Mapping) else None) or "none"
+
+    @property
+    def failure_kind(self) -> str | None:
+        root = self.root
+        outcome = root.misc.get("outcome") if root is not None else None
+        return _text(outcome.get("failure_kind")) if isinstance(outcome, Mapping) else None
 
     @property
     def is_bridge(self) -> bool:
@@ -292,11 +388,29 @@ class CollectionState:
         return len(self.trajectories) - verifiers, verifiers
 
 
+@functools.lru_cache(maxsize=256)
+def _placement_by_path(source: str) -> tuple[str | None, int | None]:
+    """(`train`, policy version) or (`eval`, step) for a file in training's layout (`rollouts/train/<policy
+    version>/events/`, `rollouts/eval/step_<n>/events/`), which files written before the records said where they
+    belong still have; (None, None) for any other file."""
+    parts = Path(source).parts
+    for index in range(len(parts) - 2):
+        if parts[index] != "rollouts":
+            continue
+        scope, key = parts[index + 1], parts[index + 2]
+        if scope == "train" and key.isdigit():
+            return "train", int(key)
+        if scope == "eval" and key.startswith("step_") and key[5:].isdigit():
+            return "eval", int(key[5:])
+    return None, None
+
+
 class EventModel:
     """Collections built from event records, in the order they first appeared."""
 
     def __init__(self) -> None:
         self.collections: dict[str, CollectionState] = {}
+        self._arrivals = 0
 
     def reset(self) -> None:
         self.collections.clear()
@@ -326,16 +440,18 @@ class EventModel:
             return self._apply_trajectory(str(kind), record, source)
         if kind in BRIDGE_TYPES:
             session = record.get("session") or record.get("session_id") or "?"
-            collection = self._collection(f"bridge:{session}", source)
+            collection = self._collection(f"bridge:{session}", source, record)
             collection.bridge_events.append(dict(record))
             return collection.id
         return None
 
-    def _collection(self, cid: str, source: str) -> CollectionState:
+    def _collection(self, cid: str, source: str, record: Mapping[str, Any]) -> CollectionState:
         collection = self.collections.get(cid)
         if collection is None:
-            collection = self.collections[cid] = CollectionState(cid)
+            self._arrivals += 1
+            collection = self.collections[cid] = CollectionState(cid, arrival=self._arrivals)
         collection.sources.add(source)
+        collection.note(record, source)
         return collection
 
     def _apply_trajectory(self, kind: str, record: Mapping[str, Any], source: str) -> str | None:
@@ -344,7 +460,7 @@ class EventModel:
         tid = _text(tid) or _text(created.get("id"))
         if tid is None:
             return None
-        collection = self._collection(str(record.get("collection_id")), source)
+        collection = self._collection(str(record.get("collection_id")), source, record)
         trajectory = collection.trajectories.get(tid)
         if trajectory is None or kind == "trajectory_created":
             # A created record read again (a replaced file, a restarted replay) starts the trajectory over; a
@@ -411,8 +527,11 @@ class Node:
     expand: bool = False
 
     def text(self) -> str:
-        """What a search looks through: the label and every section's content."""
+        """What a search looks through: the label and every section's content (only the label of a node whose
+        details sum up its children, which the search finds themselves)."""
         parts = [self.label]
+        if self.kind in SUMMARY_KINDS:
+            return self.label
         for section in self.details:
             content = section.content
             parts.append(content if isinstance(content, str) else json.dumps(content, default=str))
@@ -443,9 +562,19 @@ def collection_node(collection: CollectionState, mode: Mode) -> Node:
         return bridge_node(collection, key)
     info = collection.info()
     solvers, verifiers = collection.counts()
-    parts = ["collection:", *info.parts(with_goal=False)]
-    parts = [parts[0] + " " + " · ".join([*parts[1:], f"trajs:solver={solvers},verifier={verifiers}"])]
-    label = parts[0] + f" · id:{short_id(collection.id)}"
+    names = info.parts(with_goal=False)
+    named = [part for part in names if part.startswith(("env:", "task:"))]
+    # What tells rollouts of one step apart comes first: a long label is cut at the pane's edge.
+    outcome = collection.outcome
+    parts = list(named)
+    if outcome in ("scored", "running", "none"):
+        parts.append(f"reward:{_reward_text(collection.reward)}")
+    else:  # no reward: the rollout failed, and says how
+        kind = collection.failure_kind
+        parts.append(f"outcome:{outcome}" + (f"/{kind}" if kind else ""))
+    parts += [part for part in names if part not in named]
+    parts += [f"trajs:solver={solvers},verifier={verifiers}", f"id:{short_id(collection.id)}"]
+    label = "collection: " + " · ".join(parts)
     placed = _placement(collection)
     children = [
         trajectory_node(collection, t, placed, f"{key}/t:{t.id}", mode)
@@ -460,15 +589,27 @@ def collection_node(collection: CollectionState, mode: Mode) -> Node:
         "split": info.split,
         "solver_trajectories": solvers,
         "verifier_trajectories": verifiers,
+        "reward": collection.reward,
+        "outcome": outcome,
+        "failure_kind": collection.failure_kind,
+        "scope": collection.scope,
+        "step": collection.step,
+        "policy_version": collection.policy_version,
+        "label": collection.label,
     }
+    root = collection.root
     return Node(
         key,
         label,
         "collection",
-        details=[Section("collection", "json", overview)],
+        style=reward_style(root) if root is not None else None,
+        details=[Section("collection", "json", {k: v for k, v in overview.items() if v is not None})],
         children=children,
-        expand=True,
     )
+
+
+def _reward_text(reward: float | None) -> str:
+    return "…" if reward is None else f"{reward:.3f}"
 
 
 def _placement(collection: CollectionState) -> dict[str, str | None]:
@@ -631,7 +772,10 @@ def steps_node(trajectory: TrajectoryState, key: str, mode: Mode) -> Node:
             children.append(openhands_step_node(trajectory, index, fields, f"{key}/{index}"))
         else:
             children.append(codeact_step_node(trajectory, index, fields, f"{key}/{index}"))
-    return Node(key, f"steps ({len(trajectory.steps)})", "steps", children=children, expand=True)
+    overview = Section("steps", "text", "\n".join(child.label for child in children) or "(no step yet)")
+    return Node(
+        key, f"steps ({len(trajectory.steps)})", "steps", details=[overview], children=children, expand=True
+    )
 
 
 def _tool_results(trajectory: TrajectoryState) -> dict[int, list[Mapping[str, Any]]]:
@@ -944,7 +1088,210 @@ def bridge_node(collection: CollectionState, key: str) -> Node:
         "bridge",
         details=[Section("session", "json", {"session": collection.id[len("bridge:") :]})],
         children=children,
-        expand=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Groups and filters: the tree's top level
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """A training step's rollouts (`scope` train), an evaluation's during training (`eval`, at `step`), or, for
+    files that do not say their step, a policy version's."""
+
+    scope: str
+    step: int | None
+    policy_version: int | None
+
+    @property
+    def key(self) -> str:
+        return f"g:{self.scope}:" + (
+            f"step{self.step}" if self.step is not None else f"v{self.policy_version}"
+        )
+
+    def newest_first(self) -> tuple[int, int, int]:
+        # An evaluation at step n runs after training step n: it sorts above it.
+        return (
+            -1 if self.step is None else self.step,
+            int(self.scope == "eval"),
+            -1 if self.policy_version is None else self.policy_version,
+        )
+
+
+#: the terms a filter is written in, as the app's help and its error lines name them
+FILTER_TERMS = (
+    "reward>=X, reward<X, reward:A..B, outcome:KIND[,KIND], task:TEXT, label:TEXT, step:N or step:A..B"
+)
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_COMPARISON = re.compile(rf"reward(<=|>=|<|>|=)({_NUMBER})")
+_RANGE = re.compile(rf"(reward|step):({_NUMBER})?\.\.({_NUMBER})?")
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """Which rollouts the tree shows: every term must hold (`reward>=0.5 outcome:error task:train:3`). A reward
+    term never holds for a rollout still running."""
+
+    text: str = ""
+    tests: tuple[Callable[[CollectionState], bool], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.tests)
+
+    def matches(self, collection: CollectionState) -> bool:
+        return all(test(collection) for test in self.tests)
+
+
+def parse_filter(text: str) -> RolloutFilter:
+    """The filter `text` writes (terms separated by spaces; an empty text shows everything). A term it does not
+    know raises ValueError naming it and the terms there are."""
+    tests = [_filter_term(term) for term in text.split()]
+    return RolloutFilter(" ".join(text.split()), tuple(tests))
+
+
+def _filter_term(term: str) -> Callable[[CollectionState], bool]:
+    lowered = term.lower()
+    compared = _COMPARISON.fullmatch(lowered)
+    if compared:
+        operator, bound = compared.group(1), float(compared.group(2))
+        holds = {
+            "<": lambda r: r < bound,
+            "<=": lambda r: r <= bound,
+            ">": lambda r: r > bound,
+            ">=": lambda r: r >= bound,
+            "=": lambda r: r == bound,
+        }[operator]
+        return lambda c: c.reward is not None and holds(c.reward)
+    ranged = _RANGE.fullmatch(lowered)
+    if ranged:
+        what, low, high = ranged.group(1), ranged.group(2), ranged.group(3)
+        if low is None and high is None:
+            raise ValueError(
+                f"filter term {term!r} has no bound: write {what}:A..B, {what}:A.. or {what}:..B"
+            )
+        least = float(low) if low is not None else -math.inf
+        most = float(high) if high is not None else math.inf
+
+        def within(value: float | None) -> bool:
+            return value is not None and least <= value <= most
+
+        if what == "reward":
+            return lambda c: within(c.reward)
+        return lambda c: within(c.step)
+    name, colon, value = term.partition(":")
+    name = name.lower()
+    if colon and value:
+        wanted = value.lower()
+        if name == "outcome":
+            kinds = {kind for kind in wanted.split(",") if kind}
+            return lambda c: c.outcome in kinds or (c.failure_kind or "").lower() in kinds
+        if name == "task":
+            return lambda c: any(wanted in text.lower() for text in _task_texts(c))
+        if name == "label":
+            return lambda c: c.label is not None and wanted in c.label.lower()
+        if name == "step" and value.isdigit():
+            return lambda c: c.step == int(value)
+    raise ValueError(f"unknown filter term {term!r}: use {FILTER_TERMS}")
+
+
+def _task_texts(collection: CollectionState) -> list[str]:
+    """What `task:` looks in: the task ids and names of the rollout's trajectories."""
+    info = collection.info()
+    texts = [text for text in (info.name, info.task_id, info.environment) if text]
+    for trajectory in collection.trajectories.values():
+        task_id = _text(trajectory.task.get("id")) if isinstance(trajectory.task, Mapping) else None
+        if task_id:
+            texts.append(task_id)
+    return texts
+
+
+def _newest_first(collection: CollectionState) -> tuple[float, int]:
+    return (-(collection.first_time or 0.0), -collection.arrival)
+
+
+def view(
+    collections: Iterable[CollectionState],
+    nodes: Mapping[str, Node],
+    rule: RolloutFilter | None = None,
+) -> list[Node]:
+    """The tree's top level: one node per training step (or evaluation, or policy version), newest first, each
+    holding its rollouts that `rule` lets through, newest first and closed; then the rollouts that belong to no
+    step, the same way. `nodes` holds each collection's node (`collection_node`). A view of one rollout outside
+    training (`platoon rollout`) opens it."""
+    grouped: dict[GroupKey, list[CollectionState]] = {}
+    totals: dict[GroupKey, int] = {}
+    loose: list[CollectionState] = []
+    for collection in collections:
+        if collection.id not in nodes:
+            continue
+        group = collection.group
+        if group is not None:
+            totals[group] = totals.get(group, 0) + 1
+        if rule is not None and not rule.matches(collection):
+            continue
+        if group is None:
+            loose.append(collection)
+        else:
+            grouped.setdefault(group, []).append(collection)
+    top: list[Node] = []
+    for group in sorted(grouped, key=GroupKey.newest_first, reverse=True):
+        members = sorted(grouped[group], key=_newest_first)
+        top.append(group_node(group, members, totals[group], [nodes[c.id] for c in members]))
+    rollouts = [nodes[c.id] for c in sorted(loose, key=_newest_first)]
+    if len(rollouts) == 1 and not grouped:  # one rollout (`platoon rollout`): shown open
+        rollouts = [replace(rollouts[0], expand=True)]
+    return top + rollouts
+
+
+def group_node(group: GroupKey, members: list[CollectionState], total: int, children: list[Node]) -> Node:
+    """`step 12 · policy v6 · 128 rollouts · reward avg 0.531 · error 2`: what the step's rollouts (those the filter
+    lets through: `3 of 128 rollouts`) scored and how many ended otherwise than scored."""
+    rewards = [c.reward for c in members if c.reward is not None]
+    outcomes: dict[str, int] = {}
+    for collection in members:
+        outcomes[collection.outcome] = outcomes.get(collection.outcome, 0) + 1
+    versions = sorted({c.policy_version for c in members if c.policy_version is not None})
+    if group.scope == "eval":
+        parts = [f"eval @ step {group.step}"]
+    elif group.step is not None:
+        parts = [f"step {group.step}"]
+    else:
+        parts = []
+    if versions:
+        low, high = versions[0], versions[-1]
+        parts.append(f"policy v{low}" if low == high else f"policy v{low}-v{high}")
+    count = len(members)
+    parts.append(
+        f"{count} rollout{'s' if count != 1 else ''}" if count == total else f"{count} of {total} rollouts"
+    )
+    mean = statistics.fmean(rewards) if rewards else None
+    if mean is not None:
+        parts.append(f"reward avg {mean:.3f}")
+    parts += [f"{kind} {n}" for kind, n in sorted(outcomes.items()) if kind != "scored"]
+    summary = {
+        "scope": group.scope,
+        "step": group.step,
+        "policy_versions": versions,
+        "rollouts": total,
+        "shown": count,
+        "reward": (
+            {"avg": mean, "min": min(rewards), "max": max(rewards), "count": len(rewards)}
+            if rewards
+            else None
+        ),
+        "outcomes": outcomes,
+        "tasks": len({c.info().name or c.info().task_id for c in members}),
+        "labels": sorted({c.label for c in members if c.label}),
+    }
+    style = None if mean is None else "red" if mean <= 0 else "green" if mean >= 1 else "yellow"
+    return Node(
+        group.key,
+        " · ".join(parts),
+        "group",
+        style=style,
+        details=[Section("rollouts", "json", summary)],
+        children=children,
     )
 
 

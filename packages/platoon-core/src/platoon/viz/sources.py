@@ -1,5 +1,6 @@
-"""Where the viewer's records come from, without Textual: files followed as they grow (`Tailer`), files read
-whole and merged by time (`Replay`), and `TrajectoryCollection` dumps turned into event files (`convert_dumps`).
+"""Where the viewer's records come from, without Textual: files followed as they grow (`Tailer`, looked at on the
+schedule `Backoff` keeps), files read whole and merged by time (`Replay`), and `TrajectoryCollection` dumps turned
+into event files (`convert_dumps`).
 
 A tailed file is read from the start; a line is taken only once its newline has arrived (a writer appending a
 rollout is never seen half-way), and the file is read again from the start when it shrinks (truncated) or its
@@ -17,10 +18,22 @@ from typing import Any
 
 from platoon.viz.model import record_time
 
-__all__ = ["POLL_INTERVAL", "FileTail", "Replay", "Tailer", "convert_dumps", "dump_files", "event_files"]
+__all__ = [
+    "POLL_INTERVAL",
+    "POLL_LONGEST",
+    "Backoff",
+    "FileTail",
+    "Replay",
+    "Tailer",
+    "convert_dumps",
+    "dump_files",
+    "event_files",
+]
 
-#: seconds between two looks at the tailed files
+#: seconds between two looks at the tailed files while they grow
 POLL_INTERVAL = 0.2
+#: the longest wait between two looks: files that stopped growing (a finished run) are looked at this often
+POLL_LONGEST = 2.0
 #: `--rdir` walks a whole tree: it is rescanned for new files every this many polls, not on every one
 RDIR_RESCAN_POLLS = 5
 #: how much of a file's beginning is kept to notice it was rewritten in place
@@ -66,6 +79,25 @@ def parse_lines(lines: Iterable[bytes | str]) -> list[dict[str, Any]]:
 
 
 @dataclass
+class Backoff:
+    """When to look at followed files next: `POLL_INTERVAL` after a look that found something, twice as long after
+    each look that found nothing, up to `POLL_LONGEST`. A live run is shown within a fraction of a second; a
+    finished one costs a look every two seconds, each a `stat` per file."""
+
+    shortest: float = POLL_INTERVAL
+    longest: float = POLL_LONGEST
+    current: float = POLL_INTERVAL
+
+    def after(self, changed: bool) -> float:
+        """The seconds to wait after a look (`changed`: it found new records)."""
+        self.current = self.shortest if changed else min(self.longest, self.current * 2)
+        return self.current
+
+    def reset(self) -> None:
+        self.current = self.shortest
+
+
+@dataclass
 class FileTail:
     """One followed file: how far it was read, which inode that was, and the unfinished last line."""
 
@@ -76,6 +108,8 @@ class FileTail:
     #: the file's first bytes as read: a file truncated and rewritten past the old length between two polls keeps
     #: its inode and does not look shorter, but its beginning changed
     head: bytes = b""
+    #: how many times the file was opened and read: a file that does not change is only `stat`ed
+    reads: int = 0
 
     def poll(self) -> tuple[list[dict[str, Any]], bool]:
         """(the records of the lines completed since the last poll, whether the file was reset: truncated or
@@ -90,6 +124,7 @@ class FileTail:
         self.inode = stat.st_ino
         if stat.st_size == self.offset:
             return [], reset
+        self.reads += 1
         try:
             with open(self.path, "rb") as handle:
                 if os.fstat(handle.fileno()).st_ino != self.inode:

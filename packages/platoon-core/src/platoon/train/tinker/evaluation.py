@@ -273,12 +273,14 @@ def _write(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def _append_events(collection: TrajectoryCollection, path: Path, task_id: str) -> None:
+def _append_events(
+    collection: TrajectoryCollection, path: Path, task_id: str, context: Mapping[str, Any]
+) -> None:
     """The viewer's copy of one rollout, appended to its evaluation's event file: a failure only warns."""
     from platoon.trajectory_events import append_events
 
     try:
-        append_events(collection, path)
+        append_events(collection, path, context=context)
     except OSError as exc:
         log.warning("writing the events of %s failed: %s", task_id, exc)
 
@@ -420,7 +422,8 @@ async def evaluate(
         )
         seconds = outcome.seconds
         if outcome.collection is not None:
-            await asyncio.to_thread(_append_events, outcome.collection, events, task_id)
+            context = {"scope": "eval", "training_step": step, "label": label if mixture else None}
+            await asyncio.to_thread(_append_events, outcome.collection, events, task_id, context)
         if collection is not None:
             await asyncio.to_thread(_write, where / "trajectory_collection.json", collection.to_dict())
         metadata = {

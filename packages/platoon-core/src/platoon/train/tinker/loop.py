@@ -684,7 +684,13 @@ class Trainer:
                     request, service=self.services[row.pool], gateway=self.gateway, version=lambda: version
                 )
         events = scope_event_file(self.run_dir / "rollouts" / "train" / str(version), "train", version)
-        self._files.append_events(events, row.task_id, outcome)
+        context = {
+            "scope": "train",
+            "training_step": row.batch + 1,
+            "policy_version": outcome.version,
+            "label": row.label,
+        }
+        self._files.append_events(events, row.task_id, outcome, context)
         return outcome
 
     # --------------------------------------------------------------------------------------------- evaluation

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,7 +74,7 @@ def _before_exit() -> None:
 
 
 def _run(args: list[str]) -> int:
-    from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
+    from platoon.errors import EX_USAGE
 
     if not args or args in (["--help"], ["-h"]):
         # The root help page needs neither typer nor importlib.metadata (platoon.cli.root). Alone, `platoon`
@@ -89,17 +90,24 @@ def _run(args: list[str]) -> int:
 
         return viz_main(args[1:], prog="platoon viz")
 
+    from platoon.cli.app import build_command
+
+    return run_command(build_command(), args, prog="platoon")
+
+
+def run_command(command: Any, args: list[str], *, prog: str) -> int:
+    """Run a click command that typer built (`platoon`'s, or the viewer's) on `args`; returns the exit status: what
+    it returned, or what it raised said in one line with platoon's status for it (64 for bad usage)."""
     from typer import Abort, Exit
     from typer._click.exceptions import ClickException, UsageError
 
-    from platoon.cli.app import build_command
     from platoon.cli.output import err
     from platoon.deprecations import PlatoonDeprecationWarning
+    from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
 
-    command = build_command()
     try:
         with warnings.catch_warnings():
-            result = command.main(args=args, prog_name="platoon", standalone_mode=False)
+            result = command.main(args=args, prog_name=prog, standalone_mode=False)
     except UsageError as exc:
         exc.show()
         return EX_USAGE

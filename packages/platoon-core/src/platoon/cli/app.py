@@ -15,7 +15,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from platoon.cli import components, config, extensions, plot, prepare, rollout, root, tinker, train
 from platoon.cli import eval as eval_command
-from platoon.cli.output import new_app
+from platoon.cli.output import TOP_LEVEL, new_app
 from platoon.cli.style import plain_help
 from platoon.errors import ExtensionError, UsageError
 from platoon.viz import cli as viz
@@ -86,17 +86,7 @@ def _version_callback(value: bool) -> None:
 
 
 def build_app() -> typer.Typer:
-    app = typer.Typer(
-        cls=PlatoonGroup,
-        name="platoon",
-        help=root.DESCRIPTION,
-        no_args_is_help=True,
-        add_completion=False,
-        # Plain help output: rich formatting would add a tenth of a second to every `--help`.
-        rich_markup_mode=None,
-        pretty_exceptions_enable=False,
-        context_settings={"help_option_names": ["-h", "--help"]},
-    )
+    app = new_app(root.DESCRIPTION, cls=PlatoonGroup, name="platoon", **TOP_LEVEL)
 
     @app.callback()
     def root_options(

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer._click.exceptions import UsageError
 
-from platoon.errors import EX_FAILURE, EX_USAGE
+from platoon.cli.output import TOP_LEVEL, new_app
+from platoon.errors import EX_FAILURE
 
 if TYPE_CHECKING:
     from platoon.viz.app import ViewerApp
@@ -37,16 +38,7 @@ DEFAULT_DELAY = 0.5
 MODES = ("auto", "codeact", "openhands")
 HELP = "The trajectory viewer: follow, replay or show the event files of training, eval and rollout."
 
-app = typer.Typer(
-    name="viz",
-    help=HELP,
-    no_args_is_help=True,
-    add_completion=False,
-    # Plain help output, as every platoon command prints it.
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+app = new_app(HELP, name="viz", **TOP_LEVEL)
 
 
 @app.callback()
@@ -302,20 +294,6 @@ def build(argv: Sequence[str], stack: contextlib.ExitStack, *, prog: str = "plat
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "platoon viz") -> int:
     """Run the viewer's command line on `argv` (default: `sys.argv[1:]`); returns the exit status."""
-    from typer import Abort, Exit
-    from typer._click.exceptions import ClickException
+    from platoon.cli import run_command
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        result = build_command().main(args=args, prog_name=prog, standalone_mode=False)
-    except UsageError as exc:
-        exc.show()
-        return EX_USAGE
-    except ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except Exit as exc:
-        return exc.exit_code
-    except Abort:
-        return 130
-    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+    return run_command(build_command(), list(sys.argv[1:] if argv is None else argv), prog=prog)

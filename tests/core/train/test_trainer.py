@@ -257,6 +257,31 @@ def test_evaluation_runs_at_the_configured_steps_and_never_twice_across_a_resume
     )
 
 
+@pytest.mark.slow
+def test_an_evaluation_that_raises_stops_the_run_at_the_next_step_in_one_line(site, capsys, monkeypatch):
+    """Before: the eval loop died with the error and the run's end waited for its evaluation until the watchdog
+    ended the process (600 s by default; here it would end the test's worker after 120 s)."""
+    from platoon.train.tinker import evaluation
+
+    async def broken_evaluation(*args: Any, **kwargs: Any) -> dict[str, float]:
+        raise RuntimeError("the eval service went away")
+
+    monkeypatch.setattr(
+        evaluation, "evaluate", broken_evaluation
+    )  # an injected fault: no real eval breaks so
+    overrides = ("eval.every=1", "eval.workflow_config.group_size=1", "watchdog.timeout_seconds=120")
+    assert main(_small(site, "train.max_training_steps=3", *overrides)) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if "stopped" in line]
+    assert said == [
+        "platoon: training stopped at step 2: the evaluation of step 1 failed: RuntimeError: the eval service "
+        "went away; what it trained is kept"
+    ]
+    run = _run_dir(site)
+    assert [row["step"] for row in _rows(run / "metrics.jsonl")] == [1, 2]
+    assert _rows(run / "checkpoints.jsonl")[-1]["batch"] == 2  # what trained is kept
+    assert not (run / "evaluations.jsonl").exists() or not _rows(run / "evaluations.jsonl")
+
+
 STOPPER = "test-trainer-stopper"
 _stop_after: list[int] = []
 

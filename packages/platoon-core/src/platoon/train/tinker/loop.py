@@ -66,6 +66,8 @@ EXIT_GROUPS_FAILED = 1
 #: the exit status of a start stopped because too many rollouts failed in the infrastructure (a runtime failure, as a
 #: lost service is: the cause may pass, so a supervised run starts again, within its restart budget)
 EXIT_INFRA_FAILING = 1
+#: the exit status of a start whose evaluation during training raised (a runtime failure; the resume evaluates again)
+EXIT_EVALUATION_FAILED = 1
 #: the steps over which `train.max_infra_failure_rate` is measured: one bad step does not stop a run, a failing
 #: environment does within a few steps
 INFRA_WINDOW_STEPS = 5
@@ -95,6 +97,14 @@ def _unreachable(exc: BaseException, name: str) -> str | None:
 
 class _Stopped(Exception):
     """A stop was requested before the current batch applied an update: the batch is abandoned."""
+
+
+class _EvaluationFailed(Exception):
+    """The eval loop died on an evaluation (`step`), so a step waiting for that evaluation would wait forever."""
+
+    def __init__(self, step: int, cause: BaseException) -> None:
+        super().__init__(f"the evaluation of step {step} failed: {type(cause).__name__}: {cause}")
+        self.step = step
 
 
 class _InfraWindow:
@@ -270,6 +280,9 @@ class Trainer:
         self._updated = asyncio.Event()
         self._updated.set()
         self._eval_handled = -1  # the last step the eval loop looked at
+        self._eval_failed: _EvaluationFailed | None = (
+            None  # what ended the eval loop, when an evaluation raised
+        )
         self._eval_done: set[int] = set()
         self._eval_tasks: list[Any] = []
         self._prune_task: asyncio.Task[None] | None = None
@@ -709,19 +722,27 @@ class Trainer:
             ):
                 self.policy.republish()
                 self.progress.evaluating(step)
-                metrics = await evaluate(
-                    self.config,
-                    step=step,
-                    sampler=self.policy.sampler,
-                    renderer=self.renderer,
-                    run_dir=self.run_dir,
-                    tasks=self._eval_tasks,
-                    services=self.services,
-                    logged_at=self.train_step,
-                    gateway=self.gateway if self._served else None,
-                    workers=self._workers,
-                    service_kwargs=self.service_kwargs,
-                )
+                try:
+                    metrics = await evaluate(
+                        self.config,
+                        step=step,
+                        sampler=self.policy.sampler,
+                        renderer=self.renderer,
+                        run_dir=self.run_dir,
+                        tasks=self._eval_tasks,
+                        services=self.services,
+                        logged_at=self.train_step,
+                        gateway=self.gateway if self._served else None,
+                        workers=self._workers,
+                        service_kwargs=self.service_kwargs,
+                    )
+                except Exception as exc:
+                    # the step that waits for this evaluation (the first update, the run's end) hears of it at once
+                    log.debug("the evaluation of step %d raised", step, exc_info=True)
+                    async with self._progress:
+                        self._eval_failed = _EvaluationFailed(step, exc)
+                        self._progress.notify_all()
+                    return
                 self._eval_done.add(step)
                 self.metrics.log(self.train_step, metrics, timing=False)
                 self.progress.evaluated(step, metrics)
@@ -732,11 +753,14 @@ class Trainer:
                 return
 
     async def _wait_for_evaluation(self, step: int) -> None:
-        """Until the eval loop has looked at `step` (beating only while its rollouts move)."""
+        """Until the eval loop has looked at `step` (beating only while its rollouts move); raises
+        `_EvaluationFailed` when an evaluation raised, which ended the loop."""
         from platoon import rollout_progress
 
         async with self.watchdog.keep_alive(progress=rollout_progress.count), self._progress:
-            await self._progress.wait_for(lambda: self._eval_handled >= step)
+            await self._progress.wait_for(lambda: self._eval_handled >= step or self._eval_failed is not None)
+        if self._eval_failed is not None:
+            raise self._eval_failed
 
     # ------------------------------------------------------------------------------------------------ steps
 
@@ -768,6 +792,10 @@ class Trainer:
                     await self._step(step)
                 except _Stopped:
                     return await self._stop(step)
+                except _EvaluationFailed as failed:  # step 0's evaluation, which the first update waits for
+                    return await self._evaluation_failed(step, failed)
+                if self._eval_failed is not None:  # the next step boundary after an evaluation raised
+                    return await self._evaluation_failed(step + 1, self._eval_failed)
                 if self._failing.steps >= FAILED_STEPS_LIMIT:
                     return await self._groups_failed(step + 1)
                 infra = self._infra.over(train.max_infra_failure_rate, self.end_batch - self.start_batch)
@@ -779,7 +807,10 @@ class Trainer:
                 return await self._groups_failed(self.end_batch)
             await self._save("final", self.end_batch)
             if evaluating:
-                await self._wait_for_evaluation(self.end_batch)
+                try:
+                    await self._wait_for_evaluation(self.end_batch)
+                except _EvaluationFailed as failed:
+                    return await self._evaluation_failed(self.end_batch, failed)
             progress.close()
             progress.say(progress.summary(str(self.checkpoints.path)))
             return 0
@@ -812,12 +843,23 @@ class Trainer:
         )
         return EXIT_GROUPS_FAILED
 
-    async def _infra_failing(self, reached: int, why: str) -> int:
-        """Stop because too many rollouts failed in the infrastructure (said in one line), instead of training on
-        the few left; what trained is kept in an `_interrupted` checkpoint, so the same command resumes."""
+    async def _evaluation_failed(self, reached: int, failed: _EvaluationFailed) -> int:
+        """Stop because an evaluation during training raised (said in one line; the traceback goes to the debug
+        log), keeping what trained, instead of waiting for that evaluation until the watchdog ends the process."""
+        await self._keep_what_trained(reached)
+        say(f"training stopped at step {reached}: {failed}; what it trained is kept")
+        return EXIT_EVALUATION_FAILED
+
+    async def _keep_what_trained(self, reached: int) -> None:
+        """An `_interrupted` checkpoint at `reached` when this start trained up to it and no checkpoint holds it."""
         latest = self.checkpoints.latest_resumable()
         if reached > self.start_batch and (latest is None or latest.batch < reached):
             await self._save("interrupted", reached)
+
+    async def _infra_failing(self, reached: int, why: str) -> int:
+        """Stop because too many rollouts failed in the infrastructure (said in one line), instead of training on
+        the few left; what trained is kept in an `_interrupted` checkpoint, so the same command resumes."""
+        await self._keep_what_trained(reached)
         say(f"training stopped at step {reached}: {why}; fix that, then the same command resumes")
         return EXIT_INFRA_FAILING
 

@@ -209,11 +209,11 @@ def refusal(capsys, *overrides: str) -> tuple[list[str], list[str]]:
         ),
         (
             ["train.workflow_config.group_size=1000000000"],
-            "train.workflow_config.group_size: 1000000000 is more than 1024, the most rollouts a group may hold",
+            "train.workflow_config.group_size: Input should be less than or equal to 1024 (got 1000000000)",
         ),
         (
             ["train.batch_size=100000"],
-            "train.batch_size: 100000 is more than 8192, the most tasks a step may draw",
+            "train.batch_size: Input should be less than or equal to 8192 (got 100000)",
         ),
         (
             ["train.batch_size=4096", "train.workflow_config.group_size=64"],

@@ -72,7 +72,9 @@ class WorkflowConfig(ConfigModel):
         ),
     }
 
-    group_size: Int = Field(8, ge=1, description="rollouts per task in a group (at most 1024)")
+    group_size: Int = Field(
+        8, ge=1, le=MAX_GROUP_SIZE, description=f"rollouts per task in a group (at most {MAX_GROUP_SIZE})"
+    )
     rollout_config: RolloutConfig = Field(default_factory=RolloutConfig, description="how each rollout runs")
     leave_one_out_baseline: Bool = Field(False, description="baseline each member on the others' mean")
     depth_level_weighting: Bool = Field(False, description="inverse-frequency weights per agent depth")
@@ -216,7 +218,9 @@ class TrainConfig(ConfigModel):
         description="prompts that do not fit are refused; so are, window or not, prompts and max_tokens past "
         "$PLATOON_GATEWAY_MAX_PROMPT_TOKENS / $PLATOON_GATEWAY_MAX_TOKENS (1048576 each)",
     )
-    batch_size: Int = Field(32, ge=1, description="tasks per step (at most 8192)")
+    batch_size: Int = Field(
+        32, ge=1, le=MAX_BATCH_SIZE, description=f"tasks per step (at most {MAX_BATCH_SIZE})"
+    )
     num_epochs: Int | None = Field(
         None, ge=1, description="passes over the tasks (this or max_training_steps)"
     )
@@ -601,28 +605,15 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
 
 
 def _size_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """Batch and group sizes past what any run could hold (a typo such as `group_size: 1000000000` would otherwise
-    start a run that queues a billion rollouts)."""
-    problems: list[str] = []
+    """A step past what any run could hold: each size has its own bound in the schema, their product this one."""
     train = config.train
-    if train.batch_size > MAX_BATCH_SIZE:
-        problems.append(
-            f"train.batch_size: {train.batch_size} is more than {MAX_BATCH_SIZE}, the most tasks a step may draw"
-        )
-    for section in ("train", "eval"):
-        size = getattr(config, section).workflow_config.group_size
-        if size > MAX_GROUP_SIZE:
-            problems.append(
-                f"{section}.workflow_config.group_size: {size} is more than {MAX_GROUP_SIZE}, the most rollouts a "
-                "group may hold"
-            )
     rollouts = train.batch_size * train.workflow_config.group_size
-    if not problems and rollouts > MAX_ROLLOUTS_PER_STEP:
-        problems.append(
-            f"train: batch_size {train.batch_size} x workflow_config.group_size {train.workflow_config.group_size}"
-            f" = {rollouts} rollouts a step, more than {MAX_ROLLOUTS_PER_STEP}: lower one of them"
-        )
-    return problems
+    if rollouts <= MAX_ROLLOUTS_PER_STEP:
+        return []
+    return [
+        f"train: batch_size {train.batch_size} x workflow_config.group_size {train.workflow_config.group_size}"
+        f" = {rollouts} rollouts a step, more than {MAX_ROLLOUTS_PER_STEP}: lower one of them"
+    ]
 
 
 def _service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:

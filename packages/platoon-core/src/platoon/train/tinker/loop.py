@@ -66,7 +66,7 @@ EXIT_GROUPS_FAILED = 1
 #: the exit status of a start stopped because too many rollouts failed in the infrastructure (a runtime failure, as a
 #: lost service is: the cause may pass, so a supervised run starts again, within its restart budget)
 EXIT_INFRA_FAILING = 1
-#: the exit status of a start whose evaluation during training raised (a runtime failure; the resume evaluates again)
+#: the exit status of a start whose evaluation during training raised (a runtime failure)
 EXIT_EVALUATION_FAILED = 1
 #: the steps over which `train.max_infra_failure_rate` is measured: one bad step does not stop a run, a failing
 #: environment does within a few steps
@@ -100,11 +100,10 @@ class _Stopped(Exception):
 
 
 class _EvaluationFailed(Exception):
-    """The eval loop died on an evaluation (`step`), so a step waiting for that evaluation would wait forever."""
+    """An evaluation raised and ended the eval loop: a step waiting for an evaluation would wait forever."""
 
     def __init__(self, step: int, cause: BaseException) -> None:
         super().__init__(f"the evaluation of step {step} failed: {type(cause).__name__}: {cause}")
-        self.step = step
 
 
 class _InfraWindow:
@@ -280,9 +279,8 @@ class Trainer:
         self._updated = asyncio.Event()
         self._updated.set()
         self._eval_handled = -1  # the last step the eval loop looked at
-        self._eval_failed: _EvaluationFailed | None = (
-            None  # what ended the eval loop, when an evaluation raised
-        )
+        # what ended the eval loop, when an evaluation raised
+        self._eval_failed: _EvaluationFailed | None = None
         self._eval_done: set[int] = set()
         self._eval_tasks: list[Any] = []
         self._prune_task: asyncio.Task[None] | None = None

@@ -471,6 +471,24 @@ def test_help_and_the_footer_name_the_keys_and_the_filter_terms(runs):
     run(scenario())
 
 
+def test_a_replay_tick_that_lands_while_the_viewer_quits_does_nothing(runs):
+    # Textual takes the screens down before it stops the app's timers; a tick in between once failed a CI run with
+    # a traceback (no '#tree' on the screen). Here the tick comes after the app has stopped.
+    events = runs.training / "rollouts" / "eval" / "step_2" / "events"
+
+    async def scenario() -> ViewerApp:
+        with contextlib.ExitStack() as stack:
+            app = viewer(["replay", "--dir", str(events), "--delay", "30"], stack)
+            async with app.run_test(size=SIZE) as pilot:
+                await pilot.press("q")
+            return app
+
+    app = run(scenario())
+    assert app.replay is not None and not app.replay.done  # records were still to come
+    app._tick()
+    assert not app.replay.done
+
+
 def test_labels_are_cut_at_a_word_boundary_to_fit_the_pane(runs):
     events = runs.training / "rollouts" / "train" / "0" / "events"
 

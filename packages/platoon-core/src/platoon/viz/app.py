@@ -320,7 +320,7 @@ class ViewerApp(App[int]):
         """One look at the followed files, then the next one scheduled: soon while they grow, later and later
         (up to `sources.POLL_LONGEST`) while they do not."""
         self.poll_timer = None
-        if not self.playing:
+        if not self.playing or not self.is_running:
             return
         changed = self._poll_once()
         self.schedule_poll(self.backoff.after(changed))
@@ -343,6 +343,10 @@ class ViewerApp(App[int]):
         return bool(changed)
 
     def _tick(self) -> None:
+        # Textual takes the screens down before it stops the app's timers: a tick landing in between (a user quitting
+        # mid-replay) would find no tree to fill.
+        if not self.is_running:
+            return
         if self.playing and self.replay is not None and not self.replay.done:
             self._apply(self.replay.take(1))
         if self.replay is not None and self.replay.done:

@@ -36,6 +36,45 @@ def _isolated_site(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# TextCraft's published RAO prompts
+#
+# `.ci/run` fetches platoon-textcraft 0.1.0 once into .cache/textcraft-published (as it fetches the test
+# tokenizers); tests that run the RAO recipes copy its prompts.py into their own site cache. Nothing is downloaded.
+
+PUBLISHED_PROMPTS_CACHE = Path(
+    os.environ.get("PLATOON_TEXTCRAFT_PUBLISHED")
+    or Path(__file__).resolve().parents[1] / ".cache" / "textcraft-published"
+)
+
+
+@pytest.fixture(scope="session")
+def fetched_published_prompts() -> Path:
+    """The cache root CI fetched platoon-textcraft 0.1.0 into (its wheel and prompts.py)."""
+    from platoon_textcraft.published_prompts import location
+
+    if not (location(PUBLISHED_PROMPTS_CACHE) / "prompts.py").is_file():
+        pytest.fail(
+            "the published RAO prompts are not fetched: run `python -m platoon_textcraft.published_prompts fetch "
+            "--cache .cache/textcraft-published` (CI does, before the tests)"
+        )
+    return PUBLISHED_PROMPTS_CACHE
+
+
+@pytest.fixture
+def with_published_prompts(fetched_published_prompts: Path):
+    """`with_published_prompts(cache_root)`: the published RAO prompts put in that cache root, as a fetch would."""
+    from platoon_textcraft.published_prompts import location
+
+    def put(cache_root: Path) -> Path:
+        target = location(cache_root)
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(location(fetched_published_prompts) / "prompts.py", target / "prompts.py")
+        return cache_root
+
+    return put
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Tinker SDK sessions
 #
 # Every `tinker.ServiceClient` starts a task on the SDK's one background event loop that heartbeats its session

@@ -345,3 +345,35 @@ def test_parent_and_children_run_cells_at_once_with_their_own_shells_and_output(
     assert result.final_message == "You guessed the number 7 correctly!"
     assert parent.step_misc[0]["output"] == "parent before\n['aa', 'bb']\n"
     assert parent.step_misc[0]["error"] is None
+
+
+# ------------------------------------------------------------------------------------------ checked at validation
+
+
+def test_config_validate_checks_the_options_a_run_would_refuse_at_its_first_rollout(tmp_path, capsys) -> None:
+    from platoon.cli import main
+
+    config = tmp_path / "envs.yaml"
+    config.write_text(
+        "environments:\n"
+        "  - env: platoon-number-search\n"
+        "    harness: platoon-codeact\n"
+        "    harness_options: {prompt_builder_options: {colour: red}}\n"
+        "    eval_overrides: {harness_options: {prompt_mode: sideways}}\n"
+    )
+    assert main(["config", "validate", str(config)]) == 78
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [
+        "  environments.0.harness_options: prompt_builder_options: NumberSearchPromptBuilder got unknown options "
+        "colour (prompt_builder_options must match the builder's constructor)",
+        "  environments.0.eval_overrides.harness_options: prompt_mode must be one of sequence_extension, "
+        "no_sequence_extension; got 'sideways'",
+    ]
+    config.write_text(
+        "environments:\n  - env: platoon-number-search\n    harness: platoon-codeact\n"
+        "    harness_options: {nope: 1}\n"
+    )
+    assert main(["config", "validate", str(config)]) == 78
+    assert (
+        "environments.0.harness_options: unknown platoon-codeact option(s) nope;" in capsys.readouterr().out
+    )

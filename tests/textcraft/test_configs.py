@@ -21,9 +21,12 @@ CONFIGS = REPO / "packages" / "platoon-textcraft" / "configs"
 
 
 @pytest.fixture(autouse=True)
-def keys(monkeypatch: pytest.MonkeyPatch) -> None:
+def keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, with_published_prompts) -> None:
     """Run from the repository with well-formed keys: the configs train on hosted Tinker and log to W&B online,
-    which validation checks for (nothing is sent anywhere)."""
+    which validation checks for (nothing is sent anywhere); the site's cache holds the published RAO prompts,
+    which the recipes ask for."""
+    (tmp_path / "site.yaml").write_text(f"cache: {with_published_prompts(tmp_path / 'cache')}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("TINKER_BASE_URL", raising=False)
     monkeypatch.setenv("TINKER_API_KEY", "tml-textcraft-config-check")
@@ -107,10 +110,19 @@ def test_the_rao_settings_are_the_research_codes() -> None:
 def test_the_arms_differ_only_in_their_agent() -> None:
     single, dense, sparse = (_resolved(arm) for arm in RAO)
     [one], [many], [sparse_entry] = single.environments, dense.environments, sparse.environments
-    # the entry's prompt-builder options merge under the config's, key by key
-    assert one.harness_options["prompt_builder_options"] == {"synth": True, "variant": "linear"}
+    # the entry's prompt-builder options merge under the config's, key by key; every arm asks for the RAO prompts
+    # as published
+    assert one.harness_options["prompt_builder_options"] == {
+        "synth": True,
+        "variant": "linear",
+        "prompts": "rao",
+    }
     assert one.harness_options["subagents"] is False and one.agents.max_depth == 0
-    assert many.harness_options["prompt_builder_options"] == {"synth": True, "variant": "recursive"}
+    assert many.harness_options["prompt_builder_options"] == {
+        "synth": True,
+        "variant": "recursive",
+        "prompts": "rao",
+    }
     assert (many.harness_options["subagents"], many.harness_options["subagent_budget"]) == (True, "argument")
     assert (many.agents.max_depth, many.agents.budget, many.agents.child_grading) == (None, "linear", "env")
     assert dense.train.workflow_config.depth_level_weighting is True

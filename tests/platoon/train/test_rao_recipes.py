@@ -118,11 +118,12 @@ def _rewards(run: Path) -> list[tuple[float, list[float]]]:
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A site profile whose cache holds the local server's checkpoints; returns the log path."""
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_published_prompts) -> Path:
+    """A site profile whose cache holds the published RAO prompts (the recipes ask for them) and the local server's
+    checkpoints; returns the log path."""
     for variable in ("TINKER_API_KEY", "TINKER_BASE_URL", "WANDB_API_KEY"):
         monkeypatch.delenv(variable, raising=False)
-    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    (tmp_path / "site.yaml").write_text(f"cache: {with_published_prompts(tmp_path / 'cache')}\n")
     monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
     return tmp_path / "logs"
 
@@ -215,3 +216,20 @@ def test_the_extensions_eval_configs_score_gold_play_as_successes(
     assert status == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((out_dir / "reports" / "final_report.json").read_text())["summary"]
     assert (summary["total_tasks"], summary["successful_rollouts"], summary["success_rate"]) == (2, 2, 1.0)
+
+
+def test_a_recipe_whose_prompts_are_not_fetched_stops_before_any_rollout_naming_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    logs = tmp_path / "logs"
+    assert main(["train", str(RECIPES / "single.yaml"), f"log_path={logs}", *CPU]) == 78
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "environments.0" in line]
+    assert line == (
+        "platoon: environments.0.harness_options: prompt_builder_options: the RAO prompts (platoon-textcraft "
+        "0.1.0's prompts.py) are not fetched on this site (no "
+        f"{tmp_path / 'cache' / 'textcraft' / 'published-0.1.0' / 'prompts.py'}): run `platoon prepare CONFIG` for "
+        "this config, or `python -m platoon_textcraft.published_prompts fetch`"
+    )
+    assert not logs.exists()  # nothing started: no run directory, no rollout

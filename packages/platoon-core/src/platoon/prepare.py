@@ -2,8 +2,9 @@
 services are not prepared on this site (exit 78, naming the prepare command).
 
 Prepare makes once per site what a config needs, step by step, each skipped when already done: per entry, the
-steps of its service's plugin (Harbor: `dataset`, `images`, through the `service.prepare` seam) and each TOML
-spec's `toolchain <name>` (the `toolchain.prepare` seam); then the policy's `tokenizer` once. Core imports no
+steps of its service's plugin (Harbor: `dataset`, `images`, through the `service.prepare` seam), each TOML
+spec's `toolchain <name>` (the `toolchain.prepare` seam) and what a function harness prepares for the entry's
+options (its `prepare`: TextCraft's published prompts); then the policy's `tokenizer` once. Core imports no
 plugin: it loads the plugin that declares the service's name and asks the seams. Every step's own work is
 idempotent and guarded by file locks, so an interrupted prepare leaves what the next one finishes.
 """
@@ -133,7 +134,9 @@ def _harness_refs(entry: Any) -> list[str]:
     return []
 
 
-def toolchain_steps(entry: Any, *, where: str, dry_run: bool) -> Iterable[PrepareStep]:
+def harness_steps(entry: Any, *, where: str, cache_root: str | None, dry_run: bool) -> Iterable[PrepareStep]:
+    """Each harness's steps: a TOML spec's toolchain; what a function harness prepares for the entry's options."""
+    from platoon.harness.function import FunctionHarness
     from platoon.harness.registry import get_harness
     from platoon.harness.toolchains import entry_toolchain_root, prepare_toolchain
 
@@ -142,6 +145,10 @@ def toolchain_steps(entry: Any, *, where: str, dry_run: bool) -> Iterable[Prepar
             harness = get_harness(ref)
         except (ExtensionError, ValueError, TypeError, ImportError, AttributeError) as exc:
             raise ConfigError(f"{where}.harness: {exc}") from None
+        if isinstance(harness, FunctionHarness):
+            if harness.prepare is not None:
+                yield from harness.prepare(dict(entry.harness_options), cache_root, dry_run)
+            continue
         step = prepare_toolchain(harness, root=entry_toolchain_root(entry), dry_run=dry_run)
         if step is not None:
             yield step
@@ -250,7 +257,9 @@ def run_prepare(
         where = entry_label(entry, index)
         for step in service_steps(entry, cache_root=cache_root, dry_run=dry_run, config=config):
             show(where, step)
-        for step in toolchain_steps(entry, where=f"environments.{index}", dry_run=dry_run):
+        for step in harness_steps(
+            entry, where=f"environments.{index}", cache_root=cache_root, dry_run=dry_run
+        ):
             show(where, step)
     show("policy", tokenizer_step(loaded.data, dry_run=dry_run))
 

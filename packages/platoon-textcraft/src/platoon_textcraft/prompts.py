@@ -1,8 +1,12 @@
 """`TextCraftPromptBuilder`: the CodeAct prompts of platoon's TextCraft agents (linear, recursive, depth-aware).
 
 The system prompt is the variant's instructions, a blank line and the CodeAct paragraph; the action-space text is
-fixed (whatever functions the harness built), with synthetic or Minecraft examples. The wording is this package's
-own, written from textcraft.md's description. `prompts_dir` replaces any of it: a `system_prompt.j2` or
+fixed (whatever functions the harness built), with synthetic or Minecraft examples. With `prompts: platoon` (the
+default) the wording is this package's own, written from textcraft.md's description; with `prompts: rao` it is the
+RAO paper's, as platoon-textcraft 0.1.0 published it, token for token: those texts are not in this package but
+fetched once per site (`platoon prepare`, or `python -m platoon_textcraft.published_prompts fetch`; see
+`published_prompts`), and a builder asking for them refuses to be built before they are. `prompts_dir` replaces any
+of it: a `system_prompt.j2` or
 `action_space.j2` there is rendered instead of the built-in text (with `variant`, `synth` and `include_reasoning`;
 the action space also gets `functions` and `any_async`), and the core CodeAct templates (`initial_user.j2`,
 `cell_output.j2`, `history.j2`) are looked up there first. Needs the `platoon` extra.
@@ -15,11 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from platoon.harness.codeact import CellFunction, CodeActPromptBuilder
+from platoon.hookspecs import PrepareStep
+from platoon_textcraft import published_prompts
 from platoon_textcraft.tasks import format_goal
 
-__all__ = ["VARIANTS", "TextCraftPromptBuilder"]
+__all__ = ["PROMPTS", "VARIANTS", "TextCraftPromptBuilder"]
 
 VARIANTS = ("linear", "recursive", "depth_aware")
+#: whose wording: this package's own, or the RAO paper's as platoon-textcraft 0.1.0 published it
+PROMPTS = ("platoon", "rao")
 
 _GAME = """You are an agent playing a crafting game. Your goal is to craft the target items given in the task.
 Your inventory holds enough base materials for the task, but you may need to craft intermediate items first.
@@ -80,10 +88,16 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
         *,
         variant: str = "linear",
         synth: bool = True,
+        prompts: str = "platoon",
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if prompts not in PROMPTS:
+            raise ValueError(f"prompts must be one of {PROMPTS}, got {prompts!r}")
         super().__init__(include_reasoning=include_reasoning, prompt_mode=prompt_mode)
+        # Read (and checked against their pinned hashes) once per builder, here: a site without them stops the run
+        # when its options are checked, before any rollout.
+        self.published = published_prompts.load_texts() if prompts == "rao" else None
         if prompts_dir is not None:
             # A mistyped directory would otherwise leave the built-in prompts in place without a word.
             if not Path(prompts_dir).is_dir():
@@ -91,6 +105,29 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
             self.template_dir = prompts_dir
         self.variant = variant
         self.synth = synth
+
+    @classmethod
+    def prepare_steps(
+        cls, options: Mapping[str, Any], cache_root: str | None, dry_run: bool
+    ) -> list[PrepareStep]:
+        """`textcraft prompts`: the published RAO prompts fetched into the site cache, for `prompts: rao`."""
+        if options.get("prompts") != "rao":
+            return []
+        step = "textcraft prompts"
+        where = published_prompts.location(cache_root)
+        try:
+            published_prompts.load_texts(cache_root)
+            return [PrepareStep(step, "current", f"platoon-textcraft {published_prompts.VERSION} in {where}")]
+        except published_prompts.PublishedPromptsError:
+            if dry_run:
+                return [
+                    PrepareStep(step, "missing", f"would fetch platoon-textcraft {published_prompts.VERSION}")
+                ]
+        try:
+            status, where = published_prompts.fetch(cache_root)
+        except (published_prompts.PublishedPromptsError, published_prompts.IndexUnavailable, OSError) as exc:
+            return [PrepareStep(step, "failed", str(exc))]
+        return [PrepareStep(step, status, f"platoon-textcraft {published_prompts.VERSION} in {where}")]
 
     @property
     def _examples(self) -> dict[str, str]:
@@ -108,6 +145,9 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
                 variant=self.variant,
                 synth=self.synth,
             )
+        if self.published is not None:
+            paragraph = "CODEACT_REASONING" if self.include_reasoning else "CODEACT_PLAIN"
+            return self.published[f"{self.variant.upper()}_INSTRUCTIONS"] + self.published[paragraph]
         parts = [_GAME, _TIPS]
         if self.variant != "linear":
             steps = ", 20" if self.variant == "recursive" else ""
@@ -133,6 +173,14 @@ class TextCraftPromptBuilder(CodeActPromptBuilder):
                 variant=self.variant,
                 synth=self.synth,
             )
+        if self.published is not None:
+            world = "SYNTH" if self.synth else "MINECRAFT"
+            text = self.published[f"{world}_ACTIONS"]
+            if self.variant == "recursive":
+                text += self.published[f"{world}_SUBAGENT_ACTIONS"]
+            elif self.variant == "depth_aware":
+                text += self.published[f"{world}_DEPTH_AWARE_SUBAGENT_ACTIONS"]
+            return text
         ex = self._examples
         lines = [
             "Available Actions (python functions):",

@@ -168,6 +168,26 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
     return problems
 
 
+def function_option_problems(entry: Any, harness: Any, *, where: str) -> list[str]:
+    """A function harness's own check of the entry's `harness_options` (and, for evaluation, of
+    `eval_overrides.harness_options` merged over them): what it refuses, a preparation it needs not made."""
+    from platoon.episode.rollout import Route
+    from platoon.harness.function import FunctionHarness
+
+    if not isinstance(harness, FunctionHarness) or harness.check_options is None:
+        return []
+    own = harness.check_options(dict(entry.harness_options))
+    problems = [f"{where}.harness_options: {line}" for line in own]
+    if entry.eval_overrides.harness_options:
+        merged = Route.from_entry(entry, split="eval", task_id="-").harness_options
+        problems += [
+            f"{where}.eval_overrides.harness_options: {line}"
+            for line in harness.check_options(dict(merged))
+            if line not in own  # said once, where it is written
+        ]
+    return problems
+
+
 def component_problems(config: Any) -> list[str]:
     """Resolve (importing where needed) every component the config names; one line per failure."""
     problems: list[str] = []
@@ -189,6 +209,7 @@ def component_problems(config: Any) -> list[str]:
                 continue
             if key.startswith("harness"):
                 problems += spec_problems(entry, resolved, where=where, key=key)
+                problems += function_option_problems(entry, resolved, where=where)
     entries = _entries(config)
     if len(entries) > 1 and any(str(getattr(e, "service", "") or "").startswith("ors+") for e in entries):
         from platoon.envs.ors.remote import mixture_problems

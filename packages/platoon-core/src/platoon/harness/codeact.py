@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from platoon.hookspecs import PrepareStep
+
 __all__ = [
     "PROMPT_MODES",
     "STOP_SEQUENCES",
@@ -150,6 +152,18 @@ class CodeActPromptBuilder:
         # (the cell's fields, its assistant message, its output message)
         self._head: tuple[tuple[str, str], list[dict[str, str]]] | None = None
         self._turns: list[tuple[tuple[Any, ...], dict[str, str], dict[str, str]]] = []
+
+    # -- site preparation ------------------------------------------------------------------------------------
+
+    @classmethod
+    def prepare_steps(
+        cls, options: Mapping[str, Any], cache_root: str | None, dry_run: bool
+    ) -> list[PrepareStep]:
+        """What `platoon prepare` makes once per site for a builder with these `prompt_builder_options` (a download
+        of texts, say); none by default. A builder that needs such a step refuses, in its constructor, to be built
+        without it, naming `platoon prepare`: platoon-codeact builds it when a run's options are checked, so the run
+        stops before any rollout. With `dry_run` nothing is made (a step that would be is `missing`)."""
+        return []
 
     # -- templates -------------------------------------------------------------------------------------------
 

@@ -2,15 +2,20 @@
 
 The registry here holds every function harness registered in this process, whoever registered it (an entry
 point's module, a config's `package:`, a test); lookups by reference go through `platoon.harness.registry`.
+
+A harness may also give two functions of its options (an entry's `harness_options`): `check_options(options)`, the
+lines a run refuses to start with (`platoon config validate` prints them), and `prepare(options, cache_root,
+dry_run)`, the steps `platoon prepare` makes once per site for those options (a download, say), as `PrepareStep`s.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from platoon.hookspecs import PrepareStep
 from platoon.naming import check_name, check_not_reserved, check_version
 from platoon.versioned import VersionedRegistry
 
@@ -19,6 +24,13 @@ HARNESS_ATTR = "__platoon_harness__"
 RUNTIMES = ("inline",)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: `check_options(options) -> problems`: each line names the option and what is wrong (no prefix: the caller adds
+#: where the options are)
+OptionsCheck = Callable[[Mapping[str, Any]], list[str]]
+#: `prepare(options, cache_root, dry_run) -> steps`: `cache_root` is the site profile's cache (None: platoon's
+#: default); with `dry_run` nothing is made, a step that would be made is `missing`
+OptionsPrepare = Callable[[Mapping[str, Any], str | None, bool], list[PrepareStep]]
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,8 @@ class FunctionHarness:
     runtime: str
     executes_model_code: bool
     fn: Callable[..., Any]
+    check_options: OptionsCheck | None = None
+    prepare: OptionsPrepare | None = None
 
     @property
     def ref(self) -> str:
@@ -57,9 +71,18 @@ def register(record: FunctionHarness) -> FunctionHarness:
 
 
 def harness(
-    name: str, *, version: str = "1", runtime: str = "inline", executes_model_code: bool = False
+    name: str,
+    *,
+    version: str = "1",
+    runtime: str = "inline",
+    executes_model_code: bool = False,
+    check_options: OptionsCheck | None = None,
+    prepare: OptionsPrepare | None = None,
 ) -> Callable[[F], F]:
-    """Register `async def fn(ctx) -> AgentResult` as the function harness `name@version`; returns fn unchanged."""
+    """Register `async def fn(ctx) -> AgentResult` as the function harness `name@version`; returns fn unchanged.
+
+    `check_options` and `prepare` are the harness's checks and site preparation for its options (module docstring).
+    """
     check_name(name, what="harness name")
     check_version(version)
     if runtime not in RUNTIMES:
@@ -69,7 +92,9 @@ def harness(
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"harness {name!r} must be an async function (async def), got {fn!r}")
         check_not_reserved(name, "harness", getattr(fn, "__module__", None))
-        record = register(FunctionHarness(name, version, runtime, bool(executes_model_code), fn))
+        record = register(
+            FunctionHarness(name, version, runtime, bool(executes_model_code), fn, check_options, prepare)
+        )
         setattr(fn, HARNESS_ATTR, record)
         return fn
 

@@ -13,6 +13,7 @@ from typing import Any
 from platoon.harness.agent import LIMIT_MESSAGE, AgentContext, AgentResult, final_answer_tool, out_of_steps
 from platoon.harness.codeact import PROMPT_MODES, CellFunction, CodeActCell, CodeActPromptBuilder
 from platoon.harness.function import harness
+from platoon.hookspecs import PrepareStep
 from platoon_harnesses.codeact.checks import CellChecks, stuck_in_loop
 
 #: the message of an agent ended by loop detection
@@ -176,15 +177,45 @@ def _builder_class(ref: Any) -> type[CodeActPromptBuilder]:
     return target
 
 
-@harness("platoon-codeact", executes_model_code=True)
-async def codeact(ctx: AgentContext) -> AgentResult:
-    """The model writes Python cells that call the environment's tools as functions."""
-    options = CodeActOptions.parse(ctx.options)
-    builder = options.prompt_builder(
+def build_prompt_builder(options: CodeActOptions) -> CodeActPromptBuilder:
+    return options.prompt_builder(
         include_reasoning=options.include_reasoning,
         prompt_mode=options.prompt_mode,
         **options.prompt_builder_options,
     )
+
+
+def option_problems(options: Mapping[str, Any]) -> list[str]:
+    """What a run refuses to start with: an option platoon-codeact refuses, or a prompt builder that cannot be
+    built from its options (an unknown one, a bad value, texts it needs that this site has not prepared)."""
+    try:
+        parsed = CodeActOptions.parse(options)
+    except ValueError as exc:  # CodeActOptionError, or a prompt_builder that does not resolve
+        return [str(exc)]
+    except (ImportError, AttributeError) as exc:
+        return [f"prompt_builder: {exc}"]
+    try:
+        build_prompt_builder(parsed)
+    except (TypeError, ValueError) as exc:
+        return [f"prompt_builder_options: {exc}"]
+    return []
+
+
+def prepare_options(options: Mapping[str, Any], cache_root: str | None, dry_run: bool) -> list[PrepareStep]:
+    """`platoon prepare`'s steps for the prompt builder (`CodeActPromptBuilder.prepare_steps`); options that do
+    not parse prepare nothing (validation reports them)."""
+    try:
+        parsed = CodeActOptions.parse(options)
+    except (ValueError, ImportError, AttributeError):
+        return []
+    return parsed.prompt_builder.prepare_steps(dict(parsed.prompt_builder_options), cache_root, dry_run)
+
+
+@harness("platoon-codeact", executes_model_code=True, check_options=option_problems, prepare=prepare_options)
+async def codeact(ctx: AgentContext) -> AgentResult:
+    """The model writes Python cells that call the environment's tools as functions."""
+    options = CodeActOptions.parse(ctx.options)
+    builder = build_prompt_builder(options)
     # Imported here: the executor brings IPython (on its own thread), which listing harnesses must not pay for.
     from platoon_harnesses.codeact.executor import CodeActExecutor
 

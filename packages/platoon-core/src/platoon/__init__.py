@@ -6,10 +6,10 @@ importing platoon never pulls in torch, transformers, tinker, openreward, docker
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from platoon._installation import report_earlier_line
+from platoon._lazy import lazy_exports
 
 # The earlier, unrelated `platoon` line writes this same folder: say once how to separate the two (one directory
 # listing; the full diagnosis runs only when one of platoon's own imports fails).
@@ -59,26 +59,19 @@ _SUBMODULES = {"harness": "platoon.harness", "gym": "platoon.gym"}
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
+_import_public, _public_names = lazy_exports(globals(), _EXPORTS, submodules=_SUBMODULES)
+
+
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         # Resolved on first use: finding an installed distribution's version loads importlib.metadata, which
         # costs more than the rest of `import platoon` together.
         from platoon._version import running_version
 
-        value: Any = running_version()
-    elif name in _SUBMODULES or name in _EXPORTS:
-        value = _import_public(name)
-    else:
-        raise AttributeError(f"module 'platoon' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def _import_public(name: str) -> Any:
+        globals()[name] = version = running_version()
+        return version
     try:
-        if name in _SUBMODULES:
-            return importlib.import_module(_SUBMODULES[name])
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return _import_public(name)
     except ImportError as exc:
         # One of platoon's own modules missing or foreign is a damaged installation: say how to repair it.
         from platoon._installation import diagnose, is_own_module
@@ -90,7 +83,7 @@ def _import_public(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | {"__version__"})
+    return sorted({*_public_names(), "__version__"})
 
 
 if TYPE_CHECKING:

@@ -6,17 +6,13 @@ Kept import-light: submodules are imported by name, never from here, so `import 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from platoon._lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover
     from platoon.envs.table import task_table as task_table
 
 __all__ = ["task_table"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "task_table":
-        from platoon.envs.table import task_table
-
-        return task_table
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(globals(), {"task_table": "platoon.envs.table"})

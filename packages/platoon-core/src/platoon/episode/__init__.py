@@ -4,8 +4,7 @@ harness rollout. Light to import: names resolve from their modules on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from platoon._lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -22,13 +21,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'platoon.episode' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.policy import CallWatch, OpenPolicy, PolicySpec
     from platoon.eval.tasks import EvalTask
-    from platoon.rollouts.slot import SlotPolicy
+    from platoon.rollouts.slot_process import SlotPolicy
     from platoon.rollouts.slots import SubprocessSlots
 
 __all__ = [
@@ -304,7 +304,7 @@ def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
     """What each slot process needs to sample the opened policy itself (never a policy served in
     this process)."""
     from platoon.eval.policy import HOSTED
-    from platoon.rollouts.slot import SlotPolicy
+    from platoon.rollouts.slot_process import SlotPolicy
 
     spec = policy.spec
     workflow = config.inference.workflow

@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from platoon._lazy import lazy_exports
 from platoon.programs.registry import EpisodeProgram, get_program, program
 
 __all__ = ["EpisodeContext", "EpisodeProgram", "get_program", "program"]
@@ -14,10 +15,4 @@ __all__ = ["EpisodeContext", "EpisodeProgram", "get_program", "program"]
 if TYPE_CHECKING:
     from platoon.programs.context import EpisodeContext
 
-
-def __getattr__(name: str) -> Any:
-    if name == "EpisodeContext":
-        from platoon.programs.context import EpisodeContext
-
-        return EpisodeContext
-    raise AttributeError(f"module 'platoon.programs' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(globals(), {"EpisodeContext": "platoon.programs.context"})

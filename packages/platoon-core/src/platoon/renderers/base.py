@@ -460,6 +460,17 @@ def parse_response_for_stop_token(
     )
 
 
+def attach_tool_calls(message: Message, calls: Sequence[ToolCall | UnparsedToolCall]) -> None:
+    """Put the parsed calls on `message` as `tool_calls` and the unparsable ones as `unparsed_tool_calls`, each key
+    only when it has any."""
+    tool_calls = [c for c in calls if isinstance(c, ToolCall)]
+    unparsed = [c for c in calls if isinstance(c, UnparsedToolCall)]
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if unparsed:
+        message["unparsed_tool_calls"] = unparsed
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The base class
 
@@ -540,6 +551,35 @@ class Renderer(ABC):
     ) -> list[Message]:
         """The messages that declare `tools` (and carry `system_prompt`), to put before the conversation."""
         raise NotImplementedError(f"the {type(self).__name__} renderer has no tool declaration")
+
+    # ---- control tokens and the start of parsing, shared by the families that end a turn on one token --------
+
+    @property
+    def _end_message_token(self) -> int:
+        """The one token that ends a turn (and stops sampling), for a family whose turns end on one token."""
+        raise NotImplementedError(f"the {type(self).__name__} renderer ends its turns on no single token")
+
+    def _single_token(self, text: str) -> int:
+        """The id of a control string the family needs to be one token in this tokenizer."""
+        return self._only_token(text, self._encode(text))
+
+    def _only_token(self, text: str, tokens: list[int]) -> int:
+        if len(tokens) != 1:
+            raise RendererError(
+                f"the {self.name or type(self).__name__} renderer needs {text} to be one token in "
+                f"{self.tokenizer.name_or_path!r}; it encodes to {tokens}"
+            )
+        return tokens[0]
+
+    def _normalize_response_tokens(self, response: list[int]) -> list[int]:
+        """The sampled ids as the family parses them (a family that prefills `<think>` puts it back here)."""
+        return response
+
+    def _parse_to_end_of_message(self, response: list[int]) -> tuple[Message, bool]:
+        """The sampled ids, normalized, decoded up to the end-of-turn token: (a message with text content, whether
+        that token ended the turn)."""
+        tokens = self._normalize_response_tokens(list(response))
+        return parse_response_for_stop_token(tokens, self.tokenizer, self._end_message_token)
 
     # ---- prompts and supervised examples -------------------------------------------------------------------
 

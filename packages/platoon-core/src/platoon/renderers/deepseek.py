@@ -24,8 +24,8 @@ from platoon.renderers.base import (
     ToolCall,
     ToolSpec,
     UnparsedToolCall,
+    attach_tool_calls,
     group_items,
-    parse_response_for_stop_token,
     parse_think_blocks,
 )
 from platoon.renderers.role_colon import ensure_text
@@ -95,14 +95,7 @@ class _DeepSeekV3Renderer(Renderer):
     # ---- tokens --------------------------------------------------------------------------------------------
 
     def _special_token(self, name: str) -> int:
-        text = _special(name)
-        tokens = self._encode(text)
-        if len(tokens) != 1:
-            raise RendererError(
-                f"the DeepSeek renderers need {text} to be one token in {self.tokenizer.name_or_path!r}; "
-                f"it encodes to {tokens}"
-            )
-        return tokens[0]
+        return self._single_token(_special(name))
 
     @property
     def _bos_tokens(self) -> list[int]:
@@ -197,9 +190,6 @@ class _DeepSeekV3Renderer(Renderer):
 
     # ---- parsing -------------------------------------------------------------------------------------------
 
-    def _normalize_response_tokens(self, response: list[int]) -> list[int]:
-        return response
-
     def _parse_tool_calls(self, content: str) -> list[ToolCall | UnparsedToolCall]:
         """The calls of the first tool-calls section, in order; invalid JSON is unparsed."""
         section = _CALLS_SECTION.search(content)
@@ -209,18 +199,12 @@ class _DeepSeekV3Renderer(Renderer):
 
     def parse_response(self, response: list[int]) -> tuple[Message, bool]:
         """Content (thinking and text parts when there is a `<think>`) and tool calls, when the turn ended."""
-        response = self._normalize_response_tokens(list(response))
-        message, ok = parse_response_for_stop_token(response, self.tokenizer, self._end_message_token)
+        message, ok = self._parse_to_end_of_message(response)
         if not ok:
             return message, False
         content = message["content"]
         calls = self._parse_tool_calls(content)
-        tool_calls = [c for c in calls if isinstance(c, ToolCall)]
-        unparsed = [c for c in calls if isinstance(c, UnparsedToolCall)]
-        if tool_calls:
-            message["tool_calls"] = tool_calls
-        if unparsed:
-            message["unparsed_tool_calls"] = unparsed
+        attach_tool_calls(message, calls)
         if calls:
             content = _CALLS_SECTION_WITH_SPACE.sub("", content).strip()
         parts = parse_think_blocks(content)

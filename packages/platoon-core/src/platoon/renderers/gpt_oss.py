@@ -27,6 +27,7 @@ from platoon.renderers.base import (
     ToolSpec,
     TrainOnWhat,
     UnparsedToolCall,
+    attach_tool_calls,
 )
 from platoon.renderers.role_colon import ensure_text
 
@@ -145,15 +146,6 @@ class GptOssRenderer(Renderer):
         self.current_date = current_date
 
     # ---- tokens --------------------------------------------------------------------------------------------
-
-    def _single_token(self, text: str) -> int:
-        tokens = self._encode(text)
-        if len(tokens) != 1:
-            raise RendererError(
-                f"the gpt_oss renderers need {text} to be one token in {self.tokenizer.name_or_path!r}; "
-                f"it encodes to {tokens}"
-            )
-        return tokens[0]
 
     @property
     def _return_token(self) -> int:
@@ -301,12 +293,7 @@ class GptOssRenderer(Renderer):
         text = str(self.tokenizer.decode(response[:stop]))
         parts, calls = self._parse_harmony_output(text)
         message: Message = {"role": "assistant", "content": parts if parts else text}
-        tool_calls = [c for c in calls if isinstance(c, ToolCall)]
-        unparsed = [c for c in calls if isinstance(c, UnparsedToolCall)]
-        if tool_calls:
-            message["tool_calls"] = tool_calls
-        if unparsed:
-            message["unparsed_tool_calls"] = unparsed
+        attach_tool_calls(message, calls)
         return message, True
 
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:

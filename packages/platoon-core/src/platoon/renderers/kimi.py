@@ -29,8 +29,8 @@ from platoon.renderers.base import (
     ToolSpec,
     TrainOnWhat,
     UnparsedToolCall,
+    attach_tool_calls,
     group_items,
-    parse_response_for_stop_token,
     parse_think_blocks,
 )
 
@@ -263,36 +263,22 @@ class KimiK2Renderer(Renderer):
 
     @property
     def _end_message_token(self) -> int:
-        tokens = self._kimi_encode("<|im_end|>")
-        if len(tokens) != 1:
-            raise RendererError(
-                f"the Kimi renderers need <|im_end|> to be one token in {self.tokenizer.name_or_path!r}; it "
-                f"encodes to {len(tokens)}"
-            )
-        return tokens[0]
+        # Encoded as Kimi encodes every text (`tokenizer.encode` with its own defaults), not by `_encode`.
+        return self._only_token("<|im_end|>", self._kimi_encode("<|im_end|>"))
 
     def get_stop_sequences(self) -> list[int]:
         return [self._end_message_token]
 
-    def _normalize_response_tokens(self, response: list[int]) -> list[int]:
-        return list(response)
-
     def parse_response(self, response: list[int]) -> tuple[Message, bool]:
         """The cookbook's parse: the tool-calls section, then `<think>` blocks of the text before it."""
-        tokens = self._normalize_response_tokens(list(response))
-        message, ok = parse_response_for_stop_token(tokens, self.tokenizer, self._end_message_token)
+        message, ok = self._parse_to_end_of_message(response)
         if not ok:
             return message, False
         content: str = message["content"]
         match = _SECTION.search(content)
         if match:
             calls = _parse_section(match.group(1) if match.group(1) is not None else match.group(2))
-            tool_calls = [c for c in calls if isinstance(c, ToolCall)]
-            unparsed = [c for c in calls if isinstance(c, UnparsedToolCall)]
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            if unparsed:
-                message["unparsed_tool_calls"] = unparsed
+            attach_tool_calls(message, calls)
             content = content[: match.start()]
         parts = parse_think_blocks(content)
         message["content"] = parts if parts is not None else content
@@ -375,15 +361,6 @@ class KimiK25Renderer(KimiK2Renderer):
         self.image_processor = image_processor
         self._think_open = self._single_token("<think>")
         self._think_close = self._single_token("</think>")
-
-    def _single_token(self, text: str) -> int:
-        tokens = self._encode(text)
-        if len(tokens) != 1:
-            raise RendererError(
-                f"the Kimi K2.5 renderers need {text} to be one token in {self.tokenizer.name_or_path!r}; it "
-                f"encodes to {tokens}"
-            )
-        return tokens[0]
 
     def _multipart(self, content: list[ContentPart]) -> list[list[int]]:
         chunks: list[list[int]] = []

@@ -11,8 +11,6 @@ from platoon.renderers.base import (
     RenderContext,
     RenderedMessage,
     Renderer,
-    RendererError,
-    parse_response_for_stop_token,
 )
 from platoon.renderers.role_colon import ensure_text
 
@@ -23,15 +21,6 @@ class Llama3Renderer(Renderer):
     @property
     def has_extension_property(self) -> bool:
         return True
-
-    def _single_token(self, text: str) -> int:
-        tokens = self._encode(text)
-        if len(tokens) != 1:
-            raise RendererError(
-                f"the llama3 renderer needs {text} to be one token in {self.tokenizer.name_or_path!r}; "
-                f"it encodes to {tokens}"
-            )
-        return tokens[0]
 
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         header = f"<|start_header_id|>{message['role']}<|end_header_id|>\n\n"
@@ -50,4 +39,4 @@ class Llama3Renderer(Renderer):
         return [self._end_message_token]
 
     def parse_response(self, response: list[int]) -> tuple[Message, bool]:
-        return parse_response_for_stop_token(response, self.tokenizer, self._end_message_token)
+        return self._parse_to_end_of_message(response)

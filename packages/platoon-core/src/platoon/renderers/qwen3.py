@@ -25,9 +25,9 @@ from platoon.renderers.base import (
     ToolCall,
     ToolSpec,
     UnparsedToolCall,
+    attach_tool_calls,
     has_thinking,
     parse_content_blocks,
-    parse_response_for_stop_token,
     parse_tool_call_json,
     remove_thinking,
 )
@@ -147,20 +147,14 @@ class Qwen3Renderer(Renderer):
 
     @property
     def _end_message_token(self) -> int:
-        tokens = self._encode("<|im_end|>")
-        if len(tokens) != 1:
-            raise RendererError(
-                f"the Qwen3 renderers need <|im_end|> to be one token in {self.tokenizer.name_or_path!r}; "
-                f"it encodes to {tokens}"
-            )
-        return tokens[0]
+        return self._single_token("<|im_end|>")
 
     def get_stop_sequences(self) -> list[int]:
         return [self._end_message_token]
 
     def parse_response(self, response: list[int]) -> tuple[Message, bool]:
         """The cookbook's parse: content parts and tool calls when `<|im_end|>` ended the turn, else raw text."""
-        message, ok = parse_response_for_stop_token(response, self.tokenizer, self._end_message_token)
+        message, ok = self._parse_to_end_of_message(response)
         if not ok:
             return message, False
         content = message["content"]
@@ -168,12 +162,7 @@ class Qwen3Renderer(Renderer):
         if blocks is not None:
             parts, calls = blocks
             message["content"] = parts
-            tool_calls = [c for c in calls if isinstance(c, ToolCall)]
-            unparsed = [c for c in calls if isinstance(c, UnparsedToolCall)]
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            if unparsed:
-                message["unparsed_tool_calls"] = unparsed
+            attach_tool_calls(message, calls)
         return message, True
 
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:

@@ -21,8 +21,8 @@ from platoon.renderers.base import (
     ToolCall,
     ToolSpec,
     UnparsedToolCall,
+    attach_tool_calls,
     parse_content_blocks,
-    parse_response_for_stop_token,
     parse_tool_call_json,
 )
 from platoon.renderers.qwen3 import Qwen3VLRenderer
@@ -210,12 +210,8 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
     def _normalize_response_tokens(self, response: list[int]) -> list[int]:
         """Put the prefilled `<think>\\n` back in front of a completion that closes a think block."""
         prefix = self._encode("<think>\n")
-        close = self._encode("</think>")
-        if len(close) != 1:
-            raise RendererError(
-                f"the {self.name or type(self).__name__} renderer needs </think> to be one token in {self.tokenizer.name_or_path!r}"
-            )
-        if response[: len(prefix)] != prefix and close[0] in response:
+        close = self._single_token("</think>")
+        if response[: len(prefix)] != prefix and close in response:
             return prefix + list(response)
         return list(response)
 
@@ -253,20 +249,14 @@ class Qwen3_5Renderer(Qwen3VLRenderer):
 
     def parse_response(self, response: list[int]) -> tuple[Message, bool]:
         """The cookbook's parse: think and tool-call blocks (XML, or Qwen3 JSON) once `<|im_end|>` ended the turn."""
-        tokens = self._normalize_response_tokens(list(response))
-        message, ok = parse_response_for_stop_token(tokens, self.tokenizer, self._end_message_token)
+        message, ok = self._parse_to_end_of_message(response)
         if not ok:
             return message, False
         blocks = parse_content_blocks(message["content"])
         if blocks is not None:
             parts, calls = blocks
             message["content"] = parts
-            tool_calls = [c for c in calls if isinstance(c, ToolCall)]
-            unparsed = [c for c in calls if isinstance(c, UnparsedToolCall)]
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            if unparsed:
-                message["unparsed_tool_calls"] = unparsed
+            attach_tool_calls(message, calls)
         self._postprocess(message)
         return message, True
 

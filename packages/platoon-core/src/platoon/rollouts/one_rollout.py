@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FileWriter", "MemberOutcome", "MemberRequest", "outcome_status", "run_member"]
 
-log = logging.getLogger("platoon.train")
+log = logging.getLogger(__name__)
 
 #: dispositions of a member that produced no result
 NO_RESULT = (

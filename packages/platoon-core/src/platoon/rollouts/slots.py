@@ -6,7 +6,7 @@ Slots are forked from the rollout workers' fork server, which imports the stack,
 packages and the renderer once, or started by exec when it cannot fork. They live in the rollout workers'
 private scratch dir (`ipc.scratch_dir`), are recorded in its registry, so the orphan sweep stops the slots of an
 evaluation that died, and talk to the evaluation over a Unix socket in their session dir. The hard timeout of a
-rollout: `hard_timeout_seconds`; what happens at it: `platoon.rollouts.slot`.
+rollout: `hard_timeout_seconds`; what happens at it: `platoon.rollouts.slot_process`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.rollouts.slot import (
+from platoon.rollouts.slot_process import (
     SLOT_ENV,
     SLOT_MODULE,
     SlotDeadlines,
@@ -48,7 +48,7 @@ __all__ = [
     "rollout_deadlines",
 ]
 
-log = logging.getLogger("platoon.rollouts.slots")
+log = logging.getLogger(__name__)
 
 #: a rollout without any time limit
 UNBOUNDED_ROLLOUT_SECONDS = 900.0

@@ -6,8 +6,9 @@ its fixtures live in `platoon.testing.pytest_plugin`, which `pytest_plugins` bel
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from platoon._lazy import lazy_exports
 
 _TOKENIZER = "platoon.renderers.toy"
 _POLICY = "platoon.testing.policy"
@@ -46,16 +47,7 @@ __all__ = sorted(_EXPORTS)
 pytest_plugins = ["platoon.testing.pytest_plugin"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:

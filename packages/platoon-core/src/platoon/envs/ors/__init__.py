@@ -8,8 +8,9 @@ builds one, and the openreward SDK only when a class loads or a server is reache
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from platoon._lazy import lazy_exports
 from platoon.hookspecs import ServiceFactory, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -19,13 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["InProcessOrsService", "InProcessOrsSession", "InvalidCall"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from platoon.envs.ors import inprocess
-
-        return getattr(inprocess, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(globals(), dict.fromkeys(__all__, "platoon.envs.ors.inprocess"))
 
 
 @hookimpl

@@ -17,7 +17,7 @@ from platoon.rollouts.workers.ipc import PROTOCOL_VERSION, write_private
 
 __all__ = ["FollowingSampler", "binding_blob", "load_binding", "publish_binding"]
 
-log = logging.getLogger("platoon.train.workers")
+log = logging.getLogger(__name__)
 
 
 def binding_blob(sampler: Any, version: int) -> bytes:

@@ -40,9 +40,9 @@ from platoon.rollouts.workers.startup import ExecFailed, exec_child, set_parent_
 
 __all__ = ["STACK_MODULES", "ForkFailed", "ForkServer", "ForkServerUnavailable", "serve"]
 
-log = logging.getLogger("platoon.train.workers")
-
 SERVER_MODULE = "platoon.rollouts.workers.forkserver"
+# Named after the module, not `__name__`: the fork server runs this module as `__main__`.
+log = logging.getLogger(SERVER_MODULE)
 #: what every worker imports: imported once here, shared copy-on-write by the forked workers
 STACK_MODULES = (
     "tinker",

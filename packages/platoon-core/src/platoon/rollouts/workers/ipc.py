@@ -45,7 +45,7 @@ __all__ = [
     "write_private",
 ]
 
-log = logging.getLogger("platoon.train.workers")
+log = logging.getLogger(__name__)
 
 #: checked on both the request and the response: a worker of another platoon never answers this trainer
 PROTOCOL_VERSION = 2

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_FORK_SERVERS", "WORKER_MODULE", "RolloutWorkers", "classify_exit", "rollout_budget_seconds"]
 
-log = logging.getLogger("platoon.train.workers")
+log = logging.getLogger(__name__)
 
 WORKER_MODULE = "platoon.rollouts.workers.worker"
 #: fork servers one supervisor starts over its life; after that, workers start by exec

@@ -51,7 +51,8 @@ __all__ = [
     "prepared_renderer",
 ]
 
-log = logging.getLogger("platoon.train.workers")
+# Named after the module, not `__name__`: an exec'd worker runs this module as `__main__`.
+log = logging.getLogger("platoon.rollouts.workers.worker")
 
 EXIT_RSS = 87
 EXIT_ALARM_FALLBACK = 88

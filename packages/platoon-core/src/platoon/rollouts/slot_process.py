@@ -1,7 +1,7 @@
 """A subprocess slot of `platoon eval`, the child side: a long-lived process that
 runs one rollout at a time, as many as the evaluation hands it, each under its hard timeout.
 
-`python -m platoon.rollouts.slot SESSION_DIR` (or the same `main` in a child of the rollout workers' fork server)
+`python -m platoon.rollouts.slot_process SESSION_DIR` (or the same `main` in a child of the rollout workers' fork server)
 connects to the evaluation's socket in SESSION_DIR, says who it is, receives the policy (a pickled Tinker
 sampling client, or a hosted model and its key: neither key is in a slot's environment), imports the environment
 packages, then runs the rollouts it is sent and answers each with its outcome and record. Messages are
@@ -46,9 +46,9 @@ __all__ = [
     "socket_address",
 ]
 
-log = logging.getLogger("platoon.rollouts.slot")
-
-SLOT_MODULE = "platoon.rollouts.slot"
+SLOT_MODULE = "platoon.rollouts.slot_process"
+# Named after the module, not `__name__`: an exec'd slot runs this module as `__main__`.
+log = logging.getLogger(SLOT_MODULE)
 #: `<slot number>:<token>:<evaluator pid>:<evaluator start time>`, consumed by the slot at start
 SLOT_ENV = "PLATOON_EVAL_SLOT"
 SOCKET_NAME = "slots.sock"
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
     identity = _identity(os.environ.pop(SLOT_ENV, ""))  # the token is this slot's alone, not its rollouts'
     if len(args) != 1 or identity is None:
         print(
-            "platoon: python -m platoon.rollouts.slot SESSION_DIR is started by platoon eval only",
+            "platoon: python -m platoon.rollouts.slot_process SESSION_DIR is started by platoon eval only",
             file=sys.stderr,
         )
         return EXIT_BAD_START

@@ -134,7 +134,8 @@ _DISK_QUOTA: dict[tuple[str, str | None], bool] = {}
 # holds the marker, in passes until none is left (a pass can race a fork). The script runs without the marker, and
 # as the command's user: reading another user's environ needs CAP_SYS_PTRACE, which no sandbox keeps. Builtins only
 # (`read` drops the NULs between variables; the marker, a fixed-length token, is matched within the joined text): a
-# command at the sandbox's pids limit leaves no process for a `tr | grep`.
+# command at the sandbox's pids limit leaves no process for a `tr | grep`; the pause between late passes is `sleep`,
+# which, where no process can start, fails and the passes go on without it.
 _KILL_MARKER = r"""
 m="$1"; me=$$
 pass=0
@@ -150,6 +151,9 @@ while [ $pass -lt 50 ]; do
     if [ $hit = 1 ]; then kill -9 "$p" 2>/dev/null && found=1; fi
   done
   [ $found = 0 ] && exit 0
+  # A SIGKILLed process is gone only once it is scheduled again: on a loaded machine that takes a moment, and until
+  # then it is found (and "killed") again in every pass.
+  [ $pass -gt 2 ] && { sleep 0.1 2>/dev/null || sleep 1; }
 done
 exit 1
 """

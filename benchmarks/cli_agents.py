@@ -255,7 +255,7 @@ class SandboxedService:
         return getattr(self._inner, name)
 
     async def open(self, task: Any, *, rollout_id: str, needs: Any = None) -> SandboxedSession:
-        from platoon_sandbox import SandboxSpec
+        from platoon.sandbox import SandboxSpec
 
         spec = SandboxSpec(image=IMAGE, network="none", workdir="/app", labels={"platoon.bench": BENCH})
         sandbox = await self.provider.start(needs.apply(spec) if needs is not None else spec)
@@ -447,7 +447,7 @@ async def model_calls(
     from platoon.episode.spec_runs import spec_runner
     from platoon.gateway.http import GatewayServer
     from platoon.harness.registry import get_harness
-    from platoon_sandbox import SandboxSpec
+    from platoon.sandbox import SandboxSpec
 
     folder = _probe_files(scratch)
     spec = get_harness("platoon-bash@1")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from platoon import plugins
-from platoon_sandbox import SandboxSpec
+from platoon.sandbox import SandboxSpec
 from platoon_sandbox.procs import pids_with_marker
 
 # start p50, exec p50 (seconds), issue 18; a network namespace must not push the process provider past its targets

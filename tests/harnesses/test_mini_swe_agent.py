@@ -544,8 +544,8 @@ def test_through_the_spec_runner_in_a_network_none_docker_sandbox(tmp_path, inst
     install finds the `python3.12` link in the cache's `python312/` (put first on PATH), so its `bin/python` points
     there; without that directory `mini` has no interpreter in the container, its `--help` reports no version and
     the install script goes on to fetch uv, which a `network: none` container cannot."""
+    from platoon.sandbox import Mount, SandboxSpec
     from platoon.testing.episode import run_episode
-    from platoon_sandbox import Mount, SandboxSpec
     from platoon_sandbox.docker import DockerProvider
 
     cache, home = str(CACHE), str(installed.home)

@@ -96,7 +96,7 @@ class AnswerService:
         self.needs.append(needs)
         sandbox = None
         if self.provider is not None:
-            from platoon_sandbox import SandboxSpec
+            from platoon.sandbox import SandboxSpec
 
             spec = SandboxSpec(image=self.image, network="none", workdir="/app", memory_mb=self.memory_mb)
             if needs is not None:

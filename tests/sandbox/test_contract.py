@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from platoon_sandbox import ExecResult, Mount, SandboxSpec
+from platoon.sandbox import ExecResult, Mount, SandboxSpec
 
 
 def test_a_spec_defaults_to_a_local_image_on_the_host_network_in_app():

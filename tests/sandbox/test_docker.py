@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxGone, SandboxSpec
+from platoon.sandbox import ExecResult, Mount, SandboxError, SandboxGone, SandboxSpec
 from platoon_sandbox.docker import DockerProvider, DockerSandbox, docker_binary
 from platoon_sandbox.registry import clear_process_labels, registry, set_process_labels
 

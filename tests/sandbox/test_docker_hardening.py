@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from platoon_sandbox import SandboxDiskLimit, SandboxError, SandboxSpec
-from platoon_sandbox.contract import unenforced_field
+from platoon.sandbox import SandboxDiskLimit, SandboxError, SandboxSpec, unenforced_field
 from platoon_sandbox.docker import (
     DEFAULT_PIDS_LIMIT,
     KEPT_CAPABILITIES,

@@ -33,7 +33,8 @@ from typing import Any
 
 import pytest
 
-from platoon_sandbox import Mount, SandboxError, SandboxSpec, egress
+from platoon.sandbox import Mount, SandboxError, SandboxSpec
+from platoon_sandbox import egress
 from platoon_sandbox.docker import DockerProvider, docker_binary
 from platoon_sandbox.process import ProcessProvider
 from platoon_sandbox.registry import clear_process_labels
@@ -557,7 +558,7 @@ def test_a_cancelled_start_leaves_no_slirp4netns(kind: str, delay_s: float, tmp_
 KILLED_RUN = textwrap.dedent(
     """
     import asyncio, json, sys
-    from platoon_sandbox import SandboxSpec
+    from platoon.sandbox import SandboxSpec
     from platoon_sandbox.docker import DockerProvider
     from platoon_sandbox.process import ProcessProvider
 

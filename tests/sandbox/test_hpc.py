@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import hpc_sandbox
 import pytest
 
-from platoon_sandbox import CAPABILITIES, SandboxError, SandboxGone, SandboxSpec
+from platoon.sandbox import CAPABILITIES, SandboxError, SandboxGone, SandboxSpec
 from platoon_sandbox import registry as registry_module
 from platoon_sandbox.hpc import EnrootProvider, SingularityProvider, _cap
 from platoon_sandbox.registry import SandboxRegistry, clear_process_labels, registry, set_process_labels

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from platoon_sandbox import ExecResult, Mount, SandboxError, SandboxSpec
-from platoon_sandbox.contract import OUTPUT_CAP_BYTES
+from platoon.sandbox import OUTPUT_CAP_BYTES, ExecResult, Mount, SandboxError, SandboxSpec
 from platoon_sandbox.process import ProcessProvider, ProcessSandbox
 from platoon_sandbox.procs import start_time
 from platoon_sandbox.registry import clear_process_labels, registry

@@ -29,7 +29,8 @@ import pytest
 
 import platoon_sandbox.process as process_module
 from platoon.errors import ConfigError
-from platoon_sandbox import Mount, SandboxError, SandboxGone, SandboxSpec, confine, netns, procs
+from platoon.sandbox import Mount, SandboxError, SandboxGone, SandboxSpec
+from platoon_sandbox import confine, netns, procs
 from platoon_sandbox.docker import DockerProvider, docker_binary
 from platoon_sandbox.process import ProcessProvider, ProcessSandbox
 from platoon_sandbox.registry import clear_process_labels, set_process_labels
@@ -289,7 +290,7 @@ def test_processes_live_across_commands_and_kill_processes_leaves_none_however_t
 
 OWNER = """
 import asyncio, sys
-from platoon_sandbox import SandboxSpec
+from platoon.sandbox import SandboxSpec
 from platoon_sandbox.process import ProcessProvider
 
 async def main():

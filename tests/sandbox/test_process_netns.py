@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import platoon_sandbox.process as process_module
-from platoon_sandbox import Mount, SandboxSpec, netns
+from platoon.sandbox import Mount, SandboxSpec
+from platoon_sandbox import netns
 from platoon_sandbox.process import ProcessProvider, ProcessSandbox
 from platoon_sandbox.procs import pids_with_marker
 from platoon_sandbox.registry import clear_process_labels

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from platoon_sandbox import SandboxError, SandboxSpec
+from platoon.sandbox import SandboxError, SandboxSpec
 from platoon_sandbox import registry as registry_module
 from platoon_sandbox.process import ProcessProvider
 from platoon_sandbox.procs import pids_with_marker
@@ -127,7 +127,7 @@ def test_reaping_with_no_labels_is_always_refused(tmp_path: Path, caplog: pytest
 
 OWNER = """
 import asyncio, sys
-from platoon_sandbox import SandboxSpec
+from platoon.sandbox import SandboxSpec
 from platoon_sandbox.process import ProcessProvider
 
 async def main():

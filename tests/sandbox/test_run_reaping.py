@@ -26,7 +26,7 @@ from platoon_sandbox.registry import clear_process_labels, process_labels
 # runs a background command, and the owner waits to be killed.
 OWNER = """
 import asyncio, sys
-from platoon_sandbox import SandboxSpec
+from platoon.sandbox import SandboxSpec
 from platoon_sandbox.process import ProcessProvider
 
 async def main():
@@ -204,7 +204,7 @@ KILLED_START = """
 import asyncio, os, signal, sys
 from pathlib import Path
 from platoon.sandbox_runs import set_run_label
-from platoon_sandbox import SandboxSpec
+from platoon.sandbox import SandboxSpec
 from platoon_sandbox.process import ProcessProvider
 
 run, scratch, always = Path(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["always"]

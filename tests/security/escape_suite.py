@@ -708,7 +708,7 @@ async def _end_own_sandbox(
     may already have ended its sandbox): held when the sandbox still runs a command afterwards. Never made where
     commands share the host's PID namespace (the unconfined process provider), where PID 1 is the host's init."""
     from platoon import plugins
-    from platoon_sandbox import SandboxSpec
+    from platoon.sandbox import SandboxSpec
 
     cls = plugins.resolve_target(plugins.get_sandbox_runtime(configuration.provider).provider)
     if configuration.provider == "process":

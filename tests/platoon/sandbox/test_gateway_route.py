@@ -24,8 +24,8 @@ from pydantic import BaseModel
 from platoon.envs.ors.inprocess import InProcessOrsService
 from platoon.gateway.http.server import GatewayServer
 from platoon.gateway.mcp import bind_tools, mount_mcp
+from platoon.sandbox import SandboxSpec
 from platoon.testing import ScriptedPolicy, make_gateway
-from platoon_sandbox import SandboxSpec
 
 PYTHON_IMAGE = "docker://platoon-test/python:bookworm"
 

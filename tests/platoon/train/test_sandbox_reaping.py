@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from platoon.sandbox import SandboxSpec
 from platoon.sandbox_runs import run_label
-from platoon_sandbox import SandboxSpec
 from platoon_sandbox.docker import DockerProvider, docker_binary
 
 REPO = Path(__file__).resolve().parents[3]
@@ -33,7 +33,7 @@ LEAKER = textwrap.dedent(
 
     from platoon.harness.agent import AgentResult
     from platoon.harness.function import harness
-    from platoon_sandbox import SandboxSpec
+    from platoon.sandbox import SandboxSpec
     from platoon_sandbox.docker import DockerProvider
 
 

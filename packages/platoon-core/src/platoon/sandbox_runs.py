@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from platoon.sandbox import SandboxProvider, as_provider_class
+
 __all__ = [
     "DEFAULT_PROVIDER",
     "LABELS_ENV",
@@ -178,22 +180,19 @@ def run_providers(
     return out
 
 
-def _provider(name: str, options: Mapping[str, Any]) -> Any:
+def _provider(name: str, options: Mapping[str, Any]) -> SandboxProvider:
     from platoon import plugins
 
     if ":" in name:
         cls = plugins.resolve_target(name)
     else:
         cls = plugins.resolve_target(plugins.get_sandbox_runtime(name).provider)
-    return cls(**dict(options))
+    return as_provider_class(cls)(**dict(options))
 
 
 async def _reap_with(name: str, options: Mapping[str, Any], labels: Mapping[str, str]) -> int:
     provider = await asyncio.to_thread(_provider, name, options)  # an import may be slow
-    reaper = getattr(provider, "reap", None)
-    if reaper is None:
-        return 0
-    return int(await reaper(dict(labels)))
+    return int(await provider.reap(dict(labels)))
 
 
 async def reap_run_async(

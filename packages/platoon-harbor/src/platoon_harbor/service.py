@@ -32,6 +32,7 @@ from platoon.deprecations import DeprecatedKey
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, Gate
 from platoon.envs.service import EnvNotPrepared, EnvSetupError, SessionNeeds
 from platoon.errors import ConfigError
+from platoon.sandbox import Mount, SandboxError, SandboxProvider, SandboxSpec, as_provider_class
 from platoon.task import Task
 from platoon_harbor.grading import DEFAULT_CLASSIFIERS, Classifier, RewardContract, parse_classifiers
 from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
@@ -302,8 +303,6 @@ class HarborOptions:
 
 
 def _mounts(value: Any) -> tuple[Any, ...]:
-    from platoon_sandbox.contract import Mount
-
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -534,19 +533,17 @@ class HarborService:
 
     # -- provider --------------------------------------------------------------------------------------------------
 
-    def provider_class(self) -> Any:
+    def provider_class(self) -> type[SandboxProvider]:
         from platoon import plugins
 
         name = self.options.provider
         if ":" in name:
-            return plugins.resolve_target(name)
-        return plugins.resolve_target(plugins.get_sandbox_runtime(name).provider)
+            return as_provider_class(plugins.resolve_target(name))
+        return as_provider_class(plugins.resolve_target(plugins.get_sandbox_runtime(name).provider))
 
     def provider(self) -> Any:
         if self._provider is None:
             cls = self.provider_class()
-            from platoon_sandbox.contract import SandboxError
-
             try:
                 self._provider = cls(**dict(self.options.provider_options))
             except TypeError as exc:
@@ -556,7 +553,7 @@ class HarborService:
         return self._provider
 
     def _capabilities(self) -> frozenset[str]:
-        return frozenset(getattr(self.provider(), "capabilities", ()) or ())
+        return frozenset(self.provider().capabilities or ())
 
     def image_for(self, task: HarborTask) -> str:
         """The sandbox image of `task`: its `docker_image`, else the entry's `default_image` (`local` for the
@@ -619,8 +616,7 @@ class HarborService:
         if self.grades_separately(task):
             phases.append(("verifier", verifier_network(task)))
         for phase, (network, _hosts) in phases:
-            ask = getattr(self.provider_class(), f"network_{network}_refusal", None)
-            reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+            reason = self.provider_class().network_refusal(network, dict(self.options.provider_options))
             if not reason:
                 continue
             if network == "none" and phase == "agent":
@@ -635,21 +631,14 @@ class HarborService:
 
     def _provider_unavailable(self) -> str | None:
         """Why the provider cannot run here with its options (the docker provider: a `runtime` the engine lacks)."""
-        ask = getattr(self.provider_class(), "unavailable", None)
-        answer = ask(dict(self.options.provider_options)) if callable(ask) else None
+        answer = self.provider_class().unavailable(dict(self.options.provider_options))
         return str(answer) if answer else None
 
     def _spec_refusal(self, fields: Mapping[str, Any]) -> str | None:
-        """The provider's answer to a spec setting `fields` (its `refusal(spec, options)` hook, else its
-        capabilities), or None when it would start one."""
-        from platoon_sandbox.contract import SandboxSpec, unenforced_field
-
-        spec = SandboxSpec(**fields)
-        ask = getattr(self.provider_class(), "refusal", None)
-        if callable(ask):
-            answer = ask(spec, dict(self.options.provider_options))
-            return str(answer) if answer else None
-        return unenforced_field(spec, self._capabilities(), self.options.provider)
+        """The provider's answer to a spec setting `fields` (its `refusal(spec, options)`, by default what its
+        capabilities do not enforce), or None when it would start one."""
+        answer = self.provider_class().refusal(SandboxSpec(**fields), dict(self.options.provider_options))
+        return str(answer) if answer else None
 
     def _task_limits(self, task: HarborTask) -> list[tuple[str, str, Any]]:
         """(where in task.toml, SandboxSpec field, value) of every limit and user the task sets, for the agent's
@@ -701,16 +690,14 @@ class HarborService:
         """Why the provider would run this entry's commands unconfined, or None (harness.md 5.7: the process
         provider without bubblewrap is refused unless the run config's `provider_options.confine: none` accepts
         it; a site profile cannot set that option)."""
-        ask = getattr(self.provider_class(), "unconfined_refusal", None)
-        reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+        reason = self.provider_class().unconfined_refusal(dict(self.options.provider_options))
         return f"provider {self.options.provider}: {reason}" if reason else None
 
     async def check_tasks(self, split: str, ids: list[str]) -> None:
         """Run-start checks (6.9): the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
         tasks without an image. Raises an `env_config` error."""
         problems: list[str] = []
-        ask = getattr(self.provider_class(), "rootfs_layout_refusal", None)
-        reason = ask(dict(self.options.provider_options)) if callable(ask) else None
+        reason = self.provider_class().rootfs_layout_refusal(dict(self.options.provider_options))
         if reason:
             problems.append(f"provider {self.options.provider}: {reason}")
         if (reason := self._provider_unavailable()) is not None:
@@ -757,8 +744,6 @@ class HarborService:
     def _spec(
         self, task: HarborTask, rollout_id: str, needs: SessionNeeds | None
     ) -> tuple[Any, dict[str, str]]:
-        from platoon_sandbox.contract import SandboxSpec
-
         opts = self.options
         try:
             task_env = resolve_env(
@@ -839,8 +824,6 @@ class HarborService:
         """A separate verifier's sandbox spec, checked when the session opens (its env is resolved at grading), and
         whether its image bundles the tests. Image: `[verifier.environment].docker_image`, else the image the site built
         from `tests/Dockerfile`, else the task's own. Only read-only service mounts reach it; no needs."""
-        from platoon_sandbox.contract import SandboxSpec
-
         venv = task.verifier.environment
         provider = self.provider()
         if getattr(provider, "name", None) == "process":

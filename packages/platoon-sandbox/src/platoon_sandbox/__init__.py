@@ -1,10 +1,10 @@
 """platoon-sandbox: task sandboxes for platoon (harness.md 5), found through entry points.
 
-The provider contract is importable from here (`SandboxSpec`, `Mount`, `ExecResult`, `Sandbox`,
-`SandboxProvider`); it is standard-library only, so importing it is cheap.
+The provider contract lives in core (`platoon.sandbox`); its names stay importable from here (`SandboxSpec`, `Mount`,
+`ExecResult`, `Sandbox`, `SandboxProvider`) for code written against platoon 0.1.
 """
 
-from platoon_sandbox.contract import (
+from platoon.sandbox import (
     CAPABILITIES,
     ExecResult,
     Mount,

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from platoon.cli.output import err, new_app, out, table
+from platoon.sandbox import SandboxProvider, as_provider_class
 
 app = new_app("List and reap the sandboxes a run started.")
 
@@ -82,12 +83,11 @@ def list_(run_dir: RunDirArgument) -> int:
         if missing is not None:
             err(f"{missing}; its sandboxes are not listed")
             continue
-        provider = _provider(name, options)
-        lister = getattr(provider, "labelled", None)
-        if lister is None:
+        listed = asyncio.run(_provider(name, options).labelled({RUN_LABEL: label}))
+        if listed is None:
             err(f"sandbox provider {name!r} cannot list its sandboxes")
             continue
-        for found in asyncio.run(lister({RUN_LABEL: label})):
+        for found in listed:
             rows.append(
                 [name, found.get("id"), found.get("owner_pid"), found.get("state"), found.get("path")]
             )
@@ -97,11 +97,11 @@ def list_(run_dir: RunDirArgument) -> int:
     return 0
 
 
-def _provider(name: str, options: dict[str, Any]) -> Any:
+def _provider(name: str, options: dict[str, Any]) -> SandboxProvider:
     from platoon import plugins
 
     target = name if ":" in name else plugins.get_sandbox_runtime(name).provider
-    return plugins.resolve_target(target)(**options)
+    return as_provider_class(plugins.resolve_target(target))(**options)
 
 
 @app.command()

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
+from platoon.sandbox import SandboxError, SandboxGone
 from platoon_sandbox import procs
-from platoon_sandbox.contract import SandboxError, SandboxGone
 from platoon_sandbox.netns import BWRAP_ENV, bwrap_binary, read_until_closed
 
 __all__ = ["CONFINE_MODES", "Bind", "Confinement", "root_layout", "unavailable"]

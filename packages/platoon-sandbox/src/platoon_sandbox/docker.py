@@ -56,15 +56,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from platoon_sandbox import egress
-from platoon_sandbox.contract import (
+from platoon.sandbox import (
     ExecResult,
+    Sandbox,
     SandboxDiskLimit,
     SandboxError,
     SandboxGone,
+    SandboxProvider,
     SandboxSpec,
     unenforced_field,
 )
+from platoon_sandbox import egress
 from platoon_sandbox.engine import POOL, engine_client, run_in_container, written_bytes
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
 from platoon_sandbox.output import DRAIN_S, CappedOutput
@@ -291,7 +293,7 @@ class DockerSnapshot:
     image: str
 
 
-class DockerSandbox:
+class DockerSandbox(Sandbox):
     """One container; see the module docstring. Build it with `DockerProvider.start`."""
 
     def __init__(
@@ -852,7 +854,7 @@ class _Capabilities:
         return BASE_CAPABILITIES | {"lifetime"}
 
 
-class DockerProvider:
+class DockerProvider(SandboxProvider):
     """Starts `DockerSandbox`es. Options: `binary` (else `PLATOON_DOCKER`, else `docker`), `runtime` (the engine's
     OCI runtime for every sandbox, e.g. `runsc` for gVisor; else the engine's default), `egress_runtime` (with
     `runtime: runsc`, the engine runtime of public and allowlist sandboxes: `DEFAULT_EGRESS_RUNTIME` unless named),
@@ -863,7 +865,7 @@ class DockerProvider:
     # clean_env: a container starts from its image's environment and the variables it is given with values
     # (`--env KEY=VALUE`, the Engine API's `KEY=VALUE`), never a bare `--env KEY`, which would copy the host's.
     # lifetime: the init no command can signal (`INIT`), except under gVisor (`_Capabilities`).
-    capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
+    capabilities: frozenset[str] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = True
     #: The least-privilege flags and the default pids limit; only `benchmarks/sandbox.py` turns them off (on a
     #: subclass), to measure what they cost. Not an option: no configuration can reach it.

@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from platoon.sandbox import SandboxError
 from platoon_sandbox import procs
-from platoon_sandbox.contract import SandboxError
 from platoon_sandbox.netns import read_until_closed
 
 __all__ = [

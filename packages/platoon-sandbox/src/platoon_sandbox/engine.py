@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from platoon_sandbox.contract import SandboxGone
+from platoon.sandbox import SandboxGone
 from platoon_sandbox.output import CappedOutput
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 hpc-sandbox (`hpc_sandbox.SingularityProvider` / `EnrootProvider`) runs rootless sandboxes on HPC nodes: one
 Singularity/Apptainer instance or one enroot container per sandbox, its root filesystem a private copy on node-local
-scratch. This module gives it platoon's contract (`platoon_sandbox.contract`): `hpc_sandbox.<Provider>(**options)`
+scratch. This module gives it platoon's contract (`platoon.sandbox`): `hpc_sandbox.<Provider>(**options)`
 with the options passed through; string commands under `bash -c` (hpc-sandbox would use `/bin/sh`); uploads and
 downloads from `/` (a relative path is taken from `/`, as `docker cp` does, never from a workdir the agent may have
 deleted); snapshots deleted when their sandbox stops; the sandbox's own failures (hpc-sandbox's `SandboxError`,
@@ -42,11 +42,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from platoon_sandbox.contract import (
+from platoon.sandbox import (
     CAPABILITIES,
     ExecResult,
+    Sandbox,
     SandboxError,
     SandboxGone,
+    SandboxProvider,
     SandboxSpec,
     unenforced_field,
 )
@@ -98,7 +100,7 @@ def _cap(data: str) -> str:
     return out.text()
 
 
-class HpcSandbox:
+class HpcSandbox(Sandbox):
     """One hpc-sandbox sandbox seen through platoon's contract; build it with the provider's `start`."""
 
     def __init__(self, provider: HpcProvider, inner: Any, spec: SandboxSpec, entry: Registration) -> None:
@@ -244,7 +246,7 @@ class HpcSandbox:
         registry().unregister(self._entry)
 
 
-class HpcProvider:
+class HpcProvider(SandboxProvider):
     """Starts `HpcSandbox`es through an hpc-sandbox provider. Subclasses name the inner class and the runtime."""
 
     name: ClassVar[str] = "hpc"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from platoon_sandbox.contract import OUTPUT_CAP_BYTES
+from platoon.sandbox import OUTPUT_CAP_BYTES
 
 #: Seconds the output pipes get after the command exits.
 DRAIN_S = 1.0

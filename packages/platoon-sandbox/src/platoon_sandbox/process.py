@@ -32,10 +32,10 @@ from typing import Any, ClassVar, cast
 
 from platoon.errors import ConfigError
 from platoon.host_env import allowed_host_env
+from platoon.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec, unenforced_field
 from platoon_sandbox import egress, netns, procs
 from platoon_sandbox.confine import CONFINE_MODES, Bind, Confinement, root_layout
 from platoon_sandbox.confine import unavailable as confinement_unavailable
-from platoon_sandbox.contract import ExecResult, SandboxError, SandboxSpec, unenforced_field
 from platoon_sandbox.output import DRAIN_S, CappedOutput
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import FIRST_PORT, Forwarder, find_python
@@ -143,15 +143,15 @@ class _Capabilities:
         return caps
 
 
-class ProcessProvider:
+class ProcessProvider(SandboxProvider):
     """Starts process sandboxes under `<scratch_root>/platoon-sandboxes-<uid>/` (scratch_root: the node scratch
     unless given). `egress_allow`: host or host:port destinations public and allowlist sandboxes may reach even when
     private or the host's own. `allow_host_network`: where filtered egress is unavailable, run public and allowlist
     sandboxes on the host's network, unfiltered (else they are refused)."""
 
     name: ClassVar[str] = "process"
-    # typed as the contract's class variable (a descriptor reads as one), so the class still is a SandboxProvider
-    capabilities: ClassVar[frozenset[str]] = cast("frozenset[str]", _Capabilities())
+    # typed as the contract's attribute (a descriptor reads as one)
+    capabilities: frozenset[str] = cast("frozenset[str]", _Capabilities())
     isolates: ClassVar[bool] = False
 
     def __init__(
@@ -180,7 +180,7 @@ class ProcessProvider:
             self.options["allow_host_network"] = True
 
     @classmethod
-    def unavailable(cls, options: Mapping[str, Any]) -> str | None:
+    def unavailable(cls, options: Mapping[str, Any] | None = None) -> str | None:
         if not os.path.isdir("/proc/self"):
             return "the process provider needs Linux's /proc to find and kill what its commands started"
         if shutil.which("bash") is None:
@@ -417,7 +417,7 @@ def _kill_all(fs: Path, groups: Sequence[tuple[int, int | None]], *, spare_route
     return survivors
 
 
-class ProcessSandbox:
+class ProcessSandbox(Sandbox):
     """One process sandbox: `root/fs` is its filesystem, `root/sandbox.json` its record."""
 
     def __init__(self, root: Path, spec: SandboxSpec, labels: dict[str, str], entry: Registration) -> None:

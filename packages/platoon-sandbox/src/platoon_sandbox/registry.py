@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from platoon_sandbox.contract import Sandbox, SandboxError
+from platoon.sandbox import Sandbox, SandboxError, as_provider_class
 
 __all__ = [
     "LABELS_ENV",
@@ -229,11 +229,8 @@ async def _reap_one(record: Mapping[str, Any]) -> int:
     labels = dict(record.get("labels") or {})
     if not labels:
         raise SandboxError("reaping with an empty label set is refused: it would reap every run's sandboxes")
-    provider = _import_class(str(record["provider"]))(**dict(record.get("options") or {}))
-    reaper = getattr(provider, "reap", None)
-    if reaper is None:
-        return 0
-    return int(await reaper(labels))
+    provider_class = as_provider_class(_import_class(str(record["provider"])))
+    return int(await provider_class(**dict(record.get("options") or {})).reap(labels))
 
 
 async def reap(records: Iterable[Mapping[str, Any]], deadline_s: float) -> int:

@@ -17,8 +17,8 @@ import shutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+from platoon.sandbox import SandboxError, SandboxSpec
 from platoon_sandbox import procs
-from platoon_sandbox.contract import SandboxError, SandboxSpec
 
 __all__ = ["ContainerForwarders", "Forwarder", "find_python", "python_candidates"]
 

@@ -695,6 +695,29 @@ async def _teardown(env: Any, timeout_s: float, label: str) -> None:
 # -- tools -------------------------------------------------------------------------------------------------------
 
 
+def tool_meta(name: str, schema: Any, terminal: Any, *layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tool's meta: the layers merged in order (a later one wins), then the `@terminal` tool's argument and the
+    routing its schema carries."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer or {})
+    if terminal is not None and name == terminal.name:
+        merged[TERMINAL_META_KEY] = {"arg": terminal.arg}
+    if isinstance(schema, Mapping) and ROUTING_KEY in schema:
+        merged[ROUTING_KEY] = schema[ROUTING_KEY]
+    return merged
+
+
+def says_read_only(meta: Mapping[str, Any]) -> bool:
+    """Whether a tool's meta marks it read-only (platoon's key, or an MCP `readOnlyHint`)."""
+    annotations = meta.get("annotations")
+    return bool(
+        meta.get("platoon.dev/read-only")
+        or meta.get("readOnlyHint")
+        or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
+    )
+
+
 class ToolTable:
     """The class's tools with platoon's hints: terminal, read-only, call class, meta."""
 
@@ -758,20 +781,8 @@ class ToolTable:
         self.specs: dict[str, tuple[str, Any, dict[str, Any]]] = {}
         self.read_only: set[str] = set()
         for name, description, schema in specs:
-            merged: dict[str, Any] = {}
-            merged.update(class_meta.get(name) or {})
-            merged.update(meta.get(name) or {})
-            if term is not None and name == term.name:
-                merged[TERMINAL_META_KEY] = {"arg": term.arg}
-            if isinstance(schema, Mapping) and ROUTING_KEY in schema:
-                merged[ROUTING_KEY] = schema[ROUTING_KEY]
-            annotations = merged.get("annotations")
-            says_read_only = bool(
-                merged.get("platoon.dev/read-only")
-                or merged.get("readOnlyHint")
-                or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
-            )
-            if name not in declared_terminal and (name in read_only_names or says_read_only):
+            merged = tool_meta(name, schema, term, class_meta.get(name), meta.get(name))
+            if name not in declared_terminal and (name in read_only_names or says_read_only(merged)):
                 self.read_only.add(name)
             self.specs[name] = (description, strip_titles(schema), merged)
         self.concurrent = concurrent_names - declared_terminal

@@ -50,13 +50,14 @@ from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
 from platoon.envs.ors import bridge, wire
 from platoon.envs.ors.inprocess import (
     ROUTING_KEY,
-    TERMINAL_META_KEY,
     InProcessOrsService,
     ToolTable,
     join_prompt_text,
     load_env_class,
     name_set,
+    says_read_only,
     strip_titles,
+    tool_meta,
 )
 from platoon.envs.ors.lease import OrsLease, OrsSession, as_number, error_result
 from platoon.envs.ors.sessions import OpenSession, delete_sessions, registry
@@ -1271,24 +1272,12 @@ class _Hints:
         table.specs = {}
         table.read_only = set()
         for name, description, schema in specs:
-            merged: dict[str, Any] = (
-                dict(cls_table.specs[name][2]) if cls_table and name in cls_table.specs else {}
-            )
-            merged.update(self.meta.get(name) or {})
-            if terminal is not None and name == terminal.name:
-                merged[TERMINAL_META_KEY] = {"arg": terminal.arg}
-            if isinstance(schema, Mapping) and ROUTING_KEY in schema:
-                merged[ROUTING_KEY] = schema[ROUTING_KEY]
-            if name in self.routing:
+            class_meta = cls_table.specs[name][2] if cls_table and name in cls_table.specs else None
+            merged = tool_meta(name, schema, terminal, class_meta, self.meta.get(name))
+            if name in self.routing:  # `tool_routing_overrides` wins over the server's schema
                 merged[ROUTING_KEY] = self.routing[name]
-            annotations = merged.get("annotations")
-            says_read_only = bool(
-                merged.get("platoon.dev/read-only")
-                or merged.get("readOnlyHint")
-                or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
-            )
             class_read_only = bool(cls_table and name in cls_table.read_only)
-            if name not in declared and (name in self.read_only or class_read_only or says_read_only):
+            if name not in declared and (name in self.read_only or class_read_only or says_read_only(merged)):
                 table.read_only.add(name)
             table.specs[name] = (description, strip_titles(schema), merged)
         concurrent = set(self.concurrent) | (cls_table.concurrent if cls_table else set())

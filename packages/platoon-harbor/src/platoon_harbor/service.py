@@ -911,7 +911,7 @@ class HarborService:
 
     async def open_copy(self, session: HarborSession, child_task: Task) -> HarborSession:
         """A `copy` fork: a snapshot taken under an exclusive turn, restored as a new sandbox."""
-        live = session._live
+        live = session._lease
         if "snapshot" not in self._capabilities():
             raise EnvSetupError(
                 "env_config",

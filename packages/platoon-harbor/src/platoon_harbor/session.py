@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.envs.gate import EnvBusy, Gate, GateClosed
+from platoon.envs.ors.lease import SessionView, SharedLease
 from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
 from platoon.episode.outcomes import infra_from_exception
 from platoon.task import Task
@@ -140,41 +141,24 @@ class OpenedSandbox:
     bundled_tests: bool = False
 
 
-class LiveSandbox:
+class LiveSandbox(SharedLease):
     """One started sandbox with its gate and its reference count."""
 
     def __init__(self, service: HarborService, opened: OpenedSandbox) -> None:
+        super().__init__(
+            Gate(queue_timeout_s=service.options.queue_timeout_s, name=opened.label), opened.label
+        )
         self.service = service
         self.opened = opened
         self.sandbox = opened.sandbox
-        self.gate = Gate(queue_timeout_s=service.options.queue_timeout_s, name=opened.label)
-        self.refs = 1
-        self.closed = False
-        self._closing: asyncio.Task[None] | None = None
         #: separate mode: the artifacts taken from main (kept for regrading) and whether main was released
         self.collected: grading.Collected | None = None
         self.main_released = False
 
-    async def release(self) -> None:
-        self.refs -= 1
-        if self.refs > 0:
-            return
-        if self._closing is None:
-            self.closed = True
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
     async def _close(self) -> None:
-        timeout = self.service.options.close_timeout_s
-        drained = await self.gate.drain(timeout)
-        self.gate.close()
-        if not drained:
-            log.warning(
-                "%s: calls still running after %g s; stopping the sandbox under them",
-                self.opened.label,
-                timeout,
-            )
-            self.gate.cancel_in_flight()
+        await self._drain_gate(
+            self.service.options.close_timeout_s, log, then="stopping the sandbox under them"
+        )
         try:
             await self.sandbox.stop()
         except Exception as exc:  # the registry still lists it, so a reap finds it
@@ -197,54 +181,44 @@ class LiveSandbox:
         return None
 
 
-class HarborSession:
+class HarborSession(SessionView):
     """A view of a live Harbor sandbox: tools through the gate, `run_solution()`, grading, forks, close."""
 
-    #: calls go through this session's own gate; the runtime need not serialise them
-    manages_concurrency = True
-
-    def __init__(self, live: LiveSandbox, task: Task) -> None:
-        self._live = live
-        self._task = task
-        self._closed = False
+    _lease: LiveSandbox
 
     # -- attributes ------------------------------------------------------------------------------------------------
 
     @property
-    def task(self) -> Task:
-        return self._task
-
-    @property
     def harbor_task(self) -> HarborTask:
-        return self._live.opened.task
+        return self._lease.opened.task
 
     @property
     def instruction(self) -> str:
-        return self._task.goal or self._live.opened.task.instruction
+        return self._task.goal or self._lease.opened.task.instruction
 
     @property
     def sandbox(self) -> Any:
-        return self._live.sandbox
+        return self._lease.sandbox
 
     @property
     def workdir(self) -> str:
-        return self._live.opened.workdir
+        return self._lease.opened.workdir
 
     @property
     def mcp_servers(self) -> tuple[Any, ...]:
-        return self._live.opened.task.environment.mcp_servers
+        return self._lease.opened.task.environment.mcp_servers
 
     @property
     def network_isolated(self) -> bool:
-        return self._live.opened.network_isolated
+        return self._lease.opened.network_isolated
 
     @property
     def host_loopback(self) -> bool:
-        return self._live.opened.host_loopback
+        return self._lease.opened.host_loopback
 
     @property
     def agent_timeout_s(self) -> float | None:
-        return self._live.service.agent_timeout_for(self._live.opened.task)
+        return self._lease.service.agent_timeout_for(self._lease.opened.task)
 
     # -- tools -----------------------------------------------------------------------------------------------------
 
@@ -259,7 +233,7 @@ class HarborSession:
             return _error(f"Unknown tool {name!r}; the tools are {', '.join(TOOL_NAMES)}.", "unknown_tool")
         if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
             return _error("Invalid arguments: give a JSON object with string keys.", "invalid_arguments")
-        live = self._live
+        live = self._lease
         if self._closed or live.closed:
             return _error("Not run: the environment session is closed.", "session_closed")
         refused = live.refusal()
@@ -280,7 +254,7 @@ class HarborSession:
             return _error("Not run: the environment session is closed.", "session_closed")
 
     async def _run_tool(self, name: str, args: dict[str, Any]) -> ToolResult:
-        refused = self._live.refusal()  # checked again once admitted: a grading ahead may have released main
+        refused = self._lease.refusal()  # checked again once admitted: a grading ahead may have released main
         if refused is not None:
             return refused
         try:
@@ -305,14 +279,14 @@ class HarborSession:
         return posixpath.normpath(posixpath.join(self.workdir, path))
 
     async def _exec(self, cmd: Any, **kwargs: Any) -> Any:
-        env = self._live.opened.env
+        env = self._lease.opened.env
         return await self.sandbox.exec(cmd, env=env, **kwargs)
 
     async def _bash(self, args: Mapping[str, Any]) -> ToolResult:
         command = args.get("command")
         if not isinstance(command, str):
             return _error("`command` must be a string.", "invalid_arguments")
-        timeout = self._live.service.options.tool_timeout_s
+        timeout = self._lease.service.options.tool_timeout_s
         result = await self._exec(command, timeout_s=timeout, cwd=self.workdir)
         return ToolResult.text(
             format_bash(result.stdout, result.stderr, result.exit_code, result.timed_out, timeout)
@@ -327,7 +301,7 @@ class HarborSession:
                 "view",
                 path,
             ],
-            timeout_s=self._live.service.options.tool_timeout_s,
+            timeout_s=self._lease.service.options.tool_timeout_s,
             cwd="/",
         )
         if result.exit_code != 0:
@@ -349,7 +323,7 @@ class HarborSession:
                 "view",
                 path,
             ],
-            timeout_s=self._live.service.options.tool_timeout_s,
+            timeout_s=self._lease.service.options.tool_timeout_s,
             cwd="/",
         )
         if listing.exit_code == 0:
@@ -386,7 +360,7 @@ class HarborSession:
         result = await self._exec(
             ["bash", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "write", path],
             stdin=content,
-            timeout_s=self._live.service.options.tool_timeout_s,
+            timeout_s=self._lease.service.options.tool_timeout_s,
             cwd="/",
         )
         if result.exit_code != 0:
@@ -430,7 +404,7 @@ class HarborSession:
     async def run_solution(self) -> Any:
         """Upload `solution/` to /solution and run `bash /solution/solve.sh` from the workdir (for
         `platoon-oracle`); returns the `ExecResult`."""
-        live = self._live
+        live = self._lease
         task = live.opened.task
         if live.main_released:
             raise EnvSetupError(
@@ -450,7 +424,7 @@ class HarborSession:
 
     async def grade(self) -> Outcome:
         """Grade by the task's tests; infrastructure failures are untrainable outcomes, never raised."""
-        live = self._live
+        live = self._lease
         try:
             if self._closed or live.closed:
                 return Outcome.infra("session_closed", reason="the session closed before it was graded")
@@ -463,7 +437,7 @@ class HarborSession:
             return infra_from_exception(exc)
 
     async def _grade(self) -> Outcome:
-        live = self._live
+        live = self._lease
         service = live.service
         task = live.opened.task
         extra: dict[str, Any] = {}
@@ -500,7 +474,7 @@ class HarborSession:
         )
 
     async def _grade_separate(self, extra: dict[str, Any]) -> Outcome:
-        live = self._live
+        live = self._lease
         service = live.service
         opened = live.opened
         task = opened.task
@@ -589,17 +563,17 @@ class HarborSession:
 
     async def _start_verifier(self, vspec: Any) -> Any:
         """The verifier's sandbox; with a verifier user, a view whose setup steps run as root."""
-        sandbox = await self._live.service.start_verifier(vspec)
+        sandbox = await self._lease.service.start_verifier(vspec)
         return as_user(sandbox, "0" if vspec.user is not None else None)
 
-    # -- forks and close -------------------------------------------------------------------------------------------
+    # -- forks -----------------------------------------------------------------------------------------------------
 
     async def fork(
         self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None
     ) -> HarborSession:
         """`shared` (the same sandbox), `copy` (a snapshot restored as a new sandbox) or `fresh` (a new session)."""
         mode = ForkMode(mode)
-        live = self._live
+        live = self._lease
         if self._closed or live.closed:
             raise EnvSetupError("env_setup", f"{live.opened.label}: cannot fork a closed session")
         if live.main_released:
@@ -615,13 +589,6 @@ class HarborSession:
             return await live.service.open_copy(self, child_task)
         live.refs += 1
         return HarborSession(live, child_task)
-
-    async def close(self) -> None:
-        """Release this view; the last one drains calls and stops the sandbox."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._live.release()
 
 
 def _error(text: str, reason: str) -> ToolResult:

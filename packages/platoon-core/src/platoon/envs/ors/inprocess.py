@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
 import contextlib
 import contextvars
 import copy
@@ -20,18 +19,18 @@ import functools
 import inspect
 import json
 import logging
-import math
 import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from platoon.config.paths import PathOption
-from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed, OpClass
+from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, Gate, OpClass
 from platoon.envs.ors import bridge
-from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
+from platoon.envs.ors.lease import OrsLease, OrsSession, as_number, error_result
+from platoon.envs.service import EnvSetupError, Outcome, SessionNeeds, ToolResult, ToolSpec
 from platoon.harness.agent import FINAL_ANSWER_META_KEY
 from platoon.task import Task
 
@@ -57,7 +56,6 @@ _REMOTE_ONLY = (
     "tool_routing_overrides",
 )
 _TASK_NAME_KEYS = ("task_name", "id", "task_id", "name")
-TOOL_ERROR_KEY = "openhands.dev/tool-error"
 #: the SDK `@terminal` tool's descriptor: the tool harnesses keep from the model and hand the final reply to
 TERMINAL_META_KEY = FINAL_ANSWER_META_KEY
 ROUTING_KEY = "x-openhands-tool-routing"
@@ -295,12 +293,6 @@ def load_env_class(service: str | type) -> type:
 # -- small helpers -----------------------------------------------------------------------------------------------
 
 
-def as_number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def name_set(value: Any, what: str) -> set[str]:
     if value is None:
         return set()
@@ -342,12 +334,6 @@ def join_prompt_text(blocks: Iterable[dict[str, Any]]) -> str:
         else:
             parts.append(f"[image: {block.get('mimeType') or block.get('type')}]")
     return "\n".join(parts)
-
-
-def error_result(text: str, code: str, **metadata: Any) -> ToolResult:
-    result = ToolResult.text(text, is_error=True)
-    result.metadata = {"error": code, **metadata}
-    return result
 
 
 def resolve_callable(value: Any, what: str) -> Callable[[str], str] | None:
@@ -423,6 +409,33 @@ class InProcessOrsService:
         )
         self.name: str = o["name"] or self.env_class.__name__
         where = f"service {self.name!r}"
+        self._task_options(o, where)
+        if o["result_format"] != "blocks":
+            raise ValueError(
+                f"{where}: result_format {o['result_format']!r} is not served in process; use 'blocks'"
+            )
+        close_timeout = as_number(o["close_timeout_s"])
+        if close_timeout is None or close_timeout <= 0:
+            raise ValueError(
+                f"{where}: close_timeout_s must be a positive number; got {o['close_timeout_s']!r}"
+            )
+        self.close_timeout_s = close_timeout
+        self.log_dir, self.bridge_tools = bridge.bridge_options(o["log_dir"], o["bridge_tools"], where)
+        tool_meta = self._session_options(o, where)
+        self._learned_terminal: set[str] = set()
+        self._splits: list[str] | None = None
+        self._tools = ToolTable(
+            self.env_class,
+            terminal=name_set(o["terminal_tools"], "terminal_tools"),
+            terminal_given=o["terminal_tools"] is not None,
+            read_only=name_set(o["read_only_tools"], "read_only_tools"),
+            concurrent=name_set(o["concurrent_tools"], "concurrent_tools"),
+            meta=tool_meta,
+            where=where,
+        )
+
+    def _task_options(self, o: Mapping[str, Any], where: str) -> None:
+        """The split, its tasks, the tool-call cap and the queue timeout: options remote services check alike."""
         if not isinstance(o["split"], str) or not o["split"]:
             raise ValueError(f"{where}: split must be a split name; got {o['split']!r}")
         self.split: str = o["split"]
@@ -441,17 +454,10 @@ class InProcessOrsService:
         self.max_tool_calls: int = cap
         self.queue_timeout_s: float | None = o["queue_timeout_s"]
         Gate(queue_timeout_s=self.queue_timeout_s)  # checks the value now, where the config wrote it
-        if o["result_format"] != "blocks":
-            raise ValueError(
-                f"{where}: result_format {o['result_format']!r} is not served in process; use 'blocks'"
-            )
-        close_timeout = as_number(o["close_timeout_s"])
-        if close_timeout is None or close_timeout <= 0:
-            raise ValueError(
-                f"{where}: close_timeout_s must be a positive number; got {o['close_timeout_s']!r}"
-            )
-        self.close_timeout_s = close_timeout
-        self.log_dir, self.bridge_tools = bridge.bridge_options(o["log_dir"], o["bridge_tools"], where)
+
+    def _session_options(self, o: Mapping[str, Any], where: str) -> Mapping[str, Mapping[str, Any]]:
+        """The secrets and the prompt filter, checked and kept; the tool meta, checked and returned (remote
+        services check these alike)."""
         secrets = o["secrets"] or {}
         if not isinstance(secrets, Mapping):
             raise ValueError(f"{where}: secrets must be a mapping of names to strings")
@@ -460,17 +466,7 @@ class InProcessOrsService:
         tool_meta = o["tool_meta"] or {}
         if not isinstance(tool_meta, Mapping) or not all(isinstance(v, Mapping) for v in tool_meta.values()):
             raise ValueError(f"{where}: tool_meta must map tool names to mappings")
-        self._learned_terminal: set[str] = set()
-        self._splits: list[str] | None = None
-        self._tools = ToolTable(
-            self.env_class,
-            terminal=name_set(o["terminal_tools"], "terminal_tools"),
-            terminal_given=o["terminal_tools"] is not None,
-            read_only=name_set(o["read_only_tools"], "read_only_tools"),
-            concurrent=name_set(o["concurrent_tools"], "concurrent_tools"),
-            meta=tool_meta,
-            where=where,
-        )
+        return tool_meta
 
     # -- tasks -----------------------------------------------------------------------------------------------
 
@@ -487,6 +483,9 @@ class InProcessOrsService:
         if split not in splits:
             raise ValueError(f"{self.name} has no split {split!r} (splits: {', '.join(splits)})")
         return await self.env_class._list_tasks_cached(split)
+
+    async def _spec(self, split: str, index: int) -> Mapping[str, Any]:
+        return (await self._specs(split))[index]
 
     async def list_tasks(self, split: str) -> list[str]:
         """The task ids of `split`; the default split is narrowed by `task_names` or `task_indices`."""
@@ -516,7 +515,7 @@ class InProcessOrsService:
 
     async def get_task(self, task_id: str) -> Task:
         split, index = await self._locate(task_id)
-        spec = (await self._specs(split))[index]
+        spec = await self._spec(split, index)
         goal = spec.get("goal")
         misc_spec = spec.get("misc")
         misc = dict(misc_spec) if isinstance(misc_spec, Mapping) else {}
@@ -577,7 +576,7 @@ class InProcessOrsService:
         rollout_id: str,
         needs: SessionNeeds | None = None,
         forked_from: str | None = None,
-    ) -> InProcessOrsSession:
+    ) -> OrsSession:
         """Construct the environment for `task`, run `setup`, fetch the prompt (failures: `EnvSetupError`).
 
         `forked_from`: the session a `fresh` fork is taken from (named in the event log)."""
@@ -617,13 +616,30 @@ class InProcessOrsService:
             _SYNC_WORK.reset(token)
         lease = Lease(self, env, spec, Gate(queue_timeout_s=self.queue_timeout_s, name=label), label)
         lease.sync_work = tracker
-        instruction = text or task.goal
+        log.debug("ors session opened: %s (rollout %s)", label, rollout_id)
+        return self._first_view(InProcessOrsSession, lease, task, text, blocks, rollout_id, forked_from)
+
+    def _first_view[View: OrsSession](
+        self,
+        view: type[View],
+        lease: OrsLease,
+        task: Task,
+        prompt: str,
+        blocks: list[dict[str, Any]],
+        rollout_id: str,
+        forked_from: str | None,
+        *,
+        sid: str | None = None,
+        **about: Any,
+    ) -> View:
+        """The first view of a session just opened, its event log started: the prompt is its instruction (else
+        the task's goal), and a task without a goal takes the prompt as one."""
+        instruction = prompt or task.goal
         if task.goal is None and instruction:
             task = dataclasses.replace(task, goal=instruction)
-        log.debug("ors session opened: %s (rollout %s)", label, rollout_id)
         fork = {"fork": "fresh", "parent": forked_from} if forked_from else {}
-        lease.start_bridge(rollout_id, task, instruction, **fork)
-        return InProcessOrsSession(lease, task, instruction, blocks, rollout_id)
+        lease.start_bridge(rollout_id, task, instruction, sid=sid, **about, **fork)
+        return view(lease, task, instruction, blocks, rollout_id)
 
     def _task_position(self, task: Task) -> tuple[str, int]:
         ors = task.misc.get("ors") if isinstance(task.misc, Mapping) else None
@@ -677,6 +693,29 @@ async def _teardown(env: Any, timeout_s: float, label: str) -> None:
 
 
 # -- tools -------------------------------------------------------------------------------------------------------
+
+
+def tool_meta(name: str, schema: Any, terminal: Any, *layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tool's meta: the layers merged in order (a later one wins), then the `@terminal` tool's argument and the
+    routing its schema carries."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer or {})
+    if terminal is not None and name == terminal.name:
+        merged[TERMINAL_META_KEY] = {"arg": terminal.arg}
+    if isinstance(schema, Mapping) and ROUTING_KEY in schema:
+        merged[ROUTING_KEY] = schema[ROUTING_KEY]
+    return merged
+
+
+def says_read_only(meta: Mapping[str, Any]) -> bool:
+    """Whether a tool's meta marks it read-only (platoon's key, or an MCP `readOnlyHint`)."""
+    annotations = meta.get("annotations")
+    return bool(
+        meta.get("platoon.dev/read-only")
+        or meta.get("readOnlyHint")
+        or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
+    )
 
 
 class ToolTable:
@@ -742,20 +781,8 @@ class ToolTable:
         self.specs: dict[str, tuple[str, Any, dict[str, Any]]] = {}
         self.read_only: set[str] = set()
         for name, description, schema in specs:
-            merged: dict[str, Any] = {}
-            merged.update(class_meta.get(name) or {})
-            merged.update(meta.get(name) or {})
-            if term is not None and name == term.name:
-                merged[TERMINAL_META_KEY] = {"arg": term.arg}
-            if isinstance(schema, Mapping) and ROUTING_KEY in schema:
-                merged[ROUTING_KEY] = schema[ROUTING_KEY]
-            annotations = merged.get("annotations")
-            says_read_only = bool(
-                merged.get("platoon.dev/read-only")
-                or merged.get("readOnlyHint")
-                or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
-            )
-            if name not in declared_terminal and (name in read_only_names or says_read_only):
+            merged = tool_meta(name, schema, term, class_meta.get(name), meta.get(name))
+            if name not in declared_terminal and (name in read_only_names or says_read_only(merged)):
                 self.read_only.add(name)
             self.specs[name] = (description, strip_titles(schema), merged)
         self.concurrent = concurrent_names - declared_terminal
@@ -786,8 +813,10 @@ class ToolTable:
 # -- leases and sessions -----------------------------------------------------------------------------------------
 
 
-class Lease:
+class Lease(OrsLease):
     """One live environment instance and its accounting, shared by every session view forked `shared`."""
+
+    service: InProcessOrsService
 
     def __init__(
         self,
@@ -799,140 +828,18 @@ class Lease:
         *,
         parent: Lease | None = None,
     ) -> None:
-        self.service = service
-        self.env = env
+        super().__init__(service, env, gate, label)
         self.spec = spec
-        self.gate = gate
-        self.label = label
         self.parent = parent
         # A fork-hook child shares its parent's gate and backend; only the owner closes them.
         self.owns_backend = parent is None
-        self.refs = 1
-        self.closed = False
-        self.finished = False
-        self.terminal: ToolResult | None = None
-        self.cap_hit = False
-        self.last_reward: float | None = None
-        self.turns = 0
-        self.infra: list[str] = []
-        self.tool_errors: list[str] = []
-        self.tools: list[ToolSpec] | None = None
-        self.ending_in_flight = 0
         self.sync_work: set[asyncio.Future[None]] = set()
-        self._closing: asyncio.Task[None] | None = None
-        #: the event log (`log_dir`) this lease writes under `session_id`, None without one
-        self.bridge: bridge.BridgeLog | None = None
-        self.session_id = ""
 
     @property
     def table(self) -> ToolTable:
         return self.service._tools
 
-    def may_end(self, name: str) -> bool:
-        declared = self.table.declared_terminal
-        return name in declared if declared else True
-
-    def copy_accounting(self, other: Lease) -> None:
-        self.finished, self.terminal, self.cap_hit = other.finished, other.terminal, other.cap_hit
-        self.last_reward, self.turns = other.last_reward, other.turns
-        self.infra, self.tool_errors = list(other.infra), list(other.tool_errors)
-        self.tools = other.tools
-
-    # -- the event log (harness.md 7.6) ------------------------------------------------------------------------
-
-    def start_bridge(
-        self, rollout_id: str, task: Task, instruction: str | None, *, sid: str | None = None, **about: Any
-    ) -> None:
-        """Open the rollout's event log (with `log_dir`) and record the session's start and its task."""
-        self.session_id = sid or bridge.session_id()
-        log_dir = self.service.log_dir
-        if log_dir is None:
-            return
-        try:
-            self.bridge = bridge.open_bridge_log(log_dir, rollout_id)
-        except OSError as exc:  # the log is an aid: an unwritable directory must not fail the episode
-            log.warning("%s: no bridge event log under %s: %s", self.label, log_dir, exc)
-            return
-        self.note(
-            "session_started",
-            {"service": self.service.name, "label": self.label, "task_id": task.id, "rollout_id": rollout_id}
-            | about,
-        )
-        self.note("task_requested", {"via": "open", "task_id": task.id, "prompt": instruction})
-        self.save_state()
-
-    def note(self, kind: str, payload: Mapping[str, Any], turn: int | None = None) -> None:
-        if self.bridge is not None:
-            self.bridge.event(kind, self.session_id, self.turns if turn is None else turn, payload)
-
-    def status(self) -> dict[str, Any]:
-        cap = self.service.max_tool_calls
-        return {
-            "turn": self.turns,
-            "finished": self.finished,
-            "last_reward": self.last_reward,
-            "max_tool_calls": cap,
-            "tool_calls_left": max(cap - self.turns, 0) if cap else None,
-            "cap_hit": self.cap_hit,
-            "closed": self.closed,
-        }
-
-    def save_state(self) -> None:
-        if self.bridge is not None:
-            self.bridge.state(self.session_id, self.status())
-
-    def not_run(self, name: str, result: ToolResult) -> ToolResult:
-        """Log a refused call (`tool_not_run`, or `max_tool_calls_exceeded`) and hand its result back."""
-        if self.bridge is not None:
-            code = result.metadata.get("error")
-            kind = "max_tool_calls_exceeded" if code == "max_tool_calls_exceeded" else "tool_not_run"
-            self.note(kind, {"name": name, "code": code, "text": result.as_text()})
-            self.save_state()
-        return result
-
-    # -- calls -------------------------------------------------------------------------------------------------
-
-    def refusal(self) -> ToolResult | None:
-        """Why a call may not run now (not counted), or None."""
-        if self.closed:
-            return error_result("Not run: the environment session is closed.", "session_closed")
-        if self.finished:
-            return error_result(
-                "Not run: the episode has already finished; no further tool calls are accepted.",
-                "environment_already_finished",
-            )
-        cap = self.service.max_tool_calls
-        if cap and self.turns >= cap:
-            self.finished = True
-            self.cap_hit = True
-            return error_result(
-                f"Not run: the limit of {cap} tool calls is reached; the episode is over.",
-                "max_tool_calls_exceeded",
-            )
-        return None
-
-    async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Run an admitted call (`_execute`), logging it."""
-        # Refusals are checked again once admitted: the call we queued behind may have ended the episode.
-        refused = self.refusal()
-        if refused is not None:
-            return self.not_run(name, refused)
-        turn = self.turns + 1  # `_execute` counts it before its first await
-        self.note("tool_call", {"name": name, "arguments": arguments}, turn)
-        result = await self._execute(name, arguments)
-        if self.bridge is not None:
-            kind = "tool_error" if result.is_error else "tool_result"
-            self.note(kind, bridge.result_payload(name, result), turn)
-            self.save_state()
-        return result
-
-    async def _execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        refused = self.refusal()
-        if refused is not None:
-            return refused
-        self.turns += 1
-        ending = self.may_end(name)
-        self.ending_in_flight += ending
+    async def _run_call(self, name: str, arguments: dict[str, Any], ending: bool) -> ToolResult:
         token = _SYNC_WORK.set(self.sync_work)
         log.debug("%s: tool call %d: %s", self.label, self.turns, name)
         try:
@@ -941,83 +848,23 @@ class Lease:
             return error_result(str(exc) or f"Invalid call to {name!r}.", "invalid_call")
         except Exception as exc:
             what = f"{type(exc).__name__}: {exc}"
-            if ending:
-                # A crashed submit must never score 0: the measurement failed, not the policy. Without a declared
-                # terminal tool any tool may be the submit, so the failure decides, not a declaration.
-                kind = "terminal tool" if name in self.table.declared_terminal else "tool"
-                self.infra.append(f"{kind} {name!r} raised {what}")
-                return error_result(f"Tool {name!r} failed in the environment ({what}).", "env_error")
-            self.tool_errors.append(f"{name}: {what}")
-            return error_result(f"Tool {name!r} raised {what}", "tool_raised")
+            return self.tool_raised(
+                name, what, ending, infra=f"{self.tool_kind(name)} {name!r} raised {what}"
+            )
         finally:
-            self.ending_in_flight -= ending
             _SYNC_WORK.reset(token)
         root = out.root
         if not root.ok:
             return error_result(root.error, root.reason or "invalid_call")
         output = root.output
         metadata = dict(output.metadata or {})
-        result = ToolResult(
-            [_block_dict(b) for b in output.blocks],
-            is_error=bool(metadata.get(TOOL_ERROR_KEY)),
-            finished=bool(output.finished),
-            reward=output.reward,
-            metadata=metadata,
-        )
-        reward = as_number(output.reward)
-        if reward is not None:
-            self.last_reward = reward
-        if result.finished and not self.finished:
-            self.finished = True
-            self.terminal = result
-            if not self.table.declares_terminal:
-                self.service.learn_terminal(name)
-        return result
+        blocks = [_block_dict(b) for b in output.blocks]
+        return self.landed(name, blocks, metadata, output.finished, output.reward)
 
-    async def grade(self, caller: Any) -> Outcome:
-        decided = self._decided()
-        if decided is not None:
-            return decided
+    def _grader(self) -> Callable[[], Awaitable[Outcome]] | None:
+        # Only an environment in process can define `platoon_grade()`.
         hook = getattr(self.env, "platoon_grade", None)
-        if hook is not None:
-            try:
-                return await self.gate.run(
-                    lambda: self._run_hook(hook), "exclusive", caller=caller, what="grade"
-                )
-            except EnvBusy as exc:
-                return Outcome.infra("env_busy", reason=str(exc))
-            except GateClosed:
-                return Outcome.infra("env_error", reason="the session closed before it was graded")
-        # Without a hook, let calls in flight land first: one of them may be the submit.
-        await self.gate.drain(self.service.queue_timeout_s)
-        decided = self._decided()
-        if decided is not None:
-            return decided
-        if self.ending_in_flight:
-            return Outcome.infra("env_busy", reason="a call that may end the episode is still running")
-        return self._fallback()
-
-    def _decided(self) -> Outcome | None:
-        if self.terminal is not None:
-            result = self.terminal
-            if result.metadata.get("invalid"):
-                return Outcome.infra(
-                    "env_invalid", status="invalid", reason="the environment marked the grade invalid"
-                )
-            reward = as_number(result.reward)
-            if reward is None:
-                return Outcome.infra(
-                    "no_reward", status="invalid", reason="the finishing result has no numeric reward"
-                )
-            return Outcome("scored", {"reward": reward})
-        cap = self.service.max_tool_calls
-        if self.cap_hit or (cap and self.turns >= cap):
-            if self.last_reward is None:
-                return Outcome(
-                    "scored", {"reward": 0.0}, reason="max_tool_calls", metadata={"platoon_zero": True}
-                )
-            return Outcome("scored", {"reward": self.last_reward}, reason="max_tool_calls")
-        return None
+        return None if hook is None else functools.partial(self._run_hook, hook)
 
     async def _run_hook(self, hook: Callable[[], Any]) -> Outcome:
         decided = self._decided()  # a submit may have landed while the grade waited for its turn
@@ -1032,42 +879,11 @@ class Lease:
             _SYNC_WORK.reset(token)
         return _outcome_of(value)
 
-    def _fallback(self) -> Outcome:
-        if self.infra:
-            return Outcome.infra("env_error", reason=_counted(self.infra))
-        metadata: dict[str, Any] = {"platoon_zero": True}
-        if self.tool_errors:
-            metadata["tool_errors"] = list(self.tool_errors)
-        return Outcome("scored", {"reward": 0.0}, reason="no_submit", metadata=metadata)
-
-    async def release(self) -> None:
-        self.refs -= 1
-        if self.refs > 0:
-            return
-        if self._closing is None:
-            self.closed = True
-            # A task, shielded: cancelling the caller must not cut the drain and teardown short.
-            self._closing = asyncio.ensure_future(self._close_logged())
-        await asyncio.shield(self._closing)
-
-    async def _close_logged(self) -> None:
-        self.note("session_closing", {"tool_errors": len(self.tool_errors), "infra": list(self.infra)})
-        try:
-            await self._close()
-        finally:
-            if self.bridge is not None:
-                self.save_state()
-                self.bridge.release()
-                self.bridge = None
-
-    async def _close(self) -> None:
+    async def _end_session(self) -> None:
         timeout = self.service.close_timeout_s
-        drained = await self.gate.drain(timeout)
+        # A fork-hook child drains the gate it shares but leaves closing it to its parent.
+        await self._drain_gate(timeout, log, then="cancelling them", close_gate=self.owns_backend)
         if self.owns_backend:
-            self.gate.close()
-            if not drained:
-                log.warning("%s: calls still running after %g s; cancelling them", self.label, timeout)
-                self.gate.cancel_in_flight()
             running: set[asyncio.Future[None]] = set()
             if self.sync_work:
                 # Sync environment code cannot be interrupted: teardown must not run beside it, and a call that
@@ -1085,12 +901,6 @@ class Lease:
         log.debug("%s: closed after %d tool call(s)", self.label, self.turns)
         if self.parent is not None:
             await self.parent.release()
-
-
-def _counted(failures: list[str]) -> str:
-    """The distinct failures in order, a repeated one once with its count (an agent may retry a crashing tool)."""
-    counts = collections.Counter(failures)  # first-seen order
-    return "; ".join(f"{text} ({n} times)" if n > 1 else text for text, n in counts.items())
 
 
 def _outcome_of(value: Any) -> Outcome:
@@ -1133,53 +943,10 @@ def _deepcopy_env(env: Any) -> Any:
     return copy.deepcopy(env, memo)
 
 
-class InProcessOrsSession:
+class InProcessOrsSession(OrsSession):
     """A view of a live in-process environment: tools, calls through the gate, grading, forks."""
 
-    sandbox = None
-    #: calls go through this session's own gate; the runtime need not serialise them
-    manages_concurrency = True
-
-    def __init__(
-        self,
-        lease: Lease,
-        task: Task,
-        instruction: str | None,
-        prompt_blocks: list[dict[str, Any]],
-        rollout_id: str,
-    ) -> None:
-        self._lease = lease
-        self._task = task
-        self._instruction = instruction
-        #: the prompt's content blocks (text and images), for multimodal harnesses
-        self.prompt_blocks = prompt_blocks
-        self._rollout_id = rollout_id
-        self._closed = False
-
-    @property
-    def task(self) -> Task:
-        return self._task
-
-    @property
-    def instruction(self) -> str | None:
-        return self._instruction
-
-    @property
-    def env(self) -> Any:
-        """The live `Environment` instance (for tests and debugging; calls should go through `call_tool`)."""
-        return self._lease.env
-
-    @property
-    def finished(self) -> bool:
-        return self._lease.finished
-
-    async def tools(self) -> list[ToolSpec]:
-        """Every tool, the SDK's `@terminal` one included (harnesses keep that one from the model, not here), and
-        the read-only bridge tools with `bridge_tools: true`."""
-        listed = await self._env_tools()
-        if not self._lease.service.bridge_tools:
-            return listed
-        return listed + bridge.bridge_tool_specs([t.name for t in listed])
+    _lease: Lease
 
     async def _env_tools(self) -> list[ToolSpec]:
         lease = self._lease
@@ -1193,104 +960,27 @@ class InProcessOrsSession:
             lease.tools = await lease.gate.run(listing, "exclusive", caller=self, what="tool listing")
         return list(lease.tools)
 
-    async def call_tool(
-        self, name: str, arguments: Mapping[str, Any], *, on_behalf_of: str | None = None
-    ) -> ToolResult:
-        """Run a tool; refusals, bad calls and tool failures come back as error results."""
+    async def _fork_fresh(self, task: Task) -> OrsSession:
         lease = self._lease
-        if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
-            return lease.not_run(
-                name,
-                error_result(
-                    f"Invalid arguments: give a JSON object with string keys; got {type(arguments).__name__}.",
-                    "invalid_arguments",
-                ),
-            )
-        if self._closed:
-            return lease.not_run(
-                name, error_result("Not run: this session view is closed.", "session_closed")
-            )
-        if name in bridge.BRIDGE_TOOLS and lease.service.bridge_tools:
-            listed = await self._env_tools()
-            if name not in {t.name for t in listed}:  # the environment's own tool of that name wins
-                return self._bridge_tool(name, listed)
-        refused = lease.refusal()
-        if refused is not None:
-            return lease.not_run(name, refused)
-        args = dict(arguments)
-        try:
-            return await lease.gate.run(
-                lambda: lease.execute(name, args),
-                lease.table.op_class(name),
-                caller=on_behalf_of if on_behalf_of is not None else self,
-                what=f"tool call {name!r}",
-            )
-        except EnvBusy as exc:
-            log.info("%s: %s", lease.label, exc)
-            return lease.not_run(
-                name,
-                error_result(f"Not run: env busy ({exc}). This call does not count; try again.", "env_busy"),
-            )
-        except GateClosed:
-            return lease.not_run(
-                name, error_result("Not run: the environment session is closed.", "session_closed")
-            )
+        return await lease.service.open(task, rollout_id=self._rollout_id, forked_from=lease.session_id)
 
-    def _bridge_tool(self, name: str, listed: list[ToolSpec]) -> ToolResult:
-        """`get_task` / `get_status`: answered from platoon's state, never the environment's; not counted."""
+    async def _fork_shared(self, task: Task | None) -> OrsSession:
         lease = self._lease
-        if name == "get_status":
-            return bridge.answer({"session": lease.session_id, **lease.status()})
-        lease.note("task_requested", {"via": "get_task", "task_id": self._task.id})
-        tools = listed + bridge.bridge_tool_specs([t.name for t in listed])
-        return bridge.answer(
-            {
-                "task_id": self._task.id,
-                "prompt": self._instruction,
-                "tools": [t.as_openai_tool() for t in tools],
-                "completion_policy": bridge.completion_policy(listed),
-            }
-        )
-
-    async def grade(self) -> Outcome:
-        """The outcome, failing closed; never raises."""
-        try:
-            return await self._lease.grade(self)
-        except Exception as exc:  # grading must report, never raise
-            return Outcome.infra("env_error", reason=f"grading raised {type(exc).__name__}: {exc}")
-
-    async def fork(
-        self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None
-    ) -> InProcessOrsSession:
-        """A session for a child: `shared` (same live state), `copy` (a snapshot) or `fresh` (a new session)."""
-        mode = ForkMode(mode)
-        lease = self._lease
-        if lease.closed or self._closed:
-            raise EnvSetupError("env_setup", f"{lease.label}: cannot fork a closed session")
-        if mode is ForkMode.FRESH:
-            return await lease.service.open(
-                task or self._task, rollout_id=self._rollout_id, forked_from=lease.session_id
-            )
-        if mode is ForkMode.COPY:
-            return await self._copy(task)
         hook = getattr(lease.env, "platoon_fork", None)
-        if task is not None and hook is not None:
-            child_spec = {**lease.spec, "goal": task.goal}
-            child_env = await lease.gate.run(
-                lambda: _call(hook, child_spec), "exclusive", caller=self, what="fork"
-            )
-            child = Lease(lease.service, child_env, child_spec, lease.gate, lease.label, parent=lease)
-            lease.refs += 1  # the child keeps its parent alive until it closes
-            child.start_bridge(
-                self._rollout_id, task, task.goal, fork="shared (platoon_fork)", parent=lease.session_id
-            )
-            return InProcessOrsSession(child, task, task.goal, self.prompt_blocks, self._rollout_id)
-        lease.refs += 1
-        return InProcessOrsSession(
-            lease, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
+        if task is None or hook is None:
+            return await super()._fork_shared(task)
+        child_spec = {**lease.spec, "goal": task.goal}
+        child_env = await lease.gate.run(
+            lambda: _call(hook, child_spec), "exclusive", caller=self, what="fork"
         )
+        child = Lease(lease.service, child_env, child_spec, lease.gate, lease.label, parent=lease)
+        lease.refs += 1  # the child keeps its parent alive until it closes
+        child.start_bridge(
+            self._rollout_id, task, task.goal, fork="shared (platoon_fork)", parent=lease.session_id
+        )
+        return InProcessOrsSession(child, task, task.goal, self.prompt_blocks, self._rollout_id)
 
-    async def _copy(self, task: Task | None) -> InProcessOrsSession:
+    async def _copy(self, task: Task | None) -> OrsSession:
         lease = self._lease
         env_class = type(lease.env)
         snapshot = getattr(lease.env, "platoon_copy", None)
@@ -1315,10 +1005,3 @@ class InProcessOrsSession:
         return InProcessOrsSession(
             copied, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
         )
-
-    async def close(self) -> None:
-        """Release this view; the last one drains calls, closes the gate and tears the environment down."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._lease.release()

@@ -2,8 +2,8 @@
 environment servers (the openreward SDK's `Server`), reached through the SDK's async client and, for a session's
 own requests, platoon's keep-alive connections (`platoon.envs.ors.wire`).
 
-Tasks, tool hints, the gate, grading and forks are the in-process service's (`platoon.envs.ors.inprocess`); what
-differs is where the environment lives:
+Tasks and tool hints are the in-process service's (`platoon.envs.ors.inprocess`), and the session's accounting,
+gate, grading and forks the base both share (`platoon.envs.ors.lease`); what differs is where the environment lives:
 
 - The pool: the URI's hosts or `urls`, else `OPENREWARD_SESSION_URLS_<LABEL>` (or `session_urls_env_var`), the
   legacy `OPENREWARD_SESSION_URLS` (when `legacy_global_pool`), `OPENREWARD_SESSION_URL`, `http://localhost:8080`;
@@ -50,23 +50,18 @@ from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, EnvBusy, Gate, GateClosed
 from platoon.envs.ors import bridge, wire
 from platoon.envs.ors.inprocess import (
     ROUTING_KEY,
-    TERMINAL_META_KEY,
-    TOOL_ERROR_KEY,
     InProcessOrsService,
-    InProcessOrsSession,
-    Lease,
     ToolTable,
-    as_number,
-    error_result,
     join_prompt_text,
     load_env_class,
     name_set,
-    resolve_callable,
-    spec_task_name,
+    says_read_only,
     strip_titles,
+    tool_meta,
 )
+from platoon.envs.ors.lease import OrsLease, OrsSession, as_number, error_result
 from platoon.envs.ors.sessions import OpenSession, delete_sessions, registry
-from platoon.envs.service import EnvSetupError, ForkMode, SessionNeeds, ToolResult, ToolSpec
+from platoon.envs.service import EnvSetupError, SessionNeeds, ToolResult, ToolSpec
 from platoon.task import Task
 
 __all__ = ["OrsUri", "Pool", "RemoteOrsService", "RemoteOrsSession", "describe", "parse_uri", "resolve_pool"]
@@ -738,24 +733,7 @@ class RemoteOrsService(InProcessOrsService):
         self.api_key: str = o["api_key"] or os.environ.get("OPENREWARD_API_KEY") or "local"
         self.api_url: str | None = o["api_url"] or os.environ.get("OPENREWARD_API_URL")
         # The checks the in-process service makes of the options both understand.
-        if not isinstance(o["split"], str) or not o["split"]:
-            raise ValueError(f"{where}: split must be a split name; got {o['split']!r}")
-        self.split = o["split"]
-        if o["task_names"] is not None and o["task_indices"] is not None:
-            raise ValueError(f"{where}: give task_names or task_indices, not both")
-        self.task_names = None if o["task_names"] is None else [str(n) for n in o["task_names"]]
-        indices = o["task_indices"]
-        if indices is not None and any(isinstance(i, bool) or not isinstance(i, int) for i in indices):
-            raise ValueError(f"{where}: task_indices must be integers; got {indices!r}")
-        self.task_indices = None if indices is None else list(indices)
-        cap = o["max_tool_calls"]
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(
-                f"{where}: max_tool_calls must be a non-negative integer (0 = no cap); got {cap!r}"
-            )
-        self.max_tool_calls = cap
-        self.queue_timeout_s = o["queue_timeout_s"]
-        Gate(queue_timeout_s=self.queue_timeout_s)  # checks the value now, where the config wrote it
+        self._task_options(o, where)
         if o["result_format"] not in ("blocks", "bridge_json"):
             raise ValueError(
                 f"{where}: result_format must be 'blocks' or 'bridge_json'; got {o['result_format']!r}"
@@ -765,14 +743,7 @@ class RemoteOrsService(InProcessOrsService):
         self.close_timeout_s = _positive(o["close_timeout_s"], f"{where}: close_timeout_s") or 30.0
         self.connect_timeout_s = _positive(o["connect_timeout_s"], f"{where}: connect_timeout_s") or 10.0
         self.call_timeout_s = _positive(o["call_timeout_s"], f"{where}: call_timeout_s", none_ok=True)
-        secrets = o["secrets"] or {}
-        if not isinstance(secrets, Mapping):
-            raise ValueError(f"{where}: secrets must be a mapping of names to strings")
-        self._secrets = {str(k): str(v) for k, v in secrets.items()}
-        self.prompt_filter = resolve_callable(o["prompt_filter"], f"{where}: prompt_filter")
-        tool_meta = o["tool_meta"] or {}
-        if not isinstance(tool_meta, Mapping) or not all(isinstance(v, Mapping) for v in tool_meta.values()):
-            raise ValueError(f"{where}: tool_meta must map tool names to mappings")
+        tool_meta = self._session_options(o, where)
         routing = o["tool_routing_overrides"] or {}
         if not isinstance(routing, Mapping):
             raise ValueError(f"{where}: tool_routing_overrides must map tool names to routing")
@@ -1043,15 +1014,6 @@ class RemoteOrsService(InProcessOrsService):
             return split, index
         return await super()._locate(task_id)  # a task name or a reference: the listing decides
 
-    async def get_task(self, task_id: str) -> Task:
-        split, index = await self._locate(task_id)
-        spec = await self._spec(split, index)
-        goal = spec.get("goal")
-        misc_spec = spec.get("misc")
-        misc = dict(misc_spec) if isinstance(misc_spec, Mapping) else {}
-        misc["ors"] = {"split": split, "index": index, "name": spec_task_name(spec, index)}
-        return Task(goal=goal if isinstance(goal, str) else None, id=f"{split}:{index}", misc=misc)
-
     def _reference_names(self) -> set[str]:
         names = {self.name.lower(), self.environment.lower(), self.label.lower()}
         if self.variant:
@@ -1140,13 +1102,18 @@ class RemoteOrsService(InProcessOrsService):
             raise EnvSetupError(
                 "env_setup", f"{label}: getting the prompt on {url} failed: {_why(exc)}"
             ) from exc
-        instruction = text or task.goal
-        if task.goal is None and instruction:
-            task = dataclasses.replace(task, goal=instruction)
         log.debug("ors session opened: %s on %s (rollout %s)", label, url, rollout_id)
-        fork = {"fork": "fresh", "parent": forked_from} if forked_from else {}
-        lease.start_bridge(rollout_id, task, instruction, sid=str(sdk_session.sid), server=url, **fork)
-        return RemoteOrsSession(lease, task, instruction, blocks, rollout_id)
+        return self._first_view(
+            RemoteOrsSession,
+            lease,
+            task,
+            text,
+            blocks,
+            rollout_id,
+            forked_from,
+            sid=str(sdk_session.sid),
+            server=url,
+        )
 
     def table_for(self, server: str, listing: Sequence[Any], terminal: Any) -> ToolTable:
         """The tool table of a session's listing (kept per server; listings of one server rarely differ)."""
@@ -1305,24 +1272,12 @@ class _Hints:
         table.specs = {}
         table.read_only = set()
         for name, description, schema in specs:
-            merged: dict[str, Any] = (
-                dict(cls_table.specs[name][2]) if cls_table and name in cls_table.specs else {}
-            )
-            merged.update(self.meta.get(name) or {})
-            if terminal is not None and name == terminal.name:
-                merged[TERMINAL_META_KEY] = {"arg": terminal.arg}
-            if isinstance(schema, Mapping) and ROUTING_KEY in schema:
-                merged[ROUTING_KEY] = schema[ROUTING_KEY]
-            if name in self.routing:
+            class_meta = cls_table.specs[name][2] if cls_table and name in cls_table.specs else None
+            merged = tool_meta(name, schema, terminal, class_meta, self.meta.get(name))
+            if name in self.routing:  # `tool_routing_overrides` wins over the server's schema
                 merged[ROUTING_KEY] = self.routing[name]
-            annotations = merged.get("annotations")
-            says_read_only = bool(
-                merged.get("platoon.dev/read-only")
-                or merged.get("readOnlyHint")
-                or (isinstance(annotations, Mapping) and annotations.get("readOnlyHint"))
-            )
             class_read_only = bool(cls_table and name in cls_table.read_only)
-            if name not in declared and (name in self.read_only or class_read_only or says_read_only):
+            if name not in declared and (name in self.read_only or class_read_only or says_read_only(merged)):
                 table.read_only.add(name)
             table.specs[name] = (description, strip_titles(schema), merged)
         concurrent = set(self.concurrent) | (cls_table.concurrent if cls_table else set())
@@ -1333,7 +1288,7 @@ class _Hints:
 # -- leases and sessions -------------------------------------------------------------------------------------------
 
 
-class _RemoteLease(Lease):
+class _RemoteLease(OrsLease):
     """One session on a server and its accounting, shared by every view forked `shared`."""
 
     service: RemoteOrsService
@@ -1341,7 +1296,7 @@ class _RemoteLease(Lease):
     def __init__(
         self, service: RemoteOrsService, sdk_session: Any, gate: Gate, label: str, server: str
     ) -> None:
-        super().__init__(service, sdk_session, {}, gate, f"{label} on {server}")
+        super().__init__(service, sdk_session, gate, f"{label} on {server}")
         self.server = server
         self._table: ToolTable | None = None
         #: why the session cannot take calls any more (the server died, the call timed out, a tool raised)
@@ -1364,16 +1319,10 @@ class _RemoteLease(Lease):
             return error_result(f"Not run: the environment session is over ({self.dead}).", "session_dead")
         return super().refusal()
 
-    async def _execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def _run_call(self, name: str, arguments: dict[str, Any], ending: bool) -> ToolResult:
         from openreward.api.errors import ToolCallError, ToolFailed
 
-        refused = self.refusal()
-        if refused is not None:
-            return refused
-        self.turns += 1
-        ending = self.may_end(name)
-        kind = "terminal tool" if name in self.table.declared_terminal else "tool"
-        self.ending_in_flight += ending
+        kind = self.tool_kind(name)
         timeout = self.service.call_timeout_s
         log.debug("%s: tool call %d: %s", self.label, self.turns, name)
         try:
@@ -1383,11 +1332,7 @@ class _RemoteLease(Lease):
         except ToolFailed as exc:
             what = _text(exc.message) or "the tool raised"
             self.dead = f"tool {name!r} raised on the server"
-            if ending:  # a crashed submit must never score 0
-                self.infra.append(f"{kind} {name!r} raised on the server: {what}")
-                return error_result(f"Tool {name!r} failed in the environment ({what}).", "env_error")
-            self.tool_errors.append(f"{name}: {what}")
-            return error_result(f"Tool {name!r} raised {what}", "tool_raised")
+            return self.tool_raised(name, what, ending, infra=f"{kind} {name!r} raised on the server: {what}")
         except TimeoutError:
             self.dead = f"tool {name!r} did not answer within {timeout:g} s"
             self.infra.append(f"{kind} {name!r} did not answer within {timeout:g} s")
@@ -1400,39 +1345,19 @@ class _RemoteLease(Lease):
             return error_result(
                 f"Tool {name!r} was not answered: the environment server failed ({what}).", "env_error"
             )
-        finally:
-            self.ending_in_flight -= ending
         metadata = dict(output.get("metadata") or {})
         blocks = [_wire_block(b) for b in output.get("blocks") or []]
-        result = ToolResult(
-            blocks,
-            is_error=bool(metadata.get(TOOL_ERROR_KEY)),
-            finished=bool(output.get("finished")),
-            reward=output.get("reward"),
-            metadata=metadata,
-        )
-        reward = as_number(result.reward)
-        if reward is not None:
-            self.last_reward = reward
-        if result.finished and not self.finished:
-            self.finished = True
-            self.terminal = result
-            if not self.table.declares_terminal:
-                self.service.learn_terminal(name)
+        result = self.landed(name, blocks, metadata, output.get("finished"), output.get("reward"))
         if self.service.result_format == "bridge_json":
             return _bridged(result)
         return result
 
-    async def _close(self) -> None:
+    async def _end_session(self) -> None:
         if self.listing_ahead is not None:  # closed before anything listed the tools
             self.listing_ahead.cancel()  # (also a listing that failed: its error is not reported as unread)
             self.listing_ahead = None
         timeout = self.service.close_timeout_s
-        drained = await self.gate.drain(timeout)
-        self.gate.close()
-        if not drained:
-            log.warning("%s: calls still running after %g s; cancelling them", self.label, timeout)
-            self.gate.cancel_in_flight()
+        await self._drain_gate(timeout, log, then="cancelling them")
         session = self.env
         record = OpenSession(self.server, session.sid, self.service.api_key, session.deployment or "")
         if self.unreachable:
@@ -1465,7 +1390,7 @@ def _bridged(result: ToolResult) -> ToolResult:
     return bridged
 
 
-class RemoteOrsSession(InProcessOrsSession):
+class RemoteOrsSession(OrsSession):
     """A view of a session on an ORS server: tools, calls through the gate, grading, forks (`shared`, `fresh`)."""
 
     _lease: _RemoteLease
@@ -1519,26 +1444,15 @@ class RemoteOrsSession(InProcessOrsSession):
             )
         return await super().call_tool(name, arguments, on_behalf_of=on_behalf_of)
 
-    async def fork(
-        self, mode: ForkMode | str = ForkMode.SHARED, *, task: Task | None = None
-    ) -> InProcessOrsSession:
-        mode = ForkMode(mode)
-        lease = self._lease
-        if lease.closed or self._closed:
-            raise EnvSetupError("env_setup", f"{lease.label}: cannot fork a closed session")
-        if mode is ForkMode.COPY:
-            raise EnvSetupError(
-                "env_config",
-                f"{lease.label}: a copy fork needs the environment in process; fork shared or fresh",
-            )
-        if mode is ForkMode.FRESH:
-            return await lease.service.open(
-                task or self._task,
-                rollout_id=self._rollout_id,
-                server=lease.server,
-                forked_from=lease.session_id,
-            )
-        lease.refs += 1
-        return RemoteOrsSession(
-            lease, task or self._task, self._instruction, self.prompt_blocks, self._rollout_id
+    async def _fork_fresh(self, task: Task) -> OrsSession:
+        lease = self._lease  # a fresh session opens on its parent's server
+        return await lease.service.open(
+            task, rollout_id=self._rollout_id, server=lease.server, forked_from=lease.session_id
+        )
+
+    async def _copy(self, task: Task | None) -> OrsSession:
+        # The environment's state lives on the server, where platoon cannot snapshot it.
+        raise EnvSetupError(
+            "env_config",
+            f"{self._lease.label}: a copy fork needs the environment in process; fork shared or fresh",
         )

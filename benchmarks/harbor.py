@@ -15,7 +15,7 @@ Two configurations, each prepared once, then prepared again `--repeats` times:
 
 Each second prepare runs as the user runs it, `python -m platoon prepare CONFIG` in a fresh process (interpreter
 start and imports included), timed from spawn to exit; p50 and max are printed with the `in-process` time of
-`platoon.prepare.run_prepare` alone. "No image rebuilt" is checked, not assumed: the image map's bytes, its
+`platoon.startup.prepare.run_prepare` alone. "No image rebuilt" is checked, not assumed: the image map's bytes, its
 entries' image ids and the build logs' modification times are the same before and after every second prepare,
 and the step line says `current`. The site (cache, profile) is a temporary directory; the images built are removed.
 
@@ -60,7 +60,7 @@ def prepare_once(config: Path, env: dict[str, str]) -> tuple[float, str, str, in
 
 def in_process(config: Path, env: dict[str, str]) -> float:
     """`run_prepare` alone, in this process (imports already warm after the first call)."""
-    from platoon.prepare import run_prepare
+    from platoon.startup.prepare import run_prepare
 
     saved = dict(os.environ)
     os.environ.update(env)

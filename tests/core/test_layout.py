@@ -130,6 +130,34 @@ def test_the_gateway_imports_nothing_above_it_at_run_time():
     assert _violations(["gateway"], forbidden, run_time_only=True) == []
 
 
+#: the rooms below the start-up room (docs/architecture.md's floors)
+BELOW_STARTUP = [
+    "rollouts",
+    "episode",
+    "gateway",
+    "renderers",
+    "config",
+    "envs",
+    "harness",
+    "programs",
+    "local_server",
+]
+
+
+def test_nothing_below_the_start_up_room_calls_up_into_it():
+    assert _violations(BELOW_STARTUP, ["startup"]) == []
+
+
+def test_the_start_up_room_calls_only_down():
+    assert _violations(["startup"], ["train", "eval", "cli", "viz", "testing"]) == []
+
+
+def test_config_imports_nothing_above_itself():
+    # Loading and validating a config needs no check a run makes before it starts: those are the start-up room's.
+    above = [room for room in BELOW_STARTUP if room != "config"] + ["startup", "train", "eval", "cli", "viz"]
+    assert _violations(["config"], above) == []
+
+
 def test_the_local_server_imports_neither_training_nor_evaluation():
     assert _violations(["local_server"], ["train", "eval", "testing", "rollouts", "gateway", "episode"]) == []
 

@@ -213,7 +213,7 @@ def test_a_run_whose_service_is_not_prepared_stops_before_anything_naming_prepar
     assert err.endswith("platoon: not ready: 1 step(s) failed (environments[0] disk)\n")
     # once prepared, the check passes
     from platoon.config import load_config
-    from platoon.prepare import check_prepared
+    from platoon.startup.prepare import check_prepared
 
     seams["made"] = True
     check_prepared(load_config("train.yaml"), "train.yaml")

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from platoon.config.checks import component_problems
 from platoon.config.environments import EnvironmentConfig
 from platoon.sandbox_runs import (
     LABELS_ENV,
@@ -26,6 +25,7 @@ from platoon.sandbox_runs import (
     run_providers,
     set_run_label,
 )
+from platoon.startup.checks import component_problems
 
 
 def test_the_run_label_is_the_absolute_run_dir_carried_in_the_environment(

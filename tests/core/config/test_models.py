@@ -17,10 +17,10 @@ from platoon.config.training import (
     TrainConfig,
     WatchdogConfig,
     WorkflowConfig,
-    training_problems,
 )
 from platoon.config_defs import InferenceParams, RolloutConfig, kept_defaults, lay_over
 from platoon.deprecations import DeprecatedKey
+from platoon.startup.training import training_problems
 
 
 def config(**sections: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ validation), so what they print is what a run will use.
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +14,9 @@ import typer
 
 from platoon.cli.output import err, new_app, out
 from platoon.errors import EX_CONFIG, EX_USAGE, ConfigError
+
+# platoon-harnesses' `platoon toolchain` commands import it from here
+from platoon.startup.preamble import deprecation_lines as deprecation_lines
 
 app = new_app("Show and validate configs as a run resolves them.")
 
@@ -41,24 +43,6 @@ SchemaOption = Annotated[
 def _check_kind(kind: str) -> None:
     if kind not in KIND_CHOICES:
         raise typer.BadParameter(f"{kind!r} is not one of {', '.join(KIND_CHOICES)}", param_hint="--kind")
-
-
-def deprecation_lines(loaded: Any) -> list[str]:
-    """The loaded config's deprecation messages, passed through Python's warning filters first.
-
-    An `error` filter raises PlatoonDeprecationWarning (the command line exits 78); an `ignore` filter drops it.
-    Each message is returned once; the command prints them.
-    """
-    from platoon.deprecations import PlatoonDeprecationWarning
-
-    with warnings.catch_warnings(record=True) as caught:
-        for record in loaded.deprecations:
-            warnings.warn(record.message, PlatoonDeprecationWarning, stacklevel=2)
-    seen: dict[str, None] = {}
-    for warning in caught:
-        if issubclass(warning.category, PlatoonDeprecationWarning):
-            seen.setdefault(str(warning.message))
-    return list(seen)
 
 
 def _to_yaml(data: Any) -> str:
@@ -182,8 +166,9 @@ def _validate_one(
 ) -> bool:
     """Print one file's verdict; returns whether it failed."""
     from platoon.config import load_config
-    from platoon.config.checks import component_problems, output_problems, run_problems
     from platoon.sandbox_runs import site_provider_problem
+    from platoon.startup.checks import component_problems, output_problems, run_problems
+    from platoon.startup.prepare import not_prepared_lines
 
     try:
         loaded = load_config(path, overrides, kind=kind, schema=schema)
@@ -220,7 +205,7 @@ def _validate_one(
     if resolve and (unavailable := site_provider_problem(loaded.site)) is not None:
         problems.insert(0, unavailable)  # the profile's provider is refused before anything the run would do
     if resolve and loaded.config is not None and getattr(loaded.config, "stage", None) != "report":
-        problems += _not_prepared_lines(loaded, path, overrides)
+        problems += not_prepared_lines(loaded, path, overrides)
     if tasks and not training:
         task_lines = ["tasks: only a training config's tasks are listed"]
     elif tasks and not resolve and not problems:
@@ -234,16 +219,6 @@ def _validate_one(
     for line in [*problems, *deprecations, *task_lines]:
         out(f"  {line}")
     return failed
-
-
-def _not_prepared_lines(loaded: Any, path: str, overrides: list[str]) -> list[str]:
-    """The run-start check of train, eval and rollout (`platoon.prepare.check_prepared`): what a service needs
-    prepared on this site and is not (a dataset not fetched, images not built), and the command that prepares it."""
-    from platoon.prepare import prepare_command, service_problems
-
-    entries = list(getattr(loaded.config, "environments", None) or [])
-    lines = service_problems(loaded, entries, config=path)
-    return [*lines, f"prepare it with: {prepare_command(path, overrides)}"] if lines else []
 
 
 @app.command()

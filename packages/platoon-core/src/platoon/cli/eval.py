@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from platoon.cli.output import dump_json, err, out
-from platoon.errors import EX_CONFIG, ConfigError
+from platoon.errors import EX_CONFIG
 
 ConfigArg = Annotated[
     str, typer.Argument(metavar="CONFIG", help="The evaluation config file.", show_default=False)
@@ -33,39 +33,35 @@ def eval_(
     import contextlib
     import sys
 
-    from platoon.cli.config import deprecation_lines
-    from platoon.cli.prepare import prepare_first
     from platoon.config import load_config
-    from platoon.config.site import describe_site
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.evaluator import evaluate, report_only
-    from platoon.prepare import check_prepared
-    from platoon.sandbox_runs import site_provider_problem
+    from platoon.eval.policy import PolicySpec, check_policy_key
+    from platoon.startup.preamble import deprecation_lines, start_run
 
     loaded = load_config(config, overrides or [], kind="eval")
-    for line in deprecation_lines(loaded):
-        err(line)
     resolved = loaded.config
     if not isinstance(resolved, PlatoonEvalConfig):
         err(f"{config}: not an evaluation config (its schema is {loaded.schema_name})")
         return EX_CONFIG
     if resolved.stage == "report":
+        for line in deprecation_lines(loaded):
+            err(line)
         if prepare:
             err("--prepare is ignored with stage: report (the report is rebuilt from the rollouts on disk)")
         out(dump_json(report_only(resolved, err)["summary"]))
         return 0
-    for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):
-        err(line)
-    if (unavailable := site_provider_problem(loaded.site)) is not None:
-        raise ConfigError(unavailable)
-    if prepare:
-        from platoon.eval.policy import PolicySpec, check_policy_key
-
-        check_policy_key(PolicySpec.of_eval(resolved))  # the key is refused before anything else
-        if (status := prepare_first(config, overrides)) != 0:
-            return status
-    # Runs never build or fetch: what the services need must be prepared already (exit 78 naming the command).
-    check_prepared(loaded, config, overrides or [])
+    status = start_run(
+        loaded,
+        config,
+        overrides or [],
+        say=err,
+        prepare=prepare,
+        # the key is refused before anything is prepared; without --prepare, `evaluate` checks it first thing
+        check_key=(lambda: check_policy_key(PolicySpec.of_eval(resolved))) if prepare else None,
+    )
+    if status != 0:
+        return status
     try:
         # Environment code runs in this process: what it prints goes to stderr, so stdout holds the summary only.
         with contextlib.redirect_stdout(sys.stderr):

@@ -1,4 +1,5 @@
-"""`platoon prepare` and the `--prepare` of train, eval and rollout: make what a config needs once per site."""
+"""`platoon prepare`: make what a config needs once per site (`platoon.startup.prepare`; the `--prepare` of train,
+eval and rollout runs the same through the start-up preamble)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,6 @@ def prepare(
     dry_run: Annotated[bool, typer.Option(help="Say what would be made; change nothing.")] = False,
 ) -> int:
     """Make what a config needs once per site (datasets, images, toolchains, tokenizer)."""
-    from platoon.prepare import run_prepare
+    from platoon.startup.prepare import run_prepare
 
-    return run_prepare(config, overrides or [], dry_run=dry_run)
-
-
-def prepare_first(config: str, overrides: list[str] | None) -> int:
-    """`--prepare` of train, eval and rollout: prepare with its lines on stderr; 0 when ready."""
-    from platoon.prepare import run_prepare
-
-    return run_prepare(config, overrides or [], out=err)
+    return run_prepare(config, overrides or [], dry_run=dry_run, err=err)

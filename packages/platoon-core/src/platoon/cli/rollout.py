@@ -56,16 +56,15 @@ def rollout(
     """Roll out one task and print its agent tree."""
     import asyncio
     import contextlib
+    import dataclasses
     import sys
 
-    from platoon.cli.config import deprecation_lines
-    from platoon.cli.prepare import prepare_first
     from platoon.config import load_config
-    from platoon.config.site import describe_site
     from platoon.errors import ConfigError
     from platoon.eval.one_task import WRONG_KIND, RolloutOptions, policy_of, run_adhoc_rollout
+    from platoon.eval.policy import check_policy_key
     from platoon.eval.tree import rollout_tree
-    from platoon.prepare import check_prepared
+    from platoon.startup.preamble import start_run
 
     if not task:
         err("rollout needs --task ID (ENVIRONMENT::TASK_ID in a mixture)")
@@ -74,12 +73,6 @@ def rollout(
     loaded = load_config(config, overrides or [])
     if loaded.kind not in ("train", "eval") or loaded.config is None:
         raise ConfigError(WRONG_KIND)
-    for line in deprecation_lines(loaded):
-        err(line)
-    for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):
-        err(line)
-    if loaded.kind == "train" and not (base or model or model_path):
-        model_path = _newest_checkpoint(loaded, run_dir)
     options = RolloutOptions(
         task=task,
         split=split,
@@ -89,17 +82,24 @@ def rollout(
         renderer=renderer,
         base=base,
     )
-    if prepare:
-        from platoon.eval.policy import check_policy_key
-
-        check_policy_key(policy_of(loaded.config, options))  # the key is refused before anything else
-        section = "train" if loaded.kind == "train" else "inference"
-        passed = [f"{section}.model_name={model}"] if model else []
-        passed += [f"{section}.renderer_name={renderer}"] if renderer else []
-        if (status := prepare_first(config, [*(overrides or []), *passed])) != 0:
-            return status
-    # Runs never build or fetch: what the services need must be prepared already (exit 78 naming the command).
-    check_prepared(loaded, config, overrides or [])
+    section = "train" if loaded.kind == "train" else "inference"
+    passed = [f"{section}.model_name={model}"] if model else []
+    passed += [f"{section}.renderer_name={renderer}"] if renderer else []
+    status = start_run(
+        loaded,
+        config,
+        overrides or [],
+        say=err,
+        prepare=prepare,
+        # the key is refused before anything is prepared; without --prepare, the rollout checks it first thing
+        check_key=(lambda: check_policy_key(policy_of(loaded.config, options))) if prepare else None,
+        prepare_overrides=passed,
+        check_site_provider=False,  # a rollout does not refuse the site's provider up front (train and eval do)
+    )
+    if status != 0:
+        return status
+    if loaded.kind == "train" and not (base or model or model_path):
+        options = dataclasses.replace(options, model_path=_newest_checkpoint(loaded, run_dir))
     try:
         # Environment and harness code run in this process: what they print goes to stderr, so stdout holds the
         # tree (or the JSON summary) alone.
@@ -132,8 +132,8 @@ def _newest_checkpoint(loaded: LoadedConfig, run_dir: Path | None) -> str | None
     """The sampler path of the training run's newest checkpoint, said in one line; None (the base model) before
     its first checkpoint, or when its checkpoints are of another model than the config's."""
     from platoon.rollouts.records import read_identity
+    from platoon.startup.training import run_dir_of
     from platoon.train.tinker.checkpoints import CheckpointLog
-    from platoon.train.tinker.trainer import run_dir_of
 
     config: Any = loaded.config  # a training config
     run = run_dir if run_dir is not None else run_dir_of(config)

@@ -35,34 +35,29 @@ def train(
     import asyncio
     import threading
 
-    from platoon.cli.config import deprecation_lines
-    from platoon.cli.prepare import prepare_first
     from platoon.config import load_config
-    from platoon.config.site import describe_site
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.gateway.tinker_service import check_tinker_key
-    from platoon.prepare import check_prepared
-    from platoon.sandbox_runs import site_provider_problem
+    from platoon.startup.preamble import start_run
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals
     from platoon.train.tinker.trainer import train as run_training
 
     loaded = load_config(config, overrides or [], kind="train")
-    for line in deprecation_lines(loaded):
-        err(line)
-    for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):
-        err(line)
-    if (unavailable := site_provider_problem(loaded.site)) is not None:
-        raise ConfigError(unavailable)
     resolved = loaded.config
     if not isinstance(resolved, PlatoonTinkerRLTrainerConfig):
         err(f"{config}: not a training config (its schema is {loaded.schema_name})")
         return EX_CONFIG
-    # The key check comes before anything is prepared or written.
-    check_tinker_key(resolved.tinker_base_url)
-    if prepare and (status := prepare_first(config, overrides)) != 0:
+    # The key is refused before anything is prepared or written, with --prepare or without.
+    status = start_run(
+        loaded,
+        config,
+        overrides or [],
+        say=err,
+        prepare=prepare,
+        check_key=lambda: check_tinker_key(resolved.tinker_base_url),
+    )
+    if status != 0:
         return status
-    # Runs never build or fetch: what the services need must be prepared already (exit 78 naming the command).
-    check_prepared(loaded, config, overrides or [])
     if resolved.watchdog.max_restarts > 0:
         return _supervised(resolved, loaded)
     # The trainer's signal contract in process too: the first SIGINT/SIGTERM stops at the next step boundary with

@@ -181,7 +181,7 @@ def ignored_output_dir_lines(loaded: LoadedConfig) -> list[str]:
 
 def start_problems(config: PlatoonEvalConfig) -> list[str]:
     """Mixture rules, every component resolving, and the judges-off refusals."""
-    from platoon.config.checks import component_problems, run_problems
+    from platoon.startup.checks import component_problems, run_problems
 
     problems = run_problems(config, kind="eval")
     if problems:

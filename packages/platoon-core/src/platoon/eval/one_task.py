@@ -145,9 +145,9 @@ def _renderer_problem(spec: PolicySpec) -> str | None:
 
 def _local_model_problem(spec: PolicySpec, options: RolloutOptions, *, training: bool) -> str | None:
     """A base model the local server (when the policy samples it) cannot serve: refused before it starts."""
-    from platoon.config.tinker import local_model_problem
     from platoon.eval.policy import TINKER
     from platoon.gateway.tinker_service import uses_local_server
+    from platoon.startup.tinker import local_model_problem
 
     if spec.backend != TINKER or not uses_local_server(spec.base_url):
         return None
@@ -165,8 +165,8 @@ def _phase_rollout_config(config: Any, split: str) -> Any:
 
 
 def _start_problems(config: Any) -> list[str]:
-    from platoon.config.checks import component_problems, run_problems
     from platoon.eval.evaluator import judges_problems
+    from platoon.startup.checks import component_problems, run_problems
 
     training = _is_training(config)
     problems = run_problems(config, kind="eval")  # mixture rules; a rollout needs no length of training

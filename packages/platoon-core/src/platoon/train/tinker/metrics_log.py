@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
-__all__ = ["METRICS_FILE", "SUPERSEDED_FILE", "MetricsLog", "supersede_redone_steps", "wandb_key_problem"]
+__all__ = ["METRICS_FILE", "SUPERSEDED_FILE", "MetricsLog", "supersede_redone_steps"]
 
 log = logging.getLogger("platoon.train")
 
@@ -102,33 +102,6 @@ def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> 
             flush=True,
         )
     return len(moved)
-
-
-def wandb_key_problem(
-    config: PlatoonTinkerRLTrainerConfig, env: Mapping[str, str] | None = None
-) -> str | None:
-    """Why an `online` W&B run could not start (no key anywhere W&B looks), as one line; None when it can, or when
-    W&B is off, offline or not installed. Checked before anything is written (a run would die in wandb.init)."""
-    import importlib.util
-    import netrc
-    from urllib.parse import urlsplit
-
-    settings = config.stats.wandb
-    environ = os.environ if env is None else env
-    if settings.mode != "online" or importlib.util.find_spec("wandb") is None:
-        return None
-    if settings.api_key or environ.get("WANDB_API_KEY"):
-        return None
-    host = urlsplit(settings.base_url or environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
-    try:
-        if host and netrc.netrc().authenticators(host):
-            return None  # `wandb login` wrote it
-    except (OSError, netrc.NetrcParseError):
-        pass
-    return (
-        "stats.wandb.mode is online but no W&B key is set: set WANDB_API_KEY (or stats.wandb.api_key, or run wandb "
-        "login), or set stats.wandb.mode to offline or disabled"
-    )
 
 
 class MetricsLog:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
+from platoon.startup.training import run_dir_of
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -34,7 +35,6 @@ __all__ = [
     "preflight",
     "resume_problems",
     "run_dir_of",
-    "start_problems",
     "total_steps",
     "train",
     "training_client",
@@ -131,11 +131,6 @@ def total_steps(config: PlatoonTinkerRLTrainerConfig, n_tasks: int) -> tuple[int
     return min(limits), per_epoch
 
 
-def run_dir_of(config: PlatoonTinkerRLTrainerConfig) -> Path:
-    """`log_path/<experiment_name>/<trial_name>`, absolute (log_path is relative to the working directory)."""
-    return Path(os.path.abspath(config.log_path)) / config.stats.experiment_name / config.stats.trial_name
-
-
 def _write_records(run_dir: Path, config: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig | None) -> None:
     """`config.resolved.yaml` and `lock.json`; a config built in Python gets its dump."""
     from platoon.rollouts import records
@@ -149,19 +144,6 @@ def _write_records(run_dir: Path, config: PlatoonTinkerRLTrainerConfig, loaded: 
     data = {**config.model_dump(mode="json", exclude_defaults=True), "log_path": str(run_dir.parents[1])}
     text = "# Written by platoon: the config this run trains from (built in Python)\n"
     (run_dir / records.RESOLVED_CONFIG_FILE).write_text(text + yaml.safe_dump(data, sort_keys=False))
-
-
-def _batch_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    train_cfg = config.train
-    size, minis, micros = train_cfg.batch_size, train_cfg.num_minibatches, train_cfg.num_microbatches
-    if size % minis:
-        return [f"train.num_minibatches: {minis} does not divide train.batch_size {size}"]
-    if (size // minis) % micros:
-        return [
-            f"train.num_microbatches: {micros} does not divide the {size // minis} tasks of a minibatch "
-            f"(train.batch_size {size} / train.num_minibatches {minis})"
-        ]
-    return []
 
 
 def _task_order(
@@ -245,48 +227,6 @@ def _settle_identity(
         raise ConfigError(exc.problems) from None
 
 
-def start_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """Every refusal `platoon train` makes before it lists tasks, one line each (`config validate` reports them)."""
-    return _config_problems(config) + _setting_problems(config)
-
-
-def _config_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """The config's rules and batch split, every component it names resolving, a writable place for the run:
-    problems under which listing the tasks means nothing."""
-    from platoon.config.checks import component_problems, output_problems
-    from platoon.config.training import training_problems
-
-    # Every component the config names resolves before anything is written or started (step 8).
-    problems = training_problems(config) + _batch_problems(config) + component_problems(config)
-    return problems + output_problems(config, kind="train")  # a file or read-only mount at log_path: one line
-
-
-def _setting_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """What the machine must give the run: the Tinker key, the W&B key of an online run, a valid sample timeout,
-    and no live run holding the run directory."""
-    from platoon.gateway.core import sample_timeout_with_source
-    from platoon.gateway.tinker_service import check_tinker_key
-    from platoon.rollouts import records
-    from platoon.train.tinker.metrics_log import wandb_key_problem
-
-    problems: list[str] = []
-    try:
-        check_tinker_key(config.tinker_base_url)
-    except ConfigError as exc:
-        problems += exc.problems
-    if (problem := wandb_key_problem(config)) is not None:
-        problems.append(problem)
-    try:
-        sample_timeout_with_source(config.train.sample_timeout_seconds, "train.sample_timeout_seconds")
-    except ValueError as exc:
-        problems.append(str(exc))
-    try:
-        records.check_run_dir_free(run_dir_of(config))
-    except ConfigError as exc:
-        problems += exc.problems
-    return problems
-
-
 @dataclass
 class Preflight:
     """What a start settled before writing anything: the listed tasks, their order, services and hold-outs."""
@@ -303,19 +243,20 @@ class Preflight:
 
 
 async def preflight(config: PlatoonTinkerRLTrainerConfig, *, base_dir: Path) -> Preflight:
-    """A start's checks before it holds the run dir, writing nothing: `start_problems`, then (unless the config
+    """A start's checks before it holds the run dir, writing nothing: `platoon.startup.training`'s, then (unless the config
     itself is wrong) the tasks listed and what the listing lets a start refuse (a batch larger than the tasks, a
     `label_by` column without values, a hold-out no service records), then the eval split's tasks when the run
     evaluates (an unknown split is refused). Raises ConfigError with every problem;
     `platoon config validate` runs this and `resume_problems`."""
     from platoon.envs.resolve import LazyServices, entry_service_kwargs
+    from platoon.startup.training import config_problems, machine_problems
     from platoon.train.tinker.checkpoints import CheckpointLog
     from platoon.train.tinker.task_order import list_training_tasks, training_problems_after_listing
 
-    config_problems = _config_problems(config)
-    problems = config_problems + _setting_problems(config)
+    refused_config = config_problems(config)
+    problems = refused_config + machine_problems(config)
     pools: list[Pool] = []
-    if not config_problems:
+    if not refused_config:
         # Listed even when a key is missing, so one look reports every problem a start would meet.
         try:
             pools = await list_training_tasks(config, base_dir=base_dir)
@@ -441,6 +382,7 @@ def _early_local_server(config: PlatoonTinkerRLTrainerConfig) -> LocalServerChil
     would say "nothing to train"). Otherwise None, and the start starts it where it needs it, if it gets there."""
     from platoon.gateway.tinker_service import uses_local_server
     from platoon.rollouts.records import read_identity
+    from platoon.startup.training import start_problems
     from platoon.train.tinker.checkpoints import CheckpointLog
 
     if not uses_local_server(config.tinker_base_url) or start_problems(config):

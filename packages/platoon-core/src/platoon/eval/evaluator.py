@@ -34,22 +34,16 @@ if TYPE_CHECKING:
     from platoon.rollouts.slots import SubprocessSlots
 
 __all__ = [
-    "CORE_PROGRAMS",
-    "CORE_REWARD_PROCESSORS",
     "OutputChoice",
     "choose_output_dir",
     "evaluate",
     "judges_lock",
-    "judges_problems",
     "preflight_problems",
     "report_only",
 ]
 
 log = logging.getLogger("platoon.eval")
 
-#: programs and reward processors core ships: they never read child verdicts behind the evaluation's back
-CORE_PROGRAMS = frozenset({"single", "gym"})
-CORE_REWARD_PROCESSORS = frozenset({"platoon-delegation"})
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 EVAL_LABEL = "eval"
 
@@ -119,31 +113,6 @@ def _claim(choice: OutputChoice) -> Path:
 # Judges
 
 
-def judges_problems(config: Any) -> list[str]:
-    """With `inference.judges: false`, entries grading children with verifiers whose own reward processor or
-    non-core program might read the verdicts are refused at start."""
-    from platoon.naming import split_ref
-
-    if config.inference.judges:
-        return []
-    problems = []
-    for index, entry in enumerate(config.environments or []):
-        if entry.agents.child_grading != "verifier":
-            continue
-        readers = []
-        if entry.reward_processor and entry.reward_processor not in CORE_REWARD_PROCESSORS:
-            readers.append(f"its reward processor {entry.reward_processor!r}")
-        if split_ref(entry.program)[0] not in CORE_PROGRAMS:
-            readers.append(f"its program {entry.program!r}")
-        if readers:
-            problems.append(
-                f"environments.{index}: agents.child_grading is verifier and {' and '.join(readers)} may read "
-                "the verifiers' verdicts, which inference.judges: false turns off; set inference.judges: true, "
-                "or grade children another way"
-            )
-    return problems
-
-
 def judges_lock(config: Any) -> dict[str, Any]:
     """`lock.json.judges`: enabled, and with judges off each verifier-grading entry's applied grading."""
     from platoon.eval.tasks import entries_by_label
@@ -179,16 +148,6 @@ def ignored_output_dir_lines(loaded: LoadedConfig) -> list[str]:
     return []
 
 
-def start_problems(config: PlatoonEvalConfig) -> list[str]:
-    """Mixture rules, every component resolving, and the judges-off refusals."""
-    from platoon.startup.checks import component_problems, run_problems
-
-    problems = run_problems(config, kind="eval")
-    if problems:
-        return problems
-    return component_problems(config) + judges_problems(config)
-
-
 async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) -> list[str]:
     """Every refusal `evaluate` makes before it writes anything, one line each, writing nothing (what `platoon
     config validate` reports for an evaluation config): the policy's key, the sample timeout, a writable output
@@ -197,6 +156,7 @@ async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) ->
     from platoon.eval.tasks import list_tasks
     from platoon.rollouts import records
     from platoon.rollouts.eval_records import provenance_mismatch
+    from platoon.startup.evaluation import evaluation_problems
 
     problems: list[str] = []
     spec = PolicySpec.of_eval(config)
@@ -220,7 +180,7 @@ async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) ->
             problems += exc.problems
         if (refusal := provenance_mismatch(choice.path, spec.provenance())) is not None:
             problems.append(refusal)
-    config_problems = start_problems(config)
+    config_problems = evaluation_problems(config)
     problems += config_problems
     if not config_problems:
         try:
@@ -576,6 +536,7 @@ async def evaluate(
     from platoon.heap import freeze_loaded_heap
     from platoon.rollouts import records
     from platoon.rollouts.eval_records import provenance_mismatch
+    from platoon.startup.evaluation import evaluation_problems
 
     started = time.monotonic()
     spec = PolicySpec.of_eval(config)
@@ -595,7 +556,7 @@ async def evaluate(
         refusal = provenance_mismatch(choice.path, spec.provenance())
         if refusal is not None:
             raise ConfigError(refusal)
-    problems = start_problems(config)
+    problems = evaluation_problems(config)
     if problems:
         raise ConfigError(problems)
     # Listed before the directory is made: a service that cannot list is refused with nothing written.

@@ -164,20 +164,6 @@ def _phase_rollout_config(config: Any, split: str) -> Any:
     return config.eval.workflow_config.rollout_config
 
 
-def _start_problems(config: Any) -> list[str]:
-    from platoon.eval.evaluator import judges_problems
-    from platoon.startup.checks import component_problems, run_problems
-
-    training = _is_training(config)
-    problems = run_problems(config, kind="eval")  # mixture rules; a rollout needs no length of training
-    if problems:
-        return problems
-    problems = component_problems(config)
-    if not training:
-        problems += judges_problems(config)
-    return problems
-
-
 def _write_outputs(run_dir: Path, collection: TrajectoryCollection, task_id: str) -> None:
     from platoon.rollouts.eval_records import COLLECTION_FILE, write_json
     from platoon.trajectory_events import write_events
@@ -197,6 +183,7 @@ async def run_adhoc_rollout(
     from platoon.eval.policy import EarlyLocalServer, check_policy_key, sample_timeout_line
     from platoon.eval.tasks import resolve_task
     from platoon.rollouts import records
+    from platoon.startup.evaluation import evaluation_problems
 
     config: Any = loaded.config
     if config is None or loaded.kind not in ("train", "eval"):
@@ -208,7 +195,7 @@ async def run_adhoc_rollout(
     line = sample_timeout_line(spec, "train" if training else "inference")
     if line is not None:
         say(line)
-    problems = _start_problems(config)
+    problems = evaluation_problems(config, training=training)
     for problem in (_renderer_problem(spec), _local_model_problem(spec, options, training=training)):
         if problem is not None:
             problems.append(problem)

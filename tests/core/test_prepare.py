@@ -217,3 +217,34 @@ def test_a_run_whose_service_is_not_prepared_stops_before_anything_naming_prepar
 
     seams["made"] = True
     check_prepared(load_config("train.yaml"), "train.yaml")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "run.yaml"],
+        ["eval", "eval.yaml"],
+        ["rollout", "run.yaml", "--task", "t1"],
+        ["rollout", "eval.yaml", "--task", "t1"],
+    ],
+    ids=["train", "eval", "rollout-of-train", "rollout-of-eval"],
+)
+def test_every_run_command_refuses_an_unprepared_service_alike(tmp_path, seams, capsys, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(
+        "log_path: runs\ntinker_base_url: local\n"
+        "train: {model_name: platoon/toy, renderer_name: qwen3_instruct, max_training_steps: 1}\n"
+        f"environments: [{TABLE}]\n"
+    )
+    Path("eval.yaml").write_text(
+        "tinker_base_url: local\ninference: {model_name: platoon/toy, renderer_name: qwen3_instruct, output_dir: out}\n"
+        f"environments: [{TABLE}]\n"
+    )
+    code, out, err = run(argv, capsys)
+    assert code == 78 and out == []
+    assert err.endswith(
+        "platoon: what the run needs is not prepared on this site:\n"
+        "  environments.0.service_kwargs: the rows are not made\n"
+        f"prepare it with: platoon prepare {argv[1]}\n"
+    )
+    assert not Path("runs").exists() and not Path("out").exists()  # nothing written, no rollout ran

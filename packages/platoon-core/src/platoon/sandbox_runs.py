@@ -180,14 +180,19 @@ def run_providers(
     return out
 
 
-def _provider(name: str, options: Mapping[str, Any]) -> SandboxProvider:
+def provider_class(name: str) -> type[SandboxProvider]:
+    """The provider class a sandbox provider name (`docker`) or import string (`module:Class`) names."""
     from platoon import plugins
 
     if ":" in name:
         cls = plugins.resolve_target(name)
     else:
         cls = plugins.resolve_target(plugins.get_sandbox_runtime(name).provider)
-    return as_provider_class(cls)(**dict(options))
+    return as_provider_class(cls)
+
+
+def _provider(name: str, options: Mapping[str, Any]) -> SandboxProvider:
+    return provider_class(name)(**dict(options))
 
 
 async def _reap_with(name: str, options: Mapping[str, Any], labels: Mapping[str, str]) -> int:

@@ -66,7 +66,7 @@ def check_mode(options: Mapping[str, Any], config: str | None) -> str:
         return mode
     if config is None:
         return "warn"
-    from platoon.config.loader import choose_kind, load_config
+    from platoon.config import choose_kind, load_config
 
     try:
         data = load_config(config, [], kind="none").data
@@ -277,7 +277,7 @@ class _NoModel:
 
 
 def _check_gateway() -> Any:
-    from platoon.gateway.core import ModelGateway
+    from platoon.gateway import ModelGateway
 
     return ModelGateway(None, _NoModel(), model_name="platoon-check")
 
@@ -322,8 +322,7 @@ async def _run_harness(
     harness: str, options: Mapping[str, Any], service: Any, gateway: Any, task_id: str, scratch: str
 ) -> tuple[Any, str | None, float]:
     """One rollout of `task_id` with `harness` through `run_member`: (the graded outcome or None, error, seconds)."""
-    from platoon.config.environments import EnvironmentConfig
-    from platoon.config_defs import RolloutConfig
+    from platoon.config import EnvironmentConfig, RolloutConfig
     from platoon.rollouts.one_rollout import MemberRequest, run_member
 
     entry = EnvironmentConfig(service="harbor", service_kwargs=dict(options), harness=harness)

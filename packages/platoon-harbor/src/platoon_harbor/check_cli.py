@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from platoon.cli.output import err, out, table
+from platoon.console import err, out, table
 from platoon.errors import EX_CONFIG, ConfigError
 
 Config = Annotated[str, typer.Argument(metavar="CONFIG", help="A run config.", show_default=False)]

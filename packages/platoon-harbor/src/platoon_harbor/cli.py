@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from platoon.cli.output import new_app
+from platoon.console import new_app
 from platoon_harbor import check_cli, dataset_cli, images_cli
 
 app = new_app("Harbor datasets: fetch and lock, verify, check, task images.")

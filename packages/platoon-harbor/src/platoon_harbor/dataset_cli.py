@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from platoon.cli.output import err, out, table
+from platoon.console import err, out, table
 from platoon.errors import EX_CONFIG, EX_FAILURE
 
 Target = Annotated[
@@ -58,7 +58,7 @@ def _is_lock(path: Path) -> bool:
 
 def _entries(target: str, overrides: list[str]) -> list[_Entry]:
     """The Harbor entries with a `dataset` (ConfigError, 78, when there are none)."""
-    from platoon.config.loader import load_config
+    from platoon.config import load_config
     from platoon.errors import ConfigError
 
     loaded = load_config(target, overrides, kind="none")

@@ -428,7 +428,7 @@ def input_files(task_dir: Path) -> dict[str, str]:
 
 def default_cache() -> Path:
     """The Harbor cache: `$PLATOON_HARBOR_CACHE` (deprecated) or the site profile's `<cache root>/harbor`."""
-    from platoon.config.site import default_cache_root, load_site
+    from platoon.config import default_cache_root, load_site
 
     legacy = os.environ.get("PLATOON_HARBOR_CACHE")
     if legacy:

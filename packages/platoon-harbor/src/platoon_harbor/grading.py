@@ -594,10 +594,10 @@ def _contract_outcome(
 def _run_check(
     reference: str, outcome: Outcome, files: Mapping[str, FileRead], task: Any, meta: dict[str, Any]
 ) -> Outcome:
-    from platoon import plugins
+    from platoon.config import resolve_import_string
 
     try:
-        hook = plugins.resolve_target(reference)
+        hook = resolve_import_string(reference)
         # The hook sees the verifier directory as a host directory holding the files exactly as they were read.
         with tempfile.TemporaryDirectory(prefix="platoon-verifier-") as tmp:
             for f in files.values():

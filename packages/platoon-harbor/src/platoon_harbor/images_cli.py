@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from platoon.cli.output import err, out
+from platoon.console import err, out
 from platoon.errors import EX_USAGE, ConfigError
 
 Target = Annotated[str, typer.Argument(metavar="CONFIG|LOCK", help="A run config or a dataset lock file.")]

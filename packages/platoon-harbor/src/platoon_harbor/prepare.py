@@ -33,7 +33,7 @@ def harbor_cache(options: Mapping[str, Any], cache_root: str | os.PathLike[str] 
     if legacy:
         return Path(os.path.abspath(os.path.expanduser(legacy)))
     if cache_root is None:  # a caller without a loaded config (the service in a worker): the site profile's
-        from platoon.config.site import default_cache_root, load_site
+        from platoon.config import default_cache_root, load_site
 
         profile = load_site()
         cache_root = profile.cache_root if profile is not None else default_cache_root()

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from platoon.config.paths import PathOption
-from platoon.deprecations import DeprecatedKey
+from platoon import Task
+from platoon.config import DeprecatedKey, PathOption
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, Gate
 from platoon.envs.service import EnvNotPrepared, EnvSetupError, SessionNeeds
 from platoon.errors import ConfigError
-from platoon.sandbox import Mount, SandboxError, SandboxProvider, SandboxSpec, as_provider_class
-from platoon.task import Task
+from platoon.sandbox import Mount, SandboxError, SandboxProvider, SandboxSpec
 from platoon_harbor.grading import DEFAULT_CLASSIFIERS, Classifier, RewardContract, parse_classifiers
 from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
 from platoon_harbor.tasks import (
@@ -534,12 +533,9 @@ class HarborService:
     # -- provider --------------------------------------------------------------------------------------------------
 
     def provider_class(self) -> type[SandboxProvider]:
-        from platoon import plugins
+        from platoon.sandbox_runs import provider_class
 
-        name = self.options.provider
-        if ":" in name:
-            return as_provider_class(plugins.resolve_target(name))
-        return as_provider_class(plugins.resolve_target(plugins.get_sandbox_runtime(name).provider))
+        return provider_class(self.options.provider)
 
     def provider(self) -> Any:
         if self._provider is None:

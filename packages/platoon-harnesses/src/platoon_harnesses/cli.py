@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from platoon.cli.output import err, new_app, out, table
+from platoon.console import err, new_app, out, table
 from platoon.errors import EX_CONFIG, EX_FAILURE, EX_USAGE
 
 app = new_app("Build, list and verify the toolchains of sandboxed harnesses.")
@@ -34,7 +34,7 @@ def _root(explicit: str | None) -> Path:
     from types import SimpleNamespace
 
     from platoon.cli.config import deprecation_lines
-    from platoon.config.site import deprecated_variables, load_site
+    from platoon.config import deprecated_variables, load_site
     from platoon_harnesses.toolchains import toolchain_root
 
     if explicit is None:
@@ -61,8 +61,8 @@ def build(
     ] = None,
 ) -> int:
     """Build each spec's toolchain from its [install.recipe] at ROOT/NAME (a no-op when it is current)."""
+    from platoon import get_harness
     from platoon.errors import ConfigError
-    from platoon.harness.registry import get_harness
     from platoon.harness.spec import HarnessSpec
     from platoon_harnesses import toolchains
 

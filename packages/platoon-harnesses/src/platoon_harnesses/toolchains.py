@@ -141,7 +141,7 @@ def toolchain_root(
 
     The deprecated variable's conflict with the site profile is the caller's to refuse (`deprecated_variables`).
     """
-    from platoon.config.site import default_cache_root, load_site
+    from platoon.config import default_cache_root, load_site
 
     environ = os.environ if env is None else env
     if explicit is not None and os.fspath(explicit) != "":
@@ -328,8 +328,8 @@ def state(spec: HarnessSpec, root: str | os.PathLike[str]) -> State:
 
 def build_ref(spec: HarnessSpec) -> str:
     """How `platoon toolchain build` finds this spec: its ref when the ref resolves to this very file, else its path."""
+    from platoon import get_harness
     from platoon.errors import ConfigError
-    from platoon.harness.registry import get_harness
 
     try:
         found = get_harness(spec.ref)

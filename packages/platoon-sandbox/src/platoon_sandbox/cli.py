@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
-from platoon.cli.output import err, new_app, out, table
-from platoon.sandbox import SandboxProvider, as_provider_class
+from platoon.console import err, new_app, out, table
+from platoon.sandbox import SandboxProvider
 
 app = new_app("List and reap the sandboxes a run started.")
 
@@ -37,7 +37,7 @@ def _run(run_dir: str) -> tuple[Path, dict[str, Any], Any]:
     """The run dir (absolute), its resolved config and the site profile; `_Refused` for what is no run dir."""
     import yaml
 
-    from platoon.config.site import load_site
+    from platoon.config import load_site
     from platoon.errors import ConfigError
     from platoon.rollouts.records import RESOLVED_CONFIG_FILE
 
@@ -98,10 +98,9 @@ def list_(run_dir: RunDirArgument) -> int:
 
 
 def _provider(name: str, options: dict[str, Any]) -> SandboxProvider:
-    from platoon import plugins
+    from platoon.sandbox_runs import provider_class
 
-    target = name if ":" in name else plugins.get_sandbox_runtime(name).provider
-    return as_provider_class(plugins.resolve_target(target))(**options)
+    return provider_class(name)(**options)
 
 
 @app.command()

@@ -5,7 +5,7 @@ Core imports this module only when a config names one of them. Needs the `platoo
 
 from __future__ import annotations
 
-from platoon.envs.named import EnvironmentEntry
+from platoon import EnvironmentEntry
 
 __all__ = ["TEXTCRAFT", "TEXTCRAFT_SYNTH"]
 

@@ -81,8 +81,8 @@ class IndexUnavailable(Exception):
 
 def default_cache_root() -> Path:
     """The site profile's cache root (else platoon's default, `~/.cache/platoon`)."""
-    from platoon.config.site import default_cache_root as platoon_default
-    from platoon.config.site import load_site
+    from platoon.config import default_cache_root as platoon_default
+    from platoon.config import load_site
 
     profile = load_site()
     return profile.cache_root if profile is not None else platoon_default()

@@ -32,6 +32,9 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(["AgentRecord", "CallRecord", "Interaction"], _RECORDS),
     "build_collection": "platoon.gateway.trace",
+    # a harness runner serves its rollout's gateway to the agent process (HTTP, with the MCP plane mounted)
+    "GatewayServer": "platoon.gateway.http.server",
+    "mount_mcp": "platoon.gateway.mcp",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -52,6 +55,8 @@ if TYPE_CHECKING:
     from platoon.gateway.core import SampleTimeout as SampleTimeout
     from platoon.gateway.core import SamplingFailed as SamplingFailed
     from platoon.gateway.core import resolve_sample_timeout as resolve_sample_timeout
+    from platoon.gateway.http.server import GatewayServer as GatewayServer
+    from platoon.gateway.mcp import mount_mcp as mount_mcp
     from platoon.gateway.records import AgentRecord as AgentRecord
     from platoon.gateway.records import CallRecord as CallRecord
     from platoon.gateway.records import Interaction as Interaction

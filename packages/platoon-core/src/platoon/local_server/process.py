@@ -263,7 +263,7 @@ def serve_foreground(
     A `host` other than loopback needs an `api_key` (`check_listening`). `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
     `create_model` finds them ready (a request that needs them meanwhile waits for the warm-up).
     """
-    from platoon.cli.output import write_stderr
+    from platoon.console import write_stderr
 
     check_listening(host, api_key)
     directory = Path(state_dir) if state_dir is not None else default_state_dir()

@@ -166,7 +166,7 @@ def _builder_class(ref: Any) -> type[CodeActPromptBuilder]:
     """The builder class an import path (`module:Class`, optionally `python://`) or a class names."""
     target = ref
     if isinstance(ref, str):
-        from platoon.registry import resolve_import_string
+        from platoon.config import resolve_import_string
 
         target = resolve_import_string(ref.removeprefix("python://"))
     if not (isinstance(target, type) and issubclass(target, CodeActPromptBuilder)):

@@ -16,7 +16,7 @@ import socket
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.envs.service import SessionNeeds
 from platoon.harness.spec import HarnessSetupError, SpecError, check_options
@@ -37,9 +37,16 @@ from platoon_harnesses.spec_runner.launch import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from platoon.episode.context import Agent
-    from platoon.harness.agent import AgentResult
+    from platoon.gateway import AgentRecord
+    from platoon.harness.agent import AgentContext, AgentResult
     from platoon.harness.spec import HarnessSpec
+
+    class Agent(AgentContext, Protocol):
+        """The running agent core hands a spec runner: its context, and the gateway record its calls are keyed by."""
+
+        @property
+        def record(self) -> AgentRecord: ...
+
 
 __all__ = ["SpecRollout", "SpecRunner"]
 
@@ -161,8 +168,7 @@ class SpecRollout:
     # ---- servers
 
     def _server(self, **kwargs: Any) -> Any:
-        from platoon.gateway.http.server import GatewayServer
-        from platoon.gateway.mcp import mount_mcp
+        from platoon.gateway import GatewayServer, mount_mcp
 
         server = GatewayServer(self.gateway, rollouts=[self.rollout.rollout_id], **kwargs)
         mount_mcp(server)

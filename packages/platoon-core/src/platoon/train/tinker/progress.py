@@ -172,7 +172,7 @@ class TrainingProgress:
 
     def show(self, parts: Sequence[tuple[str, str]]) -> None:
         """One line, given as (text, style) parts (the plain display keeps only the text)."""
-        from platoon.cli.output import write_stderr
+        from platoon.console import write_stderr
 
         write_stderr("platoon: " + "".join(text for text, _ in parts) + "\n")
 

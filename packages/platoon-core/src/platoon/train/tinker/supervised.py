@@ -26,7 +26,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     global _interrupts
     _interrupts += 1
     if _interrupts == 1:
-        from platoon.cli.output import err
+        from platoon.console import err
 
         # The request first: telling it may fail (a closed pipe), and the stop must happen anyway.
         request_stop()
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{args[0]}: not a training config (its schema is {loaded.schema_name})")
         return asyncio.run(train(config, loaded=loaded))
     except PlatoonError as exc:
-        from platoon.cli.output import err
+        from platoon.console import err
 
         err(str(exc))
         return exc.exit_code

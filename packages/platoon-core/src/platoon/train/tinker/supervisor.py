@@ -97,7 +97,7 @@ def _exit_code(returncode: int) -> int:
 
 
 def _say(text: str) -> None:
-    from platoon.cli.output import err
+    from platoon.console import err
 
     err(text)
 

@@ -48,7 +48,7 @@ ORDER_STATE_KEY = "task_order"
 
 def say(message: str) -> None:
     """One progress line on stderr, prefixed like every diagnostic."""
-    from platoon.cli.output import write_stderr
+    from platoon.console import write_stderr
 
     global _last_said
     write_stderr(f"platoon: {message}\n")  # one write: the heartbeat thread says lines too; never raises

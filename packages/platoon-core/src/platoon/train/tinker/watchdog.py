@@ -46,7 +46,7 @@ def at_hard_exit(wish: Callable[[], None]) -> Callable[[], None]:
 
 def hard_exit(code: int, message: str | None = None) -> None:
     """Print `message`, run the last wishes (each may fail on its own), and exit now with `code`."""
-    from platoon.cli.output import err
+    from platoon.console import err
 
     if message:
         err(message)  # never raises: a closed stderr must not skip the last wishes or the exit
@@ -209,7 +209,7 @@ class ServiceMonitor:
 
     async def run(self, probe: Callable[[], Awaitable[object]]) -> str:
         """Probe the service until it is lost; returns why."""
-        from platoon.cli.output import err
+        from platoon.console import err
 
         woken = asyncio.Event()
         with self._lock:

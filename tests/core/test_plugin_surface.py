@@ -17,15 +17,6 @@ PACKAGES = CORE_SRC.parents[2]
 REPO = PACKAGES.parent
 PLUGIN_SRCS = sorted(path for path in PACKAGES.glob("*/src") if path.parent.name != "platoon-core")
 
-#: (file under packages/, module) imports that stay until their file's owner moves them: the ORS session work
-#: rewrites platoon_harbor/session.py, and the run start-up work owns platoon/cli/config.py (issue 39). Each entry
-#: must still match an import, so one that is fixed has to leave this list.
-WAITING: set[tuple[str, str]] = {
-    ("platoon-harbor/src/platoon_harbor/session.py", "platoon.task"),
-    ("platoon-harbor/src/platoon_harbor/session.py", "platoon.episode.outcomes"),
-    ("platoon-harnesses/src/platoon_harnesses/cli.py", "platoon.cli.config"),
-}
-
 
 def _is_core_module(name: str) -> bool:
     relative = CORE_SRC.joinpath(*name.split(".")[1:])
@@ -85,15 +76,8 @@ def test_plugin_packages_import_only_the_declared_surface():
     offending = [
         f"packages/{file}:{line}: imports {module}, which is not in platoon.surface.PLUGIN_SURFACE"
         for file, line, module in outside_the_surface()
-        if (file, module) not in WAITING
     ]
     assert offending == [], "\n".join(offending)
-
-
-def test_every_waiting_import_is_still_there():
-    # a waiver whose import was moved must go, so the list never hides a new import of the same module
-    still_there = {(file, module) for file, _, module in outside_the_surface()}
-    assert WAITING - still_there == set()
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
-"""Deprecations: the warning class users filter on, and the record a config class uses to list its old keys."""
+"""Deprecations: the warning class users filter on, the record a config class uses to list its old keys, and the
+lines a command prints for a loaded config's deprecations."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 
 class PlatoonDeprecationWarning(FutureWarning):
@@ -29,3 +32,19 @@ class DeprecatedKey:
 def deprecation_message(path: str, key: DeprecatedKey) -> str:
     """`<path>: deprecated; use <replacement> instead (platoon <removed_in> removes it)`."""
     return f"{path}: deprecated; use {key.replacement} instead (platoon {key.removed_in} removes it)"
+
+
+def deprecation_lines(loaded: Any) -> list[str]:
+    """The loaded config's deprecation messages, passed through Python's warning filters first.
+
+    An `error` filter raises PlatoonDeprecationWarning (the command line exits 78); an `ignore` filter drops it.
+    Each message is returned once; the command prints them.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        for record in loaded.deprecations:
+            warnings.warn(record.message, PlatoonDeprecationWarning, stacklevel=2)
+    seen: dict[str, None] = {}
+    for warning in caught:
+        if issubclass(warning.category, PlatoonDeprecationWarning):
+            seen.setdefault(str(warning.message))
+    return list(seen)

@@ -19,11 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon.envs.gate import EnvBusy, Gate, GateClosed
-from platoon.envs.ors.lease import SessionView, SharedLease
-from platoon.envs.service import EnvSetupError, ForkMode, Outcome, SessionNeeds, ToolResult, ToolSpec
-from platoon.episode.outcomes import infra_from_exception
-from platoon.task import Task
+from platoon import Task
+from platoon.envs.gate import EnvBusy, Gate, GateClosed, SessionView, SharedLease
+from platoon.envs.service import (
+    EnvSetupError,
+    ForkMode,
+    Outcome,
+    SessionNeeds,
+    ToolResult,
+    ToolSpec,
+    infra_from_exception,
+)
 from platoon_harbor import grading
 from platoon_harbor.tasks import HarborTask, UnsetVariable, VariableNotPassed, resolve_env
 from platoon_harbor.users import as_user

@@ -33,8 +33,8 @@ def _root(explicit: str | None) -> Path:
     """The root; without `--root`, the deprecated variable's conflicts are refused (78) and its use printed."""
     from types import SimpleNamespace
 
-    from platoon.cli.config import deprecation_lines
     from platoon.config import deprecated_variables, load_site
+    from platoon.deprecations import deprecation_lines
     from platoon_harnesses.toolchains import toolchain_root
 
     if explicit is None:

@@ -6,6 +6,10 @@ Each caller has at most one waiter in the shared queue; its next operation joins
 granted, so calls are FIFO per caller and round-robin across callers. A waiter not admitted within
 `queue_timeout_s` gets `EnvBusy` and never runs; an admitted operation runs shielded to completion even if its
 caller gives up. asyncio only; one gate belongs to one event loop.
+
+`SharedLease` (a live backend with its gate, shared by the views forked from it, closed by the last) and
+`SessionView` (what a harness holds) are what every session backend builds on: ORS's in process and remote, Harbor's
+sandbox sessions.
 """
 
 from __future__ import annotations
@@ -18,9 +22,23 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-__all__ = ["DEFAULT_QUEUE_TIMEOUT_S", "OP_CLASSES", "EnvBusy", "Gate", "GateClosed", "OpClass"]
+if TYPE_CHECKING:
+    import logging
+
+    from platoon.task import Task
+
+__all__ = [
+    "DEFAULT_QUEUE_TIMEOUT_S",
+    "OP_CLASSES",
+    "EnvBusy",
+    "Gate",
+    "GateClosed",
+    "OpClass",
+    "SessionView",
+    "SharedLease",
+]
 
 T = TypeVar("T")
 
@@ -309,3 +327,68 @@ class Gate:
         # A caller that gave up never reads the result; read it here so the loop does not report it unretrieved.
         if not task.cancelled():
             task.exception()
+
+
+# -- the lease a gate guards, and the views that hold it: what every session backend (ORS, Harbor) shares -----------------------------------------------------------------------------
+
+
+class SharedLease:
+    """A live backend (an environment session, a sandbox) with its gate, shared by every view forked `shared`.
+
+    The last view to release it starts `_close` in a task, shielded: cancelling the caller must not cut the drain
+    and the teardown short.
+    """
+
+    def __init__(self, gate: Gate, label: str) -> None:
+        self.gate = gate
+        self.label = label
+        self.refs = 1
+        self.closed = False
+        self._closing: asyncio.Task[None] | None = None
+
+    async def release(self) -> None:
+        self.refs -= 1
+        if self.refs > 0:
+            return
+        if self._closing is None:
+            self.closed = True
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    async def _drain_gate(
+        self, timeout_s: float, logger: logging.Logger, *, then: str, close_gate: bool = True
+    ) -> None:
+        """Let the calls in flight land (at most `timeout_s`); with `close_gate`, close the gate and cancel what is
+        still running, saying so (`then`) on the backend's own logger."""
+        drained = await self.gate.drain(timeout_s)
+        if close_gate:
+            self.gate.close()
+            if not drained:
+                logger.warning("%s: calls still running after %g s; %s", self.label, timeout_s, then)
+                self.gate.cancel_in_flight()
+
+
+class SessionView:
+    """A session as a harness holds it: a view of a `SharedLease`, closed once; the last view closes the lease."""
+
+    #: calls go through this session's own gate; the runtime need not serialise them
+    manages_concurrency = True
+
+    def __init__(self, lease: Any, task: Task) -> None:
+        self._lease = lease
+        self._task = task
+        self._closed = False
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    async def close(self) -> None:
+        """Release this view; the last one closes what it holds."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._lease.release()

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "OUTCOME_STATUSES",
+    "REASON_LIMIT",
     "EnvNotPrepared",
     "EnvSession",
     "EnvSetupError",
@@ -29,9 +30,13 @@ __all__ = [
     "SessionNeeds",
     "ToolResult",
     "ToolSpec",
+    "infra_from_exception",
     "open_accepts_needs",
     "task_check_refusals",
 ]
+
+#: an error text kept as an outcome's reason is cut here (the full text stays on the agent's result)
+REASON_LIMIT = 500
 
 OutcomeStatus = Literal["scored", "invalid", "error", "timeout", "cancelled"]
 
@@ -94,6 +99,18 @@ class Outcome:
         if status == "scored":
             raise ValueError("Outcome.infra cannot make a scored outcome; use Outcome('scored', ...)")
         return cls(status, reason=reason, failure_kind=failure_kind, metadata=dict(metadata or {}))
+
+
+def infra_from_exception(exc: BaseException, *, what: str | None = None) -> Outcome:
+    """The untrainable outcome of an infrastructure exception: the kind it names in a `failure_kind` attribute
+    (`EnvSetupError`'s, a sandbox provider's `SandboxGone` = `sandbox_gone`), else `unexpected:<Type>`; the reason
+    is cut at `REASON_LIMIT` characters."""
+    named = getattr(exc, "failure_kind", None)
+    kind = named if isinstance(named, str) and named else f"unexpected:{type(exc).__name__}"
+    said = f"{type(exc).__name__}: {exc}" if what is None else f"{what} raised {type(exc).__name__}: {exc}"
+    if len(said) > REASON_LIMIT:
+        said = said[: REASON_LIMIT - 3] + "..."
+    return Outcome.infra(kind, reason=said)
 
 
 @dataclass

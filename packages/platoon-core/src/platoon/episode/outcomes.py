@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from platoon.envs.service import Outcome
+# infra_from_exception lives beside Outcome (plugins' sessions use it); named here as before
+from platoon.envs.service import REASON_LIMIT, Outcome, infra_from_exception
 from platoon.harness.agent import AgentResult, AgentStatus
 
 __all__ = [
@@ -21,8 +22,6 @@ __all__ = [
     "judge_run",
     "safe_grade",
 ]
-
-_REASON_LIMIT = 500  # an error text kept as an outcome reason is cut here; the full text is on agent_result
 
 
 @dataclass(frozen=True)
@@ -50,9 +49,9 @@ def _setting(policy: Any, name: str, default: str) -> str:
 
 
 def _short(text: str | None) -> str | None:
-    if text is None or len(text) <= _REASON_LIMIT:
+    if text is None or len(text) <= REASON_LIMIT:
         return text
-    return text[: _REASON_LIMIT - 3] + "..."
+    return text[: REASON_LIMIT - 3] + "..."
 
 
 def classify(
@@ -102,15 +101,6 @@ def graded_with_reason(outcome: Outcome, reason: str | None) -> Outcome:
     if outcome.reason is not None:
         metadata["grade_reason"] = outcome.reason
     return dataclasses.replace(outcome, reason=reason, metadata=metadata)
-
-
-def infra_from_exception(exc: BaseException, *, what: str | None = None) -> Outcome:
-    """The untrainable outcome of an infrastructure exception: the kind it names in a `failure_kind` attribute
-    (`EnvSetupError`'s, a sandbox provider's `SandboxGone` = `sandbox_gone`), else `unexpected:<Type>`."""
-    named = getattr(exc, "failure_kind", None)
-    kind = named if isinstance(named, str) and named else f"unexpected:{type(exc).__name__}"
-    said = f"{type(exc).__name__}: {exc}" if what is None else f"{what} raised {type(exc).__name__}: {exc}"
-    return Outcome.infra(kind, reason=_short(said))
 
 
 async def safe_grade(grader: Callable[[], Awaitable[Any]], *, what: str = "grader") -> Outcome:

@@ -5,34 +5,16 @@ config and site profile have to say, then the refusals that come before anything
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from platoon.deprecations import deprecation_lines
 from platoon.errors import ConfigError
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
 
 __all__ = ["deprecation_lines", "start_run"]
-
-
-def deprecation_lines(loaded: Any) -> list[str]:
-    """The loaded config's deprecation messages, passed through Python's warning filters first.
-
-    An `error` filter raises PlatoonDeprecationWarning (the command line exits 78); an `ignore` filter drops it.
-    Each message is returned once; the command prints them.
-    """
-    from platoon.deprecations import PlatoonDeprecationWarning
-
-    with warnings.catch_warnings(record=True) as caught:
-        for record in loaded.deprecations:
-            warnings.warn(record.message, PlatoonDeprecationWarning, stacklevel=2)
-    seen: dict[str, None] = {}
-    for warning in caught:
-        if issubclass(warning.category, PlatoonDeprecationWarning):
-            seen.setdefault(str(warning.message))
-    return list(seen)
 
 
 def start_run(

@@ -8,14 +8,14 @@ ends, how it forks) lives in its subclasses.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from platoon.envs.gate import EnvBusy, Gate, GateClosed
+# SharedLease and SessionView live beside the gate (Harbor's sessions build on them too); named here as before
+from platoon.envs.gate import EnvBusy, Gate, GateClosed, SessionView, SharedLease
 from platoon.envs.ors import bridge
 from platoon.envs.service import EnvSetupError, ForkMode, Outcome, ToolResult, ToolSpec
 from platoon.task import Task
@@ -52,71 +52,6 @@ def counted(failures: list[str]) -> str:
     """The distinct failures in order, a repeated one once with its count (an agent may retry a crashing tool)."""
     counts = collections.Counter(failures)  # first-seen order
     return "; ".join(f"{text} ({n} times)" if n > 1 else text for text, n in counts.items())
-
-
-# -- what every session backend shares -----------------------------------------------------------------------------
-
-
-class SharedLease:
-    """A live backend (an environment session, a sandbox) with its gate, shared by every view forked `shared`.
-
-    The last view to release it starts `_close` in a task, shielded: cancelling the caller must not cut the drain
-    and the teardown short.
-    """
-
-    def __init__(self, gate: Gate, label: str) -> None:
-        self.gate = gate
-        self.label = label
-        self.refs = 1
-        self.closed = False
-        self._closing: asyncio.Task[None] | None = None
-
-    async def release(self) -> None:
-        self.refs -= 1
-        if self.refs > 0:
-            return
-        if self._closing is None:
-            self.closed = True
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        raise NotImplementedError
-
-    async def _drain_gate(
-        self, timeout_s: float, logger: logging.Logger, *, then: str, close_gate: bool = True
-    ) -> None:
-        """Let the calls in flight land (at most `timeout_s`); with `close_gate`, close the gate and cancel what is
-        still running, saying so (`then`) on the backend's own logger."""
-        drained = await self.gate.drain(timeout_s)
-        if close_gate:
-            self.gate.close()
-            if not drained:
-                logger.warning("%s: calls still running after %g s; %s", self.label, timeout_s, then)
-                self.gate.cancel_in_flight()
-
-
-class SessionView:
-    """A session as a harness holds it: a view of a `SharedLease`, closed once; the last view closes the lease."""
-
-    #: calls go through this session's own gate; the runtime need not serialise them
-    manages_concurrency = True
-
-    def __init__(self, lease: Any, task: Task) -> None:
-        self._lease = lease
-        self._task = task
-        self._closed = False
-
-    @property
-    def task(self) -> Task:
-        return self._task
-
-    async def close(self) -> None:
-        """Release this view; the last one closes what it holds."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._lease.release()
 
 
 # -- ORS sessions ----------------------------------------------------------------------------------------------------

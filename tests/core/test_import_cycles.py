@@ -27,20 +27,8 @@ PLUGIN_SRCS = sorted(path for path in PACKAGES.glob("platoon-*/src") if path != 
 #: circle is broken; never add one.
 KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset({"platoon.train.tinker.loop", "platoon.train.tinker.trainer"}),
-    frozenset({"platoon.episode.context", "platoon.episode.subagents"}),
-    frozenset({"platoon.renderers.base", "platoon.renderers.tokenizers", "platoon.renderers.toy"}),
-    frozenset({"platoon.cli", "platoon.cli.app", "platoon.viz.cli"}),
     frozenset(
         {"platoon.envs.named", "platoon.harness.registry", "platoon.plugins", "platoon.programs.registry"}
-    ),
-    frozenset(
-        {
-            "platoon.gateway.http.agents",
-            "platoon.gateway.http.anthropic",
-            "platoon.gateway.http.openai_chat",
-            "platoon.gateway.http.responses",
-            "platoon.gateway.http.server",
-        }
     ),
     # platoon-harbor's: the check, the preparation and the service call one another.
     frozenset({"platoon_harbor.check", "platoon_harbor.prepare", "platoon_harbor.service"}),

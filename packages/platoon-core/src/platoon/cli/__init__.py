@@ -7,9 +7,11 @@ refuses; a non-zero integer a command returns becomes the exit status.
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Sequence
-from typing import Any
+
+# run_command lives below this package's __init__ so the viewer's command line (platoon.viz.cli), which this
+# module's `platoon viz` calls, runs through it without importing this module back; it stays importable from here.
+from platoon.cli.running import reader_went_away, run_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _run(args)
         return _run(args)
     except BrokenPipeError:
-        return _reader_went_away()
+        return reader_went_away()
     except ImportError as exc:
         # A module of platoon's own that cannot be imported is, in an installed platoon, a damaged installation
         # (another distribution wrote or deleted files of the platoon/ folder): one line saying how to repair it.
@@ -41,21 +43,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if argv is None:
             _before_exit()
-
-
-def _reader_went_away() -> int:
-    """The reader of stdout closed it (`platoon --help | head -1`): what is still buffered goes nowhere, so the
-    interpreter's final flush raises nothing and no traceback follows the output the reader took."""
-    import os
-
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (
-        OSError,
-        ValueError,
-    ):  # a replaced stdout without a file descriptor: nothing left to flush into it
-        pass
-    return 1
 
 
 def _before_exit() -> None:
@@ -93,38 +80,3 @@ def _run(args: list[str]) -> int:
     from platoon.cli.app import build_command
 
     return run_command(build_command(), args, prog="platoon")
-
-
-def run_command(command: Any, args: list[str], *, prog: str) -> int:
-    """Run a click command that typer built (`platoon`'s, or the viewer's) on `args`; returns the exit status: what
-    it returned, or what it raised said in one line with platoon's status for it (64 for bad usage)."""
-    from typer import Abort, Exit
-    from typer._click.exceptions import ClickException, UsageError
-
-    from platoon.cli.output import err
-    from platoon.deprecations import PlatoonDeprecationWarning
-    from platoon.errors import EX_CONFIG, EX_USAGE, PlatoonError
-
-    try:
-        with warnings.catch_warnings():
-            result = command.main(args=args, prog_name=prog, standalone_mode=False)
-    except UsageError as exc:
-        exc.show()
-        return EX_USAGE
-    except ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except Exit as exc:
-        return exc.exit_code
-    except Abort:
-        err("aborted")
-        return 130
-    except PlatoonDeprecationWarning as warning:
-        err(f"{warning}; the warning filters make deprecations errors")
-        return EX_CONFIG
-    except PlatoonError as exc:
-        err(str(exc))
-        return exc.exit_code
-    except BrokenPipeError:
-        return _reader_went_away()
-    return result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -41,6 +41,7 @@ from platoon.config.overrides import (
 )
 from platoon.config.paths import resolve_entry_paths
 from platoon.config.site import SiteProfile, apply_site, deprecated_variables, load_site, site_location
+from platoon.config.strict_yaml import DuplicateKey, StrictSafeLoader
 from platoon.deprecations import DeprecatedKey, PlatoonDeprecationWarning, deprecation_message
 from platoon.errors import ConfigError, ExtensionError
 
@@ -204,36 +205,6 @@ class _FileLoader:
             return list(value)
         self.problems.append(f"{shown}: extends must be a path or a list of non-empty paths, got {value!r}")
         return []
-
-
-class DuplicateKey(yaml.YAMLError):
-    """A mapping that gives a key twice: YAML would silently keep the last value."""
-
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
-        super().__init__(f"duplicate key {key!r}")
-        self.key = key
-        self.line = line
-        self.first_line = first_line
-
-
-class StrictSafeLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a mapping giving a key twice (merge keys `<<` may still be overridden)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_lines: dict[Any, int] = {}
-        for key_node, _value in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                given = key in first_lines
-            except TypeError:  # an unhashable key: the base class says what is wrong with it
-                continue
-            if given:
-                raise DuplicateKey(key, line, first_lines[key])
-            first_lines[key] = line
-        return super().construct_mapping(node, deep=deep)
 
 
 def empty_config_problem(shown: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from platoon.config.strict_yaml import DuplicateKey, StrictSafeLoader
 from platoon.deprecations import DeprecatedKey, deprecation_message
 from platoon.errors import ConfigError
 
@@ -170,8 +171,6 @@ def parse_site(path: Path, text: str, env: Mapping[str, str] | None = None) -> S
     """A profile from its text; every problem is reported together (ConfigError with the profile as source)."""
     environ = _environ(env)
     sha = hashlib.sha256(text.encode()).hexdigest()
-    from platoon.config.loader import DuplicateKey, StrictSafeLoader  # the loader imports this module
-
     try:
         raw = yaml.load(text, Loader=StrictSafeLoader)  # a SafeLoader subclass: safe
     except DuplicateKey as exc:

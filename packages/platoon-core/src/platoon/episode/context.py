@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+# The access clamp moved below the subagents, which use it too; it stays importable from here.
+from platoon.episode.access import ACCESS_RANK, clamp_access
 from platoon.episode.budget import AgentBudget, BudgetTracker
 from platoon.gateway.mcp import bind_tools
 from platoon.gateway.tools import run_tool, visible_tools
@@ -40,20 +42,11 @@ __all__ = [
     "visible_tools",
 ]
 
-#: Tool access from the most restrictive to the least.
-ACCESS_RANK = {ToolAccess.READ_ONLY: 0, ToolAccess.NO_TERMINAL: 1, ToolAccess.FULL: 2}
-
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class EndpointUnavailable(RuntimeError):
     """`ctx.endpoint` on a rollout that serves no HTTP."""
-
-
-def clamp_access(wanted: ToolAccess | str, ceiling: ToolAccess | str) -> ToolAccess:
-    """The more restrictive of `wanted` and `ceiling` (read_only < no_terminal < full)."""
-    a, b = ToolAccess(wanted), ToolAccess(ceiling)
-    return a if ACCESS_RANK[a] <= ACCESS_RANK[b] else b
 
 
 @dataclass(eq=False)

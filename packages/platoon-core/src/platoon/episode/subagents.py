@@ -12,13 +12,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from platoon.envs.service import ForkMode, Outcome
+from platoon.episode.access import clamp_access
 from platoon.episode.budget import BudgetError, Reservation
-from platoon.episode.context import Agent, clamp_access
 from platoon.episode.outcomes import judge_run
 from platoon.episode.runner import run_agent
 from platoon.harness.agent import AgentStatus, SubagentResult, ToolAccess
 
 if TYPE_CHECKING:
+    from platoon.episode.context import Agent
     from platoon.harness.function import FunctionHarness
     from platoon.harness.spec import HarnessSpec
 
@@ -223,7 +224,8 @@ async def _child_life(
             raise
         except Exception as exc:  # e.g. the gateway began shutting down while the session forked
             return _launch_failed(goal, f"the model gateway refused a new agent ({exc}).")
-        child = Agent(
+        # A child is an agent of its parent's class: the context module imports this one, not the other way round.
+        child = type(parent)(
             episode,
             record,
             session=session,

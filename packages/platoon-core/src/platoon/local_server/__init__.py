@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError, PlatoonError
+from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from platoon.local_server.app import BackendFactory, ServerState
@@ -38,8 +39,6 @@ __all__ = [
 ]
 
 DEFAULT_MODEL = "platoon/toy"
-#: the largest request body the server reads; the SDK sends forward_backward in chunks of about 5 MB (15 MB of JSON)
-DEFAULT_MAX_BODY_BYTES = 64 << 20
 #: what every key starts with: the Tinker SDK refuses, on the client side, a key that does not
 KEY_PREFIX = "tml-"
 #: the fewest characters a given key holds after its prefix: a short key can be guessed by whoever reaches the port

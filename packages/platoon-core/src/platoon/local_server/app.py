@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from platoon.local_server import DEFAULT_MAX_BODY_BYTES
 from platoon.local_server import checkpoints as ckpt
 from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
+from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 from platoon.local_server.losses import LOSS_INPUT_KEYS, REQUIRED_INPUTS
 from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH, JSONTooDeep, loads_within_depth
 

@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from platoon.errors import PlatoonError
 
 if TYPE_CHECKING:
     import tokenizers
@@ -299,10 +302,26 @@ def _token_name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _toy_tokenizer() -> Any:
-    from platoon.renderers.toy import toy_tokenizer
+# The toy tokenizer is here, below the renderers (`platoon.renderers.toy` re-exports it with the toy renderer).
+TOY_MODEL_NAME = "platoon/toy"
+TOY_TOKENIZER_DIR = Path(__file__).resolve().parent / "toy_tokenizer"
+MISSING_TOKENIZERS = "the toy tokenizer needs the tokenizers package, which is not installed: pip install 'platoon-core[tinker]'"
 
-    return toy_tokenizer()
+
+class ToyTokenizerUnavailable(PlatoonError, ImportError):
+    """`tokenizers` is missing (bare platoon-core); the message is one line naming the extra that brings it."""
 
 
-register_tokenizer("platoon/toy", _toy_tokenizer)
+@functools.cache
+def toy_tokenizer() -> TokenizersTokenizer:
+    """The toy tokenizer (one shared instance): 265 ids, EOS `<|im_end|>` (258), pad `<|endoftext|>` (256)."""
+    try:
+        found = importlib.util.find_spec("tokenizers") is not None
+    except (ImportError, ValueError):  # `sys.modules["tokenizers"] = None` and broken installs land here
+        found = False
+    if not found:
+        raise ToyTokenizerUnavailable(MISSING_TOKENIZERS)
+    return TokenizersTokenizer.from_directory(TOY_TOKENIZER_DIR, name_or_path=TOY_MODEL_NAME)
+
+
+register_tokenizer(TOY_MODEL_NAME, toy_tokenizer)

@@ -32,7 +32,7 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
     entries = _entries(config)
     problems = check_environments_defined(entries) or check_mixture(entries)
     if kind == "train":
-        from platoon.startup.training import training_problems
+        from platoon.startup.training_rules import training_problems
 
         problems += training_problems(config)  # the gateway's limits among them
     else:

@@ -294,6 +294,6 @@ def build(argv: Sequence[str], stack: contextlib.ExitStack, *, prog: str = "plat
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "platoon viz") -> int:
     """Run the viewer's command line on `argv` (default: `sys.argv[1:]`); returns the exit status."""
-    from platoon.cli import run_command
+    from platoon.cli.running import run_command
 
     return run_command(build_command(), list(sys.argv[1:] if argv is None else argv), prog=prog)

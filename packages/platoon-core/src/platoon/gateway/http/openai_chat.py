@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import GatewayError
 from platoon.gateway.http.checks import check_chat_messages, invalid, optional_string
-from platoon.gateway.http.server import ClientGone, dumps
+from platoon.gateway.http.common import ClientGone, dumps
 
 if TYPE_CHECKING:
     from starlette.requests import Request

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import CALL_ID_PREFIX, GatewayError
 from platoon.gateway.http.checks import invalid, json_type, optional_string, string, text_parts
+from platoon.gateway.http.common import dumps
 from platoon.gateway.http.openai_chat import error_body, handle_errors
-from platoon.gateway.http.server import dumps
 
 if TYPE_CHECKING:
     from starlette.requests import Request

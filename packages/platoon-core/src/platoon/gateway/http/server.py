@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.gateway.core import AuthenticationFailed, GatewayError
+from platoon.gateway.http.common import ClientGone, dumps
 from platoon.harness.agent import CALL_KIND_HEADER, ChatReply, ModelEndpoint
 from platoon.request_limits import (
     DEFAULT_MAX_JSON_DEPTH,
@@ -86,10 +86,6 @@ class ChatBackend(Protocol):
     async def chat(self, agent: AgentRecord, body: dict[str, Any], dialect: str, *, kind: str) -> Any: ...
 
 
-class ClientGone(Exception):
-    """The client disconnected before the reply was ready: the call was cancelled and nothing recorded."""
-
-
 class RequestTooLarge(GatewayError):
     """A request body over the gateway's cap (HTTP 413); raised by the body's read, before the cap is passed."""
 
@@ -102,11 +98,6 @@ class RequestTooLarge(GatewayError):
         super().__init__(
             f"the request body {size} the gateway's limit of {limit} bytes ({MAX_BODY_BYTES_ENV} raises it)"
         )
-
-
-def dumps(value: Any) -> bytes:
-    """Compact JSON bytes (the wire format of every reply and event)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _error_json(exc: Exception) -> bytes:

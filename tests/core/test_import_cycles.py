@@ -1,0 +1,166 @@
+"""No import circles inside a package, counting the imports inside functions too (docs/architecture.md).
+
+The graph is read from the source: every `import` and `from ... import` statement, at module level or inside a
+function, is an edge from the module that holds it to the module it names. `from a.b import c` goes to `a.b.c`
+when that is a module, else to `a.b` (so a name a package's `__init__` re-exports, lazily or not, is an edge to
+the package). Imports under `if TYPE_CHECKING:` are left out: they never run, so they cannot make a circle at run
+time. A circle is a strongly connected component of more than one module.
+
+The target is zero circles. Until then `KNOWN_CYCLES` lists the ones left; the test fails on any circle not on
+it, and on any entry that is no longer a circle, so the list can only shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import platoon
+
+CORE_SRC = Path(platoon.__file__).parent.parent
+PACKAGES = CORE_SRC.parents[1]
+PLUGIN_SRCS = sorted(path for path in PACKAGES.glob("platoon-*/src") if path != CORE_SRC)
+
+#: The circles left (platoon-core and the plugin packages), each as its set of modules. Remove an entry when its
+#: circle is broken; never add one.
+KNOWN_CYCLES: list[frozenset[str]] = [
+    frozenset({"platoon.train.tinker.loop", "platoon.train.tinker.trainer"}),
+    frozenset(
+        {"platoon.envs.named", "platoon.harness.registry", "platoon.plugins", "platoon.programs.registry"}
+    ),
+    # platoon-harbor's: the check, the preparation and the service call one another.
+    frozenset({"platoon_harbor.check", "platoon_harbor.prepare", "platoon_harbor.service"}),
+]
+
+
+def _module_name(path: Path, src: Path) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found.update(child for statement in node.body for child in ast.walk(statement))
+    return found
+
+
+def import_graph(src: Path, *, extra: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """module -> the modules of the same source tree it imports (module level and inside functions).
+
+    `extra` maps a module name to source text that stands in for its file (for the test that the check can fail).
+    """
+    sources = {
+        _module_name(path, src): path.read_text(encoding="utf-8") for path in sorted(src.rglob("*.py"))
+    }
+    sources.update(extra or {})
+    packages = {_module_name(path, src) for path in src.rglob("__init__.py")}
+    graph: dict[str, set[str]] = {}
+    for module, text in sources.items():
+        package = module if module in packages else module.rpartition(".")[0]
+        tree = ast.parse(text)
+        skipped = _type_checking_only(tree)
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if node in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    origin = ".".join([*base, node.module] if node.module else base)
+                else:
+                    origin = node.module or ""
+                for alias in node.names:
+                    submodule = f"{origin}.{alias.name}"
+                    targets.add(submodule if submodule in sources else origin)
+        graph[module] = {target for target in targets if target in sources and target != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = lowlink[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = lowlink[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    lowlink[node] = min(lowlink[node], index[child])
+                continue
+            work.pop()
+            if work:
+                lowlink[work[-1][0]] = min(lowlink[work[-1][0]], lowlink[node])
+            if lowlink[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(frozenset(component))
+    return found
+
+
+def _listing(found: set[frozenset[str]]) -> str:
+    return "\n".join(" <-> ".join(sorted(cycle)) for cycle in sorted(found, key=sorted))
+
+
+def test_platoon_core_has_no_new_import_circle():
+    new = cycles(import_graph(CORE_SRC)) - set(KNOWN_CYCLES)
+    assert not new, f"import circles (counting imports inside functions):\n{_listing(new)}"
+
+
+@pytest.mark.parametrize("src", PLUGIN_SRCS, ids=lambda src: src.parent.name)
+def test_no_plugin_package_has_a_new_import_circle(src: Path):
+    new = cycles(import_graph(src)) - set(KNOWN_CYCLES)
+    assert not new, f"import circles in {src.parent.name}:\n{_listing(new)}"
+
+
+def test_the_known_circles_only_shrink():
+    """An entry of KNOWN_CYCLES that is no longer a circle must be removed (the list may only shrink)."""
+    found = set().union(*(cycles(import_graph(src)) for src in [CORE_SRC, *PLUGIN_SRCS]))
+    gone = set(KNOWN_CYCLES) - found
+    assert not gone, f"these circles are broken: remove them from KNOWN_CYCLES:\n{_listing(gone)}"
+
+
+def test_an_import_inside_a_function_that_closes_a_circle_is_found():
+    # platoon.naming imports nothing of platoon; making it import, inside a function, a module that imports it
+    # closes a circle the check must report.
+    naming = (CORE_SRC / "platoon" / "naming.py").read_text(encoding="utf-8")
+    closing = naming + "\n\ndef _closes():\n    from platoon.versioned import VersionedRegistry\n"
+    graph = import_graph(CORE_SRC, extra={"platoon.naming": closing})
+    assert "platoon.naming" in import_graph(CORE_SRC)["platoon.versioned"]
+    assert frozenset({"platoon.naming", "platoon.versioned"}) in cycles(graph)
+    assert frozenset({"platoon.naming", "platoon.versioned"}) not in cycles(import_graph(CORE_SRC))
+
+
+def test_an_import_only_for_type_checking_makes_no_circle():
+    naming = (CORE_SRC / "platoon" / "naming.py").read_text(encoding="utf-8")
+    typed = naming + "\n\nif TYPE_CHECKING:\n    from platoon.versioned import VersionedRegistry\n"
+    graph = import_graph(CORE_SRC, extra={"platoon.naming": typed})
+    assert "platoon.versioned" not in graph["platoon.naming"]

@@ -361,3 +361,20 @@ def test_no_file_of_the_repository_holds_the_published_text(fetched):
         if _hashes(iter(text.splitlines())) & DISTINCTIVE_LINE_SHA256:
             holding.append(name)
     assert holding == []
+
+
+def test_the_file_is_read_once_per_version_on_disk(fetched, tmp_path, monkeypatch):
+    prompts = _copy_cache(fetched, tmp_path / "cache")
+    reads: list[str] = []
+    real = published_prompts.texts_of
+    monkeypatch.setattr(
+        published_prompts, "texts_of", lambda code, *, name: reads.append(name) or real(code, name=name)
+    )
+    for _ in range(3):  # three rollouts building their prompt builders
+        published_prompts.load_texts(tmp_path / "cache")
+    assert reads == [str(prompts)]
+    # a changed file (here also of another size) is read again, and refused
+    prompts.write_text(prompts.read_text().replace("crafting game", "game", 1))
+    with pytest.raises(published_prompts.PublishedPromptsError, match="differs from the published text"):
+        published_prompts.load_texts(tmp_path / "cache")
+    assert reads == [str(prompts), str(prompts)]

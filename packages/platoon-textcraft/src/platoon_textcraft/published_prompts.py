@@ -67,6 +67,10 @@ EXIT_REFUSED = 78  # EX_CONFIG: what is on disk is not the published text
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the index could not be reached
 
 
+#: (path, mtime, size) of a prompts.py already read -> its checked texts
+_READ: dict[tuple[str, int, int], dict[str, str]] = {}
+
+
 class PublishedPromptsError(ValueError):
     """The published prompts (or the wheel holding them) are not what was published; the message is one line."""
 
@@ -107,7 +111,14 @@ def load_texts(cache_root: str | os.PathLike[str] | None = None) -> dict[str, st
             f"the RAO prompts (platoon-textcraft {VERSION}'s prompts.py) are not fetched on this site "
             f"(no {path}): run `platoon prepare CONFIG` for this config, or `{FETCH_COMMAND}{where}`"
         )
-    return texts_of(path.read_bytes(), name=str(path))
+    # Every rollout builds its prompt builder, and so asks again: the file is parsed and checked once per version of
+    # it on disk (a fetch that replaces it changes its size or time, and is read anew).
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    texts = _READ.get(key)
+    if texts is None:
+        texts = _READ[key] = texts_of(path.read_bytes(), name=str(path))
+    return dict(texts)
 
 
 def texts_of(code: bytes, *, name: str = "prompts.py") -> dict[str, str]:

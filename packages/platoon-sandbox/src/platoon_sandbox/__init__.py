@@ -1,4 +1,4 @@
-"""platoon-sandbox: task sandboxes for platoon (harness.md 5), found through entry points.
+"""platoon-sandbox: task sandboxes for platoon, found through entry points.
 
 The provider contract lives in core (`platoon.sandbox`); its names stay importable from here (`SandboxSpec`, `Mount`,
 `ExecResult`, `Sandbox`, `SandboxProvider`) for code written against platoon 0.1.

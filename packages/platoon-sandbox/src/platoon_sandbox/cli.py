@@ -1,4 +1,4 @@
-"""`platoon sandbox list | reap RUN_DIR` (core.md 3.15, harness.md 5.5): the sandboxes a run's label still has,
+"""`platoon sandbox list | reap RUN_DIR`: the sandboxes a run's label still has,
 and reaping those of a run that was killed.
 
 Both read the run dir's `config.resolved.yaml` (a directory without one is no run dir: usage, exit 64) for the

@@ -1,4 +1,4 @@
-"""Bubblewrap around a process sandbox's commands (harness.md 5.7): what they may see of the host, and what not.
+"""Bubblewrap around a process sandbox's commands: what they may see of the host, and what not.
 
 Each sandbox has a *holder*: a bwrap started with the sandbox, before any command of the agent's, that makes the
 sandbox's namespaces (PID, mount, IPC, UTS) and mounts its filesystem once; its init (`HOLD`, which no command can

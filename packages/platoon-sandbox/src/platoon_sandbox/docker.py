@@ -1,8 +1,8 @@
-"""The `docker` sandbox provider (harness.md 5.3): one long-lived container per sandbox, driven by the docker CLI
+"""The `docker` sandbox provider: one long-lived container per sandbox, driven by the docker CLI
 for its life cycle and by the Engine API for the commands run in it.
 
-The life cycle (run, cp, commit, rm, reap) goes through the CLI the spec names: its behaviour is the spec's
-(`docker cp` semantics, label filters) and the binary is swappable through `PLATOON_DOCKER` (podman speaks the same
+The life cycle (run, cp, commit, rm, reap) goes through the docker CLI, whose behaviour it relies on
+(`docker cp` semantics, label filters), and the binary is swappable through `PLATOON_DOCKER` (podman speaks the same
 CLI). Commands (`exec` and the provider's own scripts) go through the `docker` SDK's Engine API client
 (`platoon_sandbox.engine`), which saves the CLI's process start on the hot path; with another CLI than `docker`,
 or an engine the SDK cannot reach, they fall back to `docker exec`.
@@ -14,18 +14,18 @@ abandoning an exec (its API connection or its `docker exec` client) does not sto
 or a cancellation runs a kill script in the container that SIGKILLs every process whose environment holds the
 marker.
 
-Networks (harness.md 5.7): `host` is the host's own namespace; every other policy starts the container with
+Networks: `host` is the host's own namespace; every other policy starts the container with
 `--network none`; `public` and `allowlist` then get filtered egress attached to its namespace (`egress`: one
 slirp4netns per sandbox and nftables rules inside). Under `runtime: runsc` those two run under the engine runtime
 `egress_runtime` (`runsc-hostinet`: gVisor with `--network=host`, whose kernel opens real sockets in the container's
 own namespace, where the rules apply); gVisor's own network stack (`runsc`, `--network=none`) cannot be given one.
 
-Routes (harness.md 5.6): a container with a namespace of its own reaches each Unix-socket upstream through a
+Routes: a container with a namespace of its own reaches each Unix-socket upstream through a
 forwarder inside it (`routes.ContainerForwarders`): the socket's directory is bound read-only at `/run/platoon/<name>` and the forwarder
 listens on 127.0.0.1:18080 (18081, ... in name order). It is started by its own `docker exec` (so no exec marker
 reaches it) and `kill_processes` spares it by pid and start time, like the container's own processes.
 
-Least privilege (harness.md 5.7): every container drops all capabilities but `KEPT_CAPABILITIES`, runs with
+Least privilege: every container drops all capabilities but `KEPT_CAPABILITIES`, runs with
 `no-new-privileges` and a pids limit, takes CPU and memory limits from the spec, and its disk limit from
 `storage_mb`: the storage driver's quota where the engine has one (`--storage-opt size=`, overlay2 on xfs with
 pquota), else a watchdog that ends the sandbox (`SandboxDiskLimit`) once its writable layer passes the limit. A spec
@@ -33,7 +33,7 @@ with a `user` gets a container that runs as root and commands that run as that u
 (kill scripts, routes, uploads) stay root, since docker gives an exec as root in a non-root container no
 capabilities. The `runtime` option (`runsc`: gVisor) picks the engine's OCI runtime.
 
-Registration (harness.md 5.5): the process labels are merged into the spec's, the sandbox is registered (and
+Registration: the process labels are merged into the spec's, the sandbox is registered (and
 mirrored) before its container is created, and unregistered once the container is gone; a container that could not
 be removed stays registered, so a reap by label finds it.
 """
@@ -119,7 +119,7 @@ DEFAULT_EGRESS_RUNTIME = "runsc-hostinet"
 DISK_POLL_S = 2.0
 MB = 1024 * 1024
 
-# The container's PID 1 under the hardened defaults (harness.md 5.7), so that no command can end its own sandbox
+# The container's PID 1 under the hardened defaults, so that no command can end its own sandbox
 # (which would turn its episode into the untrainable `sandbox_gone` instead of its score). The kernel delivers no
 # signal to a PID namespace's init from inside it unless the init handles it, never SIGKILL or SIGSTOP: this shell
 # ignores the rest. It waits on a keep-alive (`wait` reaps orphaned processes meanwhile); if a command kills the
@@ -319,7 +319,7 @@ class DockerSandbox(Sandbox):
         self._removal: asyncio.Future[None] | None = None
         self._egress: egress.Slirp | None = None  # public and allowlist: the slirp4netns giving it egress
         # TCP upstreams are their own route; Unix-socket ones get a forwarder unless the sandbox shares the host's
-        # network (5.6): a host-network sandbox reaches the gateway on loopback, so no route.
+        # network: a host-network sandbox reaches the gateway on loopback, so no route.
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
         self._forwarders = ContainerForwarders.for_spec(spec, self._route_shell)
 

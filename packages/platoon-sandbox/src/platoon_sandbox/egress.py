@@ -1,4 +1,4 @@
-"""Filtered egress for `public` and `allowlist` sandboxes (harness.md 5.7), shared by the docker and process providers.
+"""Filtered egress for `public` and `allowlist` sandboxes, shared by the docker and process providers.
 
 A sandbox with one of these policies has a network namespace of its own (a `--network none` container's, or one
 bubblewrap made for a process sandbox). Two things are attached to it when it starts:

@@ -2,7 +2,7 @@
 
 `docker exec` through the CLI costs a process start (about 20 ms here) on top of the engine's own exec; the
 docker provider's hot path (every agent command, the kill scripts, the forwarder checks) goes straight to the
-engine instead. Everything else (run, cp, commit, rm, reap) stays on the CLI that harness.md 5.3 names.
+engine instead. Everything else (run, cp, commit, rm, reap) stays on the docker CLI.
 
 The SDK is synchronous, so each command runs in a worker thread of a private pool (the event loop's default pool
 has only a handful of threads, and a rollout may run dozens of commands at once). The API path is taken only when

@@ -1,4 +1,4 @@
-"""The route forwarder (harness.md 5.6), run *inside* a sandbox by whatever Python it has (3.6 or newer).
+"""The route forwarder, run *inside* a sandbox by whatever Python it has (3.6 or newer).
 
 Standard library only, and never imported by platoon: it is uploaded to `/tmp/platoon-route/forwarder.py` and run as
 `python3 forwarder.py SOCKET_DIR SOCKET_NAME PORT_FILE PORT`. It listens on 127.0.0.1:PORT (0: a free port), writes

@@ -1,4 +1,4 @@
-"""The `singularity` and `enroot` providers (harness.md 5.4): an adapter over hpc-sandbox (the `hpc` extra).
+"""The `singularity` and `enroot` providers: an adapter over hpc-sandbox (the `hpc` extra).
 
 hpc-sandbox (`hpc_sandbox.SingularityProvider` / `EnrootProvider`) runs rootless sandboxes on HPC nodes: one
 Singularity/Apptainer instance or one enroot container per sandbox, its root filesystem a private copy on node-local
@@ -11,17 +11,17 @@ deleted); snapshots deleted when their sandbox stops; the sandbox's own failures
 hpc-sandbox is imported only when a provider is constructed (or asked whether it is available), so `import
 platoon_sandbox.hpc` and `platoon --help` stay light. Which inner class a provider wraps is the class attribute
 `inner_class` (an import string); the tests point a subclass at a fake, because no Apptainer or enroot can be
-installed on the CI machine (platform.md 6).
+installed on the CI machine.
 
 What hpc-sandbox lacks, the adapter adds through `exec`, as the docker provider does with `docker exec`:
-- routes (harness.md 5.6): a `network: none` sandbox has its own network namespace, so each Unix-socket upstream's
+- routes: a `network: none` sandbox has its own network namespace, so each Unix-socket upstream's
   directory is bound read-only at `/run/platoon/<name>` and a forwarder inside listens on 127.0.0.1:18080, 18081...
   (`routes.ContainerForwarders`);
 - `kill_processes`: hpc sandboxes have their own PID namespace (Singularity's `--containall`, enroot's anchor), so
   the sandbox's own processes (the instance's keep-alive, enroot's init) are listed right after start by pid and
   start time and spared, with the forwarders; everything else is frozen and SIGKILLed.
 
-Registration (harness.md 5.5) is the docker provider's: process labels merged over the spec's, registered before the
+Registration is the docker provider's: process labels merged over the spec's, registered before the
 inner start, attached once started, unregistered once stopped; a start that fails leaves nothing registered unless
 hpc-sandbox itself says its cleanup failed (then a reap by label finds the session).
 """
@@ -85,7 +85,7 @@ def _hpc() -> Any:
 
 
 def _cap(data: str) -> str:
-    """A stream as platoon keeps it (harness.md 5.1): the first 8 MiB, then "[N bytes of output dropped]", N counting
+    """A stream as platoon keeps it: the first 8 MiB, then "[N bytes of output dropped]", N counting
     what hpc-sandbox had already cut out of the middle."""
     raw = data.encode("utf-8", errors="surrogateescape")
     omitted = 0
@@ -113,7 +113,7 @@ class HpcSandbox(Sandbox):
         self._snapshots: list[Any] = []
         self._stopped = False
         self._torn_down = False
-        # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network (5.6): a
+        # TCP upstreams are their own route; Unix-socket ones get a forwarder only without network: a
         # host-network sandbox reaches the gateway on loopback. A `network: none` hpc sandbox has its own network
         # namespace, so its forwarders take the fixed ports 18080, 18081, ...
         self._routes = {k: v for k, v in spec.upstreams.items() if not v.startswith("unix://")}
@@ -345,7 +345,7 @@ class HpcProvider(SandboxProvider):
     def _inner_spec(self, spec: SandboxSpec) -> Any:
         hpc = _hpc()
         mounts = [hpc.Mount(m.source, m.target, m.read_only) for m in spec.mounts]
-        if spec.network == "none":  # each Unix socket's directory, for the forwarders (harness.md 5.6)
+        if spec.network == "none":  # each Unix socket's directory, for the forwarders
             mounts += [
                 hpc.Mount(source, target, True)
                 for source, target in ContainerForwarders.binds(spec.upstreams)

@@ -1,5 +1,5 @@
 """What the container providers (docker, singularity, enroot) run inside a sandbox through its exec to tell the
-sandbox's own processes from the commands' (harness.md 5.1 `kill_processes`, 5.3): the scripts, and the record of
+sandbox's own processes from the commands' (`kill_processes` ends only the latter): the scripts, and the record of
 the own processes they list right after start.
 
 The own processes (an init, a keep-alive, a runtime's helpers) are recorded by pid and start time, so a pid reused

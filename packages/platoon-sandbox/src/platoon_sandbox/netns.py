@@ -1,4 +1,4 @@
-"""A network namespace of its own for each `network: none` process sandbox (harness.md 5.2, issue 18).
+"""A network namespace of its own for each `network: none` process sandbox (issue 18).
 
 bubblewrap makes it: `bwrap --dev-bind / / --unshare-net --info-fd N -- cat` starts a child in a new network
 namespace that holds only `lo`, already up as 127.0.0.1. We open the child's `/proc/PID/ns/net` (and `ns/user`, the

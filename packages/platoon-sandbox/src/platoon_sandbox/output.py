@@ -1,4 +1,4 @@
-"""Captured command output, the same for every provider (harness.md 5.1): each stream keeps its first 8 MiB and
+"""Captured command output, the same for every provider: each stream keeps its first 8 MiB and
 counts the rest, and after a command exits its pipes get `DRAIN_S` to drain (a background child still holding them
 is not waited for)."""
 

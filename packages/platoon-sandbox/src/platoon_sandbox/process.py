@@ -1,4 +1,4 @@
-"""The `process` provider (harness.md 5.2, 5.7): a directory on the host standing in for a container. NOT isolated.
+"""The `process` provider: a directory on the host standing in for a container. NOT isolated.
 
 Commands run as host processes, as the user running platoon, with the host's files readable. Where bubblewrap
 works they are confined (`confine`): a PID namespace of the sandbox's own, the host read-only with the sandbox's
@@ -83,7 +83,7 @@ MAPPED_ROOTS = ("/app", "/tests", "/logs", "/solution", "/tmp")
 ROOT_ENV = "PLATOON_SANDBOX_ROOT"
 #: A confined sandbox's private /var/tmp and /dev/shm, beside fs/ (not in its snapshots); its /run is fs/run.
 CONFINED_DIRS = ("var-tmp", "shm")
-#: The route forwarder carries this and is spared by `kill_processes` (harness.md 5.6).
+#: The route forwarder carries this and is spared by `kill_processes`.
 INFRA_MARKER = b"PLATOON_INFRA=route"
 SCRATCH_VARIABLES = ("PLATOON_NODE_SCRATCH", "PBS_LOCALDIR", "SLURM_TMPDIR", "TMPDIR")
 #: Kill passes over the leftover processes at stop.
@@ -102,7 +102,7 @@ def _user() -> str:
 
 
 def node_scratch() -> Path:
-    """`$PLATOON_NODE_SCRATCH`, `$PBS_LOCALDIR`, `$SLURM_TMPDIR`, `$TMPDIR`, else `/tmp` (harness.md 4)."""
+    """`$PLATOON_NODE_SCRATCH`, `$PBS_LOCALDIR`, `$SLURM_TMPDIR`, `$TMPDIR`, else `/tmp`."""
     for name in SCRATCH_VARIABLES:
         if os.environ.get(name):
             return Path(os.environ[name])
@@ -190,8 +190,8 @@ class ProcessProvider(SandboxProvider):
     @classmethod
     def unconfined_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
         """Why commands would run unconfined here with `options`, or None: bubblewrap confines them, or the options
-        say `confine: none`, which accepts that. The Harbor service refuses to run tasks while this answers
-        (harness.md 5.7); a site profile cannot set `confine`."""
+        say `confine: none`, which accepts that. The Harbor service refuses to run tasks while this answers;
+        a site profile cannot set `confine`."""
         if (options or {}).get("confine") == "none":
             return None
         why = confinement_unavailable()
@@ -433,7 +433,7 @@ class ProcessSandbox(Sandbox):
         # inside a word, a URL or a longer path, nor after `~`, `}` or `)` (`~/app`, `${DIR}/app`, `$(pwd)/app`).
         alternatives = "|".join(re.escape(t.rstrip("/")) for t in sorted(targets, key=len, reverse=True))
         self._pattern = re.compile(rf"(?<![\w./~}})-])({alternatives})(?=/|$|[^\w.-])")
-        # TCP upstreams are their own route; Unix ones get a forwarder unless on the host network (5.6)
+        # TCP upstreams are their own route; Unix ones get a forwarder unless on the host network
         self._routes = {name: url for name, url in spec.upstreams.items() if not url.startswith("unix://")}
         self._forwarders: dict[str, Forwarder] = {}
         #: `none`, `public`, `allowlist` where bubblewrap works: every command and forwarder runs in this namespace
@@ -533,7 +533,7 @@ class ProcessSandbox(Sandbox):
 
     async def _start_routes(self) -> None:
         """A forwarder per Unix-socket upstream of a sandbox off the host network (none, public, allowlist), in name
-        order (5.6): inside its own network namespace on 18080, 18081, ... (it reaches the socket through the shared
+        order: inside its own network namespace on 18080, 18081, ... (it reaches the socket through the shared
         filesystem), else on free host loopback ports. On the host network there is nothing to forward: the
         sandbox reaches the socket itself."""
         unix = sorted((n, u) for n, u in self.spec.upstreams.items() if u.startswith("unix://"))
@@ -595,7 +595,7 @@ class ProcessSandbox(Sandbox):
         # a relative cwd is the workdir's, never platoon's own working directory
         where = posixpath.join(self.spec.workdir, cwd) if cwd else self.spec.workdir
         workdir = str(self._host(where))
-        # Entering the directory ourselves first makes "cannot enter the cwd" its own OSError (harness.md 5.1),
+        # Entering the directory ourselves first makes "cannot enter the cwd" its own OSError,
         # never confused with a missing executable.
         if not os.path.isdir(workdir):
             raise FileNotFoundError(2, "cannot enter the working directory", where)

@@ -1,5 +1,5 @@
 """Finding and killing host processes through /proc: start times (a pid-reuse guard), process groups and
-environment markers (harness.md 9 rule 6: cleanup is by marker, because a process can leave its group)."""
+environment markers (cleanup is by marker, because a process can leave its group)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Labels, registration and reaping (harness.md 5.5): nothing a stopped rollout started keeps running.
+"""Labels, registration and reaping: nothing a stopped rollout started keeps running.
 
 Every built-in provider registers each sandbox here *before* starting it (so a worker killed mid-start still left a
 record to reap by), attaches the live sandbox once started and unregisters it on stop. The registry mirrors the

@@ -1,4 +1,4 @@
-"""Routes (harness.md 5.6): a forwarder per Unix-socket upstream of a sandbox off the host's network (`none`,
+"""Routes: a forwarder per Unix-socket upstream of a sandbox off the host's network (`none`,
 `public`, `allowlist`): the only way such a sandbox reaches the gateway.
 
 `Forwarder` runs `forwarder.py` on the host for the process provider, with the sandbox's `PLATOON_SANDBOX_ROOT` (so

@@ -1,4 +1,4 @@
-"""`platoon harbor fetch | verify | index` (harness.md 6.4): fetch each Harbor entry's dataset once and pin it
+"""`platoon harbor fetch | verify | index`: fetch each Harbor entry's dataset once and pin it
 with a lock, check the cache against the lock, and list a lock's tasks.
 
 Exit codes: 0 ok; 1 a fetch that failed, or `verify` found a damaged or missing cache entry; 64 usage; 78 a config

@@ -1,4 +1,4 @@
-"""Harbor datasets: naming, task ids, fetch into the site cache, the lock, and verification (harness.md 6.2-6.4).
+"""Harbor datasets: naming, task ids, fetch into the site cache, the lock, and verification.
 
 A dataset is named by `service_kwargs.dataset`: `hf://org/name@<40-hex commit>[#subdir]` (also
 `hf://datasets/org/name@...`) or a local directory. `fetch` copies its tasks into `<cache>/tasks/<content hash>/`
@@ -15,10 +15,10 @@ API for the `harbor` service and `platoon prepare`:
   (`.tasks`: id -> cached task directory, `.lock`, `.lock_path`, `.splits()`: the dataset's `splits.json` as
   fetched); raises core's `EnvNotPrepared` naming
   `platoon prepare CONFIG` when it is not fetched or its lock is stale. A local `dataset_dir` is returned as is.
-- `task_ids(root, fetched=False) -> dict[id, Path]`: the ids of a local dataset directory (6.2).
+- `task_ids(root, fetched=False) -> dict[id, Path]`: the ids of a local dataset directory.
 - `verify(lock, cache, ids=None) -> list[str]`: cache entries whose files no longer hash to their digests.
 - `content_hash(task_dir)`: the Harbor content hash ("harbor-packager-v1"); `input_files(task_dir)`: the inputs
-  the hold-out joins groups by (6.6).
+  the hold-out joins groups by.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class FetchError(PlatoonError):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Naming (6.2)
+# Naming
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -150,7 +150,7 @@ def _read_task_name(task_dir: Path) -> str | None:
 
 
 def task_ids(root: Path, *, fetched: bool = False) -> dict[str, Path]:
-    """The tasks of a local dataset directory by id (6.2): a registry.json's names, else (fetched sources only)
+    """The tasks of a local dataset directory by id: a registry.json's names, else (fetched sources only)
     task-index.json's `task_path` rows, else every task.toml directory (dir name, or `group/name` deeper down).
 
     The registry and the scan are platoon_harbor.tasks.discover_tasks; a fetched source adds the index rows and
@@ -388,7 +388,7 @@ def _copy_sources(args: str) -> list[str] | None:
 
 
 def input_files(task_dir: Path) -> dict[str, str]:
-    """A task's input files (6.6): `environment/...` path -> `sha256:<normalised digest>`.
+    """A task's input files: `environment/...` path -> `sha256:<normalised digest>`.
 
     The build-context paths its Dockerfile's COPY/ADD take, minus the build's own files; a task without a
     Dockerfile takes all of `environment/`. Tests, solutions and remote content are never inputs.
@@ -422,7 +422,7 @@ def input_files(task_dir: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Fetch settings and the inputs digest (6.3)
+# Fetch settings and the inputs digest
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -882,7 +882,7 @@ def _task_flags(task_dir: Path, task_id: str) -> tuple[dict[str, Any], str | Non
 
 
 def _refusal(flags: Mapping[str, Any], refuse: Mapping[str, Any]) -> str | None:
-    """The recorded refusals, in the spec's priority order."""
+    """The recorded refusals, in priority order."""
     if refuse.get("sidecars", True) and flags.get("stack") == "sidecars":
         return "sidecars: the environment is a compose stack with more than the main service"
     if refuse.get("gpus", True) and flags.get("gpus"):

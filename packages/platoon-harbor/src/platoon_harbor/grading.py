@@ -1,4 +1,4 @@
-"""Harbor grading that agents cannot forge (harness spec 6.7, and the anti-forgery rules of section 9).
+"""Harbor grading that agents cannot forge (docs/harbor.md, "Grading", says what each verifier mode trusts).
 
 `grade_shared(...)` runs under an exclusive turn of the session's gate: it kills every process the agents left,
 checks the workdir from `/`, makes `/tests` and `/logs/verifier` afresh, uploads the tests only now, runs
@@ -57,7 +57,7 @@ EVIDENCE_BYTES = 16 * 1024
 VERIFIER_DIR = "/logs/verifier"
 RESERVED_KEYS = ("invalid", "failure_kind")
 
-# The classes of a verifier output file (6.7).
+# The classes of a verifier output file.
 REGULAR, MISSING, SYMLINK, SPECIAL, MOUNT, UNREADABLE, TOO_LARGE = (
     "regular",
     "missing",
@@ -275,7 +275,7 @@ class Classifier:
 
     A `pattern` is a multiline regex, over `test.sh`'s own stderr when `stderr_only` (the built-in rules: a test
     runner reports the agent's code on stdout, so the agent's prints rarely reach this stream), else over every log
-    tail (`{pattern, kind}` entries of a config, as the spec had them). `exit_rule` reads the exit code instead:
+    tail (`{pattern, kind}` entries of a config). `exit_rule` reads the exit code instead:
     `signal` (killed from outside) or `nonzero_after_reward` (a reward was written, then `test.sh` failed)."""
 
     kind: str

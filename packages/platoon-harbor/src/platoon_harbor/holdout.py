@@ -1,4 +1,4 @@
-"""The hold-out of whole groups of tasks for evaluation (`service_kwargs.holdout`, harness.md 6.6).
+"""The hold-out of whole groups of tasks for evaluation (`service_kwargs.holdout`).
 
 `holdout_split(rows, rule, dataset=...) -> Split` is a pure function of the lock's task rows and the rule: the same
 on every machine and in every process (SHA-256 orderings, exact decimal arithmetic, no hash randomisation), so
@@ -97,7 +97,7 @@ class Split:
     joined: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
-        """The split record a run writes into identity.json (core.md 9.4)."""
+        """The split record a run writes into identity.json."""
         return {
             "holdout": self.rule.to_json(),
             "dataset": self.dataset,
@@ -145,7 +145,7 @@ def holdout_split(
     *,
     dataset: Mapping[str, Any] | None = None,
 ) -> Split:
-    """Split lock rows (`name`, `index`, `refused`, `input_files`) into eval and train (6.6, steps 1-7)."""
+    """Split lock rows (`name`, `index`, `refused`, `input_files`) into eval and train."""
     rule = rule if isinstance(rule, HoldoutRule) else HoldoutRule.parse(rule)
     problems: list[str] = []
     stratum: dict[str, str] = {}

@@ -1,4 +1,4 @@
-"""Harbor task images, built once per site (harness.md 6.5): build plans, content-addressed build keys, the image
+"""Harbor task images, built once per site: build plans, content-addressed build keys, the image
 map of a provider, the `docker` builder, and the image a session opens on.
 
 - **Plan**: a task either names a prebuilt `[environment].docker_image` (kind `prebuilt`), has an
@@ -52,7 +52,7 @@ DEFAULT_TIMEOUT_S = 3600.0
 
 #: provider -> its default builder; other providers have none (`--builder docker --push` or `alias`)
 DEFAULT_BUILDERS = {"docker": "docker", "singularity": "oci", "apptainer": "oci", "process": "alias"}
-#: builders this build runs; `oci` (SingularityCE) and `def` cannot run on this kind of machine (platform.md 6)
+#: builders this build runs; `oci` (SingularityCE) and `def` cannot run on this kind of machine
 RUNNABLE_BUILDERS = ("docker", "alias")
 
 _DIRECTIVE = re.compile(r"^#\s*([A-Za-z]+)\s*=\s*(.*?)\s*$")
@@ -899,7 +899,7 @@ def image_for(
 
 
 def plan_for_lock(task_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The `image` record of a lock's task row (harness.md 6.3): `kind` none | prebuilt | per_task (a fetch that
+    """The `image` record of a lock's task row: `kind` none | prebuilt | per_task (a fetch that
     sees several tasks with one key may call them `shared`), `key`, `deferred` (always empty: this build plans the
     whole Dockerfile), `base`, `notes`, `ref` for a prebuilt image, `upload_environment`, and `refused` (`image:
     ...`) for a Dockerfile that cannot be planned."""

@@ -1,4 +1,4 @@
-"""`platoon harbor images plan|build|verify|alias CONFIG|LOCK` (harness.md 6.4): the build keys of a config's Harbor
+"""`platoon harbor images plan|build|verify|alias CONFIG|LOCK`: the build keys of a config's Harbor
 entries (or of a lock's tasks), built once per site into the provider's image map.
 
 CONFIG: every `service: harbor` entry, each with its own map (`image_map`, else `<harbor cache>/images/<provider>

@@ -1,5 +1,5 @@
-"""What `platoon prepare` makes for a `service: harbor` entry (core.md 3.6), and the run-start check that refuses a
-run whose images are not built (harness.md 6.5): core reaches both through the `service.prepare` and
+"""What `platoon prepare` makes for a `service: harbor` entry, and the run-start check that refuses a
+run whose images are not built: core reaches both through the `service.prepare` and
 `service.problems` seams (`platoon.hookspecs`), which platoon_harbor.plugin implements.
 
 Steps, in order: `dataset` (fetch into the lock through platoon_harbor.datasets; a directory-backed entry has

@@ -1,8 +1,8 @@
-"""The `harbor` environment service (harness spec 6.7-6.9): Harbor task directories run in their sandboxes and
+"""The `harbor` environment service: Harbor task directories run in their sandboxes and
 graded by their own tests.
 
 `HarborService(**service_kwargs)` checks its options when built (an unknown key or a bad value is one line, exit
-78), lists the tasks of a dataset directory (6.2), and opens sessions: the sandbox spec comes from the task
+78), lists the tasks of a dataset directory, and opens sessions: the sandbox spec comes from the task
 (image, workdir, host-resolved env, network, resources) and the entry (mounts, env, provider), the rollout's
 `SessionNeeds` are applied to it, the sandbox starts, `/logs/{agent,verifier,artifacts}` and the workdir are made,
 and the task's healthcheck must pass. Each start failure maps to an infra kind: a route problem `harness_setup`,
@@ -58,12 +58,12 @@ __all__ = ["DEFAULT_PROVIDER", "HarborOptions", "HarborService"]
 log = logging.getLogger(__name__)
 
 DEFAULT_PROVIDER = "docker"
-#: the grading allowance of the rollout overhead (6.8)
+#: the grading allowance of the rollout overhead
 GRADING_ALLOWANCE_S = 120.0
 #: `service_kwargs.verifier_mode`, the first the default
 VERIFIER_MODES = ("separate", "shared")
 
-#: every `service_kwargs` key of `service: harbor` (6.9)
+#: every `service_kwargs` key of `service: harbor`
 KNOWN_KEYS = (
     "dataset_dir",
     "task_dirs",
@@ -141,7 +141,7 @@ def _string_map(kwargs: Mapping[str, Any], key: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class HarborOptions:
-    """The checked `service_kwargs` (6.9)."""
+    """The checked `service_kwargs`."""
 
     name: str = "harbor"
     dataset_dir: Path | None = None
@@ -498,7 +498,7 @@ class HarborService:
     def task_columns(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         return {i: {"name": self._loaded[i].name} for i in ids if i in self._loaded}
 
-    # -- deadlines (6.8) -------------------------------------------------------------------------------------------
+    # -- deadlines -------------------------------------------------------------------------------------------
 
     def agent_timeout_for(self, task: HarborTask) -> float | None:
         if task.agent.timeout_sec is None:
@@ -560,7 +560,7 @@ class HarborService:
         raw = self.options.raw
         if task.dockerfile is not None and (self.options.fetched or raw.get("image_map")):
             # A Dockerfile task of a fetched dataset (or an entry with an image map): its image was built once per
-            # site by `platoon prepare`; a missing one is EnvNotPrepared, never the default image (6.5).
+            # site by `platoon prepare`; a missing one is EnvNotPrepared, never the default image.
             from platoon_harbor import images
             from platoon_harbor.prepare import harbor_cache
 
@@ -623,7 +623,7 @@ class HarborService:
             )
         return self._limits_refusal(task)
 
-    # -- limits and users (harness.md 5.7) ---------------------------------------------------------------------------
+    # -- limits and users ---------------------------------------------------------------------------
 
     def _provider_unavailable(self) -> str | None:
         """Why the provider cannot run here with its options (the docker provider: a `runtime` the engine lacks)."""
@@ -683,14 +683,14 @@ class HarborService:
         return spec.network != "host" and f"network_{spec.network}" in self._capabilities()
 
     def _unconfined(self) -> str | None:
-        """Why the provider would run this entry's commands unconfined, or None (harness.md 5.7: the process
+        """Why the provider would run this entry's commands unconfined, or None (the process
         provider without bubblewrap is refused unless the run config's `provider_options.confine: none` accepts
         it; a site profile cannot set that option)."""
         reason = self.provider_class().unconfined_refusal(dict(self.options.provider_options))
         return f"provider {self.options.provider}: {reason}" if reason else None
 
     async def check_tasks(self, split: str, ids: list[str]) -> None:
-        """Run-start checks (6.9): the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
+        """Run-start checks: the provider's rootfs-layout refusal, no-network or GPU tasks it refuses, and
         tasks without an image. Raises an `env_config` error."""
         problems: list[str] = []
         reason = self.provider_class().rootfs_layout_refusal(dict(self.options.provider_options))
@@ -777,7 +777,7 @@ class HarborService:
         needs: SessionNeeds | None = None,
         view_task: Task | None = None,
     ) -> HarborSession:
-        """Start the task's sandbox and return its session (6.7); failures raise `EnvSetupError`."""
+        """Start the task's sandbox and return its session; failures raise `EnvSetupError`."""
         try:
             htask = await asyncio.to_thread(self._resolve, task)
             refusal = await asyncio.to_thread(self._unconfined) or self._refusal(htask)
@@ -920,7 +920,7 @@ class HarborService:
         return HarborSession(LiveSandbox(self, copy), child_task)
 
 
-#: Harbor's network modes and the sandbox networks they run under (harness.md 5.7): no policy shares the host's.
+#: Harbor's network modes and the sandbox networks they run under: no policy shares the host's.
 SandboxNetwork = Literal["none", "public", "allowlist"]
 _NETWORKS: dict[str, SandboxNetwork] = {"no-network": "none", "public": "public", "allowlist": "allowlist"}
 _HARBOR_MODES = {network: mode for mode, network in _NETWORKS.items()}

@@ -1,4 +1,4 @@
-"""Harbor sessions (harness spec 6.7): the agent's sandbox, the environment tools, forks, the oracle, grading.
+"""Harbor sessions: the agent's sandbox, the environment tools, forks, the oracle, grading.
 
 A `LiveSandbox` is one started sandbox and its gate, shared by every session view forked `shared` (reference counted);
 the last view to close drains in-flight calls (at most `close_timeout_s`) and stops the sandbox in a shielded task,

@@ -1,4 +1,4 @@
-"""Harbor task directories (harness spec 6.1) and the task ids of a local dataset directory (6.2).
+"""Harbor task directories and the task ids of a local dataset directory.
 
 The API the rest of platoon-harbor builds on:
 
@@ -114,7 +114,7 @@ class HealthCheck:
 
     @property
     def budget_s(self) -> float:
-        """The longest a healthcheck may take (6.8): start period + (retries + 1) * (timeout + interval)."""
+        """The longest a healthcheck may take: start period + (retries + 1) * (timeout + interval)."""
         return self.start_period_sec + (self.retries + 1) * (self.timeout_sec + self.interval_sec)
 
 
@@ -548,7 +548,7 @@ def _trivial_compose(path: Path) -> bool:
 
 
 def read_task(path: str | Path, *, task_id: str | None = None) -> HarborTask:
-    """Parse the task directory `path` (6.1). `task_id` defaults to `[task].name`, else the directory name."""
+    """Parse the task directory `path`. `task_id` defaults to `[task].name`, else the directory name."""
     root = Path(path).absolute()
     if not root.is_dir():
         raise TaskRefused(root, "not a directory")
@@ -664,13 +664,13 @@ def load_task(path: str | Path, *, task_id: str | None = None, agent_user: str =
     return task
 
 
-# --- task ids (6.2) ---------------------------------------------------------------------------------------------
+# --- task ids ---------------------------------------------------------------------------------------------
 
 _SKIP_DIRS = {"__pycache__"}
 
 
 def discover_tasks(root: str | Path) -> dict[str, Path]:
-    """Task ids → directories of the dataset directory `root` (6.2, `dataset_dir` discovery).
+    """Task ids → directories of the dataset directory `root` (`dataset_dir` discovery).
 
     With a `registry.json` the ids are its task names (only tasks whose directory exists count); else every
     directory holding `task.toml` (not descending into tasks, skipping hidden dirs and `__pycache__`) is named by its

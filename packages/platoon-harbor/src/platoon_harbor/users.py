@@ -1,4 +1,4 @@
-"""Task users (harness.md 5.7, 6.1): a task may name the user its agent and its verifier run as. The sandbox's
+"""Task users: a task may name the user its agent and its verifier run as. The sandbox's
 commands then run as that user, and platoon's own steps in it (making the log directories, resetting and reading
 the verifier's files, collecting artifacts) run as root through a view of the sandbox that `as_user` makes.
 """

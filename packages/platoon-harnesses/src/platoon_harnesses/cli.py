@@ -1,4 +1,4 @@
-"""`platoon toolchain build | list | verify` (core.md 3.11, harness.md 3.7): build TOML specs' toolchains once per
+"""`platoon toolchain build | list | verify`: build TOML specs' toolchains once per
 site, list what a root holds, and check that nothing changed a toolchain since it was built (its tree hash).
 
 Exit codes: 0 ok; 1 a build failed, a toolchain is stale without `--force`, or `verify` found a difference; 64 no

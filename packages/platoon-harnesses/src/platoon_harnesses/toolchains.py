@@ -1,4 +1,4 @@
-"""Toolchains built once per site (harness.md 3.7): a uv-managed CPython plus a spec's locked packages, built at
+"""Toolchains built once per site: a uv-managed CPython plus a spec's locked packages, built at
 `ROOT/NAME` with a `manifest.json`, checked before a run starts, and staged node-locally for each rollout.
 
 The API (the spec runner and `platoon toolchain` use it; core reaches it only through the hooks of `plugin.py`):
@@ -237,7 +237,7 @@ class TreeSummary:
 
 
 def summarize(directory: str | os.PathLike[str]) -> TreeSummary:
-    """The tree hash of a directory (harness.md 3.7) with its file count and total file size."""
+    """The tree hash of a directory with its file count and total file size."""
     lines: list[bytes] = []
     files = size = 0
     for relative, entry in sorted(_entries(Path(directory)), key=lambda item: item[0]):
@@ -483,7 +483,7 @@ def _install_python(uv: str, recipe: RecipeSpec, work: Path, env: Mapping[str, s
 def _make(
     spec: HarnessSpec, recipe: RecipeSpec, path: Path, uv: str, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Build into `path` (absent): every step of harness.md 3.7, the manifest written last."""
+    """Build into `path` (absent): every step docs/toolchains.md lists, the manifest written last."""
     wanted_recipe = recipe_sha256(recipe)
     locked = lock_sha256(recipe)
     work = Path(tempfile.mkdtemp(prefix=f".{path.name}.build-", dir=path.parent))
@@ -573,7 +573,7 @@ def build(
     uv: str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> Built:
-    """Build the spec's toolchain unless one of the same recipe is finished there (harness.md 3.7)."""
+    """Build the spec's toolchain unless one of the same recipe is finished there."""
     recipe = recipe_of(spec)
     path = toolchain_path(spec, root)
     tell = say or (lambda _line: None)

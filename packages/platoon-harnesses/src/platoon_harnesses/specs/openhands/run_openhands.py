@@ -33,7 +33,7 @@ EXIT_STUCK = 4
 
 CONDENSERS = ("none", "llm_summarizing")
 SDK_VERSION = "1.54.0"
-#: the environment the launch sets (harness.md 3.9); LLM_API_KEY is popped before any tool starts
+#: the environment the launch sets; LLM_API_KEY is popped before any tool starts
 ENV_MODEL, ENV_BASE_URL, ENV_API_KEY = "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY"
 
 
@@ -131,7 +131,7 @@ def final_message(events: Sequence[Any]) -> str | None:
 
 
 def replay_llm_class() -> type:
-    """An LLM that sends assistant turns back as the model wrote them (harness.md 3.9, reasoning replay)."""
+    """An LLM that sends assistant turns back as the model wrote them (reasoning replay)."""
     from openhands.sdk import LLM
     from openhands.sdk.llm import Message, TextContent
 

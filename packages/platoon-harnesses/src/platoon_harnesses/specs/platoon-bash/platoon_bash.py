@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""platoon-bash: a small shell agent for the `platoon-bash@1` spec (harness.md 3.9 and 4.3).
+"""platoon-bash: a small shell agent for the `platoon-bash@1` spec.
 
 It asks an OpenAI-compatible Chat Completions endpoint (platoon's gateway) what to do, runs the `bash` commands the
 model asks for in the current directory, calls the environment's tools over MCP (streamable HTTP) when given

@@ -194,7 +194,7 @@ def raise_problems(title: str, problems: Iterable[str], value: Any = None) -> No
 
 
 def _note_kept(title: str, exc: ValidationError, kept: Mapping[str, Mapping[str, Any]]) -> ValidationError:
-    """`exc` with each construction error under a laid section noting the defaults that section kept (4.2)."""
+    """`exc` with each construction error under a laid section noting the defaults that section kept."""
     details: list[InitErrorDetails] = []
     for error in exc.errors():
         loc, ctx = error["loc"], error.get("ctx") or {}

@@ -1,4 +1,4 @@
-"""The host variables an agent's commands may keep (harness.md 5.7): the one list, for every place that starts them.
+"""The host variables an agent's commands may keep: the one list, for every place that starts them.
 
 A process sandbox's commands and a locally placed harness start from these and nothing else of the host's
 environment, so API keys, tokens and `DOCKER_HOST` stay with platoon; the caller adds the sandbox's own variables

@@ -1,4 +1,4 @@
-"""The sandbox contract (harness.md 5.1): what a task sandbox is asked for, and what it answers.
+"""The sandbox contract: what a task sandbox is asked for, and what it answers.
 
 A *provider* (`process`, `docker`, `singularity`, `enroot` from platoon-sandbox, or a user's `module:Class`) subclasses
 `SandboxProvider` and starts `Sandbox`es from a `SandboxSpec`; what a provider may leave out has a default here.
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: The capabilities a provider may declare. Besides the features (snapshot, gpu, routes, host_loopback), each
-#: names a guarantee of harness.md 5.7 that the provider enforces for every sandbox it starts:
+#: names a guarantee that the provider enforces for every sandbox it starts:
 #: `network_none` (loopback and the routes only), `network_public` (a namespace of its own whose egress cannot
 #: reach the host's loopback, link-local, private or own addresses), `network_allowlist` (the same, reaching only
 #: `allowed_hosts`), `isolation` (the host's files and processes out of reach), `clean_env` (commands start with an
@@ -63,8 +63,8 @@ CAPABILITIES = frozenset(
 #: Each captured stream of a command keeps at most this many bytes; the rest is counted and dropped.
 OUTPUT_CAP_BYTES = 8 * 1024 * 1024
 
-#: `none`: loopback and the routes only. `public`: a network namespace of the sandbox's own with filtered egress
-#: (harness.md 5.7). `allowlist`: the same, reaching only `allowed_hosts`. `host`: the host's own network
+#: `none`: loopback and the routes only. `public`: a network namespace of the sandbox's own with filtered egress.
+#: `allowlist`: the same, reaching only `allowed_hosts`. `host`: the host's own network
 #: namespace, for a caller that asks for it by name (no Harbor policy does).
 Network = Literal["host", "none", "public", "allowlist"]
 NETWORKS: tuple[str, ...] = ("host", "none", "public", "allowlist")
@@ -102,8 +102,8 @@ class SandboxSpec:
     """What a sandbox is started from.
 
     `image`: `docker://repo:tag`, a `.sif`/`.sqsh` path, or `local` (the process provider). `network`: see
-    `Network`; in every mode but `host`, Unix-socket `upstreams` reach their services through a forwarder
-    (harness.md 5.6). `allowed_hosts`: the destinations of an `allowlist` sandbox (host names or addresses).
+    `Network`; in every mode but `host`, Unix-socket `upstreams` reach their services through a forwarder.
+    `allowed_hosts`: the destinations of an `allowlist` sandbox (host names or addresses).
     `upstreams`: name -> `unix:///abs/dir/x.sock` or `http(s)://host:port`; each gets a route usable inside.
     `labels`: merged with the process's labels (the run and worker labels) before the sandbox is registered.
     Limits (None: the provider's default): `cpus`, `memory_mb`, `pids_limit` (processes at once), `storage_mb`
@@ -324,7 +324,7 @@ class SandboxProvider(abc.ABC):
 
     @classmethod
     def unconfined_refusal(cls, options: Mapping[str, Any] | None = None) -> str | None:
-        """Why commands would run unconfined on this host with `options`, or None (harness.md 5.7: a caller refuses
+        """Why commands would run unconfined on this host with `options`, or None (a caller refuses
         to run tasks while this answers). Default: None."""
         return None
 

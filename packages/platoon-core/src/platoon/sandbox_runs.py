@@ -1,4 +1,4 @@
-"""A run's sandboxes, seen from core (harness.md 5.5): the run label, the providers a run could have used, and
+"""A run's sandboxes, seen from core: the run label, the providers a run could have used, and
 run-level reaping.
 
 Core never imports a sandbox package: providers are reached through `platoon.plugins.get_sandbox_runtime(name)`

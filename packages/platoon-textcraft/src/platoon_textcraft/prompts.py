@@ -2,7 +2,7 @@
 
 The system prompt is the variant's instructions, a blank line and the CodeAct paragraph; the action-space text is
 fixed (whatever functions the harness built), with synthetic or Minecraft examples. With `prompts: platoon` (the
-default) the wording is this package's own, written from textcraft.md's description; with `prompts: rao` it is the
+default) the wording is this package's own; with `prompts: rao` it is the
 RAO paper's, as platoon-textcraft 0.1.0 published it, token for token: those texts are not in this package but
 fetched once per site (`platoon prepare`, or `python -m platoon_textcraft.published_prompts fetch`; see
 `published_prompts`), and a builder asking for them refuses to be built before they are. `prompts_dir` replaces any

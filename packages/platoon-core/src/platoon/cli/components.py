@@ -132,7 +132,7 @@ def _words(templates: Any) -> str:
 
 
 def spec_lines(spec: Any) -> list[str]:
-    """What `platoon harness show` prints for a TOML spec after its ref and source (core.md 3.9)."""
+    """What `platoon harness show` prints for a TOML spec after its ref and source."""
     from platoon.harness.spec import format_value
 
     install = spec.install

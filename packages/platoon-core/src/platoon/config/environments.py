@@ -62,7 +62,7 @@ class AgentsConfig(ConfigModel):
     child_timeout_s: Float | None = Field(None, gt=0, description="per-child wall clock in seconds")
 
 
-#: harness.md calls the `agents` table by this name.
+#: Another name for the `agents` table's config, kept for code that imports it.
 AgentTreeConfig = AgentsConfig
 
 

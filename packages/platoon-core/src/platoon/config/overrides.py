@@ -378,7 +378,7 @@ class Override:
 
 
 def parse_override(text: str) -> Override:
-    """Split `a.b=value` / `a.b+=value`; a malformed one raises ConfigError with the spec's message."""
+    """Split `a.b=value` / `a.b+=value`; a malformed one raises a one-line ConfigError."""
     malformed = ConfigError(f"override {text!r} is not of the form key=value or key+=value")
     if not isinstance(text, str) or "=" not in text:
         raise malformed

@@ -67,7 +67,7 @@ class SiteProfile:
 
     @property
     def values(self) -> dict[str, Any]:
-        """The keys the profile sets, in the spec's order (paths as strings)."""
+        """The keys the profile sets, in a fixed order (paths as strings)."""
         out: dict[str, Any] = {}
         if self.cache is not None:
             out["cache"] = str(self.cache)

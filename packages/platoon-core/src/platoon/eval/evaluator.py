@@ -634,7 +634,7 @@ async def evaluate(
 
 
 def _reap_sandboxes(output_dir: Path, snapshot: LoadedConfig, say: Say) -> None:
-    """At exit: stop what this evaluation's label still has (harness.md 5.5); never raises."""
+    """At exit: stop what this evaluation's label still has; never raises."""
     reaped = reap_run(output_dir, snapshot.data, snapshot.site)
     if reaped:
         say(f"reaped {reaped} sandbox(es) of {output_dir}")

@@ -4,7 +4,7 @@ Names are looked up in installed entry points (group `platoon.harnesses`, import
 registered by imported modules; version prefixes match at dots (`@2` matches `2.4.6`). An entry point may give
 function harnesses or TOML specs (a `HarnessSpec`, a spec path or a directory of `*.toml`); both kinds share one
 namespace: a ref matching versions of both kinds is ambiguous like any other, and where a spec and a function
-have the same `name@version` the spec wins, with a warning (harness.md 2.2).
+have the same `name@version` the spec wins, with a warning.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TOML harness specs (harness.md 3): `HarnessSpec`, its strict loader, option checks and the templating rules.
+"""TOML harness specs: `HarnessSpec`, its strict loader, option checks and the templating rules.
 
 A spec describes a command-line agent: how to install it, the argv and environment to launch it with, where its
 final message is, what its exit codes mean and which options it takes. Everything a spec can get wrong is found
@@ -188,7 +188,7 @@ class FinalMessageSpec:
 
 @dataclass(frozen=True)
 class HarnessSpec:
-    """A command-line agent described by a TOML file (harness.md 3), as loaded and checked by `load_spec`."""
+    """A command-line agent described by a TOML file, as loaded and checked by `load_spec`."""
 
     name: str
     version: str
@@ -841,7 +841,7 @@ def _option(name: str, table: _Table) -> OptionSpec:
 
 
 def _check_placeholders(spec: HarnessSpec) -> None:
-    """Every template uses only the placeholders its location allows (harness.md 3.3)."""
+    """Every template uses only the placeholders its location allows."""
     public = set(PUBLIC)
     if spec.toolchain is not None:
         public.add("toolchain")

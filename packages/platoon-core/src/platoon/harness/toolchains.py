@@ -1,4 +1,4 @@
-"""Toolchains seen from core (harness.md 3.7): the check a run makes before any rollout, and `platoon prepare`'s
+"""Toolchains seen from core: the check a run makes before any rollout, and `platoon prepare`'s
 `toolchain <name>` step, for the TOML specs a config names.
 
 Building, reading and staging toolchains is platoon-harnesses' work. Core never imports it: it loads the plugin

@@ -158,7 +158,7 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
         )
     from platoon.harness.toolchains import entry_toolchain_root, toolchain_problems
 
-    # A run never builds: a toolchain that is not ready stops it here, before any rollout (harness.md 3.7).
+    # A run never builds: a toolchain that is not ready stops it here, before any rollout.
     root = entry_toolchain_root(entry)
     problems += [f"{where}.{key}: {line}" for line in toolchain_problems(harness, root=root)]
     # Without a spec runner a run cannot start such an entry, so `config validate` says so too; nothing is imported.

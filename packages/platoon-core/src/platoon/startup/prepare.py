@@ -1,4 +1,4 @@
-"""`platoon prepare CONFIG [k=v ...] [--dry-run]` (core.md 3.6), and the run-start check that refuses a run whose
+"""`platoon prepare CONFIG [k=v ...] [--dry-run]`, and the run-start check that refuses a run whose
 services are not prepared on this site (exit 78, naming the prepare command).
 
 Prepare makes once per site what a config needs, step by step, each skipped when already done: per entry, the

@@ -11,7 +11,7 @@ Then, for every recorded call of the agent:
 
 - its prompt extends the previous call's prompt and sampled tokens, or the call records that a new segment starts
   for a reason of the chat format (`generation["history"]["segment"]` in `FORMAT_SEGMENTS`);
-- the datums the trainer builds from the rollout (train.md 2.7) hold exactly the sampled tokens, loss mask 1 on
+- the datums the trainer builds from the rollout hold exactly the sampled tokens, loss mask 1 on
   them and 0 elsewhere, one datum per segment.
 
 A cell is "extends" (every call extends the previous one), "segment" (some calls start documented segments) or
@@ -917,7 +917,7 @@ class Bench:
     def _datum_problems(
         self, rollout: RolloutRecorder, agent: AgentRecord, segments: list[list[Any]]
     ) -> list[str]:
-        """The trainer's datums (train.md 2.7): one per segment, the segment's tokens, mask 1 on sampled only."""
+        """The trainer's datums: one per segment, the segment's tokens, mask 1 on sampled only."""
         if not segments:
             return ["no call was recorded"]
         from platoon.envs.service import Outcome

@@ -1,6 +1,6 @@
 """The trajectory viewer's Textual app: the rollouts grouped by training step on the left, the highlighted node's
 details on the right (a draggable divider between them), a filter bar, a search bar with grouped results, a help
-screen, and the keys of harness.md section 8.
+screen, and the keys docs/viewer.md lists.
 
 Imported only when a viewer command runs (`platoon.viz.cli` imports it once the arguments are good). What is shown
 comes from `platoon.viz.model`; this module keeps the Tree widget in step with the model's nodes by their stable keys

@@ -1,7 +1,7 @@
 """The viewer's own command line: `platoon viz tail|replay|show-dump` and `python -m platoon.viz`.
 
 A typer group like every other `platoon` command (the same help layout, `-h`, usage errors with exit 64), kept here
-because the viewer's options are its own (core.md 3.1): platoon's `main` hands everything after `viz` to `main` below
+because the viewer's options are its own: platoon's `main` hands everything after `viz` to `main` below
 without building the rest of the command line, and `platoon --help` lists it from `platoon.cli.root`. Textual is
 imported only once the arguments are good and a viewer is about to start; without it, one line names the extra
 that brings it. Exit codes as the rest of the command line: 0 ok, 1 failure (textual missing, a dump that is not

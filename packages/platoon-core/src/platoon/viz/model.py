@@ -50,7 +50,7 @@ __all__ = [
 TRAJECTORY_TYPES = frozenset(
     {"trajectory_created", "trajectory_task_set", "trajectory_step_added", "trajectory_finished"}
 )
-#: the ORS bridge's event log (harness.md 7.6): no collection, a `session` and a `time`
+#: the ORS bridge's event log: no collection, a `session` and a `time`
 BRIDGE_TYPES = frozenset(
     {
         "session_started",

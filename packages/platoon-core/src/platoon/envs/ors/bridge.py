@@ -1,4 +1,4 @@
-"""The ORS bridge's event log and its read-only bridge tools (harness.md 7.6), shared by in-process and remote leases.
+"""The ORS bridge's event log and its read-only bridge tools, shared by in-process and remote leases.
 
 `log_dir`: every session of a rollout appends to `<log_dir>/<rollout slug>/bridge_events.jsonl` (a `fresh` fork
 opens a new session in the same file) records `{"type", "time", "session", "turn", "payload"}`, the types the

@@ -120,7 +120,7 @@ class OrsLease(SharedLease):
         self.infra, self.tool_errors = list(other.infra), list(other.tool_errors)
         self.tools = other.tools
 
-    # -- the event log (harness.md 7.6) ------------------------------------------------------------------------
+    # -- the event log ------------------------------------------------------------------------
 
     def start_bridge(
         self, rollout_id: str, task: Task, instruction: str | None, *, sid: str | None = None, **about: Any

@@ -161,7 +161,7 @@ def resolve_pool(
     legacy_global_pool: bool = True,
     environ: Mapping[str, str] | None = None,
 ) -> Pool:
-    """The pool in the spec's order: static URLs, the label's variable, the legacy pool, the single URL, localhost."""
+    """The pool, first found first: static URLs, the label's variable, the legacy pool, the single URL, localhost."""
     if static:
         return Pool(tuple(static), static_source)
     env = os.environ if environ is None else environ

@@ -176,7 +176,7 @@ class GatewayServer:
     `rollouts`: when given, only keys of those rollout ids are accepted (`accept_rollout` adds more).
 
     `unix_socket`: serve on that Unix socket (mode 0600) instead of TCP; `upstream` is then `unix://<path>`. A
-    sandbox without a network reaches such a server through its route (harness.md 3.8, 5.6): one server per
+    sandbox without a network reaches such a server through its route: one server per
     rollout, on the same `ModelGateway` as the TCP one, created with `rollouts=[that rollout]`.
 
     `max_body_bytes` (413 past it; `$PLATOON_GATEWAY_MAX_BODY_BYTES`, else 32 MiB) and `max_json_depth` (400 past

@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
                 ipc.write_private(Path(diag_path), ipc.format_diag({"phase": "launch", "pid": os.getpid()}))
         return EXIT_BAD_REQUEST
     diag = Diag(request.paths.diag)
-    # the run's label and this worker's: every sandbox the rollout starts carries them (harness.md 5.5)
+    # the run's label and this worker's: every sandbox the rollout starts carries them
     carry_labels(request.sandbox_labels)
     signal.signal(signal.SIGTERM, _startup_terminate(diag))
     if os.getsid(0) != os.getpid():

@@ -236,7 +236,7 @@ def group_advantages(
         else:
             member.baseline = mean
         baseline = member.baseline
-        # Every trajectory of the tree is centered on its rollout's root-group baseline (rule 8.1).
+        # Every trajectory of the tree is centered on its rollout's root-group baseline.
         member.advantages = {tid: member.rewards[tid] - baseline for tid in sorted(member.eligible)}
 
     baselines = [member.baseline for member in completed if member.baseline is not None]

@@ -1,6 +1,6 @@
 """Evaluation during training: which steps are due, the eval split's tasks, and one evaluation of a
 sampler's policy — rollouts of every eval task through the entry's eval route, trajectories under
-`rollouts/eval/step_<n>/`, a row in `evaluations.jsonl` and the `eval/...` metrics (2.14).
+`rollouts/eval/step_<n>/`, a row in `evaluations.jsonl` and the `eval/...` metrics.
 """
 
 from __future__ import annotations

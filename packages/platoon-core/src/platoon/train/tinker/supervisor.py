@@ -151,7 +151,7 @@ def supervise(
 
     Restarts after any exit but 0, 78, 130, 143 or death by SIGINT/SIGTERM, never after this process was signalled,
     at most `max_restarts` times, and not after `MAX_STALLED_STARTS` consecutive starts that saved no new checkpoint.
-    Reaps the run's sandboxes (harness.md 5.5) before each restart and at exit.
+    Reaps the run's sandboxes before each restart and at exit.
     """
     run_dir = Path(run_dir)
     argv = list(command) if command is not None else child_command(run_dir)

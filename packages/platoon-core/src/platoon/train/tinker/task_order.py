@@ -380,7 +380,7 @@ class _Passes:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Listing the training tasks of a config (2.2 `exclude_tasks`, 2.3 labels).
+# Listing the training tasks of a config (`exclude_tasks`, labels).
 
 
 def _split_names(value: Any) -> list[str] | None:

@@ -585,7 +585,7 @@ def reap_orphans(run_dir: Path) -> int:
 
 
 def reap_sandboxes(run_dir: Path, loaded: LoadedConfig | None) -> int:
-    """Stop the sandboxes this run's label still has (harness.md 5.5: at start, before each supervised restart
+    """Stop the sandboxes this run's label still has (at start, before each supervised restart
     and at exit), through the providers the run could have used; says how many, never raises."""
     from platoon.sandbox_runs import reap_run
 

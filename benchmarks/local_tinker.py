@@ -1,4 +1,4 @@
-"""One RL step through the unmodified Tinker SDK against the local server (core.md 8.7), as `TINKER_BASE_URL=local`
+"""One RL step through the unmodified Tinker SDK against the local server, as `TINKER_BASE_URL=local`
 runs it: the server in a child process, the default tiny model with the toy tokenizer.
 
 A step = save weights and get a sampling client, sample 8 completions of 64 tokens, `forward_backward` with

@@ -1,4 +1,4 @@
-"""Writes the toy tokenizer's `tokenizer.json` and `tokenizer_config.json` into platoon-core (core.md 8.2).
+"""Writes the toy tokenizer's `tokenizer.json` and `tokenizer_config.json` into platoon-core.
 
 Run `uv run python scripts/build_toy_tokenizer.py` after changing it; the generated files are committed and shipped
 in the package (this script is not: it lives outside the package so the wheel carries no build code). The output is

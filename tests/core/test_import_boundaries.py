@@ -1,4 +1,4 @@
-"""`import platoon` stays cheap, and core never imports a plugin package (design.md section 1)."""
+"""`import platoon` stays cheap, and core never imports a plugin package."""
 
 from __future__ import annotations
 

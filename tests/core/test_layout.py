@@ -162,7 +162,7 @@ def test_the_local_server_imports_neither_training_nor_evaluation():
     assert _violations(["local_server"], ["train", "eval", "testing", "rollouts", "gateway", "episode"]) == []
 
 
-#: the stable import paths of core.md 1.4 and train.md 1, and names each must give
+#: the stable import paths (docs/architecture.md), and names each must give
 STABLE_PATHS = {
     "platoon.train.tinker.renderers": [
         "ChatTemplateRenderer",

@@ -1,4 +1,4 @@
-"""`platoon prepare CONFIG` in core (core.md 3.6): the steps a service's plugin and the policy contribute, the
+"""`platoon prepare CONFIG` in core: the steps a service's plugin and the policy contribute, the
 statuses and verdict lines, the tokenizer step offline, and the run-start refusal naming the prepare command.
 
 The service seams are served here by functions registered with `platoon.hooks.register`, as a plugin's hookimpls
@@ -151,7 +151,7 @@ def test_tokenizer_step_registered_seeded_and_missing(tmp_path, monkeypatch, cap
 
     assert step("platoon/toy") == (0, ["policy tokenizer: current: platoon/toy (registered with platoon)"])
     assert step(str(tmp_path)) == (0, [f"policy tokenizer: current: {tmp_path} (a local directory)"])
-    # a tokenizer seeded into the Hugging Face cache counts as there (platform.md 11)
+    # a tokenizer seeded into the Hugging Face cache counts as there
     snapshot = hub / "hub" / "models--acme--tiny" / "snapshots" / ("a" * 40)
     snapshot.mkdir(parents=True)
     (snapshot / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 8}))

@@ -1,4 +1,4 @@
-"""Core's side of a run's sandboxes (harness.md 5.5): the run label in the environment, the providers a run could
+"""Core's side of a run's sandboxes: the run label in the environment, the providers a run could
 have used, refusing a provider no installed distribution provides, and a reap that never raises. Runs with
 platoon-core alone (the reaping itself, with real sandboxes, is tested in tests/sandbox/test_run_reaping.py)."""
 

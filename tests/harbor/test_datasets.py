@@ -1,6 +1,6 @@
 """Harbor datasets: naming and ids, `hf://` fetch through huggingface_hub from a local fake hub, the lock, a current
 lock fetching nothing, a changed commit refused until fetched, `verify` finding damage, `index`, and a run whose
-dataset is missing refused as not prepared (harness.md 6.2-6.4)."""
+dataset is missing refused as not prepared."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Naming and ids (6.2)
+# Naming and ids
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -182,7 +182,7 @@ def test_input_files_are_the_dockerfile_sources_with_normalised_text(tmp_path: P
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Fetch, cache and lock (6.3), through the real command line and huggingface_hub
+# Fetch, cache and lock, through the real command line and huggingface_hub
 # ---------------------------------------------------------------------------------------------------------------
 
 

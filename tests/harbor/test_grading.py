@@ -1,4 +1,4 @@
-"""The verdict of a Harbor grading (harness.md 6.7) from the files as the sandbox's shell read them: its order,
+"""The verdict of a Harbor grading from the files as the sandbox's shell read them: its order,
 the reward files, the reward contract, the log classifiers; and the tools' output rules. No sandbox here: the
 Docker tests in test_service.py run the same code against real forgeries."""
 

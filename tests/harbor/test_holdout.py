@@ -1,4 +1,4 @@
-"""The hold-out (harness.md 6.6): whole groups, strata, exact rounding, groups joined through shared inputs, the
+"""The hold-out: whole groups, strata, exact rounding, groups joined through shared inputs, the
 same split in two processes, and identity.json refusing a resume that changes it (78)."""
 
 from __future__ import annotations

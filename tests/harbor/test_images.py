@@ -1,4 +1,4 @@
-"""Harbor task images (harness.md 6.5): build plans and keys, built once per site with the real docker CLI against
+"""Harbor task images: build plans and keys, built once per site with the real docker CLI against
 the private engine (.ci/docker-engine), never rebuilt while unchanged, a changed task rebuilt alone, `ADD` of a URL
 and of a git repository served from this machine, both builders, and `platoon harbor images`.
 

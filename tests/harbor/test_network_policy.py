@@ -1,4 +1,4 @@
-"""Harbor's network policies per phase (harness.md 5.7, 6.1): `public`, `allowlist` with `allowed_hosts`, and
+"""Harbor's network policies per phase: `public`, `allowlist` with `allowed_hosts`, and
 `no-network`, read from `[environment]`, `[agent]`, `[verifier]` and `[verifier.environment]`, and run in sandboxes of
 their own (never on the host's network) by a real Docker engine; a policy the provider cannot honour is refused when
 the run starts, in one line, exit 78, and `platoon config validate` says the same.

@@ -1,4 +1,4 @@
-"""`platoon prepare CONFIG` for Harbor entries (core.md 3.6, harness.md 6.3/6.5): the dataset fetched into the site
+"""`platoon prepare CONFIG` for Harbor entries: the dataset fetched into the site
 cache, the images built into `<harbor cache>/images/docker.json`, the dataset check of the tasks without a verdict,
 the toolchain and tokenizer steps, each with its line and skipped when done; the run that stops before any rollout
 when images are missing; an interrupted prepare (SIGINT in the middle of a build) that the next prepare finishes.

@@ -1,4 +1,4 @@
-"""The `harbor` service against real sandboxes (harness.md 6.7-6.9): the dataset check of the example dataset in
+"""The `harbor` service against real sandboxes: the dataset check of the example dataset in
 Docker, every forgery refused and none scored, the tools' output rules, infra failures, and the process provider.
 
 CI starts the Docker engine and builds `platoon-test/python:bookworm` first (`.ci/docker-engine start`, then source
@@ -676,7 +676,7 @@ def test_a_verifier_dockerfile_without_an_image_map_is_not_prepared(tmp_path):
         run(opened(service, "built-verifier"))
 
 
-# --- run-start checks (6.9) -------------------------------------------------------------------------------------
+# --- run-start checks -------------------------------------------------------------------------------------
 
 
 def test_a_run_start_refuses_a_task_the_provider_cannot_run(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""A Harbor task's limits and users (harness.md 5.7, 6.1): `[environment]` cpus, memory and storage and the
+"""A Harbor task's limits and users: `[environment]` cpus, memory and storage and the
 `[agent]`/`[verifier]` users reach the agent's and the verifier's sandboxes, and a run refuses at its start, one line
 per task, what its provider cannot honour. Against the real Docker engine where a sandbox starts.
 

@@ -1,4 +1,4 @@
-"""Harbor task directories (harness.md 6.1) and the ids of a local dataset directory (6.2)."""
+"""Harbor task directories and the ids of a local dataset directory."""
 
 from __future__ import annotations
 

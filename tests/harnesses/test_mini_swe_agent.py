@@ -1,4 +1,4 @@
-"""The `mini-swe-agent@2.4.6` spec (harness.md 3.9) with the real package from PyPI, against platoon's real gateway.
+"""The `mini-swe-agent@2.4.6` spec with the real package from PyPI, against platoon's real gateway.
 
 The spec's own install command installs mini-swe-agent 2.4.6 once per test session into a HOME cached under
 `.cache/` (gitignored), so a warm checkout installs nothing; a cold one downloads from PyPI (about 8 s here). The
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC_FILE = ROOT / "packages/platoon-harnesses/src/platoon_harnesses/specs/mini-swe-agent/mini-swe-agent.toml"
 #: the HOME the spec's install puts mini-swe-agent under (~/.local/bin, ~/.local/share/uv/tools, ~/.cache/uv)
 CACHE = ROOT / ".cache" / "mini-swe-agent-2.4.6"
-#: the variables a local placement keeps from the host (harness.md 3.6) that an install from PyPI needs
+#: the variables a local placement keeps from the host that an install from PyPI needs
 PASSED = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY")
 PASSED += tuple(name.lower() for name in PASSED[3:])
 
@@ -174,7 +174,7 @@ class Ran:
 
 
 def final_message(harness: HarnessSpec, values: dict[str, Any]) -> str | None:
-    """harness.md 3.3's file + json_key rule: the dotted key's value (strings raw), None if missing."""
+    """The `[final_message]` file + json_key rule (docs/harnesses.md): the dotted key's value (strings raw), None if missing."""
     found = harness.final_message
     assert found is not None and found.file is not None and found.json_key is not None
     try:
@@ -408,7 +408,7 @@ def test_its_own_step_limit_is_max_steps_and_exits_0(tmp_path, installed):
 
 
 def test_a_gateway_enforced_budget_stops_it_with_the_stop_message(tmp_path, installed):
-    """The budget a `[budget] enforce = "gateway"` run sets (harness.md 3.5, what the runner does through
+    """The budget a `[budget] enforce = "gateway"` run sets (what the runner does through
     `set_call_cap`): past max_steps the gateway answers, unsampled and unrecorded, with its stop message; mini
     reads a reply without a tool call as a format error and gives up after three in a row, exiting 0."""
 

@@ -1,4 +1,4 @@
-"""The `openhands@1.54.0` spec (harness.md 3.9): its recipe lock, its options, and run_openhands.py for real.
+"""The `openhands@1.54.0` spec: its recipe lock, its options, and run_openhands.py for real.
 
 The spec's toolchain pins CPython 3.12.14, which `platoon toolchain build` downloads with `uv python install`; where
 that download is impossible (here, python-build-standalone is unreachable) the tests build the same closure from the

@@ -1,4 +1,4 @@
-"""The `platoon-bash@1` spec and its agent script (harness.md 3.9, 4.3), run as real processes.
+"""The `platoon-bash@1` spec and its agent script, run as real processes.
 
 The script runs as a subprocess against platoon's real gateway served over HTTP (a `ScriptedPolicy` answers) and
 the gateway's real MCP plane bound to an in-process ORS environment session, launched with the argv the spec

@@ -1,9 +1,9 @@
-"""Toolchains (harness.md 3.7, core.md 3.11): real builds with `platoon toolchain build`, the manifest and tree hash,
+"""Toolchains: real builds with `platoon toolchain build`, the manifest and tree hash,
 the no-op / stale / interrupted rules, builds serialized on the flock, list and verify, the run-start refusal, the
 prepare step and staging.
 
 This machine cannot download CPython (python-build-standalone is unreachable), so the builds use `--uv` with a
-small wrapper, exactly as platform.md 2 foresees. The wrapper fakes ONE step, `uv python install`: it makes the
+small wrapper (`--uv` exists for such machines). The wrapper fakes ONE step, `uv python install`: it makes the
 directory uv would make (`cpython-<version>-linux-x86_64-gnu` with `bin/python3`, next to uv's `.lock`, `.temp`
 and the minor-version symlink) as a venv of the interpreter running the tests. Every other subcommand goes to the
 real uv: `uv pip install --require-hashes` installs wheels built here from a local directory (`--offline
@@ -208,7 +208,7 @@ def _build(capsys: pytest.CaptureFixture[str], uv: Path, *extra: str) -> tuple[i
 
 
 def _independent_tree(directory: Path) -> tuple[str, int, int]:
-    """The tree hash as harness.md 3.7 words it, written out separately from the module under test."""
+    """The tree hash as docs/toolchains.md words it, written out separately from the module under test."""
     entries: list[tuple[str, Path]] = []
     for folder, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -280,7 +280,7 @@ def test_build_makes_a_working_toolchain_with_a_format_1_manifest(project, uv, c
     assert json.loads((path / "share/tiny/config.json").read_text()) == {"generated": True}
     assert sorted(p.name for p in _root(project).iterdir()) == [".tiny-agent-1.lock", "tiny-agent-1"]
 
-    # The steps, as uv saw them: a throwaway HOME (gone now) and the fixed flags of harness.md 3.7.
+    # The steps, as uv saw them: a throwaway HOME (gone now) and the fixed flags docs/toolchains.md lists.
     calls = _calls(uv)
     install = _installs(uv)[0]
     assert install["argv"][2] == PYTHON

@@ -128,7 +128,7 @@ def test_the_toy_tokenizer_build_script_reproduces_the_shipped_files(tmp_path):
 
 
 def test_the_textcraft_wheel_ships_its_data_and_leaves_its_configs_to_the_repository(dist_dir):
-    # textcraft.md section 1: the configs (packages/platoon-textcraft/configs) and tests are in the repository only
+    # The configs (packages/platoon-textcraft/configs) and tests are in the repository only
     configs = {path.name for path in (ROOT / "packages/platoon-textcraft/configs").glob("*.yaml")}
     assert configs
     with _wheel("platoon-textcraft", dist_dir) as wheel:

@@ -1,4 +1,4 @@
-"""The provider contract (harness.md 5.1): a spec refuses what no provider could honour, before any start."""
+"""The provider contract: a spec refuses what no provider could honour, before any start."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `docker` provider (harness.md 5.3) against a real Docker engine.
+"""The `docker` provider against a real Docker engine.
 
 CI starts the engine and builds the images first (`.ci/docker-engine start`, then source the env file it prints):
 these tests never skip, so a machine without an engine fails them with one line saying so. Every container they
@@ -595,7 +595,7 @@ def test_reap_removes_exactly_the_labelled_containers() -> None:
     assert containers(**run_b) == []
 
 
-# -- routes (harness.md 5.6) -------------------------------------------------------------------------------------
+# -- routes -------------------------------------------------------------------------------------
 
 
 _GET = (

@@ -1,4 +1,4 @@
-"""Least privilege and limits in the `docker` provider (harness.md 5.7), against a real Docker engine and gVisor.
+"""Least privilege and limits in the `docker` provider, against a real Docker engine and gVisor.
 
 Each test does what an agent in the sandbox could try (raise its capabilities, mount, gain root through a setuid
 binary, start thousands of processes, fill the disk) and checks that it fails while the sandbox's own features

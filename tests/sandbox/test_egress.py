@@ -1,4 +1,4 @@
-"""Filtered egress of `public` and `allowlist` sandboxes (harness.md 5.7) on the docker and process providers, with a
+"""Filtered egress of `public` and `allowlist` sandboxes on the docker and process providers, with a
 real Docker engine, slirp4netns, nftables and bubblewrap: what each policy reaches and what it is refused (at once,
 with a reset), the gateway route under every policy, raw frames held by the filter too, and no slirp4netns left
 after a stop, a reap, a failed or cancelled start, or a killed run.

@@ -1,6 +1,6 @@
-"""The `singularity` and `enroot` providers (harness.md 5.4): platoon's adapter over hpc-sandbox.
+"""The `singularity` and `enroot` providers: platoon's adapter over hpc-sandbox.
 
-Neither Apptainer/Singularity nor enroot can be installed on the CI machine (platform.md 6), so two kinds of fake
+Neither Apptainer/Singularity nor enroot can be installed on the CI machine, so two kinds of fake
 stand in, and nothing else is replaced:
 
 - fake *binaries*: small scripts named `singularity`, `apptainer`, `enroot` (and `fuse-overlayfs`, `fusermount3`)
@@ -44,7 +44,7 @@ def run[T](coro: Coroutine[Any, Any, T]) -> T:
 @pytest.fixture(autouse=True)
 def _own_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxRegistry]:
     """A registry of this test's own, no process labels from another test, and hpc-sandbox's scratch and image
-    cache under tmp_path (platform.md 6)."""
+    cache under tmp_path."""
     clear_process_labels()
     fresh = SandboxRegistry(tmp_path / "mirror" / "sandboxes.json")
     monkeypatch.setattr(registry_module, "_registry", fresh)
@@ -251,7 +251,7 @@ def test_network_none_is_refused_before_any_start_unless_allowed(bins: FakeBins)
 def test_public_and_allowlist_are_refused_before_any_start_unless_the_host_network_is_allowed(
     bins: FakeBins,
 ) -> None:
-    """hpc-sandbox knows only the host's network and none: it cannot filter egress (harness.md 5.7)."""
+    """hpc-sandbox knows only the host's network and none: it cannot filter egress."""
     bins.add("singularity")
     for provider in (SingularityProvider, EnrootProvider):
         refusal = provider.network_public_refusal({})
@@ -629,7 +629,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def fake_inner() -> Iterator[None]:
-    """Namespaces must work (platform.md 5); no holder process may outlive the test."""
+    """Namespaces must work; no holder process may outlive the test."""
     probe = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "true"],
         capture_output=True,
@@ -867,7 +867,7 @@ def test_reap_stops_the_labelled_sandboxes_of_this_process() -> None:
     run(go())
 
 
-# -- routes (harness.md 5.6) -----------------------------------------------------------------------------------
+# -- routes -----------------------------------------------------------------------------------
 
 
 _GET = (

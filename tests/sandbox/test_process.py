@@ -1,4 +1,4 @@
-"""The process provider (harness.md 5.2), with real processes: exec, timeouts that kill the tree, output caps,
+"""The process provider, with real processes: exec, timeouts that kill the tree, output caps,
 copies, stop and a failed start leaving nothing behind. Every test runs twice: confined by bubblewrap (the default
 where it works; then commands see sandbox paths as they are) and with `confine: none` (paths translated).
 What confinement itself keeps out is test_process_confine.py's."""

@@ -1,4 +1,4 @@
-"""What bubblewrap keeps from a process sandbox's commands (harness.md 5.7), tried as an agent would try it, with
+"""What bubblewrap keeps from a process sandbox's commands, tried as an agent would try it, with
 real bubblewrap, nsenter, processes and a real Docker engine: the host's secrets (its environment, /proc/1/environ,
 the parent's environ), the host's processes, the Docker socket, the host's files and /tmp, a symlink that would
 steer platoon's own writes; that killing still leaves nothing; and, without bubblewrap, one warning and a Harbor

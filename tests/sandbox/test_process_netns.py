@@ -1,5 +1,5 @@
-"""`network: none` process sandboxes in a network namespace of their own (harness.md 5.2 as extended by issue 18,
-5.6), with real bubblewrap, nsenter and processes: only `lo`, no host listener in reach, the gateway through a
+"""`network: none` process sandboxes in a network namespace of their own (issue 18),
+with real bubblewrap, nsenter and processes: only `lo`, no host listener in reach, the gateway through a
 forwarder on 127.0.0.1:18080, timeouts and stop that leave nothing (no namespace either); and the fallback without
 bubblewrap, which is today's host-network behaviour said once, loudly.
 
@@ -186,7 +186,7 @@ def test_forwarders_on_18080_and_18081_reach_unix_socket_http_upstreams_in_host_
     async def main() -> None:
         sandbox = await started(tmp_path / "s", network="none", upstreams=unix_http)
         try:
-            # in name order (5.6): gateway, then mcp
+            # in name order: gateway, then mcp
             assert sandbox.routes == {"gateway": "http://127.0.0.1:18080", "mcp": "http://127.0.0.1:18081"}
             for name, route in sandbox.routes.items():
                 got = await sandbox.exec(["python3", "-c", GET, route])

@@ -1,4 +1,4 @@
-"""Labels, registration, the mirror and reaping (harness.md 5.5), with real sandboxes and real owner processes."""
+"""Labels, registration, the mirror and reaping, with real sandboxes and real owner processes."""
 
 from __future__ import annotations
 

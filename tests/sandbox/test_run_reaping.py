@@ -1,4 +1,4 @@
-"""Run-level labels and reaping (harness.md 5.5, core.md 3.15) with real `process` sandboxes started by real owner
+"""Run-level labels and reaping with real `process` sandboxes started by real owner
 processes: `platoon sandbox list | reap RUN_DIR` and its refusals, the run label carried in the environment, and
 core's run-level reap through the sandbox-runtime entry points."""
 

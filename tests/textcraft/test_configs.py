@@ -1,7 +1,7 @@
-"""The RAO recipes and platoon-textcraft's own configs are checked on the CPU (textcraft.md section 6, item 1 of
-6.3): each passes `platoon config validate --strict` as a run would check it, its training tasks are the ones the
-spec counts (852 `train-medium` tasks for RAO, 1,000 for TextCraft) and its evaluation lists 100 tasks; the
-settings are those of section 6.2. (One training step per arm: tests/platoon/train/test_rao_recipes.py.)
+"""The RAO recipes and platoon-textcraft's own configs are checked on the CPU: each
+passes `platoon config validate --strict` as a run would check it, its training tasks are the expected ones (852
+`train-medium` tasks for RAO, 1,000 for TextCraft) and its evaluation lists 100 tasks; the settings are those
+docs/textcraft.md, "Configs: the RAO recipes and the extension's own", gives. (One training step per arm: tests/platoon/train/test_rao_recipes.py.)
 """
 
 from __future__ import annotations

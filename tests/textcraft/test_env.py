@@ -1,5 +1,4 @@
-"""The ORS environments in process: tools and their exact texts, the reward rule, splits, forks (textcraft.md 2.3,
-2.4, 3.3 and rules 1-8, 13, 18)."""
+"""The ORS environments in process: tools and their exact texts, the reward rule, splits, forks."""
 
 from __future__ import annotations
 
@@ -72,7 +71,7 @@ def test_craft_checks_its_arguments_in_order(env, ingredients, target, expected)
 
 
 def test_craft_makes_the_total_and_deducts_exact_ingredients(env):
-    # rule 3: the target count is the total; a tag is satisfied by a member in exactly the needed amount
+    # the target count is the total; a tag is satisfied by a member in exactly the needed amount
     assert craft(env, {"oak_log": 1}, ["oak_planks", 4]) == "Successfully crafted 4 oak_planks(s)"
     assert env.inventory == {"oak_log": 1, "birch_planks": 3, "stick": 2, "oak_planks": 4}
     assert craft(env, {"birch_planks": 3, "oak_planks": 2}, ("stick", 4)).startswith("Error: All 2 recipe(s)")
@@ -88,7 +87,7 @@ def test_craft_makes_the_total_and_deducts_exact_ingredients(env):
 
 
 def test_craft_errors_are_reported_per_recipe_and_exactly(env):
-    # rule 4 and rule 5: the total must be divisible by the yield
+    # the total must be divisible by the yield
     # stick has two recipes (planks by tag, yield 4; bamboo, yield 1): both are tried, in order
     assert craft(env, {"oak_planks": 1}, ["stick", 2]) == (
         "Error: All 2 recipe(s) failed for stick. Errors:\n"
@@ -115,7 +114,7 @@ def test_craft_errors_are_reported_per_recipe_and_exactly(env):
 
 
 def test_replaying_the_number_of_crafts_as_the_total_fails_when_the_yield_is_above_one():
-    # rule 5: gold steps keep the number of crafts in target[1] and the total in result_count
+    # gold steps keep the number of crafts in target[1] and the total in result_count
     spec = TextCraftSynthEnvironment.list_tasks("train")[0]
     step = spec["misc"]["gold_trajectory"][0]
     assert step["target"] == ["a9_i1", 4] and step["result_count"] == 12
@@ -151,7 +150,7 @@ def test_get_info_and_view_inventory(env):
 
 
 def test_success_is_gain_over_the_starting_snapshot(env):
-    # rule 1: the 2 sticks held at the start earn nothing
+    # the 2 sticks held at the start earn nothing
     assert env.evaluate("done")[0] == 0.0
     assert env.evaluate("done")[1]["missing_items"] == {"stick": 4}
     craft(env, {"oak_log": 1}, ["oak_planks", 4])
@@ -167,7 +166,7 @@ def test_success_is_gain_over_the_starting_snapshot(env):
 
 
 def test_finish_grades_and_an_empty_message_scores_zero(env):
-    # rule 2: finish() defaults to "" and an empty message scores 0 even with every target crafted
+    # finish() defaults to "" and an empty message scores 0 even with every target crafted
     craft(env, {"oak_log": 1}, ["oak_planks", 4])
     craft(env, {"oak_planks": 2}, ["stick", 4])
     assert env.evaluate("")[1]["error"] == (
@@ -204,14 +203,13 @@ def test_targets_come_from_misc_else_from_the_goal():
 
 
 def test_the_environment_ignores_the_specs_max_steps(env):
-    # rule 6: 60 tool calls in a task whose spec says 50
+    # 60 tool calls in a task whose spec says 50
     for _ in range(60):
         text(env, "view_inventory")
     assert craft(env, {"oak_log": 1}, ["oak_planks", 4]).startswith("Successfully")
 
 
 def test_children_share_the_inventory_object_and_snapshot_at_fork(env):
-    # rules 7 and 8
     child = env.platoon_fork(
         {
             **PLANKS_SPEC,
@@ -251,7 +249,7 @@ def test_splits_and_unknown_splits():
 
 
 def test_tasks_are_addressed_by_split_and_index_through_the_service():
-    # rule 13: the val file repeats ids, so ids are `<split>:<index>`
+    # the val file repeats ids, so ids are `<split>:<index>`
     from platoon.envs.resolve import resolve_service
 
     service = resolve_service("python://platoon_textcraft.env:TextCraftEnvironment")
@@ -266,7 +264,7 @@ def test_tasks_are_addressed_by_split_and_index_through_the_service():
 
 
 def test_env_imports_neither_platoon_nor_ipython():
-    # rule 18, in a fresh process
+    # checked in a fresh process
     code = (
         "import sys, platoon_textcraft.env\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('platoon', 'IPython')]\n"

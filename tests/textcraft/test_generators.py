@@ -1,6 +1,6 @@
 """The task generators and the world generator's CLI: generated tasks are solvable by their own gold trajectories.
 
-The shipped task files are never regenerated (rule 12); these tests only check that the generators make
+The shipped task files are never regenerated; these tests only check that the generators make
 consistent tasks.
 """
 

@@ -1,4 +1,4 @@
-"""The Harbor export of TextCraft-Synth (textcraft.md 5.1-5.3; rule 16): layout, counts, task files, hard links,
+"""The Harbor export of TextCraft-Synth: layout, counts, task files, hard links,
 and byte-stable output across two exports."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_a_task_as_harbor_reads_it(small):
     }
     task_json = (task / "environment" / "task.json").read_bytes()
     assert (task / "tests" / "task.json").read_bytes() == task_json
-    # rule 16: the task files are byte-stable, so their hashes are fixtures
+    # the task files are byte-stable, so their hashes are fixtures
     assert (
         hashlib.sha256(task_json).hexdigest()
         == "cf4f8d9c2808200a37552cb4bf4a6b08f62dd86128e68e08d1bdd5b1c4de9b50"

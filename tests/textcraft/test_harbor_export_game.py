@@ -1,4 +1,4 @@
-"""The `textcraft` game command and its verifier (textcraft.md 5.4, 5.5; rules 2, 4, 17): the command's texts are
+"""The `textcraft` game command and its verifier: the command's texts are
 the ORS environment's for the same actions, exit codes and the log's rules, and the verifier grades by replaying
 the log with its own copies, refusing symlinks and any record the command could not have written.
 

@@ -1,4 +1,4 @@
-"""`TextCraftPromptBuilder`: variants, examples, the action space and the subagent helpers (textcraft.md 1.2)."""
+"""`TextCraftPromptBuilder`: variants, examples, the action space and the subagent helpers."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_the_action_space_is_fixed_text_with_synth_or_minecraft_examples():
         "Available Actions (python functions):\n1. craft(ingredients: dict, target: tuple[str, int]) -> str"
     )
     assert 'craft({"m0_i1": 2, "m1_i1": 1}, ("m2_i2", 2))' in synth
-    assert 'get_info(["m2_i2", "raw_m0"])' in synth  # rule 19: raw_m0 names no real item, and stays
+    assert 'get_info(["m2_i2", "raw_m0"])' in synth  # raw_m0 names no real item, and stays
     assert "4. finish(message: str) -> str" in synth and "5." not in synth and "CONCRETE" not in synth
     minecraft = TextCraftPromptBuilder(synth=False).action_space([])
     assert "CONCRETE item from that category" in minecraft and '"use_one_of"' in minecraft

@@ -1,6 +1,6 @@
-"""Recursive TextCraft-Synth agents (textcraft.md section 4): a child crafts an intermediate on the root's inventory
+"""Recursive TextCraft-Synth agents: a child crafts an intermediate on the root's inventory
 and is graded by its own forked session (Dense, `child_grading: env`); the Sparse ablation gives every trajectory
-the root's success; `platoon-delegation` pays nothing for delegating (rules 7, 9, 10)."""
+the root's success; `platoon-delegation` pays nothing for delegating."""
 
 from __future__ import annotations
 
@@ -70,6 +70,6 @@ def test_platoon_delegation_pays_nothing_for_delegating():
 
 
 def test_without_child_grading_env_children_share_the_episode_outcome():
-    # rule 9: Dense needs `child_grading: env`; the named entries leave core's default `none`
+    # Dense needs `child_grading: env`; the named entries leave core's default `none`
     run = _run(sparse=False, child_grading="none")
     assert [t.reward for t in run.trajectories] == [0.0, 0.0]

@@ -1,4 +1,4 @@
-"""The two worlds and the shipped data: acceptance counts and hashes (textcraft.md sections 1-3, rules 11, 12, 15)."""
+"""The two worlds and the shipped data: acceptance counts and hashes."""
 
 from __future__ import annotations
 
@@ -63,7 +63,6 @@ def test_minecraft_recipes_load_as_specified(minecraft):
 
 
 def test_minecraft_list_alternatives_are_dropped_and_two_tags_are_empty(minecraft):
-    # rule 12
     assert [r.ingredients for r in minecraft.get_recipes("torch")] == [{"stick": 1}]
     assert [r.ingredients for r in minecraft.get_recipes("sandstone_slab")] == [{}]
     assert minecraft.get_tag_members("tag:wooden_slabs") == []
@@ -89,7 +88,7 @@ def test_minecraft_recipes_of_one_item_keep_sorted_file_order(minecraft):
 
 
 def test_the_synthetic_world_matches_its_acceptance_values():
-    # rule 11: the recipes document is byte-for-byte the one the spec pins
+    # the recipes document is byte-for-byte the pinned one
     book = load_synth_book()
     assert len(book.items) == 1452 and len(book.base_items) == 50 and len(book.recipes) == 1402
     document = recipes_document(book, "textcraft-synth").encode("ascii")
@@ -126,7 +125,7 @@ def test_textcraft_task_files():
     train, val = load_tasks("train"), load_tasks("val")
     assert len(train) == 1000 and len(val) == 100
     assert [t["id"] for t in train] == [f"textcraft.train.{i}" for i in range(1000)]
-    # rule 13: val ids read textcraft.train.N, some repeated
+    # val ids read textcraft.train.N, some repeated
     assert all(t["id"].startswith("textcraft.train.") for t in val)
     assert len({t["id"] for t in val}) == 92
     for spec in train + val:
@@ -136,7 +135,7 @@ def test_textcraft_task_files():
 
 
 def test_synth_splits_are_exhaustive_enumerations():
-    # rule 15: each split holds every (item, count) pair of its pool exactly once
+    # each split holds every (item, count) pair of its pool exactly once
     expected = {"train": (2522, [588, 852, 544, 538]), "val": (632, [147, 213, 136, 136])}
     for split, (total, per_difficulty) in expected.items():
         specs = load_synth_tasks(split)
@@ -166,7 +165,6 @@ def test_synth_gold_lengths():
 
 
 def test_difficulty_splits_filter_the_base_file_in_order():
-    # rule 14
     assert split_names() == [
         "train", "val",
         "train-easy", "train-medium", "train-hard", "train-extreme",

@@ -1,4 +1,4 @@
-"""The agent contract of `platoon.harness.agent` (core.md 2.3-2.6): types, helpers and the stdlib-only rule."""
+"""The agent contract of `platoon.harness.agent`: types, helpers and the stdlib-only rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`pt.gym` (core.md 2.12): `loop` against a fake agent context, `as_environment` with the real openreward SDK."""
+"""`pt.gym`: `loop` against a fake agent context, `as_environment` with the real openreward SDK."""
 
 from __future__ import annotations
 

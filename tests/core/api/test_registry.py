@@ -1,4 +1,4 @@
-"""The generic registries and import strings of `platoon.registry` (core.md 6.1, 6.2)."""
+"""The generic registries and import strings of `platoon.registry`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reward helpers (core.md 2.13): `delegation_capped`, `zero_subagent_rewards`, and the `platoon-delegation` plugin."""
+"""Reward helpers: `delegation_capped`, `zero_subagent_rewards`, and the `platoon-delegation` plugin."""
 
 from __future__ import annotations
 

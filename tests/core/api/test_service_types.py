@@ -1,4 +1,4 @@
-"""Environment types of `platoon.envs.service` (core.md 2.8, 7.1-7.2) and `EpisodeContext` (2.7)."""
+"""Environment types of `platoon.envs.service` and `EpisodeContext`."""
 
 from __future__ import annotations
 

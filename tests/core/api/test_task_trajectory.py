@@ -1,4 +1,4 @@
-"""`Task`, `SubTask` and the trajectory types (core.md 2.10): prompt text, forks, JSON-safe dicts."""
+"""`Task`, `SubTask` and the trajectory types: prompt text, forks, JSON-safe dicts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The loading pipeline (core.md 4.1): extends, per-file paths, schema choice, overrides, named environments,
+"""The loading pipeline: extends, per-file paths, schema choice, overrides, named environments,
 validation messages and deprecations, against small models and the real training/evaluation schemas."""
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_library_argv_form(tmp_path: Path) -> None:
     ]
 
 
-# --- relative input paths (core.md 4.3, rule 11.2) --------------------------------------------------------------
+# --- relative input paths --------------------------------------------------------------
 
 
 def test_relative_paths_resolve_per_file_before_merging(tmp_path: Path) -> None:
@@ -394,7 +394,7 @@ def test_registered_trainer_config_names(tmp_path: Path, trainer_module: str) ->
     assert load_config(cfg, cwd=tmp_path).schema.__name__ == "MyTrainer"
 
 
-# --- named environments (rule 11.4) -----------------------------------------------------------------------------
+# --- named environments -----------------------------------------------------------------------------
 
 
 class FakeNamed:

@@ -1,4 +1,4 @@
-"""Validation errors as the one-line problems of core.md 4.2."""
+"""Validation errors as one-line problems."""
 
 from __future__ import annotations
 

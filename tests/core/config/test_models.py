@@ -495,7 +495,7 @@ def test_built_config_round_trips() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Partial sections and eval laid over train (core.md 11.3)
+# Partial sections and eval laid over train
 
 
 def test_eval_workflow_field_default() -> None:

@@ -1,4 +1,4 @@
-"""`k=v` overrides typed by the schema (core.md 3.2, 11.1) and the library argv form."""
+"""`k=v` overrides typed by the schema and the library argv form."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_malformed_overrides_are_reported_with_the_others() -> None:
     ]
 
 
-# --- typing (rule 11.1) -----------------------------------------------------------------------------------------
+# --- typing -----------------------------------------------------------------------------------------
 
 
 def test_str_fields_take_text_verbatim_and_ints_are_ints() -> None:

@@ -1,4 +1,4 @@
-"""The site profile (core.md 5, rule 11.9): location, keys, expansion, providers, application, visibility."""
+"""The site profile: location, keys, expansion, providers, application, visibility."""
 
 from __future__ import annotations
 

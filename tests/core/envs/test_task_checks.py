@@ -1,6 +1,6 @@
 """Run-start task checks: a service's optional `check_tasks(split, ids)` is asked about the tasks a run would
 use, and a refusal stops `platoon config validate`, training's and evaluation's starts and `platoon rollout` with
-one line and exit 78 (core.md 7.1; harness.md 6.9 gives Harbor's checks).
+one line and exit 78 (docs/harbor.md, "Checking a dataset", gives Harbor's checks).
 
 The service here is a task table whose `check_tasks` refuses tasks that need a GPU, as Harbor's refuses GPU tasks on
 a provider without one; it records what it was asked, so the tests also see that excluded and limited-away tasks

@@ -1,4 +1,4 @@
-"""Step budgets (harness.md 2.5): linear reservation math, depth rules, verifier exemptions, atomicity."""
+"""Step budgets: linear reservation math, depth rules, verifier exemptions, atomicity."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The failure taxonomy table (core.md 2.4, harness.md 2.4) and grading that never raises."""
+"""The failure taxonomy table and grading that never raises."""
 
 from __future__ import annotations
 

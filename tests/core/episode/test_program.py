@@ -1,4 +1,4 @@
-"""Episode programs (core.md 2.7): run once, failure semantics of programs and finalizers, snapshots."""
+"""Episode programs: run once, failure semantics of programs and finalizers, snapshots."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The run wrapper (harness.md 2.4): timeouts, crashes, wrong returns, cancellation, waiting for children."""
+"""The run wrapper: timeouts, crashes, wrong returns, cancellation, waiting for children."""
 
 from __future__ import annotations
 

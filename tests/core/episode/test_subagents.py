@@ -1,4 +1,4 @@
-"""`ctx.agents.spawn` (harness.md 2.6): rejections, access clamping, TOML specs, anchors, child grading."""
+"""`ctx.agents.spawn`: rejections, access clamping, TOML specs, anchors, child grading."""
 
 from __future__ import annotations
 

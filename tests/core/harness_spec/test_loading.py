@@ -1,4 +1,4 @@
-"""Loading a TOML harness spec (harness.md 3.1-3.3, 2.7): what a valid spec holds, and every mistake refused at
+"""Loading a TOML harness spec: what a valid spec holds, and every mistake refused at
 load as one line that names the file and the key."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """TOML specs shipped by an installed distribution through the `platoon.harnesses` entry point, found by
-`get_harness` like function harnesses (harness.md 2.2), shown by `platoon harness list/show` and checked by
-`platoon config validate` (core.md 3.8, 3.9).
+`get_harness` like function harnesses, shown by `platoon harness list/show` and checked by
+`platoon config validate`.
 
 The distribution is real as far as `importlib.metadata` is concerned: a `.dist-info` with `entry_points.txt` and a
 package on `sys.path`, in a temporary directory.

@@ -1,4 +1,4 @@
-"""Rendering templates (one pass, argv stays a list) and harness options (harness.md 3.3, 2.7)."""
+"""Rendering templates (one pass, argv stays a list) and harness options."""
 
 from __future__ import annotations
 

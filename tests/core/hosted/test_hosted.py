@@ -1,4 +1,4 @@
-"""Hosted inference (train.md 5.3) against a scripted OpenAI-compatible server on 127.0.0.1: retries and
+"""Hosted inference against a scripted OpenAI-compatible server on 127.0.0.1: retries and
 `retry-after`, refusals, the probe, key redaction, normalization, streams, provider records and cost."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gateway-enforced step budgets (train.md 6.1) and `POST /v1/platoon/agents` over the real server."""
+"""Gateway-enforced step budgets and `POST /v1/platoon/agents` over the real server."""
 
 from __future__ import annotations
 

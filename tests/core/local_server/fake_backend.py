@@ -19,7 +19,7 @@ def _tokens(datum: dict[str, Any]) -> list[int]:
 
 
 class BigramBackend:
-    """logits of the next token = table[previous token]; losses as in tinker-api.md 6."""
+    """logits of the next token = table[previous token]; the local server's losses."""
 
     tokenizer_dir = str(TOY_TOKENIZER_DIR)
 

@@ -61,7 +61,7 @@ def _batch(seed: int = 0) -> list[tuple[list[int], dict[str, list[float]]]]:
 
 
 def _direct_loss(name: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor], low: float, high: float):
-    """tinker-api.md 6, written out independently of the backend's losses module."""
+    """The losses, written out independently of the backend's losses module."""
     if name == "cross_entropy":
         return -(lp * inputs["weights"]).sum()
     ratio = torch.exp(lp - inputs["logprobs"])

@@ -1,4 +1,4 @@
-"""The wire rules at the HTTP level (tinker-api.md 4 and 12), with a bigram fake backend that counts its calls."""
+"""The wire rules at the HTTP level, with a bigram fake backend that counts its calls."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def new_model(server: LocalTinkerServer) -> str:
     return result(server, future.json()["request_id"])["model_id"]
 
 
-# 0.16 leaves out the chunk type and every default (tinker-api.md 3)
+# 0.16 leaves out the chunk type and every default
 FB: dict[str, Any] = {
     "forward_backward_input": {
         "data": [

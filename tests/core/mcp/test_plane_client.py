@@ -1,4 +1,4 @@
-"""The MCP tool plane against the real `mcp` SDK client (train.md 6.5): initialize, listing by tool access, calls
+"""The MCP tool plane against the real `mcp` SDK client: initialize, listing by tool access, calls
 with `_meta.platoon`, finishing, unknown tools, auth, and the call recorded exactly as an in-process call."""
 
 from __future__ import annotations

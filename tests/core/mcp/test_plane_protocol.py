@@ -1,4 +1,4 @@
-"""The MCP plane's JSON-RPC and streamable-HTTP edges over raw HTTP (train.md 6.5): methods, 405, 202, batches,
+"""The MCP plane's JSON-RPC and streamable-HTTP edges over raw HTTP: methods, 405, 202, batches,
 protocol versions, errors, SSE keepalives and progress, cancellation, tool exceptions and listing shapes."""
 
 from __future__ import annotations

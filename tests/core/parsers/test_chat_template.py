@@ -295,7 +295,7 @@ def test_prefix_property_where_the_template_keeps_history(qwen3_hf_tokenizer: An
 def test_qwen3_template_drops_history_reasoning_so_the_prefix_breaks(qwen3_hf_tokenizer: Any) -> None:
     # Qwen3's template drops <think> blocks of turns before the last user message: the chat_template renderer
     # renders what the template renders, so the next prompt does not extend this one and the trainer's prefix
-    # merging (train.md 2.7) starts a new datum. Templates with `preserve_thinking` keep the blocks.
+    # merging starts a new datum. Templates with `preserve_thinking` keep the blocks.
     renderer = get_renderer("chat_template", qwen3_hf_tokenizer)
     convo = [{"role": "user", "content": "2+2?"}]
     prompt = renderer.render_prompt(convo)

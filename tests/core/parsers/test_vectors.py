@@ -1,6 +1,6 @@
 """Every conformance vector in tool-call-parser-vectors.json through the parser it names (read in place).
 
-Where the suites disagree with platoon's contract (train.md 7.3), platoon's choice is listed below with why.
+Where the suites disagree with platoon's contract, platoon's choice is listed below with why.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .conftest import load_vectors
 
 VECTORS = load_vectors()
 
-# Content is everything the model wrote outside its tool calls, stripped (train.md 6.1 step 6: the harness sees
+# Content is everything the model wrote outside its tool calls, stripped (the harness sees
 # what the model wrote). The suites (SMG) keep only the text before the first call, so where text follows a call
 # platoon's content is longer: these are the exact values platoon gives.
 PLATOON_CONTENT: dict[str, str] = {
@@ -32,7 +32,7 @@ PLATOON_CONTENT: dict[str, str] = {
     "test_glm4_complete_parsing": "Let me search for that.\n\nThe weather will be...",
     "test_kimik2_complete_parsing": "Let me help you with that.\n\nThe weather in Tokyo is...",
 }
-# CONFLICT (SMG: no call; vLLM hermes: the call): train.md 7.3 makes a missing </tool_call> lenient, so platoon
+# CONFLICT (SMG: no call; vLLM hermes: the call): a missing </tool_call> is read leniently, so platoon
 # reads the call, marked recovered (never picked by `auto`; never emitted when the response was cut at length).
 PLATOON_CALLS: dict[str, list[dict[str, Any]]] = {
     "test_qwen_incomplete_tags[missing_closing_tag]": [{"name": "test", "arguments": {}, "recovered": True}],

@@ -1,4 +1,4 @@
-"""The gateway adapter every renderer offers: `render_prompt`, `stop_token_ids`, `parse_completion` (train.md 6.1).
+"""The gateway adapter every renderer offers: `render_prompt`, `stop_token_ids`, `parse_completion`.
 
 Round trips (render -> a scripted completion -> parse -> the OpenAI message), the emit rules for tool calls, the
 multi-turn prefix property, and that nothing a model writes makes parsing raise.

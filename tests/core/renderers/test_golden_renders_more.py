@@ -288,7 +288,7 @@ def test_real_tokenizer_matches_the_index(tok: str, tokenizer_for: Callable[[str
         assert tokenizer.encode(marker) == ids, marker
 
 
-# ---- control strings must be single tokens (train.md 7.1) ------------------------------------------------------
+# ---- control strings must be single tokens ------------------------------------------------------
 
 
 @pytest.mark.parametrize(

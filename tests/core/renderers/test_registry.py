@@ -1,4 +1,4 @@
-"""The renderer and tokenizer registries (train.md 7.1): names, custom factories, renderer_kwargs, lookup order."""
+"""The renderer and tokenizer registries: names, custom factories, renderer_kwargs, lookup order."""
 
 from __future__ import annotations
 

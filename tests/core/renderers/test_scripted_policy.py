@@ -1,4 +1,4 @@
-"""The scripted policy of platoon.testing (core.md 8.3) and its pytest plugin fixtures (8.6)."""
+"""The scripted policy of platoon.testing and its pytest plugin fixtures."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shipped toy tokenizer (core.md 8.2): its files, its encode/decode examples, and how it loads.
+"""The shipped toy tokenizer: its files, its encode/decode examples, and how it loads.
 
 The examples come from testdata/renders/toy-tokenizer.json (read in place); the files must load with
 `tokenizers.Tokenizer.from_file`, with `transformers.AutoTokenizer.from_pretrained(dir)` offline, and through

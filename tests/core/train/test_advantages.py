@@ -1,4 +1,4 @@
-"""Group credit (train.md 2.6, 2.8, 2.10, 2.11 step 2): baselines from scored roots only, applied to whole trees,
+"""Group credit: baselines from scored roots only, applied to whole trees,
 group rejection, and depth weighting, checked against hand computations on real `run_episode` rollouts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoint records and keep_recovery pruning (train.md 2.12-2.13): names and cadence, the resume point, and
+"""Checkpoint records and keep_recovery pruning: names and cadence, the resume point, and
 a pruning plan that never deletes a permanent checkpoint, the resume point or one rollouts may still sample.
 """
 

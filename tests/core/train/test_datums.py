@@ -1,4 +1,4 @@
-"""Datums from the exact sampled tokens (train.md 2.7, 2.9, 2.11), checked token by token against the calls that real
+"""Datums from the exact sampled tokens, checked token by token against the calls that real
 episodes (`run_episode`: table service, function harness, scripted policy, gateway) recorded."""
 
 from __future__ import annotations

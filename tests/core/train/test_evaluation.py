@@ -1,4 +1,4 @@
-"""Evaluation during training (train.md 2.15): due steps, `evaluations.jsonl`, the eval split's tasks, and one
+"""Evaluation during training: due steps, `evaluations.jsonl`, the eval split's tasks, and one
 evaluation of a scripted sampler over the bandit's val split — metrics, the row and the written trajectories.
 """
 

@@ -1,4 +1,4 @@
-"""The step's optimizer metrics (train.md 2.11) on action tokens, checked against a hand computation."""
+"""The step's optimizer metrics on action tokens, checked against a hand computation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run records (core.md 9.2-9.5, train.md 2.1, 2.13, 2.16): the resolved config and lock, identity refusals,
+"""Run records: the resolved config and lock, identity refusals,
 the process.json hold on a run dir, the JSONL conventions and the one-line TINKER_API_KEY errors.
 """
 

@@ -1,6 +1,6 @@
 """`platoon train` when its training service goes away or the user interrupts it, with real processes: the local
 server child killed with SIGKILL, a "hosted" server (a separate `platoon tinker serve`-style process) killed, Ctrl-C
-typed into a real pseudo-terminal, SIGTERM before the local server is up (train.md 2.16, core.md 8.7).
+typed into a real pseudo-terminal, SIGTERM before the local server is up.
 
 Each run is a `platoon train` subprocess on the bandit example cut down to seconds a step; its stderr is read line
 by line so the faults land at a known point (after step 1 was logged). Timeouts are hang guards only.

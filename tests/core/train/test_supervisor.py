@@ -1,4 +1,4 @@
-"""Supervised training (train.md 2.16): restarts per exit code, `max_restarts` and progress, signal forwarding and
+"""Supervised training: restarts per exit code, `max_restarts` and progress, signal forwarding and
 `trainer_pid`, with a fake child that scripts its exit codes and checkpoint rows (no model, no server).
 """
 

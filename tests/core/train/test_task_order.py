@@ -1,4 +1,4 @@
-"""The training task order (train.md 2.2-2.3): the weighted fair interleave against the spec's rule, seeded passes
+"""The training task order: the weighted fair interleave against its rule written out plainly, seeded passes
 across epochs, resume, the `auto` shuffle, listing through table services, and `platoon config validate --tasks`.
 """
 
@@ -38,7 +38,7 @@ def ids(prefix: str, n: int) -> list[str]:
 
 
 def spec_stream(pools: list[Pool], n: int) -> list[tuple[str, str]]:
-    """train.md 2.2's weighted rule written out plainly: (label, task) for the first `n` slots."""
+    """The weighted fair rule written out plainly: (label, task) for the first `n` slots."""
     groups = [p for p in pools if p.task_ids]
     weights = [len(p.task_ids) if p.weight == "tasks" else p.weight for p in groups]
     shares = [w / sum(weights) for w in weights]

@@ -1,4 +1,4 @@
-"""The policy's key never reaches a harness's environment (train.md 6.6, docs/gateway.md): a function harness that
+"""The policy's key never reaches a harness's environment (docs/gateway.md): a function harness that
 reads `os.environ`, or runs `env` in a shell, finds neither the hosted key's variable nor TINKER_API_KEY, in
 process and in subprocess slots (forked from the fork server or started by exec), while its model calls still
 authenticate with the key the evaluation read once.

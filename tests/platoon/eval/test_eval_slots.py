@@ -1,4 +1,4 @@
-"""`platoon eval` with `inference.workflow.use_subprocesses` (train.md 5.1 "Subprocess slots"): rollouts in real
+"""`platoon eval` with `inference.workflow.use_subprocesses` (docs/evaluation.md, "Subprocess slots"): rollouts in real
 slot processes, against the local Tinker-compatible server and a hosted model; a hanging rollout killed at its
 hard timeout and a dying slot, each replaced; nothing a stopped rollout started survives.
 """
@@ -106,7 +106,7 @@ def test_number_search_in_slots_reports_as_in_process_and_never_sees_a_served_po
     inline_dir = only_dir(workdir / "runs" / "eval" / "platoon-toy")
 
     config = write_config(local_server_eval(use_subprocesses=True, subprocess_max_workers=2), "slots.yaml")
-    # A policy served in this process would win every game; slots never see it (core.md 8.4).
+    # A policy served in this process would win every game; slots never see it.
     with serve_policy(binary_search):
         status, out, err = run(["eval", str(config)], capsys)
     assert status == 0, err

@@ -1,4 +1,4 @@
-"""The dataset check of harness.md 6 through the real rollout path: `platoon.testing.run_episode` with `service:
+"""The Harbor dataset check (docs/harbor.md, "Checking a dataset") through the real rollout path: `platoon.testing.run_episode` with `service:
 harbor` and the `platoon-oracle` / `platoon-noop` harnesses (platoon-harnesses), in Docker and on the process
 provider. Here, not in tests/harbor, because it needs the harnesses and the testing extra beside platoon-harbor.
 

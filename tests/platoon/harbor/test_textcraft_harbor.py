@@ -1,5 +1,5 @@
-"""Exported TextCraft-Synth tasks through `service: harbor` with the Docker engine (textcraft.md 5; harness.md 4.4,
-6): `platoon-oracle` scores 1 and `platoon-noop` 0, each task in its own image, graded by its separate verifier image
+"""Exported TextCraft-Synth tasks through `service: harbor` with the Docker engine:
+`platoon-oracle` scores 1 and `platoon-noop` 0, each task in its own image, graded by its separate verifier image
 that replays the action log with the verifier's own copies. Here, not in tests/textcraft, because it needs
 platoon-harbor and platoon-harnesses beside platoon-textcraft.
 

@@ -1,4 +1,4 @@
-"""The ORS bridge in process (harness.md 7.6): the `log_dir` event log and state file, `bridge_tools`, and the
+"""The ORS bridge in process: the `log_dir` event log and state file, `bridge_tools`, and the
 trajectory viewer reading the log as written. The remote half is in `test_remote_service.py` beside it.
 """
 

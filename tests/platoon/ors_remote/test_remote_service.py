@@ -434,7 +434,7 @@ def test_a_mixture_may_not_reach_one_server_under_two_names_without_a_variant():
     ]
 
 
-# -- the bridge: the event log and the bridge tools (harness.md 7.6) ----------------------------------------------------
+# -- the bridge: the event log and the bridge tools ----------------------------------------------------
 
 
 def bridge_log(directory: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:

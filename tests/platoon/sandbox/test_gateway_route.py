@@ -1,5 +1,5 @@
 """A sandbox off the host's network (`none`, and `public` with its filtered egress) reaches platoon's own gateway
-through its route only (harness.md 3.8, 5.6, 5.7): the gateway
+through its route only: the gateway
 serves one rollout on a Unix socket, the sandbox names it as an upstream, and a command inside calls the model
 (Chat Completions) and the MCP tool plane through the route, while a listener on the host's loopback stays out of
 reach and another rollout's key is refused.

@@ -1,5 +1,5 @@
-"""The RAO recipes and platoon-textcraft's configs run on the CPU (textcraft.md section 6.3, item 2): one training
-step of each arm of recipes/rao (and of the extension's textcraft_train.yaml) with the spec's overrides, on the local Tinker-compatible server (the real Tinker SDK), rollouts sampled
+"""The RAO recipes and platoon-textcraft's configs run on the CPU: one training
+step of each arm of recipes/rao (and of the extension's textcraft_train.yaml) with CPU overrides, on the local Tinker-compatible server (the real Tinker SDK), rollouts sampled
 in process from a scripted CodeAct policy (`platoon.testing.serve_policy`):
 
 - single: the root plays its task's gold trajectory and finishes (root reward 1);
@@ -30,7 +30,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "packages" / "platoon-textcraft"
 GOAL = re.compile(r"Craft the following items: [^\n<]*")
 USER = "<|im_start|>user\n"
 
-#: the spec's CPU overrides (num_microbatches follows batch_size 1: the recipe's 2 cannot split one task)
+#: the CPU overrides (num_microbatches follows batch_size 1: the recipe's 2 cannot split one task)
 CPU = [
     "tinker_base_url=local",
     "train.model_name=platoon/toy",

@@ -1,4 +1,4 @@
-"""Nothing a killed trainer started keeps running (harness.md 5.5): a rollout starts a docker sandbox and the trainer
+"""Nothing a killed trainer started keeps running: a rollout starts a docker sandbox and the trainer
 is SIGKILLed, leaving the container behind; the same command started again reaps it by the run's label before it
 trains, while another run's container survives.
 

@@ -1,4 +1,4 @@
-"""An environment package whose import registers the rollout-worker hooks (4.6), as a plugin's would."""
+"""An environment package whose import registers the rollout-worker hooks, as a plugin's would."""
 
 from __future__ import annotations
 

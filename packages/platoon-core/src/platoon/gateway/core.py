@@ -716,7 +716,7 @@ class ModelGateway:
         tools: list[dict[str, Any]] | None,
         render_kwargs: dict[str, Any],
     ) -> PromptBuild:
-        """The prompt of one call (step 3). A large request renders in a worker thread: tokenizing megabytes takes
+        """The prompt of one call. A large request renders in a worker thread: tokenizing megabytes takes
         seconds, and the event loop serves every other agent (and `/healthz`) meanwhile; a small one renders here,
         where it costs less than the thread hop (`OFF_LOOP_CHARS`). A renderer's refusal of a message is the
         caller's error (`InvalidRequest`, 400), not the gateway's."""

@@ -34,7 +34,7 @@ def _forced_zero(trajectory: Any) -> bool:
 
 
 def propagate_root_success(collection: TrajectoryCollection) -> None:
-    """Give every trajectory the root's success (step 2); forced-zero trajectories keep 0."""
+    """Give every trajectory the root's success; forced-zero trajectories keep 0."""
     trajectories = list(collection.trajectories.values())
     if not trajectories:
         return

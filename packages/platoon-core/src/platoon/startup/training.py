@@ -42,7 +42,7 @@ def config_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     problems under which listing the tasks means nothing."""
     from platoon.startup.checks import component_problems, output_problems
 
-    # Every component the config names resolves before anything is written or started (step 8).
+    # Every component the config names resolves before anything is written or started.
     problems = training_problems(config) + batch_problems(config) + component_problems(config)
     return problems + output_problems(config, kind="train")  # a file or read-only mount at log_path: one line
 

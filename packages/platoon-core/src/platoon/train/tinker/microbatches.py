@@ -67,7 +67,7 @@ def prepare_microbatch(
         a == 0.0 for d in kept for a, m in zip(_data(d, "advantages"), _data(d, "mask"), strict=True) if m > 0
     )
     if not kept or (zero_objective(train_cfg.loss_fn, train_cfg.loss_fn_config) and all_zero):
-        return None  # under a zero-objective loss an all-zero microbatch is never sent (step 4)
+        return None  # under a zero-objective loss an all-zero microbatch is never sent
     return Microbatch(kept=kept, sent=loss_datums(kept))
 
 

@@ -1,5 +1,5 @@
 """The `group_rollout` workflow: one task's group of rollouts — straggler policy, members launched
-together, the group decision, credit (2.8) and datums (2.7, 2.9) — and the workflow registry.
+together, the group decision, credit and datums (docs/training.md, "One step") — and the workflow registry.
 
 Subclass `GroupRolloutWorkflow` and `platoon.registry.register_workflow(name, Subclass)` to change the baseline
 (`credit`) or the assignment of rewards to datums (`datums`); advantages are always computed in the trainer process.
@@ -104,7 +104,7 @@ class GroupRolloutWorkflow:
         self.config = config
         self.reward_processor = reward_processor
 
-    # -- stragglers (step 1) --------------------------------------------------------------------------------
+    # -- stragglers --------------------------------------------------------------------------------
 
     def straggler_cutoff(self, label: str | None) -> StragglerCutoff | None:
         """The label's own policy from `straggler_policies` (a null timeout disables it for that label), else the
@@ -122,7 +122,7 @@ class GroupRolloutWorkflow:
             self.config.straggler_timeout_seconds, self.config.straggler_quorum or default_quorum
         )
 
-    # -- members (steps 3-4) --------------------------------------------------------------------------------
+    # -- members --------------------------------------------------------------------------------
 
     async def run_members(
         self, launch: Launch, *, label: str | None
@@ -164,7 +164,7 @@ class GroupRolloutWorkflow:
                 outcomes.append(task.result())
         return outcomes, (float(cancelled) if cutoff is not None else None)
 
-    # -- decision, credit, datums (steps 5-6) ---------------------------------------------------------------
+    # -- decision, credit, datums ---------------------------------------------------------------
 
     def credit(self, members: Sequence[MemberOutcome]) -> GroupResult:
         """Baselines and advantages over the members' scored roots; override to change them."""
@@ -181,7 +181,7 @@ class GroupRolloutWorkflow:
         )
 
     def datums(self, result: GroupResult, members: Sequence[MemberOutcome]) -> DatumBatch:
-        """Datums from the exact sampled tokens of every member, advantages assigned per trajectory (2.7, 2.9)."""
+        """Datums from the exact sampled tokens of every member, advantages assigned per trajectory."""
         from platoon.train.tinker.datums import group_datums
 
         workflow = self.config

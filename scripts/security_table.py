@@ -39,7 +39,7 @@ NOT_RUN_HERE = {
     "singularity": "platoon_sandbox.hpc:SingularityProvider",
     "enroot": "platoon_sandbox.hpc:EnrootProvider",
 }
-NOT_RUN_NOTE = "not run here (no runtime in CI; see platform.md 6): the cell says what the adapter claims"
+NOT_RUN_NOTE = "not run here (CI has no Apptainer or enroot runtime, docs/sandboxes.md): the cell says what the adapter claims"
 
 
 def claims(target: str) -> frozenset[str]:

@@ -27,9 +27,6 @@ PLUGIN_SRCS = sorted(path for path in PACKAGES.glob("platoon-*/src") if path != 
 #: circle is broken; never add one.
 KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset({"platoon.train.tinker.loop", "platoon.train.tinker.trainer"}),
-    frozenset(
-        {"platoon.envs.named", "platoon.harness.registry", "platoon.plugins", "platoon.programs.registry"}
-    ),
     # platoon-harbor's: the check, the preparation and the service call one another.
     frozenset({"platoon_harbor.check", "platoon_harbor.prepare", "platoon_harbor.service"}),
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from platoon import hooks
+from platoon import hooks, registry
 from platoon.cli import main
 from platoon.hookspecs import PrepareStep
 
@@ -24,7 +24,7 @@ TABLE = "{service: table, service_kwargs: {rows: [{id: t1, goal: hi}]}}"
 @pytest.fixture
 def seams(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A `table` service whose prepare step is `current` once made, and whose run check fails until then."""
-    monkeypatch.setattr(hooks, "_REGISTERED", {})
+    monkeypatch.setattr(registry, "_seams", {})
     state: dict[str, Any] = {"made": False, "calls": []}
 
     def prepare(service: str, options: Any, cache_root: Any, dry_run: bool, config: Any) -> Any:
@@ -93,7 +93,7 @@ def test_prepare_makes_each_step_once_then_reports_everything_current(tmp_path, 
 
 
 def test_a_failed_step_makes_prepare_not_ready(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(hooks, "_REGISTERED", {})
+    monkeypatch.setattr(registry, "_seams", {})
     hooks.register(
         "service.prepare",
         lambda service, options, cache_root, dry_run, config: [
@@ -206,7 +206,7 @@ def test_a_run_whose_service_is_not_prepared_stops_before_anything_naming_prepar
             PrepareStep("disk", "failed", "the disk is full")
         ],
     )
-    monkeypatch.setattr(hooks, "_REGISTERED", {"service.prepare": hooks._REGISTERED["service.prepare"][1:]})
+    monkeypatch.setattr(registry, "_seams", {"service.prepare": registry._seams["service.prepare"][1:]})
     code, out, err = run(["train", "train.yaml", "--prepare"], capsys)
     assert code == 1 and out == []
     assert "platoon: environments[0] disk: failed: the disk is full\n" in err

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from platoon import hooks
+from platoon import hooks, registry
 from platoon.cli import main
 from platoon.harness.registry import forget_loaded_specs
 from platoon.hookspecs import PrepareStep
@@ -108,7 +108,7 @@ def toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     (tmp_path / "tiny.lock").write_text("")
     (tmp_path / "tiny.toml").write_text(SPEC)
     forget_loaded_specs()
-    monkeypatch.setattr(hooks, "_REGISTERED", {})
+    monkeypatch.setattr(registry, "_seams", {})
     state: dict[str, Any] = {"built": 0}
 
     def prepare(spec: Any, root: Any, dry_run: bool) -> PrepareStep:

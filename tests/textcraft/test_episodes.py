@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from platoon.envs.named import resolve_environment
+from platoon.plugins import get_environment
 from platoon.testing.episode import run_episode
 
 SYNTH = "python://platoon_textcraft.env:TextCraftSynthEnvironment"
@@ -91,8 +91,8 @@ def test_finishing_without_crafting_scores_zero_with_the_shortfall():
 
 
 def test_the_named_environments_resolve_through_their_entry_points():
-    textcraft = resolve_environment("textcraft@1")
-    synth = resolve_environment("textcraft-synth")
+    textcraft = get_environment("textcraft@1")
+    synth = get_environment("textcraft-synth")
     assert textcraft.entry()["service"] == MINECRAFT
     assert synth.entry()["service"] == SYNTH
     assert synth.entry()["reward_processor"] == "platoon-delegation"

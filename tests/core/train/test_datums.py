@@ -353,11 +353,11 @@ def test_a_datum_emptied_by_the_error_filter_is_dropped():
 
 
 def test_message_actions_are_context_without_loss(monkeypatch: pytest.MonkeyPatch):
-    from platoon import hooks
+    from platoon import registry
 
     run = three_call_run()
     ids = _ids(run.root)
-    monkeypatch.setitem(hooks._REGISTERED, "trajectory.message_completion_ids", [lambda steps: {ids[0]}])
+    monkeypatch.setitem(registry._seams, "trajectory.message_completion_ids", [lambda steps: {ids[0]}])
     batch = collection_datums(
         run.collection, run.interactions, {run.root.id: -1.0}, filter_message_actions=True
     )

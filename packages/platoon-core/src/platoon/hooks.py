@@ -1,7 +1,8 @@
 """Named hooks (seams) that are not components: telemetry, diagnostics and trajectory completion ids.
 
-`register(name, fn)` adds a function (once per function); `hooks(name)` returns the registered functions in
-registration order followed by the matching hookimpls of every plugin module loaded so far.
+`register(name, fn)` adds a function (once per function) to the one registry's seam store; `hooks(name)` returns
+the registered functions in registration order followed by the matching hookimpls of every plugin module loaded
+so far.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from platoon import plugins, registry
 from platoon.hookspecs import SEAM_HOOKS
-
-_REGISTERED: dict[str, list[Callable[..., Any]]] = {}
 
 
 def _check(name: str) -> str:
@@ -22,16 +22,12 @@ def _check(name: str) -> str:
 
 def register(name: str, fn: Callable[..., Any]) -> None:
     """Register `fn` under the hook `name`; registering the same function again changes nothing."""
-    functions = _REGISTERED.setdefault(_check(name), [])
-    if fn not in functions:
-        functions.append(fn)
+    registry.add_seam(_check(name), fn)
 
 
 def hooks(name: str) -> list[Callable[..., Any]]:
     """The functions to call for the hook `name`: registered ones first, then loaded plugins' hookimpls."""
-    from platoon import plugins
-
-    functions = list(_REGISTERED.get(_check(name), []))
+    functions = registry.seam_functions(_check(name))
     caller = getattr(plugins.plugin_manager().hook, SEAM_HOOKS[name])
     for impl in reversed(caller.get_hookimpls()):  # pluggy keeps them last-registered-first
         functions.append(impl.function)
@@ -39,4 +35,4 @@ def hooks(name: str) -> list[Callable[..., Any]]:
 
 
 def clear() -> None:
-    _REGISTERED.clear()
+    registry.clear_seams()

@@ -32,14 +32,23 @@ docs/extending.md lists every hook with these facts.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
     from typer import Typer
+
+    # The records a registration hook answers with; their modules import this one, so only the type checker
+    # reads them here.
+    from platoon.envs.named import EnvironmentEntry
+    from platoon.harness.function import FunctionHarness
+    from platoon.harness.spec import HarnessSpec
+    from platoon.programs.registry import EpisodeProgram
 
 hookspec = pluggy.HookspecMarker("platoon")
 hookimpl = pluggy.HookimplMarker("platoon")
@@ -131,18 +140,34 @@ class SpecRunner:
 
 # Registration hooks: one per kind, `platoon_register_<plural>(name)`. A plugin module is registered with the
 # plugin manager when one of its entry points is first named, and from then on its hookimpls answer every name
-# asked of that kind, its own or not: answer None for a name that is not yours. Core flattens lists and tuples
-# and skips None and modules (a module answers through what its import registered).
+# asked of that kind, its own or not: answer None for a name that is not yours. Core flattens lists and tuples,
+# skips None and modules (a module answers through what its import registered), and turns every other answer into
+# its kind's record in one function per kind (`harness_records`, `program_record`, `environment_record`,
+# `reward_processor_record`), which lands in the one registry (`platoon.registry`) beside code's registrations.
 
 
 @hookspec
-def platoon_register_harnesses(name: str) -> Any:
+def platoon_register_harnesses(
+    name: str,
+) -> (
+    FunctionHarness
+    | HarnessSpec
+    | Callable[..., Any]
+    | str
+    | os.PathLike[str]
+    | ModuleType
+    | Sequence[FunctionHarness | HarnessSpec | Callable[..., Any] | str | os.PathLike[str] | ModuleType]
+    | None
+):
     """Harnesses called `name` (`environments[].harness`, `ep.run(harness=...)`, `ctx.agents.spawn(harness=...)`).
 
     :param name: the harness's name as a config writes it, without `@version` (`acme-solver`).
     :returns: an `@platoon.harness` function, a `platoon.FunctionHarness`, a `HarnessSpec`, the path of a `.toml`
         spec or of a directory of them, a module whose import registers harnesses, a list of these, or None.
-        Several versions of one name may be returned together; `name@version` picks among them.
+        Several versions of one name may be returned together; `name@version` picks among them. Each answer
+        becomes a `FunctionHarness` or a `HarnessSpec` record (`platoon.harness.registry.harness_records`);
+        anything else is an error naming the entry point. The path and module forms are the 0.2.0 shapes and
+        stay accepted.
 
     Called: each time core resolves a harness name that an installed `platoon.harnesses` entry point declares:
     when a run or `platoon config validate` checks its config, for every rollout and every subagent that starts
@@ -168,13 +193,16 @@ def platoon_register_harnesses(name: str) -> Any:
 
 
 @hookspec
-def platoon_register_programs(name: str) -> Any:
+def platoon_register_programs(
+    name: str,
+) -> EpisodeProgram | Callable[..., Any] | ModuleType | Sequence[EpisodeProgram | Callable[..., Any]] | None:
     """Episode programs called `name` (`environments[].program`).
 
     :param name: the program's name as a config writes it, without `@version`.
-    :returns: an `@platoon.program` function called `name`, a list of them (its versions), a module whose import
-        registers them, or None. A program of another name is an error naming the entry point: an entry point is
-        named after the program it provides.
+    :returns: an `@platoon.program` function called `name` (or its `platoon.EpisodeProgram` record), a list of
+        them (its versions), a module whose import registers them (the 0.2.0 shape, still accepted), or None.
+        Each answer becomes an `EpisodeProgram` record (`platoon.programs.registry.program_record`). A program of
+        another name is an error naming the entry point: an entry point is named after the program it provides.
 
     Called: each time core resolves a program name that an installed `platoon.programs` entry point declares:
     for every rollout of an entry naming it, when an evaluation sets up its entries, and by `platoon program show`
@@ -198,13 +226,17 @@ def platoon_register_programs(name: str) -> Any:
 
 
 @hookspec
-def platoon_register_environments(name: str) -> Any:
+def platoon_register_environments(
+    name: str,
+) -> EnvironmentEntry | ModuleType | Sequence[EnvironmentEntry] | None:
     """Named environments called `name` (`environments[].env`).
 
     :param name: the environment's name as a config writes it, without `@version` (`acme-sums`).
-    :returns: a `platoon.EnvironmentEntry` called `name`, a list of them (its versions), or None. Anything else is
-        an error naming the entry point; an entry named after another installed environment entry point is
-        skipped (a module shared by several entry points may answer them all).
+    :returns: a `platoon.EnvironmentEntry` called `name`, a list of them (its versions), a module (skipped: the
+        0.2.0 shape, still accepted), or None. Each answer is checked and registered as it is
+        (`platoon.envs.named.environment_record`); anything else is an error naming the entry point; an entry
+        named after another installed environment entry point is skipped (a module shared by several entry points
+        may answer them all).
 
     Called: each time core resolves an environment name that an installed `platoon.environments` entry point
     declares, once per such entry point: when a config with `env: <name>` is loaded (every command that loads
@@ -239,7 +271,10 @@ def platoon_register_reward_processors(
 
     :param name: the processor's name as a config writes it.
     :returns: a `RewardProcessor` (its `fn` a callable or an import string `"pkg.mod:fn"`, imported when a run
-        names the processor), the callable `fn(trajectory_dict) -> (score, components)` itself, or None.
+        names the processor), the callable `fn(trajectory_dict) -> (score, components)` itself, or None. The
+        answer becomes a `RewardProcessor` record (`platoon.plugins.reward_processor_record`) and its callable is
+        registered under `name` where `register_reward_processor` registers: a different function under that
+        name is an error naming both.
 
     Called: the first time a process resolves a processor name that an installed `platoon.reward_processors`
     entry point declares: in the start-up checks of `platoon train`, `eval`, `rollout` and `config validate`, or

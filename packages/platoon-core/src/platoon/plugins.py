@@ -2,7 +2,11 @@
 
 Listing reads installed metadata and imports nothing. A component's module is imported the first time a config
 or command names it: find the entry point of that name, check that its distribution admits the running platoon,
-import it once, register it with the plugin manager, ask the kind's hook for the name.
+import it once, register it with the plugin manager, ask the kind's hook for the name, and put what it answers,
+as its kind's record, into the one registry (`platoon.registry`), where code's registrations are too.
+
+This module sits above the registry and the record types it imports; the lookups of harnesses and programs
+(`platoon.harness.registry`, `platoon.programs.registry`) sit above it, and nothing below imports it.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import Any
 
 import pluggy
 
-from platoon import hookspecs
+from platoon import hookspecs, registry
 from platoon._version import running_version
+from platoon.envs.named import EnvironmentEntry, environment_record
 from platoon.errors import ExtensionError
-from platoon.naming import is_first_party_distribution
+from platoon.naming import is_first_party_distribution, split_ref
 
 RETIRED_GROUP = "platoon.plugins"
 IGNORE_REQUIREMENTS_VAR = "PLATOON_IGNORE_EXTENSION_REQUIREMENTS"
@@ -164,18 +169,7 @@ def reset() -> None:
     """Forget the metadata scan and everything loaded (for tests that install or remove distributions)."""
     global _state
     _state = _State()
-    from platoon.envs import named
-    from platoon.harness import function as harness_function
-    from platoon.harness import registry as harness_registry
-    from platoon.harness import spec as harness_spec
-    from platoon.programs import registry as program_registry
-
-    harness_function.clear_registry()
-    harness_spec.clear_specs()
-    harness_registry.forget_loaded_specs()
-    program_registry.clear_registry()
-    named.clear_registry()
-    _components.clear()
+    registry.forget_loaded()
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -280,7 +274,7 @@ def load(info: EntryPointInfo) -> Any:
                 _state.failures[info] = error
                 raise error
             warnings.warn(problem, stacklevel=2)
-        before = _registered_names()
+        before = registry.versioned_names()
         try:
             value = info.entry_point().load()
         except Exception as exc:  # an extension's import failure is the extension's, reported by name
@@ -296,20 +290,8 @@ def load(info: EntryPointInfo) -> Any:
             if not manager.is_registered(value):
                 manager.register(value, name=value.__name__)
         _state.loaded[info] = value
-        _state.registers[info] = sorted(_registered_names() - before - {info.name})
+        _state.registers[info] = sorted(registry.versioned_names() - before - {info.name})
         return value
-
-
-def _registered_names() -> set[str]:
-    """Names in the versioned registries: what importing a module registered shows up here."""
-    from platoon.envs.named import REGISTRY as environments
-    from platoon.harness.function import REGISTRY as harnesses
-    from platoon.harness.spec import SPECS as specs
-    from platoon.programs.registry import REGISTRY as programs
-
-    return {
-        r.name for registry in (harnesses, specs, programs, environments) for r in registry.records().values()
-    }
 
 
 def _flatten(answers: Iterable[Any]) -> Iterator[Any]:
@@ -371,9 +353,6 @@ def load_named(kind: str, name: str) -> list[Any]:
 
 # ---------------------------------------------------------------------------------------------- lookups
 
-#: resolved components of the kinds without a registry of their own: (kind, name) -> record
-_components: dict[tuple[str, str], Any] = {}
-
 
 def _component_name(kind: str, answer: Any) -> str | None:
     name = getattr(answer, "name", None)
@@ -414,9 +393,9 @@ def unknown_name_error(kind: str, name: str, registered: Iterable[str], how: str
 def get_component(kind: str, name: str) -> Any:
     """The record a plugin gives for `name`, for kinds named without versions (services, runtimes, commands,
     reward processors). Raises ExtensionError when nothing provides it."""
-    key = (kind, name)
-    if key in _components:
-        return _components[key]
+    known = registry.component(kind, name)
+    if known is not None:
+        return known
     answers = load_named(kind, name)
     matching = [a for a in answers if _component_name(kind, a) in (name, None)]
     if not matching:
@@ -424,11 +403,10 @@ def get_component(kind: str, name: str) -> Any:
         raise unknown_name_error(
             kind,
             name,
-            [n for (k, n) in _components if k == kind],
+            registry.component_names(kind),
             f"provide one with an entry point in the group {group!r}",
         )
-    _components[key] = matching[0]
-    return matching[0]
+    return registry.remember_component(kind, name, matching[0])
 
 
 def get_command_group(name: str) -> hookspecs.CommandGroup:
@@ -439,19 +417,31 @@ def get_command_group(name: str) -> hookspecs.CommandGroup:
     return hookspecs.CommandGroup(name=name, summary="", app=answer)
 
 
+def reward_processor_record(name: str, answer: Any) -> hookspecs.RewardProcessor:
+    """The `RewardProcessor` a `platoon_register_reward_processors` answer for `name` is, or stands for (a bare
+    callable, or an import string naming one, is the processor called `name`)."""
+    if isinstance(answer, hookspecs.RewardProcessor):
+        return answer
+    return hookspecs.RewardProcessor(name=name, summary="", fn=answer)
+
+
 def get_reward_processor(ref: str) -> Any:
     """The reward-processor callable for a name, a registered name or an import string.
 
     A `RewardProcessor` record's `fn` may itself be an import string: it is imported here, so a processor that
     cannot be imported, or is not callable, is one ExtensionError (78) naming it, at start rather than in every
-    group of a run.
+    group of a run. What an entry point gives lands in the registry that `register_reward_processor` fills, so
+    a different function under the same name, by code or another plugin, is one error naming both.
     """
-    from platoon import registry
-
     if ":" not in ref:
         if found := candidates("reward_processor", ref):
-            answer = get_component("reward_processor", ref)
-            return _processor_callable(f"{ref!r} ({found[0].label})", answer)
+            named_as = f"{ref!r} ({found[0].label})"
+            record = reward_processor_record(ref, get_component("reward_processor", ref))
+            fn = _processor_callable(named_as, record)
+            try:
+                return registry.register_from_plugin("reward_processor", ref, fn)
+            except ValueError as exc:
+                raise ExtensionError(f"reward processor {named_as}: {exc}") from None
         registered = registry.lookup("reward_processor", ref)
         if registered is not None:
             return _processor_callable(repr(ref), registered)
@@ -473,12 +463,10 @@ def get_reward_processor(ref: str) -> Any:
 def _processor_callable(named: str, answer: Any) -> Any:
     """The callable a reward processor's record (or the object itself) gives, its import-string `fn` imported;
     `named` says which processor, for the error."""
-    from platoon.registry import resolve_import_string
-
     fn = answer.fn if isinstance(answer, hookspecs.RewardProcessor) else answer
     if isinstance(fn, str):
         try:
-            fn = resolve_import_string(fn)
+            fn = registry.resolve_import_string(fn)
         except ValueError as exc:
             raise ExtensionError(f"reward processor {named}: {exc}") from exc
     if not callable(fn):
@@ -489,11 +477,30 @@ def _processor_callable(named: str, answer: Any) -> Any:
     return fn
 
 
-def get_environment(ref: str) -> Any:
+def get_environment(ref: str) -> EnvironmentEntry:
     """The named environment `name[@version]` (a `platoon.EnvironmentEntry`), or `module:attr` importing one."""
-    from platoon.envs.named import resolve_environment
-
-    return resolve_environment(ref)
+    if ":" in ref:
+        value = registry.import_target(ref, what="environment")
+        if not isinstance(value, EnvironmentEntry):
+            raise ExtensionError(
+                f"environment {ref!r} is {type(value).__name__}, not a platoon.EnvironmentEntry"
+            )
+        return value
+    name, wanted = split_ref(ref)
+    others = {i.name for i in entry_points("environment")}
+    for info in candidates("environment", name):
+        source = f"{info.label} ({info.group}: {info.value})"
+        for answer in ask("environment", name, load(info)):
+            environment_record(name, answer, label=info.label, source=source, others=others)
+    if not registry.ENVIRONMENTS.versions(name):
+        raise unknown_name_error(
+            "environment",
+            name,
+            list(registry.ENVIRONMENTS.records()),
+            "provide one with a platoon.EnvironmentEntry in an entry point of the group 'platoon.environments', "
+            "or name it as module:attr",
+        )
+    return registry.ENVIRONMENTS.pick(name, wanted)
 
 
 #: services of first-party distributions installed separately: name -> the distribution that provides it
@@ -561,6 +568,4 @@ def get_spec_runner() -> hookspecs.SpecRunner:
 
 def resolve_target(target: Any) -> Any:
     """A record's lazy target: an import string `module:attr` is imported now; anything else is returned."""
-    from platoon.registry import resolve_import_string
-
-    return resolve_import_string(target) if isinstance(target, str) else target
+    return registry.resolve_import_string(target) if isinstance(target, str) else target

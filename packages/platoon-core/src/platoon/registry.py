@@ -1,19 +1,43 @@
-"""Generic registries filled by `package` modules or import strings.
+"""The one registry: every component platoon finds by name lands here, whichever door it came in by.
 
-Kinds: `dataset_loader`, `task_loader`, `rollout`, `reward_processor`, `workflow`, `trainer_config`. Plus
-`resolve_import_string`, which turns `module:attr.attr` (or the legacy dotted `module.attr`) into the object.
+The doors are the `register_*` functions below, `@platoon.harness`, `@platoon.program`, `platoon.hooks.register`,
+the answers of plugins' registration hooks (turned into their kind's record first, by `platoon.plugins` and the
+lookup modules above it) and import strings. Each kind has one store, so it has one lookup path:
+
+- the generic kinds (`dataset_loader`, `task_loader`, `rollout`, `reward_processor`, `workflow`,
+  `trainer_config`): a name -> object store each, read by `lookup` and `registered`;
+- the versioned kinds, records by `name@version`: `HARNESSES` (function harnesses), `HARNESS_SPECS` (TOML specs an
+  entry point gave), `PROGRAMS` and `ENVIRONMENTS`;
+- what plugins answered for the kinds named without versions (services, sandbox runtimes, commands, spec
+  runners, reward processors): `component` and `remember_component`;
+- the functions registered for the seams: `add_seam` and `seam_functions`.
+
+`resolve_import_string` turns `module:attr.attr` (or the legacy dotted `module.attr`) into the object. This module
+sits low: it imports no record type at run time and never `platoon.plugins`, which loads entry points and fills it.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ExtensionError
+from platoon.versioned import VersionedRegistry
+
+if TYPE_CHECKING:
+    from platoon.envs.named import EnvironmentEntry
+    from platoon.harness.function import FunctionHarness
+    from platoon.harness.spec import HarnessSpec
+    from platoon.programs.registry import EpisodeProgram
 
 __all__ = [
+    "ENVIRONMENTS",
+    "HARNESSES",
+    "HARNESS_SPECS",
     "KINDS",
+    "PROGRAMS",
     "ImportStringError",
     "lookup",
     "register_dataset_loader",
@@ -38,6 +62,25 @@ KINDS: tuple[str, ...] = (
 _registries: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _lock = threading.Lock()
 
+#: function harnesses registered in this process (`@platoon.harness`, an entry point's module, a test)
+HARNESSES: VersionedRegistry[FunctionHarness] = VersionedRegistry("harness")
+#: TOML specs that entry points gave (a spec path a config names directly is not here)
+HARNESS_SPECS: VersionedRegistry[HarnessSpec] = VersionedRegistry("harness")
+#: episode programs (`@platoon.program`, an entry point's module)
+PROGRAMS: VersionedRegistry[EpisodeProgram] = VersionedRegistry("program")
+#: named environments that entry points gave
+ENVIRONMENTS: VersionedRegistry[EnvironmentEntry] = VersionedRegistry("environment")
+_VERSIONED: tuple[VersionedRegistry[Any], ...] = (HARNESSES, HARNESS_SPECS, PROGRAMS, ENVIRONMENTS)
+
+#: what plugins answered for kinds named without versions: (kind, name) -> record
+_components: dict[tuple[str, str], Any] = {}
+#: generic-kind names that a plugin's answer registered (forgotten with the plugin state)
+_from_plugins: set[tuple[str, str]] = set()
+#: seam name -> the functions `platoon.hooks.register` added, in registration order
+_seams: dict[str, list[Callable[..., Any]]] = {}
+#: caches above this module to drop when the plugin state is forgotten (each module hands in its own)
+_on_forget: list[Callable[[], None]] = []
+
 
 class ImportStringError(ExtensionError):
     """An import string that names nothing importable (a `ValueError`; the command line exits 78)."""
@@ -58,7 +101,7 @@ def _check_kind(kind: str) -> dict[str, Any]:
         raise ValueError(f"unknown registry kind {kind!r}; expected one of {', '.join(KINDS)}") from None
 
 
-def _register(kind: str, name: str, obj: Any) -> Any:
+def _register(kind: str, name: str, obj: Any, *, by_plugin: bool = False) -> Any:
     if not isinstance(name, str) or not name:
         raise ValueError(f"a {kind} name must be a non-empty string; got {name!r}")
     registry = _check_kind(kind)
@@ -70,6 +113,8 @@ def _register(kind: str, name: str, obj: Any) -> Any:
                 f"{kind} {name!r} is already registered to {_source(current)}; cannot register {_source(obj)} under it"
             )
         registry[name] = obj
+        if by_plugin:
+            _from_plugins.add((kind, name))
     return obj
 
 
@@ -119,6 +164,74 @@ def registered(kind: str) -> dict[str, object]:
     registry = _check_kind(kind)
     with _lock:
         return dict(registry)
+
+
+def register_from_plugin(kind: str, name: str, obj: Any) -> Any:
+    """Register what a plugin's hook gave under `name`, as `register_*` would: a different object already there
+    (registered by code, or by another plugin) raises ValueError naming both. Forgotten with the plugin state."""
+    return _register(kind, name, obj, by_plugin=True)
+
+
+def component(kind: str, name: str) -> Any | None:
+    """The record a plugin gave for `name` of a kind named without versions, once resolved in this process."""
+    with _lock:
+        return _components.get((kind, name))
+
+
+def remember_component(kind: str, name: str, record: Any) -> Any:
+    with _lock:
+        _components[(kind, name)] = record
+    return record
+
+
+def component_names(kind: str) -> list[str]:
+    with _lock:
+        return [name for (k, name) in _components if k == kind]
+
+
+def versioned_names() -> set[str]:
+    """The names in the versioned stores: what importing a module registered shows up here."""
+    return {record.name for store in _VERSIONED for record in store.records().values()}
+
+
+def add_seam(name: str, fn: Callable[..., Any]) -> None:
+    """Add `fn` to the seam `name` (the caller checks the name); the same function again changes nothing."""
+    with _lock:
+        functions = _seams.setdefault(name, [])
+        if fn not in functions:
+            functions.append(fn)
+
+
+def seam_functions(name: str) -> list[Callable[..., Any]]:
+    with _lock:
+        return list(_seams.get(name, []))
+
+
+def clear_seams() -> None:
+    with _lock:
+        _seams.clear()
+
+
+def on_forget(forget: Callable[[], None]) -> None:
+    """Have `forget_loaded` also call `forget` (a module above this one dropping its cache of loaded records)."""
+    if forget not in _on_forget:
+        _on_forget.append(forget)
+
+
+def forget_loaded() -> None:
+    """Drop the versioned records, the plugins' components and what plugins registered (with `plugins.reset`).
+
+    What code registered with `register_*` stays, as the modules that registered it stay imported.
+    """
+    for store in _VERSIONED:
+        store.clear()
+    with _lock:
+        _components.clear()
+        for kind, name in _from_plugins:
+            _registries[kind].pop(name, None)
+        _from_plugins.clear()
+    for forget in _on_forget:
+        forget()
 
 
 def _import_failure(ref: str, module: str, exc: BaseException) -> ImportStringError:
@@ -172,3 +285,11 @@ def resolve_import_string(ref: str) -> Any:
             raise _import_failure(ref, module_name, exc) from exc
         return _walk(ref, module_name, module, parts[split:])
     raise ImportStringError(f"cannot import {ref!r}: no module named {parts[0]!r}")
+
+
+def import_target(ref: str, *, what: str) -> Any:
+    """The object `module:attr` (optionally `python://module:attr`) names, or one ExtensionError line saying why not."""
+    try:
+        return resolve_import_string(ref.removeprefix("python://"))
+    except ExtensionError as exc:
+        raise ExtensionError(f"{what}: {exc}") from exc

@@ -1,4 +1,6 @@
-"""One registry shape for the components configs name by `name@version`: harnesses, programs, named environments.
+"""The store shape for the components configs name by `name@version`: harnesses, programs, named environments.
+
+The stores themselves live in `platoon.registry`, with every other kind's.
 
 Records carry `name`, `version` and `source`; the same source registering again replaces its record (a module
 re-import), a different source under a taken ref is refused naming both, and lookups pick a version: a bare name
@@ -8,7 +10,7 @@ needs exactly one version, and `name@version` matches exactly or as a dotted pre
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Protocol
 
 from platoon.errors import ExtensionError
 from platoon.naming import pick_version
@@ -68,13 +70,3 @@ class VersionedRegistry[R: Versioned]:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
-
-
-def import_target(ref: str, *, what: str) -> Any:
-    """The object `module:attr` (optionally `python://module:attr`) names, or one ExtensionError line saying why not."""
-    from platoon.registry import resolve_import_string
-
-    try:
-        return resolve_import_string(ref.removeprefix("python://"))
-    except ExtensionError as exc:
-        raise ExtensionError(f"{what}: {exc}") from exc

@@ -329,10 +329,9 @@ def env_show(name: NameArg) -> int:
     import yaml
 
     from platoon import plugins
-    from platoon.envs.named import resolve_environment
 
     try:
-        entry = resolve_environment(name)
+        entry = plugins.get_environment(name)
     except ExtensionError as exc:
         err(str(exc))
         return EX_CONFIG

@@ -1,7 +1,8 @@
 """Named environments: `platoon.EnvironmentEntry`, a versioned partial `environments` entry a package ships.
 
 A config's `env: name[@version]` expands to the entry's keys as the lowest layer of that entry.
-Entries come from the `platoon.environments` entry-point group or are named by `module:attr`.
+Entries come from the `platoon.environments` entry-point group or are named by `module:attr`; those the group gives
+are kept in the one registry's store, and `platoon.plugins.get_environment` looks them up.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from platoon import registry
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_version, split_ref
-from platoon.versioned import VersionedRegistry, import_target
+from platoon.versioned import VersionedRegistry
 
 #: keys a named environment may not set: they belong to the config that uses it
 FORBIDDEN_KEYS = (
@@ -96,6 +98,7 @@ class EnvironmentEntry:
 
 def _schema_problems(keys: Mapping[str, Any]) -> list[str]:
     """Validate the keys as an `environments` entry; a partial entry may leave out what configs add."""
+    # pydantic and the schema load when an entry is built, not when plugins load this module for its record type.
     from pydantic import ValidationError
 
     from platoon.config.environments import EnvironmentConfig
@@ -110,50 +113,33 @@ def _schema_problems(keys: Mapping[str, Any]) -> list[str]:
     return []
 
 
-REGISTRY: VersionedRegistry[EnvironmentEntry] = VersionedRegistry("environment")
+#: the one registry's store of named environments
+REGISTRY: VersionedRegistry[EnvironmentEntry] = registry.ENVIRONMENTS
 
 
-def resolve_environment(ref: str) -> EnvironmentEntry:
-    """The named environment `name[@version]`, or the EnvironmentEntry that `module:attr` names."""
-    from platoon import plugins
-
-    if ":" in ref:
-        value = import_target(ref, what="environment")
-        if not isinstance(value, EnvironmentEntry):
-            raise ExtensionError(
-                f"environment {ref!r} is {type(value).__name__}, not a platoon.EnvironmentEntry"
-            )
-        return value
-    name, wanted = split_ref(ref)
-    for info in plugins.candidates("environment", name):
-        for answer in plugins.ask("environment", name, plugins.load(info)):
-            if not isinstance(answer, EnvironmentEntry):
-                raise ExtensionError(
-                    f"environment entry point {name!r} ({info.label}) gave {type(answer).__name__}, "
-                    "not a platoon.EnvironmentEntry"
-                )
-            if answer.name == name:
-                answer.source = answer.source or f"{info.label} ({info.group}: {info.value})"
-                try:
-                    REGISTRY.add(answer)
-                except ValueError as exc:
-                    raise ExtensionError(str(exc)) from exc
-            elif answer.name in {i.name for i in plugins.entry_points("environment")}:
-                continue  # another entry point's environment, answered by a shared plugin module
-            else:
-                raise ExtensionError(
-                    f"environment entry point {name!r} gave the environment {answer.name!r}: "
-                    "an entry point must be named after the environment it provides"
-                )
-    if not REGISTRY.versions(name):
-        raise plugins.unknown_name_error(
-            "environment",
-            name,
-            list(REGISTRY.records()),
-            "provide one with a platoon.EnvironmentEntry in an entry point of the group 'platoon.environments', "
-            "or name it as module:attr",
+def environment_record(
+    name: str, answer: Any, *, label: str, source: str, others: set[str]
+) -> EnvironmentEntry | None:
+    """The record a `platoon_register_environments` answer for `name` gives: the `EnvironmentEntry` called `name`,
+    registered with `source` (the entry point of the distribution `label`) unless it has one; None for an entry
+    named after another of `others` (a module shared by several entry points answers them all). Anything else is
+    one ExtensionError."""
+    if not isinstance(answer, EnvironmentEntry):
+        raise ExtensionError(
+            f"environment entry point {name!r} ({label}) gave {type(answer).__name__}, not a platoon.EnvironmentEntry"
         )
-    return REGISTRY.pick(name, wanted)
+    if answer.name != name:
+        if answer.name in others:
+            return None
+        raise ExtensionError(
+            f"environment entry point {name!r} gave the environment {answer.name!r}: "
+            "an entry point must be named after the environment it provides"
+        )
+    answer.source = answer.source or source
+    try:
+        return REGISTRY.add(answer)
+    except ValueError as exc:
+        raise ExtensionError(str(exc)) from exc
 
 
 def clear_registry() -> None:

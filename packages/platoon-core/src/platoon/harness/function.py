@@ -1,7 +1,8 @@
 """Function harnesses: `@platoon.harness(name)` records an async function as the harness `name@version`.
 
-The registry here holds every function harness registered in this process, whoever registered it (an entry
-point's module, a config's `package:`, a test); lookups by reference go through `platoon.harness.registry`.
+Its store, `platoon.registry.HARNESSES`, holds every function harness registered in this process, whoever
+registered it (an entry point's module, a config's `package:`, a test); lookups by reference go through
+`platoon.harness.registry`.
 
 A harness may also give two functions of its options (an entry's `harness_options`): `check_options(options)`, the
 lines a run refuses to start with (`platoon config validate` prints them), and `prepare(options, cache_root,
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from platoon import registry
 from platoon.hookspecs import PrepareStep
 from platoon.naming import check_name, check_not_reserved, check_version
 from platoon.versioned import VersionedRegistry
@@ -62,7 +64,8 @@ class FunctionHarness:
         return inspect.getdoc(self.fn) or ""
 
 
-REGISTRY: VersionedRegistry[FunctionHarness] = VersionedRegistry("harness")
+#: the one registry's store of function harnesses
+REGISTRY: VersionedRegistry[FunctionHarness] = registry.HARNESSES
 
 
 def register(record: FunctionHarness) -> FunctionHarness:

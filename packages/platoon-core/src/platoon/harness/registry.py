@@ -10,18 +10,20 @@ have the same `name@version` the spec wins, with a warning.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import threading
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from platoon import plugins
+from platoon import plugins, registry
 from platoon.errors import ExtensionError
 from platoon.harness.function import REGISTRY, FunctionHarness, record_of, registered_harnesses
 from platoon.harness.spec import HarnessSpec, SpecError, load_spec, register_spec, registered_specs
-from platoon.naming import is_reserved, pick_version, split_ref
-from platoon.versioned import import_target
+from platoon.naming import FIRST_PARTY_MODULES, is_reserved, pick_version, split_ref
+from platoon.registry import import_target
 
 Harness = FunctionHarness | HarnessSpec
 
@@ -37,6 +39,9 @@ def forget_loaded_specs() -> None:
     with _by_path_lock:
         _by_path.clear()
     _warned.clear()
+
+
+registry.on_forget(forget_loaded_specs)
 
 
 def _from_import_string(ref: str) -> FunctionHarness:
@@ -78,10 +83,6 @@ def spec_at(path: str | os.PathLike[str]) -> HarnessSpec:
 
 def _in_first_party_package(path: Path) -> bool:
     """Whether a spec file is shipped inside one of platoon's own packages (which may use reserved names)."""
-    import importlib.util
-
-    from platoon.naming import FIRST_PARTY_MODULES
-
     for module in FIRST_PARTY_MODULES:
         try:
             found = importlib.util.find_spec(module)
@@ -105,6 +106,20 @@ def specs_from(answer: Any) -> list[HarnessSpec]:
     return [_cached(path)]
 
 
+def harness_records(name: str, answer: Any) -> list[Harness]:
+    """The records one `platoon_register_harnesses` answer for `name` gives: an `@platoon.harness` function or a
+    `FunctionHarness` (registered by its decorator), a `HarnessSpec`, or a spec path or directory (loaded, not yet
+    registered); a module gives none (its import registered its harnesses). Anything else is one ExtensionError."""
+    if isinstance(answer, ModuleType):
+        return []
+    function = record_of(answer)
+    if function is not None:
+        return [function]
+    if isinstance(answer, HarnessSpec | str) or hasattr(answer, "__fspath__"):
+        return [*specs_from(answer)]
+    raise ExtensionError(f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness")
+
+
 def _absorb(answers: list[Any], name: str, *, first_party: bool) -> None:
     """Register what a plugin's hook gave for `name`: functions (by their decorator) and TOML specs.
 
@@ -113,31 +128,27 @@ def _absorb(answers: list[Any], name: str, *, first_party: bool) -> None:
     """
     specs: dict[str, HarnessSpec] = {}
     for answer in answers:
-        if record_of(answer) is not None:
-            if answer_name(answer) != name:
-                warnings.warn(
-                    f"the entry point {name!r} gave the harness {answer_name(answer)!r}: "
-                    "name each entry point after the harness",
-                    stacklevel=3,
-                )
-            continue
-        if not (isinstance(answer, HarnessSpec | str) or hasattr(answer, "__fspath__")):
-            raise ExtensionError(
-                f"harness entry point {name!r} gave {type(answer).__name__}, which is not a harness"
-            )
-        for spec in specs_from(answer):
-            if is_reserved(spec.name, "harness") and not first_party:
+        for record in harness_records(name, answer):
+            if isinstance(record, FunctionHarness):
+                if record.name != name:
+                    warnings.warn(
+                        f"the entry point {name!r} gave the harness {record.name!r}: "
+                        "name each entry point after the harness",
+                        stacklevel=3,
+                    )
+                continue
+            if is_reserved(record.name, "harness") and not first_party:
                 raise SpecError(
-                    f"{spec.path}: name: harness name {spec.name!r} is reserved for platoon's own harnesses; "
+                    f"{record.path}: name: harness name {record.name!r} is reserved for platoon's own harnesses; "
                     "a third-party entry point cannot give it"
                 )
-            other = specs.get(spec.ref)
-            if other is not None and other.path != spec.path:
+            other = specs.get(record.ref)
+            if other is not None and other.path != record.path:
                 raise SpecError(
-                    f"harness {spec.ref} is defined twice: by {other.path} and by {spec.path}; "
+                    f"harness {record.ref} is defined twice: by {other.path} and by {record.path}; "
                     "give one of them another name or version"
                 )
-            specs[spec.ref] = spec
+            specs[record.ref] = record
     for spec in specs.values():
         register_spec(spec)
         if spec.name != name:
@@ -146,13 +157,6 @@ def _absorb(answers: list[Any], name: str, *, first_party: bool) -> None:
                 "name each entry point after the harness",
                 stacklevel=3,
             )
-
-
-def answer_name(answer: Any) -> str | None:
-    if isinstance(answer, HarnessSpec):
-        return answer.name
-    record = record_of(answer)
-    return record.name if record else None
 
 
 def versions(name: str) -> dict[str, Harness]:

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
+from platoon import registry
 from platoon.errors import ConfigError, ExtensionError
 from platoon.naming import check_name, check_version
 from platoon.versioned import VersionedRegistry
@@ -921,8 +922,9 @@ def _why_not(token: str, allowed: set[str], spec: HarnessSpec) -> str:
 
 # ---------------------------------------------------------------------------------------------- registry
 
-#: TOML specs that entry points gave in this process, by `name@version` (a spec path loaded directly is not here)
-SPECS: VersionedRegistry[HarnessSpec] = VersionedRegistry("harness")
+#: TOML specs that entry points gave in this process, by `name@version` (a spec path loaded directly is not here):
+#: the one registry's store
+SPECS: VersionedRegistry[HarnessSpec] = registry.HARNESS_SPECS
 
 
 def register_spec(spec: HarnessSpec) -> HarnessSpec:

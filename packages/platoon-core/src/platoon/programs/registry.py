@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from platoon import plugins, registry
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_not_reserved, check_version, split_ref
-from platoon.versioned import VersionedRegistry, import_target
+from platoon.registry import import_target
+from platoon.versioned import VersionedRegistry
 
 PROGRAM_ATTR = "__platoon_program__"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,7 +42,8 @@ class EpisodeProgram:
         return inspect.getdoc(self.fn) or ""
 
 
-REGISTRY: VersionedRegistry[EpisodeProgram] = VersionedRegistry("program")
+#: the one registry's store of programs
+REGISTRY: VersionedRegistry[EpisodeProgram] = registry.PROGRAMS
 
 
 def program(name: str, *, version: str = "1") -> Callable[[F], F]:
@@ -83,10 +86,22 @@ def _from_import_string(ref: str) -> EpisodeProgram:
     return EpisodeProgram(ref, "", value)
 
 
+def program_record(name: str, answer: Any) -> EpisodeProgram:
+    """The record a `platoon_register_programs` answer for `name` gives (registered): an `@platoon.program`
+    function or an `EpisodeProgram` called `name`; anything else is one ExtensionError naming the entry point."""
+    record = record_of(answer)
+    if record is None:
+        raise ExtensionError(f"program entry point {name!r} gave {type(answer).__name__}, not a program")
+    if record.name != name:
+        raise ExtensionError(
+            f"program entry point {name!r} gave the program {record.name!r}: "
+            "an entry point must be named after the program it provides"
+        )
+    return record
+
+
 def get_program(ref: str) -> EpisodeProgram:
     """The program an entry's `program:` names; unknown or ambiguous names raise ExtensionError."""
-    from platoon import plugins
-
     if not isinstance(ref, str) or not ref:
         raise ExtensionError(f"program reference {ref!r} is not a name or module:attr")
     if ":" in ref:
@@ -94,16 +109,7 @@ def get_program(ref: str) -> EpisodeProgram:
     name, wanted = split_ref(ref)
     if plugins.candidates("program", name):
         for answer in plugins.load_named("program", name):
-            record = record_of(answer)
-            if record is None:
-                raise ExtensionError(
-                    f"program entry point {name!r} gave {type(answer).__name__}, not a program"
-                )
-            if record.name != name:
-                raise ExtensionError(
-                    f"program entry point {name!r} gave the program {record.name!r}: "
-                    "an entry point must be named after the program it provides"
-                )
+            program_record(name, answer)
     if not REGISTRY.versions(name):
         raise plugins.unknown_name_error(
             "program",

@@ -104,6 +104,16 @@ def test_docs_extending_lists_every_hook(name):
     )
 
 
+@pytest.mark.parametrize("name", sorted(hookspecs.REGISTRATION_HOOKS.values()))
+def test_every_registration_hook_names_the_shapes_it_accepts(name):
+    # with postponed annotations the return annotation is its source text
+    answer = inspect.signature(HOOKSPECS[name]).return_annotation
+    assert answer is not inspect.Signature.empty, f"{name} has no return annotation"
+    shapes = {shape.strip() for shape in str(answer).strip("()").split("|")}
+    assert "Any" not in shapes, f"{name} returns Any: name the records it accepts"
+    assert "None" in shapes, f"{name} does not say that None (not yours) is an answer"
+
+
 # The checker itself, on hookspecs that break the form: each omission is named.
 
 _hookspec = hookspecs.hookspec

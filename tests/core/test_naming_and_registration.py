@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 import platoon as pt
+from platoon import plugins, registry
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_version, pick_version, version_matches
 from platoon.programs import get_program
@@ -163,3 +170,78 @@ def test_a_gym_loop_belongs_to_its_callers_module(fresh_plugins):
         pt.harness("platoon-gym-walker")(play)
     assert pt.harness("acme-gym-walker")(play) is play
     assert pt.get_harness("acme-gym-walker").source == f"{__name__}:gym_loop[{Env.__qualname__}]"
+
+
+HARNESS_PLUGIN = textwrap.dedent(
+    '''
+    """acme-dup's hook: it answers with an @platoon.harness function."""
+    import platoon
+
+
+    @platoon.harness("acme-dup")
+    async def solve(ctx):
+        """acme's solver."""
+
+
+    @platoon.hookimpl
+    def platoon_register_harnesses(name):
+        return solve if name == "acme-dup" else None
+    '''
+)
+
+
+@pytest.fixture
+def acme_dup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_plugins: None) -> Iterator[None]:
+    """The distribution acme-dup installed on sys.path: a harness entry point whose hook gives `acme-dup`."""
+    site = tmp_path / "site-packages"
+    (site / "acme_dup").mkdir(parents=True)
+    (site / "acme_dup" / "__init__.py").write_text(HARNESS_PLUGIN)
+    info = site / "acme_dup-1.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-dup\nVersion: 1.0.0\n")
+    (info / "entry_points.txt").write_text("[platoon.harnesses]\nacme-dup = acme_dup\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    plugins.reset()
+    yield
+    sys.modules.pop("acme_dup", None)
+
+
+def test_a_harness_by_hook_and_by_decorator_share_one_lookup(acme_dup):
+    async def mine(ctx):
+        pass
+
+    pt.harness("acme-mine")(mine)
+    by_hook = pt.get_harness("acme-dup")
+    assert isinstance(by_hook, pt.FunctionHarness) and by_hook.fn is sys.modules["acme_dup"].solve
+    assert pt.get_harness("acme-mine").fn is mine
+    records = registry.HARNESSES.records()
+    assert records["acme-dup@1"] is by_hook and records["acme-mine@1"].fn is mine
+
+
+def test_a_decorator_taking_the_name_a_hook_gives_is_one_error_naming_both(acme_dup):
+    async def mine(ctx):
+        pass
+
+    pt.harness("acme-dup")(mine)
+    with pytest.raises(ExtensionError) as caught:
+        pt.get_harness("acme-dup")
+    assert str(caught.value).startswith(
+        "acme-dup (acme-dup, entry point platoon.harnesses: acme_dup) failed to load: ValueError: harness "
+        f"acme-dup@1 is defined twice: by {__name__}:"
+    )
+    assert str(caught.value).endswith(
+        ".<locals>.mine and by acme_dup:solve; give one of them another name or version"
+    )
+
+
+def test_a_hook_taking_a_name_first_refuses_a_decorator_under_it(acme_dup):
+    pt.get_harness("acme-dup")
+
+    async def mine(ctx):
+        pass
+
+    with pytest.raises(
+        ValueError, match=r"^harness acme-dup@1 is defined twice: by acme_dup:solve and by .*mine;"
+    ):
+        pt.harness("acme-dup")(mine)

@@ -1,6 +1,8 @@
 """Reward processors as an extension gives them: a `RewardProcessor` record whose `fn` is an import string is
 imported when the processor is named, and one that cannot be imported or is not callable is refused at start (78,
-one line naming the processor and its import string) by every command that runs one, and by `config validate`."""
+one line naming the processor and its import string) by every command that runs one, and by `config validate`.
+Whichever door a processor comes in by (`register_reward_processor`, a hookimpl, an entry point's value), it lands
+in one registry: one lookup finds it, and two different functions under one name are one error naming both."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from platoon import plugins
+from platoon import plugins, registry
 from platoon.cli import main
 from platoon.errors import ExtensionError
 
@@ -64,7 +66,10 @@ def acme_scoring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_plugins:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-scoring\nVersion: 1.0.0\n")
     names = ("acme-lazy", "acme-missing", "acme-unimportable", "acme-threshold")
     (info / "entry_points.txt").write_text(
-        "[platoon.reward_processors]\n" + "".join(f"{name} = acme_scoring\n" for name in names)
+        "[platoon.reward_processors]\n"
+        + "".join(f"{name} = acme_scoring\n" for name in names)
+        # the 0.2.0 form: the entry point's value is the processor itself
+        + "acme-direct = acme_scoring.scores:bonus\n"
     )
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
@@ -116,6 +121,69 @@ def test_a_registered_record_and_an_import_string_naming_a_record_resolve_too(ac
     assert plugins.get_reward_processor("acme-registered")({"reward": 0.0}) == (0.25, {"reward/bonus": 0.25})
     # `module:attr` naming a record (not the function) gives the record's function
     assert plugins.get_reward_processor("acme_scoring:LAZY") is sys.modules["acme_scoring.scores"].bonus
+
+
+@pytest.fixture
+def processors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this test registers by code is gone after it."""
+    monkeypatch.setitem(
+        registry._registries, "reward_processor", dict(registry._registries["reward_processor"])
+    )
+
+
+def _mine(trajectory):
+    return 1.0, {}
+
+
+def _impostor(trajectory):
+    return 0.0, {}
+
+
+def test_every_door_lands_in_one_lookup(acme_scoring, processors):
+    registry.register_reward_processor("acme-mine", _mine)
+    by_hook = plugins.get_reward_processor("acme-lazy")
+    by_entry_point = plugins.get_reward_processor("acme-direct")
+    bonus = sys.modules["acme_scoring.scores"].bonus
+    assert by_hook is bonus and by_entry_point is bonus
+    assert plugins.get_reward_processor("acme-mine") is _mine
+    assert {
+        name: registry.lookup("reward_processor", name) for name in ("acme-mine", "acme-lazy", "acme-direct")
+    } == {
+        "acme-mine": _mine,
+        "acme-lazy": bonus,
+        "acme-direct": bonus,
+    }
+    assert {"acme-mine", "acme-lazy", "acme-direct"} <= set(registry.registered("reward_processor"))
+
+
+def test_code_taking_a_name_an_entry_point_gives_is_one_error_naming_both(acme_scoring, processors):
+    registry.register_reward_processor("acme-lazy", _impostor)
+    with pytest.raises(ExtensionError) as caught:
+        plugins.get_reward_processor("acme-lazy")
+    assert str(caught.value) == (
+        "reward processor 'acme-lazy' (acme-scoring): reward_processor 'acme-lazy' is already registered to "
+        f"{__name__}:_impostor; cannot register acme_scoring.scores:bonus under it"
+    )
+
+
+def test_an_entry_point_taking_a_name_first_refuses_code_under_it(acme_scoring, processors):
+    plugins.get_reward_processor("acme-direct")
+    with pytest.raises(ValueError) as caught:
+        registry.register_reward_processor("acme-direct", _impostor)
+    assert str(caught.value) == (
+        "reward_processor 'acme-direct' is already registered to acme_scoring.scores:bonus; "
+        f"cannot register {__name__}:_impostor under it"
+    )
+    # the same function again, by code, is no conflict
+    assert registry.register_reward_processor("acme-direct", sys.modules["acme_scoring.scores"].bonus)
+
+
+def test_forgetting_the_plugins_forgets_what_they_registered_not_what_code_did(acme_scoring, processors):
+    registry.register_reward_processor("acme-mine", _mine)
+    plugins.get_reward_processor("acme-lazy")
+    plugins.reset()
+    assert registry.lookup("reward_processor", "acme-lazy") is None
+    assert registry.lookup("reward_processor", "acme-mine") is _mine
 
 
 COMMANDS = {

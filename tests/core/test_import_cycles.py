@@ -30,8 +30,6 @@ KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset(
         {"platoon.envs.named", "platoon.harness.registry", "platoon.plugins", "platoon.programs.registry"}
     ),
-    # platoon-harbor's: the check, the preparation and the service call one another.
-    frozenset({"platoon_harbor.check", "platoon_harbor.prepare", "platoon_harbor.service"}),
 ]
 
 

@@ -38,6 +38,7 @@ from platoon.errors import ConfigError
 __all__ = [
     "AUTO_SEED",
     "DEFAULT_LABEL",
+    "ORDER_STATE_KEY",
     "Pool",
     "TaskOrder",
     "draw_harness",
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: the row field of `checkpoints.jsonl` holding the task order's position (`TaskOrder.state`)
+ORDER_STATE_KEY = "task_order"
 
 #: The label of a single entry's tasks (a mixture labels them with the entry names).
 DEFAULT_LABEL = "default"

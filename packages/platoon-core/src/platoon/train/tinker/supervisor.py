@@ -14,12 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from platoon.console import err
 from platoon.rollouts.records import (
     ProcessRecord,
     process_start_time,
     read_process,
     update_process,
 )
+from platoon.sandbox_runs import reap_run
 from platoon.train.tinker.checkpoints import CheckpointLog
 
 __all__ = [
@@ -88,8 +90,6 @@ def _exit_code(returncode: int) -> int:
 
 
 def _say(text: str) -> None:
-    from platoon.console import err
-
     err(text)
 
 
@@ -202,8 +202,6 @@ def _supervise(run_dir: Path, argv: list[str], child_env: dict[str, str], max_re
 
 
 def _reap_sandboxes(run_dir: Path) -> None:
-    from platoon.sandbox_runs import reap_run
-
     reaped = reap_run(run_dir)
     if reaped:
         _say(f"reaped {reaped} sandbox(es) of {run_dir}")

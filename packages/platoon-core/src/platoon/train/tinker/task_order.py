@@ -33,6 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from platoon.envs import listing_cache
+from platoon.envs.resolve import entry_service_kwargs, resolve_service
+from platoon.envs.service import task_check_refusals, unknown_split
 from platoon.errors import ConfigError
 
 __all__ = [
@@ -458,10 +461,6 @@ async def _list_entry(
     config: Any, index: int, entry: Any, *, mixture: bool, base_dir: Path, problems: list[str]
 ) -> Pool | None:
     import importlib
-
-    from platoon.envs import listing_cache
-    from platoon.envs.resolve import entry_service_kwargs, resolve_service
-    from platoon.envs.service import task_check_refusals, unknown_split
 
     where = f"environments.{index}"
     label = entry.name if mixture else DEFAULT_LABEL

@@ -25,11 +25,7 @@ PLUGIN_SRCS = sorted(path for path in PACKAGES.glob("platoon-*/src") if path != 
 
 #: The circles left (platoon-core and the plugin packages), each as its set of modules. Remove an entry when its
 #: circle is broken; never add one.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset({"platoon.train.tinker.loop", "platoon.train.tinker.trainer"}),
-    # platoon-harbor's: the check, the preparation and the service call one another.
-    frozenset({"platoon_harbor.check", "platoon_harbor.prepare", "platoon_harbor.service"}),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def _module_name(path: Path, src: Path) -> str:

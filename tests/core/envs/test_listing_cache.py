@@ -226,7 +226,7 @@ def test_a_start_that_will_train_lists_afresh_when_the_cached_listing_is_stale(t
     import asyncio
 
     from platoon.config import load_config
-    from platoon.train.tinker.trainer import preflight, relist_if_stale
+    from platoon.startup.training_preflight import preflight, relist_if_stale
 
     monkeypatch.delenv("PLATOON_TASK_CACHE")
     (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")

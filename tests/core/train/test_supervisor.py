@@ -215,7 +215,7 @@ def test_the_child_entry_point_sets_stop_requested_then_exits_1(tmp_path):
 
 
 def test_the_child_entry_point_wants_exactly_one_config(capsys):
-    from platoon.train.tinker.supervised import main
+    from platoon.startup.supervised_start import main
 
     assert main([]) == 64
     assert capsys.readouterr().err.count("\n") == 1

@@ -455,10 +455,10 @@ def test_a_refusal_after_the_listing_stops_the_early_local_server(site, monkeypa
 def test_the_heartbeat_says_what_a_quiet_start_is_doing(monkeypatch, capsys):
     """While a start prepares, a line comes whenever it has said nothing for HEARTBEAT_SECONDS (0 here): what it
     is doing, for how long."""
-    from platoon.train.tinker import trainer
+    from platoon.train.tinker import heartbeat
 
-    monkeypatch.setattr(trainer, "HEARTBEAT_SECONDS", 0.0)
-    beat = trainer._Heartbeat()
+    monkeypatch.setattr(heartbeat, "HEARTBEAT_SECONDS", 0.0)
+    beat = heartbeat.Heartbeat()
     beat.doing("listing tasks")
     beat.start()
     try:

@@ -6,172 +6,33 @@ or whose noop scores above its minimum is quarantined with its reason.
 Verdicts go to a check file beside the dataset's lock (`<lock>.check.json`; a directory-backed entry has no lock,
 so `<harbor cache>/checks/<digest of its paths>.check.json`), keyed by task id and each task's content digest, so an
 edited task has no verdict until it is checked again. Runs read it through `harbor_check` (`required | warn | off`):
-the listing skips quarantined tasks, and `required` refuses to start while a task has no verdict.
+the listing skips quarantined tasks, and `required` refuses to start while a task has no verdict. The file and the
+mode are `platoon_harbor.check_file`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
-import hashlib
-import json
-import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+import platoon
+from platoon.config import EnvironmentConfig, RolloutConfig
 from platoon.errors import ConfigError
+from platoon.gateway import ModelGateway
+from platoon.rollouts.one_rollout import MemberRequest, run_member
+from platoon_harbor.check_file import task_digests
+from platoon_harbor.service import HarborService
 
-__all__ = [
-    "CHECK_MODES",
-    "CheckState",
-    "TaskVerdict",
-    "check_entry",
-    "check_mode",
-    "check_path",
-    "check_state",
-    "say_once",
-    "task_digests",
-]
+__all__ = ["TaskVerdict", "check_entry", "judge"]
 
-
-CHECK_MODES = ("required", "warn", "off")
-CHECK_VERSION = 1
 ORACLE, NOOP = "platoon-oracle", "platoon-noop"
 #: how much of the verifier's output a reason keeps (the end, where the failure is)
 REASON_OUTPUT_CHARS = 300
 DEFAULT_CONCURRENCY = 4
-
-
-def parse_mode(value: Any, where: str = "service_kwargs.harbor_check") -> str | None:
-    """The entry's `harbor_check`, checked (None: the default of the run's kind)."""
-    if value is None:
-        return None
-    if value is False:  # YAML reads a bare `off` as false
-        return "off"
-    if not isinstance(value, str) or value not in CHECK_MODES:
-        raise ConfigError(f"{where}: required, warn or off; got {value!r}")
-    return str(value)
-
-
-def check_mode(options: Mapping[str, Any], config: str | None) -> str:
-    """The entry's `harbor_check`, else `required` for a training config and `warn` for anything else (an
-    evaluation config, or no config file): the kind is the one `platoon config show --kind auto` picks."""
-    mode = parse_mode(options.get("harbor_check"))
-    if mode is not None:
-        return mode
-    if config is None:
-        return "warn"
-    from platoon.config import choose_kind, load_config
-
-    try:
-        data = load_config(config, [], kind="none").data
-    except ConfigError:
-        return "warn"  # the run's own loading reports the file's problem
-    return "required" if choose_kind(data) == "train" else "warn"
-
-
-_SAID: set[str] = set()
-
-
-def say_once(line: str) -> None:
-    """A `platoon: ...` line on stderr, once per process (each service instance of a run lists its tasks)."""
-    if line not in _SAID:
-        _SAID.add(line)
-        print(f"platoon: {line}", file=sys.stderr, flush=True)
-
-
-# -- the check file --------------------------------------------------------------------------------------------------
-
-
-def check_path(options: Mapping[str, Any], cache: Path, *, config: str | None = None) -> Path:
-    """Where the entry's verdicts live: beside a fetched dataset's lock, else under `<harbor cache>/checks/`."""
-    if options.get("dataset") or options.get("lock"):
-        from platoon_harbor.datasets import FetchSettings
-
-        lock = FetchSettings.from_kwargs(options, cache=cache, config=config).lock_path
-        return lock.with_name(lock.name.removesuffix(".json").removesuffix(".lock") + ".check.json")
-    where = options.get("task_dirs") or [options.get("dataset_dir")]
-    paths = sorted(os.path.abspath(os.path.expanduser(str(p))) for p in where if p)
-    key = hashlib.sha256(json.dumps(paths).encode()).hexdigest()[:16]
-    return cache / "checks" / f"{key}.check.json"
-
-
-def task_digests(tasks: Mapping[str, Path], *, fetched: bool) -> dict[str, str]:
-    """Task id -> content digest: a fetched task's cache directory is named by it; a directory read in place is
-    hashed (Harbor's content hash, as a fetch records it)."""
-    if fetched:
-        return {task_id: f"sha256:{path.name}" for task_id, path in tasks.items()}
-    from platoon_harbor.datasets import content_hash
-
-    return {task_id: f"sha256:{content_hash(path)}" for task_id, path in tasks.items()}
-
-
-def read_verdicts(path: Path) -> dict[str, dict[str, Any]]:
-    """The check file's task records (empty when there is none; an unreadable one is one line, exit 78)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"the dataset check file {path} is unreadable ({exc}): delete it and run `platoon harbor check`"
-        ) from None
-    tasks = data.get("tasks") if isinstance(data, dict) and data.get("version") == CHECK_VERSION else None
-    if not isinstance(tasks, dict):
-        raise ConfigError(
-            f"the dataset check file {path} is not a version-{CHECK_VERSION} check file: delete it and run "
-            "`platoon harbor check`"
-        )
-    return {str(k): v for k, v in tasks.items() if isinstance(v, dict)}
-
-
-def write_verdicts(path: Path, dataset: str, records: Mapping[str, Mapping[str, Any]]) -> None:
-    """Replace the check file at once (readers never see half of it)."""
-    from platoon.rollouts.records import write_json_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    data = {
-        "version": CHECK_VERSION,
-        "dataset": dataset,
-        "checked_at": stamp,
-        "tasks": dict(sorted(records.items())),
-    }
-    write_json_atomic(path, data)
-
-
-@dataclass
-class CheckState:
-    """What the check file says about an entry's current tasks."""
-
-    path: Path
-    quarantined: dict[str, str] = field(default_factory=dict)  # task id -> reason
-    unchecked: list[str] = field(default_factory=list)  # no verdict for the task's current content
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)  # the current tasks' verdicts
-
-    @property
-    def checked(self) -> bool:
-        return not self.unchecked
-
-
-def check_state(path: Path, digests: Mapping[str, str]) -> CheckState:
-    """Each current task's verdict, when the check file has one for its digest."""
-    verdicts = read_verdicts(path)
-    state = CheckState(path)
-    for task_id, digest in digests.items():
-        record = verdicts.get(task_id)
-        if record is None or record.get("digest") != digest:
-            state.unchecked.append(task_id)
-            continue
-        state.records[task_id] = record
-        if record.get("verdict") == "quarantined":
-            state.quarantined[task_id] = str(record.get("reason") or "quarantined")
-    return state
 
 
 # -- running the check -----------------------------------------------------------------------------------------------
@@ -277,15 +138,11 @@ class _NoModel:
 
 
 def _check_gateway() -> Any:
-    from platoon.gateway import ModelGateway
-
     return ModelGateway(None, _NoModel(), model_name="platoon-check")
 
 
 def _need_harnesses() -> None:
     """Both harnesses resolve, or one line naming what to install (every task would fail the same way)."""
-    import platoon
-
     for name in (ORACLE, NOOP):
         try:
             platoon.get_harness(name)
@@ -296,7 +153,6 @@ def _need_harnesses() -> None:
 def _recording_service(options: Mapping[str, Any]) -> Any:
     """The entry's Harbor service (quarantines not applied: every task is checked), keeping each session's full
     outcome: the trajectory keeps only its status, rewards and reason, and a reason needs the verifier's output."""
-    from platoon_harbor.service import HarborService
 
     class RecordingService(HarborService):
         def __init__(self, **kwargs: Any) -> None:
@@ -322,9 +178,6 @@ async def _run_harness(
     harness: str, options: Mapping[str, Any], service: Any, gateway: Any, task_id: str, scratch: str
 ) -> tuple[Any, str | None, float]:
     """One rollout of `task_id` with `harness` through `run_member`: (the graded outcome or None, error, seconds)."""
-    from platoon.config import EnvironmentConfig, RolloutConfig
-    from platoon.rollouts.one_rollout import MemberRequest, run_member
-
     entry = EnvironmentConfig(service="harbor", service_kwargs=dict(options), harness=harness)
     task = await service.get_task(task_id)
     config = RolloutConfig(model_name="platoon-check", return_dict=True, verbose=False, output_dir=scratch)
@@ -385,17 +238,3 @@ async def check_entry(
 
         ordered = await asyncio.gather(*(one(task_id) for task_id in wanted))
     return list(ordered)
-
-
-def dataset_label(options: Mapping[str, Any]) -> str:
-    """What the check file says it checked: the dataset as the entry names it."""
-    for key in ("dataset", "lock", "dataset_dir"):
-        if options.get(key):
-            return str(options[key])
-    return ", ".join(str(p) for p in options.get("task_dirs") or [])
-
-
-def summary(records: Mapping[str, Mapping[str, Any]], path: Path) -> str:
-    """`N task(s) checked, Q quarantined (PATH)`."""
-    quarantined = sum(1 for r in records.values() if r.get("verdict") == "quarantined")
-    return f"{len(records)} task(s) checked, {quarantined} quarantined ({path})"

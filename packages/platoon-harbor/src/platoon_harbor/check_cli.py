@@ -33,6 +33,7 @@ def check(config: Config, overrides: Overrides = None, concurrency: Concurrency 
     from platoon.envs.service import EnvNotPrepared
     from platoon.prepare import cache_root_of, entry_label, load_environments, prepare_command
     from platoon_harbor import check as checking
+    from platoon_harbor import check_file
     from platoon_harbor.prepare import entry_images, harbor_cache, image_problems
 
     loaded, entries = load_environments(config, list(overrides or []))
@@ -55,13 +56,13 @@ def check(config: Config, overrides: Overrides = None, concurrency: Concurrency 
             err(f"{where} check: {number}/{total} {verdict.task}: {verdict.verdict}")
 
         verdicts = asyncio.run(checking.check_entry(options, concurrency=concurrency, progress=progress))
-        path = checking.check_path(options, cache, config=config)
+        path = check_file.check_path(options, cache, config=config)
         records = {verdict.task: verdict.record() for verdict in verdicts}
-        checking.write_verdicts(path, checking.dataset_label(options), records)
+        check_file.write_verdicts(path, check_file.dataset_label(options), records)
         rows = [(v.task, v.oracle, v.noop, f"{v.seconds:.1f}", v.verdict) for v in verdicts]
         out(table(("task", "oracle", "noop", "seconds", "verdict"), rows))
         for verdict in verdicts:
             if verdict.reason is not None:
                 out(f"quarantined {verdict.task}: {verdict.reason}")
-        out(f"{where} check: {checking.summary(records, path)}")
+        out(f"{where} check: {check_file.summary(records, path)}")
     return 0

@@ -10,6 +10,7 @@ done, so a second prepare only reads: the lock, the map, one `docker images` lis
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -17,27 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from platoon.envs.service import EnvNotPrepared
 from platoon.errors import ConfigError
 from platoon.hookspecs import PrepareStep
-from platoon_harbor import check, images
+from platoon_harbor import check, check_file, datasets, images
+from platoon_harbor.cache import harbor_cache
+from platoon_harbor.service import HarborService
+from platoon_harbor.tasks import discover_tasks, task_dirs_ids
 
+# `harbor_cache` moved to platoon_harbor.cache; `prepare.harbor_cache` stays for the harbor commands.
 __all__ = ["EntryImages", "entry_images", "harbor_cache", "image_problems", "prepare_steps", "run_problems"]
-
-
-def harbor_cache(options: Mapping[str, Any], cache_root: str | os.PathLike[str] | None) -> Path:
-    """The entry's Harbor cache: `cache` (deprecated), `$PLATOON_HARBOR_CACHE` (deprecated), else
-    `<cache root>/harbor` (`cache_root`, else the site profile's cache root, else ~/.cache/platoon)."""
-    if options.get("cache"):
-        return Path(os.path.abspath(os.path.expanduser(str(options["cache"]))))
-    legacy = os.environ.get("PLATOON_HARBOR_CACHE")
-    if legacy:
-        return Path(os.path.abspath(os.path.expanduser(legacy)))
-    if cache_root is None:  # a caller without a loaded config (the service in a worker): the site profile's
-        from platoon.config import default_cache_root, load_site
-
-        profile = load_site()
-        cache_root = profile.cache_root if profile is not None else default_cache_root()
-    return Path(cache_root) / "harbor"
 
 
 def _directory_backed(options: Mapping[str, Any]) -> bool:
@@ -47,17 +37,14 @@ def _directory_backed(options: Mapping[str, Any]) -> bool:
 def entry_tasks(options: Mapping[str, Any], cache: Path, *, config: str | None = None) -> dict[str, Path]:
     """Task id -> directory of an entry: its `dataset_dir`/`task_dirs` in place, else the fetched dataset's lock
     (raising core's `EnvNotPrepared` naming `platoon prepare` when it is not fetched)."""
-    from platoon_harbor.tasks import discover_tasks, task_dirs_ids
-
     if options.get("task_dirs"):
         return task_dirs_ids(options["task_dirs"])
     if options.get("dataset_dir") and _directory_backed(options):
         return discover_tasks(os.path.expanduser(str(options["dataset_dir"])))
     if _directory_backed(options):
         raise ConfigError("service_kwargs: a harbor entry needs dataset_dir, task_dirs, dataset or lock")
-    from platoon_harbor.datasets import resolve_dataset
 
-    return dict(resolve_dataset(options, cache, config=config).tasks)
+    return dict(datasets.resolve_dataset(options, cache, config=config).tasks)
 
 
 @dataclass
@@ -106,7 +93,6 @@ def dataset_step(
     if _directory_backed(options):
         where = options.get("dataset_dir") or "task_dirs"
         return PrepareStep("dataset", "none", f"{where} is read in place (nothing to fetch)")
-    from platoon_harbor import datasets
 
     settings = datasets.FetchSettings.from_kwargs(options, cache=cache, config=config)
     problem = datasets.lock_problem(settings)
@@ -182,32 +168,28 @@ def images_step(options: Mapping[str, Any], cache: Path, *, dry_run: bool, confi
 def checked_tasks(options: Mapping[str, Any]) -> tuple[dict[str, Path], bool]:
     """The tasks the dataset check covers: those the entry's service lists, quarantined or not; and whether the
     dataset is fetched (its tasks' digests are in their cache paths)."""
-    from platoon_harbor.service import HarborService
-
     service = HarborService(**{**options, "harbor_check": "off"})
     return service._discover(), service.options.fetched
 
 
-def check_state_of(options: Mapping[str, Any], cache: Path, *, config: str | None) -> check.CheckState:
+def check_state_of(options: Mapping[str, Any], cache: Path, *, config: str | None) -> check_file.CheckState:
     """What the entry's check file says about its current tasks."""
     tasks, fetched = checked_tasks(options)
-    path = check.check_path(options, cache, config=config)
-    return check.check_state(path, check.task_digests(tasks, fetched=fetched))
+    path = check_file.check_path(options, cache, config=config)
+    return check_file.check_state(path, check_file.task_digests(tasks, fetched=fetched))
 
 
 def check_step(options: Mapping[str, Any], cache: Path, *, dry_run: bool, config: str | None) -> PrepareStep:
     """The dataset check of the tasks without a verdict for their current content (`platoon harbor check`
     re-checks them all)."""
-    import asyncio
-
-    if check.check_mode(options, config) == "off":
+    if check_file.check_mode(options, config) == "off":
         return PrepareStep("check", "none", "harbor_check: off")
     try:
         state = check_state_of(options, cache, config=config)
     except (ConfigError, ValueError, OSError) as exc:
         return PrepareStep("check", "failed", str(exc).replace("\n", " "))
     if state.checked:
-        return PrepareStep("check", "current", check.summary(state.records, state.path))
+        return PrepareStep("check", "current", check_file.summary(state.records, state.path))
     if dry_run:
         return PrepareStep("check", "missing", f"{len(state.unchecked)} task(s) would be checked")
     unchecked = set(state.unchecked)
@@ -220,11 +202,11 @@ def check_step(options: Mapping[str, Any], cache: Path, *, dry_run: bool, config
     except (ConfigError, ValueError, OSError) as exc:
         return PrepareStep("check", "failed", str(exc).replace("\n", " "))
     records = {**state.records, **{v.task: v.record() for v in verdicts}}
-    check.write_verdicts(state.path, check.dataset_label(options), records)
+    check_file.write_verdicts(state.path, check_file.dataset_label(options), records)
     for verdict in verdicts:
         if verdict.reason is not None:
             _say(f"check: {verdict.task} quarantined: {verdict.reason}")
-    return PrepareStep("check", "done", check.summary(records, state.path))
+    return PrepareStep("check", "done", check_file.summary(records, state.path))
 
 
 def prepare_steps(
@@ -249,15 +231,13 @@ def run_problems(options: Mapping[str, Any], cache_root: str | None, *, config: 
     """Why a run of this entry cannot start on this site: the dataset not fetched, Dockerfile tasks whose keys the
     image map lacks, or (`harbor_check: required`) tasks the dataset check has no verdict for. Never builds, never
     fetches, never checks; one `docker images` call at most."""
-    from platoon.envs.service import EnvNotPrepared
-
     cache = harbor_cache(options, cache_root)
     try:
         needs = entry_images(options, cache, config=config)
     except EnvNotPrepared as exc:
         return [exc.message]
     problems = image_problems(needs)
-    if check.check_mode(options, config) == "required":
+    if check_file.check_mode(options, config) == "required":
         state = check_state_of(options, cache, config=config)
         if not state.checked:
             problems.append(

@@ -27,13 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from platoon import Task
+from platoon import Task, sandbox_runs
 from platoon.config import DeprecatedKey, PathOption
 from platoon.envs.gate import DEFAULT_QUEUE_TIMEOUT_S, Gate
 from platoon.envs.service import EnvNotPrepared, EnvSetupError, SessionNeeds
 from platoon.errors import ConfigError
 from platoon.sandbox import Mount, SandboxError, SandboxProvider, SandboxSpec
+from platoon_harbor import check_file, images
+from platoon_harbor.cache import harbor_cache
+from platoon_harbor.datasets import resolve_dataset
 from platoon_harbor.grading import DEFAULT_CLASSIFIERS, Classifier, RewardContract, parse_classifiers
+from platoon_harbor.holdout import HoldoutRule, eval_problem, holdout_split
 from platoon_harbor.session import TOOL_NAMES, HarborSession, LiveSandbox, OpenedSandbox
 from platoon_harbor.tasks import (
     EnvironmentSettings,
@@ -200,8 +204,6 @@ class HarborOptions:
                 raise ConfigError(
                     f"{_WHERE}.holdout: needs a fetched dataset (dataset or lock), whose lock records the input files"
                 )
-            from platoon_harbor.holdout import HoldoutRule
-
             HoldoutRule.parse(kwargs["holdout"])
         name = kwargs.get("name", "harbor")
         if not isinstance(name, str) or not name:
@@ -260,9 +262,8 @@ class HarborOptions:
             )
         queue_timeout = _positive(kwargs, "queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S, allow_none=True)
         Gate(queue_timeout_s=queue_timeout)  # the gate's own check, where the config wrote it
-        from platoon_harbor.check import parse_mode
 
-        harbor_check = parse_mode(kwargs.get("harbor_check"), f"{_WHERE}.harbor_check")
+        harbor_check = check_file.parse_mode(kwargs.get("harbor_check"), f"{_WHERE}.harbor_check")
         pass_env = kwargs.get("pass_env") or []
         if not isinstance(pass_env, list) or not all(
             isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) for name in pass_env
@@ -411,18 +412,18 @@ class HarborService:
         line when some have no verdict (a `required` run was refused before listing). `harbor_check: off`: all."""
         if self.options.harbor_check == "off" or not runnable:
             return runnable
-        from platoon_harbor import check
-        from platoon_harbor.prepare import harbor_cache
 
-        path = check.check_path(self.options.raw, harbor_cache(self.options.raw, None))
+        path = check_file.check_path(self.options.raw, harbor_cache(self.options.raw, None))
         if not path.is_file():
-            check.say_once(f"{self.name}: the dataset is not checked: run `platoon harbor check CONFIG`")
+            check_file.say_once(f"{self.name}: the dataset is not checked: run `platoon harbor check CONFIG`")
             return runnable
-        state = check.check_state(path, check.task_digests(runnable, fetched=self.options.fetched))
+        state = check_file.check_state(path, check_file.task_digests(runnable, fetched=self.options.fetched))
         for task_id, reason in state.quarantined.items():
-            check.say_once(f"{self.name}: task {task_id} skipped, quarantined by the dataset check: {reason}")
+            check_file.say_once(
+                f"{self.name}: task {task_id} skipped, quarantined by the dataset check: {reason}"
+            )
         if state.unchecked:
-            check.say_once(
+            check_file.say_once(
                 f"{self.name}: {len(state.unchecked)} task(s) have no dataset check for their current content "
                 f"(e.g. {state.unchecked[0]}): run `platoon harbor check CONFIG`"
             )
@@ -434,15 +435,10 @@ class HarborService:
         """A fetched dataset's tasks from its lock (`datasets.resolve_dataset`; rollouts never fetch: a missing or
         stale lock raises `EnvNotPrepared` naming `platoon prepare`), with `holdout` the splits train/eval, and the
         dataset's own splits as the lock recorded them."""
-        from platoon_harbor.datasets import resolve_dataset
-        from platoon_harbor.prepare import harbor_cache
-
         raw = self.options.raw
         resolved = resolve_dataset(raw, harbor_cache(raw, None))
         if raw.get("holdout") is None:
             return dict(resolved.tasks), None, resolved.splits()
-        from platoon_harbor.holdout import holdout_split
-
         lock = resolved.lock or {}
         identity = {
             "dataset": lock.get("dataset"),
@@ -482,8 +478,6 @@ class HarborService:
         if self._splits is None:
             return list(tasks)
         if split == "eval" and self._split is not None and not self._splits[split]:
-            from platoon_harbor.holdout import eval_problem
-
             raise ConfigError(eval_problem(self._split) or f"{self.name}: the eval split is empty")
         return list(self._splits[split])
 
@@ -533,9 +527,7 @@ class HarborService:
     # -- provider --------------------------------------------------------------------------------------------------
 
     def provider_class(self) -> type[SandboxProvider]:
-        from platoon.sandbox_runs import provider_class
-
-        return provider_class(self.options.provider)
+        return sandbox_runs.provider_class(self.options.provider)
 
     def provider(self) -> Any:
         if self._provider is None:
@@ -561,9 +553,6 @@ class HarborService:
         if task.dockerfile is not None and (self.options.fetched or raw.get("image_map")):
             # A Dockerfile task of a fetched dataset (or an entry with an image map): its image was built once per
             # site by `platoon prepare`; a missing one is EnvNotPrepared, never the default image.
-            from platoon_harbor import images
-            from platoon_harbor.prepare import harbor_cache
-
             return _scheme(
                 images.image_for(
                     task,
@@ -830,9 +819,6 @@ class HarborService:
             image = _scheme(venv.docker_image)
         elif task.verifier_dockerfile is not None:
             # Built once per site with the task's own image (`platoon prepare`); runs never build.
-            from platoon_harbor import images
-            from platoon_harbor.prepare import harbor_cache
-
             raw = self.options.raw
             if not (self.options.fetched or raw.get("image_map")):
                 raise EnvNotPrepared(

@@ -118,12 +118,12 @@ def _split_files(items: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _training_start_lines(loaded: Any) -> tuple[list[str], list[str]]:
-    """Every check `platoon train` makes before it starts, run as the start runs them (`trainer.preflight`, then
+    """Every check `platoon train` makes before it starts, run as the start runs them (`preflight`, then
     what a resume would refuse): (problems, sampling plan lines). Writes nothing."""
     import asyncio
 
+    from platoon.startup.training_preflight import preflight, resume_problems
     from platoon.train.tinker.task_order import plan_lines
-    from platoon.train.tinker.trainer import preflight, resume_problems
 
     config = loaded.config
     try:
@@ -191,7 +191,7 @@ def _validate_one(
         import asyncio
 
         from platoon.eval.config_defs import PlatoonEvalConfig
-        from platoon.eval.evaluator import preflight_problems
+        from platoon.startup.evaluation import preflight_problems
 
         assert isinstance(loaded.config, PlatoonEvalConfig)  # kind "eval" validates against it
         problems = asyncio.run(preflight_problems(loaded.config, loaded))

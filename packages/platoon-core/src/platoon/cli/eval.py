@@ -1,7 +1,8 @@
 """`platoon eval CONFIG [k=v ...] [--prepare]`: evaluate a policy on every task of the
 config's split and print the report's summary as JSON on stdout; diagnostics go to stderr.
 
-The evaluation itself is `platoon.eval.evaluator`; this module only loads the config and prints.
+The start is `platoon.startup.evaluation_start` (its checks, then `platoon.eval.evaluator`); this module only
+loads the config and prints.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def eval_(
 
     from platoon.config import load_config
     from platoon.eval.config_defs import PlatoonEvalConfig
-    from platoon.eval.evaluator import evaluate, report_only
     from platoon.eval.policy import PolicySpec, check_policy_key
+    from platoon.startup.evaluation_start import start_evaluation, start_report
     from platoon.startup.preamble import deprecation_lines, start_run
 
     loaded = load_config(config, overrides or [], kind="eval")
@@ -49,7 +50,7 @@ def eval_(
             err(line)
         if prepare:
             err("--prepare is ignored with stage: report (the report is rebuilt from the rollouts on disk)")
-        out(dump_json(report_only(resolved, err)["summary"]))
+        out(dump_json(start_report(resolved, err)["summary"]))
         return 0
     status = start_run(
         loaded,
@@ -57,7 +58,7 @@ def eval_(
         overrides or [],
         say=err,
         prepare=prepare,
-        # the key is refused before anything is prepared; without --prepare, `evaluate` checks it first thing
+        # the key is refused before anything is prepared; without --prepare, `start_evaluation` checks it first thing
         check_key=(lambda: check_policy_key(PolicySpec.of_eval(resolved))) if prepare else None,
     )
     if status != 0:
@@ -65,7 +66,7 @@ def eval_(
     try:
         # Environment code runs in this process: what it prints goes to stderr, so stdout holds the summary only.
         with contextlib.redirect_stdout(sys.stderr):
-            result = asyncio.run(evaluate(resolved, loaded, say=err))
+            result = asyncio.run(start_evaluation(resolved, loaded, say=err))
     except KeyboardInterrupt:
         err("interrupted")
         return 130

@@ -2,8 +2,8 @@
 config and print its agent tree (or, with `--json-output`, its summary) on stdout.
 
 CONFIG may also be a training run's directory (its `config.resolved.yaml`). A training config whose run has saved
-checkpoints samples the newest one (`--base`: the base model). The rollout itself is `platoon.eval.one_task`; this
-module parses the command line, picks the checkpoint and prints.
+checkpoints samples the newest one (`--base`: the base model). The start is `platoon.startup.rollout_start` (its
+checks, then `platoon.eval.one_task`); this module parses the command line, picks the checkpoint and prints.
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ def rollout(
 
     from platoon.config import load_config
     from platoon.errors import ConfigError
-    from platoon.eval.one_task import WRONG_KIND, RolloutOptions, policy_of, run_adhoc_rollout
+    from platoon.eval.one_task import WRONG_KIND, RolloutOptions, policy_of
     from platoon.eval.policy import check_policy_key
     from platoon.eval.tree import rollout_tree
     from platoon.startup.preamble import start_run
+    from platoon.startup.rollout_start import start_adhoc_rollout
 
     if not task:
         err("rollout needs --task ID (ENVIRONMENT::TASK_ID in a mixture)")
@@ -104,7 +105,7 @@ def rollout(
         # Environment and harness code run in this process: what they print goes to stderr, so stdout holds the
         # tree (or the JSON summary) alone.
         with contextlib.redirect_stdout(sys.stderr):
-            summary, _ = asyncio.run(run_adhoc_rollout(loaded, options, say=err))
+            summary, _ = asyncio.run(start_adhoc_rollout(loaded, options, say=err))
     except KeyboardInterrupt:
         err("interrupted")
         return 130

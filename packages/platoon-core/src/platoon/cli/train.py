@@ -1,20 +1,16 @@
 """`platoon train CONFIG [k=v ...] [--prepare]`: resolve the config, refuse what cannot train (exit
-78) before anything is written, then run the Tinker training loop (`platoon.train.tinker.trainer`) in process, or
+78) before anything is written, then start the Tinker training loop (`platoon.startup.training_start`) in process, or
 in supervised child starts that restart from the newest checkpoint when `watchdog.max_restarts > 0`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from platoon.cli.output import err
-from platoon.errors import EX_CONFIG, ConfigError
-
-if TYPE_CHECKING:
-    from platoon.config.loader import LoadedConfig
-    from platoon.config.training import PlatoonTinkerRLTrainerConfig
+from platoon.errors import EX_CONFIG
 
 ConfigArg = Annotated[
     str, typer.Argument(metavar="CONFIG", help="The run's config file.", show_default=False)
@@ -39,8 +35,9 @@ def train(
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.gateway.tinker_service import check_tinker_key
     from platoon.startup.preamble import start_run
+    from platoon.startup.supervised_start import supervised_training
+    from platoon.startup.training_start import train as run_training
     from platoon.train.tinker.supervised import install_signal_contract, restore_signals
-    from platoon.train.tinker.trainer import train as run_training
 
     loaded = load_config(config, overrides or [], kind="train")
     resolved = loaded.config
@@ -59,7 +56,7 @@ def train(
     if status != 0:
         return status
     if resolved.watchdog.max_restarts > 0:
-        return _supervised(resolved, loaded)
+        return supervised_training(resolved, loaded)
     # The trainer's signal contract in process too: the first SIGINT/SIGTERM stops at the next step boundary with
     # a checkpoint (exit 130), a second one (or SIGUSR1) exits now.
     previous = install_signal_contract() if threading.current_thread() is threading.main_thread() else None
@@ -71,29 +68,3 @@ def train(
     finally:
         if previous is not None:
             restore_signals(previous)
-
-
-def _supervised(resolved: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig) -> int:
-    """Hold the run dir, write its records, then run supervised child starts from the snapshot."""
-    import os
-    from pathlib import Path
-
-    from platoon.rollouts import records
-    from platoon.train.tinker.supervisor import supervise
-
-    stats = resolved.stats
-    run_dir = Path(os.path.abspath(resolved.log_path)) / stats.experiment_name / stats.trial_name
-    # Refused (78) before anything is written; the child starts find this process as their parent and go on.
-    problem = records.writable_dir_problem(run_dir, key="log_path")
-    if problem is not None:
-        raise ConfigError(problem)
-    records.check_run_dir_free(run_dir)
-    records.write_resolved_config(run_dir, loaded)
-    records.write_lock(run_dir, loaded, [])
-    records.hold_run_dir(run_dir)
-    try:
-        return supervise(run_dir, max_restarts=resolved.watchdog.max_restarts)
-    finally:
-        held = records.read_process(run_dir)
-        if held is not None and held.pid == os.getpid():
-            (run_dir / records.PROCESS_FILE).unlink(missing_ok=True)

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from platoon import plugins
+from platoon.episode.rollout import Route
+from platoon.episode.subagents import resolve_harness
+from platoon.eval.tasks import entries_by_label
 from platoon.naming import split_ref
+from platoon.programs.registry import get_program
 
 __all__ = ["component_records"]
 
 
 def _entry_point(kind: str, name: str) -> Any:
-    from platoon import plugins
-
     found = plugins.candidates(kind, name)
     return found[0] if found else None
 
@@ -39,8 +42,6 @@ def _record(
 
 
 def _harness_records(entry: Any) -> list[tuple[str, dict[str, Any]]]:
-    from platoon.episode.subagents import resolve_harness
-
     harness = entry.harness
     refs = list(harness) if isinstance(harness, Mapping) else ([harness] if harness else [])
     out = []
@@ -58,8 +59,6 @@ def _harness_records(entry: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def _options(entry: Any) -> dict[str, Any]:
     """`{train: options, eval: options}` as each phase applies them; `eval` omitted when identical."""
-    from platoon.episode.rollout import Route
-
     train = dict(entry.harness_options)
     evaluated = dict(Route.from_entry(entry, split="eval", task_id="-").harness_options)
     return {"train": train} if evaluated == train else {"train": train, "eval": evaluated}
@@ -67,10 +66,6 @@ def _options(entry: Any) -> dict[str, Any]:
 
 def component_records(config: Any, *, split: str) -> list[dict[str, Any]]:
     """One record per distinct component, listing the entry labels that name it (`environments`)."""
-    from platoon import plugins
-    from platoon.eval.tasks import entries_by_label
-    from platoon.programs.registry import get_program
-
     records: dict[str, dict[str, Any]] = {}
 
     def add(key: str, record: dict[str, Any], label: str) -> dict[str, Any]:

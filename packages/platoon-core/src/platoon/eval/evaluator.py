@@ -1,10 +1,9 @@
-"""`platoon eval`: choose the output directory before anything is written, refuse what
-cannot run (exit 78), write the run record, roll out every task of the split as training rolls out (the trainer's
-member body on one gateway), classify each rollout, and build the report.
+"""`platoon eval` once its start was checked (`platoon.startup.evaluation_start`): the output directory made
+and its records written, the policy opened (local server, hosted probe), every task of the split rolled out as
+training rolls out (the trainer's member body on one gateway), each rollout classified, and the report built.
 
-Order: key check, site and policy checks -> output directory chosen (fresh per start, or `inference.output_dir`
-refused when live or holding another policy's rollouts) -> component and judges checks -> listing -> the directory
-made and its records written -> the policy opens (local server, hosted probe) -> rollouts -> report.
+Where the output goes is chosen here (`choose_output_dir`: fresh per start, or `inference.output_dir`) and checked
+by the start before anything is written.
 """
 
 from __future__ import annotations
@@ -23,23 +22,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError, PlatoonError
+from platoon.eval.components import component_records
+from platoon.eval.policy import HOSTED, open_policy
+from platoon.eval.report import build_report, write_report
+from platoon.eval.tasks import entries_by_label, service_kwargs
+from platoon.heap import freeze_loaded_heap
+from platoon.rollouts import records
+from platoon.rollouts.eval_records import (
+    COLLECTION_FILE,
+    ERRORED,
+    METADATA_FILE,
+    iter_records,
+    rollout_dir,
+    rollout_record,
+    run_and_record,
+    write_json,
+)
+from platoon.rollouts.one_rollout import MemberRequest
+from platoon.rollouts.slot_process import SlotPolicy
+from platoon.rollouts.slots import SlotJob, SubprocessSlots, rollout_deadlines
+from platoon.rollouts.workers.binding import binding_blob
 from platoon.sandbox_runs import reap_run, set_run_label
+from platoon.trajectory_events import write_events
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.policy import CallWatch, OpenPolicy, PolicySpec
-    from platoon.eval.tasks import EvalTask
-    from platoon.rollouts.slot_process import SlotPolicy
-    from platoon.rollouts.slots import SubprocessSlots
+    from platoon.eval.tasks import EvalTask, Listing
 
 __all__ = [
     "OutputChoice",
     "choose_output_dir",
     "evaluate",
+    "fresh_dir",
     "judges_lock",
-    "preflight_problems",
-    "report_only",
+    "rebuild_report",
 ]
 
 log = logging.getLogger("platoon.eval")
@@ -115,8 +133,6 @@ def _claim(choice: OutputChoice) -> Path:
 
 def judges_lock(config: Any) -> dict[str, Any]:
     """`lock.json.judges`: enabled, and with judges off each verifier-grading entry's applied grading."""
-    from platoon.eval.tasks import entries_by_label
-
     if config.inference.judges:
         return {"enabled": True}
     grading = {
@@ -128,82 +144,6 @@ def judges_lock(config: Any) -> dict[str, Any]:
     if grading:
         record["child_grading"] = grading
     return record
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Checks before anything is written
-
-
-def ignored_output_dir_lines(loaded: LoadedConfig) -> list[str]:
-    """The warning that `inference.workflow.rollout_config.output_dir` is ignored (rollouts go under the
-    evaluation's own directory)."""
-    inference = loaded.data.get("inference")
-    workflow = inference.get("workflow") if isinstance(inference, Mapping) else None
-    rollout = workflow.get("rollout_config") if isinstance(workflow, Mapping) else None
-    if isinstance(rollout, Mapping) and rollout.get("output_dir") is not None:
-        return [
-            "inference.workflow.rollout_config.output_dir is ignored: platoon eval writes rollouts under its "
-            "output directory (inference.output_dir)"
-        ]
-    return []
-
-
-async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) -> list[str]:
-    """Every refusal `evaluate` makes before it writes anything, one line each, writing nothing (what `platoon
-    config validate` reports for an evaluation config): the policy's key, the sample timeout, a writable output
-    directory no live start holds and no other policy's rollouts fill, every component resolving, the tasks."""
-    from platoon.eval.policy import PolicySpec, check_policy_key, sample_timeout_line
-    from platoon.eval.tasks import list_tasks
-    from platoon.rollouts import records
-    from platoon.rollouts.eval_records import provenance_mismatch
-    from platoon.startup.evaluation import evaluation_problems
-
-    problems: list[str] = []
-    spec = PolicySpec.of_eval(config)
-    for check in (
-        lambda: check_policy_key(spec, in_process=not config.inference.workflow.use_subprocesses),
-        lambda: sample_timeout_line(spec, "inference"),
-    ):
-        try:
-            check()
-        except ConfigError as exc:
-            problems += exc.problems
-    choice = choose_output_dir(config, loaded, spec)
-    # A fresh directory's name is a time stamp of the start: what can be checked now is `<runs>/eval`.
-    target = choice.path.parents[1] if choice.fresh else choice.path
-    if (unwritable := records.writable_dir_problem(target, key="inference.output_dir")) is not None:
-        problems.append(unwritable)
-    elif not choice.fresh:
-        try:
-            check_output_dir_free(choice.path)
-        except ConfigError as exc:
-            problems += exc.problems
-        if (refusal := provenance_mismatch(choice.path, spec.provenance())) is not None:
-            problems.append(refusal)
-    config_problems = evaluation_problems(config)
-    problems += config_problems
-    if not config_problems:
-        try:
-            await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
-        except ConfigError as exc:
-            problems += exc.problems
-    return problems
-
-
-def check_output_dir_free(
-    output_dir: Path,
-    *,
-    key: str = "inference.output_dir",
-    way_out: str = "stop that evaluation, or set another inference.output_dir (or none, for a fresh directory)",
-) -> None:
-    """Refuse (78) a directory a live process holds, saying how this command gets another one."""
-    from platoon.rollouts.records import RunDirInUse, check_run_dir_free
-
-    try:
-        check_run_dir_free(output_dir)
-    except RunDirInUse as exc:
-        held = exc.problems[0].split("; stop that run", 1)[0]
-        raise ConfigError(f"{key}: {held}; {way_out}") from None
 
 
 def _snapshot(loaded: LoadedConfig, output_dir: Path) -> LoadedConfig:
@@ -233,12 +173,9 @@ class _Stage:
 def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, Any] | None:
     """The earlier record of this rollout when the evaluation keeps it (`resume`; errored ones only without
     `retry_errored`)."""
-    from platoon.rollouts.eval_records import ERRORED, METADATA_FILE
-    from platoon.rollouts.records import read_json
-
     if not resume:
         return None
-    record = read_json(where / METADATA_FILE)
+    record = records.read_json(where / METADATA_FILE)
     if record is None or record.get("status") not in ("completed", ERRORED):
         return None
     if record.get("status") == ERRORED and retry_errored:
@@ -247,9 +184,6 @@ def _reusable(where: Path, *, resume: bool, retry_errored: bool) -> dict[str, An
 
 
 def _write_rollout(where: Path, collection: Any, record: Mapping[str, Any], task_id: str) -> None:
-    from platoon.rollouts.eval_records import COLLECTION_FILE, METADATA_FILE, write_json
-    from platoon.trajectory_events import write_events
-
     if collection is not None:
         write_json(where / COLLECTION_FILE, collection.to_dict())
         try:
@@ -263,9 +197,6 @@ def _write_rollout(where: Path, collection: Any, record: Mapping[str, Any], task
 def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
     """What each slot process needs to sample the opened policy itself (never a policy served in
     this process)."""
-    from platoon.eval.policy import HOSTED
-    from platoon.rollouts.slot_process import SlotPolicy
-
     spec = policy.spec
     workflow = config.inference.workflow
     if spec.backend == HOSTED:
@@ -279,7 +210,6 @@ def _slot_policy(config: PlatoonEvalConfig, policy: OpenPolicy) -> SlotPolicy:
             workers=workflow.slot_count,
             api_key=policy.hosted_key,  # over the slots' socket: never in their environment
         )
-    from platoon.rollouts.workers.binding import binding_blob
 
     try:
         blob = binding_blob(policy.sampler, 0)
@@ -307,7 +237,6 @@ async def _slots(config: PlatoonEvalConfig, policy: OpenPolicy, output_dir: Path
     if not workflow.use_subprocesses:
         yield None
         return
-    from platoon.rollouts.slots import SubprocessSlots
 
     entries = list(config.environments or [])
     slots = SubprocessSlots(
@@ -335,10 +264,6 @@ async def _rollout_stage(
     base_dir: Path,
     slots: SubprocessSlots | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], _Stage]:
-    from platoon.eval.tasks import entries_by_label, service_kwargs
-    from platoon.rollouts.eval_records import rollout_dir, run_and_record
-    from platoon.rollouts.one_rollout import MemberRequest
-
     inference = config.inference
     workflow = inference.workflow
     entries = entries_by_label(config)
@@ -421,8 +346,8 @@ async def _rollout_stage(
     for record in results:
         if record is not None:
             by_task.setdefault(str(record["task_id"]), []).append(record)
-    for records in by_task.values():
-        records.sort(key=lambda r: int(r.get("rollout_index", 0)))
+    for rows in by_task.values():
+        rows.sort(key=lambda r: int(r.get("rollout_index", 0)))
     return by_task, stage
 
 
@@ -435,9 +360,6 @@ async def _in_slot(
 ) -> tuple[Any, dict[str, Any]]:
     """One rollout in a subprocess slot; the run-wide refusals it saw join this evaluation's watch. A slot that
     hung or died gives no record: the rollout is recorded as errored here."""
-    from platoon.rollouts.eval_records import rollout_record
-    from platoon.rollouts.slots import SlotJob, rollout_deadlines
-
     result = await slots.run(SlotJob(request, settings, await rollout_deadlines(request, service)))
     if result.key_refusal and watch.key_refusal is None:
         watch.key_refusal = ConfigError(result.key_refusal)
@@ -460,13 +382,11 @@ def _stage_refusals(policy: OpenPolicy, stage: _Stage) -> None:
 
 
 def _records_from_disk(output_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    from platoon.rollouts.eval_records import iter_records
-
     by_task: dict[str, list[dict[str, Any]]] = {}
     for _, record in iter_records(output_dir):
         by_task.setdefault(str(record.get("task_id")), []).append(record)
-    for records in by_task.values():
-        records.sort(key=lambda r: int(r.get("rollout_index", 0)))
+    for rows in by_task.values():
+        rows.sort(key=lambda r: int(r.get("rollout_index", 0)))
     return by_task
 
 
@@ -479,8 +399,6 @@ def _report(
     elapsed: float,
     metrics: Mapping[str, Any],
 ) -> dict[str, Any]:
-    from platoon.eval.report import build_report, write_report
-
     report = build_report(
         by_task,
         success_threshold=config.inference.workflow.success_threshold,
@@ -494,27 +412,9 @@ def _report(
     return report
 
 
-def report_only(config: PlatoonEvalConfig, say: Say) -> dict[str, Any]:
-    """`stage: report`: rebuild the report of `inference.output_dir` from its rollout records (no policy, no
-    components, no sandboxes)."""
-    from platoon.eval.policy import PolicySpec
-    from platoon.rollouts.eval_records import provenance_mismatch
-
-    explicit = config.inference.output_dir
-    if not explicit:
-        raise ConfigError(
-            "stage: report rebuilds the report of an existing evaluation: set inference.output_dir to its directory"
-        )
-    output_dir = Path(os.path.abspath(os.path.expanduser(explicit)))
-    if not output_dir.is_dir():
-        raise ConfigError(
-            f"inference.output_dir: {output_dir} does not exist: there is no evaluation to report on"
-        )
-    check_output_dir_free(output_dir)
-    spec = PolicySpec.of_eval(config)
-    refusal = provenance_mismatch(output_dir, spec.provenance())
-    if refusal is not None:
-        raise ConfigError(refusal)
+def rebuild_report(config: PlatoonEvalConfig, spec: PolicySpec, output_dir: Path, say: Say) -> dict[str, Any]:
+    """`stage: report`: rebuild the report of `output_dir`, a checked evaluation of `spec`, from its rollout records
+    (no policy, no components, no sandboxes)."""
     started = time.monotonic()
     by_task = _records_from_disk(output_dir)
     report = _report(
@@ -525,42 +425,20 @@ def report_only(config: PlatoonEvalConfig, say: Say) -> dict[str, Any]:
 
 
 async def evaluate(
-    config: PlatoonEvalConfig, loaded: LoadedConfig, *, say: Say, now: _dt.datetime | None = None
+    config: PlatoonEvalConfig,
+    loaded: LoadedConfig,
+    *,
+    spec: PolicySpec,
+    choice: OutputChoice,
+    listing: Listing,
+    say: Say,
+    started: float,
 ) -> dict[str, Any]:
-    """Run the evaluation `config` names (stage `full` or `rollouts`); returns what the command prints: the
-    report's summary, or for `stage: rollouts` the stage's counts. Raises ConfigError (78) for refusals and
-    PlatoonError (1) for a `fail_fast` stop."""
-    from platoon.eval.components import component_records
-    from platoon.eval.policy import PolicySpec, check_policy_key, open_policy, sample_timeout_line
-    from platoon.eval.tasks import list_tasks
-    from platoon.heap import freeze_loaded_heap
-    from platoon.rollouts import records
-    from platoon.rollouts.eval_records import provenance_mismatch
-    from platoon.startup.evaluation import evaluation_problems
-
-    started = time.monotonic()
-    spec = PolicySpec.of_eval(config)
+    """Run the checked evaluation `config` names (stage `full` or `rollouts`) into `choice`'s directory, on the
+    tasks of `listing`; returns what the command prints: the report's summary, or for `stage: rollouts` the stage's
+    counts. Raises ConfigError (78) for refusals met while rolling out and PlatoonError (1) for a `fail_fast`
+    stop. `started`: when the start began (the report's elapsed time counts from there)."""
     in_process = not config.inference.workflow.use_subprocesses
-    # The key first: a missing key is refused before anything is prepared or written.
-    check_policy_key(spec, in_process=in_process)
-    line = sample_timeout_line(spec, "inference")
-    if line is not None:
-        say(line)
-    for warning in ignored_output_dir_lines(loaded):
-        say(warning)
-    choice = choose_output_dir(config, loaded, spec, now=now)
-    if (unwritable := records.writable_dir_problem(choice.path, key="inference.output_dir")) is not None:
-        raise ConfigError(unwritable)
-    if not choice.fresh:
-        check_output_dir_free(choice.path)
-        refusal = provenance_mismatch(choice.path, spec.provenance())
-        if refusal is not None:
-            raise ConfigError(refusal)
-    problems = evaluation_problems(config)
-    if problems:
-        raise ConfigError(problems)
-    # Listed before the directory is made: a service that cannot list is refused with nothing written.
-    listing = await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
     output_dir = _claim(choice)
     say(choice.line if output_dir == choice.path else choice.line.replace(str(choice.path), str(output_dir)))
     snapshot = _snapshot(loaded, output_dir)
@@ -642,8 +520,6 @@ def _reap_sandboxes(output_dir: Path, snapshot: LoadedConfig, say: Say) -> None:
 
 def _release(output_dir: Path) -> None:
     """Remove `process.json` when this process holds the directory."""
-    from platoon.rollouts import records
-
     held = records.read_process(output_dir)
     if held is not None and held.pid == os.getpid():
         (output_dir / records.PROCESS_FILE).unlink(missing_ok=True)

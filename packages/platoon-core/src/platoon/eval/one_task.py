@@ -4,7 +4,7 @@ ad-hoc run directory `<runs>/adhoc/<UTC time>-<slug>` with the resolved config, 
 `trajectory_collection.json` and the event file under `rollouts/events/`.
 
 Every refusal (exit 78; 64 for contradictory options), an unknown task id included, comes before the run directory
-is written and before the local server starts.
+is written and before the local server starts: `platoon.startup.rollout_start` makes them, then calls `roll_out`.
 """
 
 from __future__ import annotations
@@ -18,15 +18,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.config.tinker import check_checkpoint_path
+from platoon.config.training import PlatoonTinkerRLTrainerConfig
+from platoon.episode.rollout import process_rewards
 from platoon.errors import ConfigError, PlatoonError, UsageError
+from platoon.eval.components import component_records
+from platoon.eval.evaluator import STAMP_FORMAT, fresh_dir, judges_lock
+from platoon.eval.policy import TINKER, EarlyLocalServer, PolicySpec, open_policy
+from platoon.eval.tasks import entries_by_label
+from platoon.eval.tree import rollout_summary
+from platoon.rollouts import records
+from platoon.rollouts.eval_records import COLLECTION_FILE, write_json
+from platoon.rollouts.one_rollout import MemberRequest, run_member
+from platoon.trajectory_events import write_events
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
-    from platoon.eval.policy import EarlyLocalServer, PolicySpec
     from platoon.eval.tasks import EvalTask
     from platoon.trajectory import TrajectoryCollection
 
-__all__ = ["RolloutOptions", "policy_of", "run_adhoc_rollout", "run_dir_for"]
+__all__ = ["RolloutOptions", "is_training", "policy_of", "roll_out", "run_dir_for", "task_slug"]
 
 log = logging.getLogger("platoon.eval")
 
@@ -63,8 +74,6 @@ def task_slug(task_id: str) -> str:
 def run_dir_for(loaded: LoadedConfig, options: RolloutOptions, *, now: _dt.datetime | None = None) -> Path:
     """`--output-dir`, else `<runs>/adhoc/<UTC YYYYMMDDTHHMMSSZ>-<slug>` (`-2`, `-3` on collision), `<runs>` the
     site profile's runs, else `./runs`."""
-    from platoon.eval.evaluator import STAMP_FORMAT, fresh_dir
-
     if options.output_dir:
         return Path(os.path.abspath(os.path.expanduser(options.output_dir)))
     site_runs = loaded.site.runs if loaded.site is not None else None
@@ -73,18 +82,15 @@ def run_dir_for(loaded: LoadedConfig, options: RolloutOptions, *, now: _dt.datet
     return fresh_dir(runs / "adhoc", f"{stamp}-{task_slug(options.task)}")
 
 
-def _is_training(config: Any) -> bool:
-    from platoon.config.training import PlatoonTinkerRLTrainerConfig
-
+def is_training(config: Any) -> bool:
+    """Whether `config` is a training config (its policy is `train.*`), not an evaluation config."""
     return isinstance(config, PlatoonTinkerRLTrainerConfig)
 
 
 def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
     """The policy a rollout samples: the training config's `train.*` or the evaluation config's `inference.*`,
     with `--model`, `--model-path` and `--renderer` replacing them (refused where they cannot apply, exit 64)."""
-    from platoon.eval.policy import TINKER, PolicySpec
-
-    if _is_training(config):
+    if is_training(config):
         spec = PolicySpec.of_training(config)
     else:
         spec = PolicySpec.of_eval(config)
@@ -106,8 +112,6 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
     if options.base and options.model_path:
         raise UsageError("--base samples the base model and --model-path a checkpoint: give one of them")
     if options.model_path:
-        from platoon.config.tinker import check_checkpoint_path
-
         try:
             check_checkpoint_path(options.model_path)
         except ValueError as exc:
@@ -128,36 +132,9 @@ def policy_of(config: Any, options: RolloutOptions) -> PolicySpec:
     )
 
 
-def _renderer_problem(spec: PolicySpec) -> str | None:
-    import difflib
-
-    from platoon.renderers import renderer_names
-
-    if spec.renderer is None or spec.hosted is not None:
-        return None
-    known = renderer_names()
-    if spec.renderer in known:
-        return None
-    close = difflib.get_close_matches(spec.renderer, known, n=3, cutoff=0.6)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    return f"--renderer: unknown renderer {spec.renderer!r}{hint}"
-
-
-def _local_model_problem(spec: PolicySpec, options: RolloutOptions, *, training: bool) -> str | None:
-    """A base model the local server (when the policy samples it) cannot serve: refused before it starts."""
-    from platoon.eval.policy import TINKER
-    from platoon.gateway.tinker_service import uses_local_server
-    from platoon.startup.tinker import local_model_problem
-
-    if spec.backend != TINKER or not uses_local_server(spec.base_url):
-        return None
-    where = "--model" if options.model else ("train.model_name" if training else "inference.model_name")
-    return local_model_problem(spec.model, where=where)
-
-
 def _phase_rollout_config(config: Any, split: str) -> Any:
     """The rollout config of the phase the split belongs to."""
-    if not _is_training(config):
+    if not is_training(config):
         return config.inference.workflow.rollout_config
     if split == "train":
         return config.train.workflow_config.rollout_config
@@ -165,9 +142,6 @@ def _phase_rollout_config(config: Any, split: str) -> Any:
 
 
 def _write_outputs(run_dir: Path, collection: TrajectoryCollection, task_id: str) -> None:
-    from platoon.rollouts.eval_records import COLLECTION_FILE, write_json
-    from platoon.trajectory_events import write_events
-
     write_json(run_dir / COLLECTION_FILE, collection.to_dict())
     try:
         write_events(collection, run_dir / "rollouts", task_id=task_id)
@@ -175,38 +149,17 @@ def _write_outputs(run_dir: Path, collection: TrajectoryCollection, task_id: str
         log.warning("writing the event file failed: %s", exc)
 
 
-async def run_adhoc_rollout(
-    loaded: LoadedConfig, options: RolloutOptions, *, say: Say, now: _dt.datetime | None = None
+async def roll_out(
+    loaded: LoadedConfig,
+    *,
+    spec: PolicySpec,
+    split: str,
+    task: tuple[EvalTask, Any],
+    run_dir: Path,
+    say: Say,
 ) -> tuple[dict[str, Any], Path]:
-    """Roll out `options.task` and return its summary and the run directory."""
-    from platoon.eval.evaluator import check_output_dir_free
-    from platoon.eval.policy import EarlyLocalServer, check_policy_key, sample_timeout_line
-    from platoon.eval.tasks import resolve_task
-    from platoon.rollouts import records
-    from platoon.startup.evaluation import evaluation_problems
-
-    config: Any = loaded.config
-    if config is None or loaded.kind not in ("train", "eval"):
-        raise ConfigError(WRONG_KIND)
-    training = _is_training(config)
-    split = options.split or ("train" if training else config.split)
-    spec = policy_of(config, options)
-    check_policy_key(spec)
-    line = sample_timeout_line(spec, "train" if training else "inference")
-    if line is not None:
-        say(line)
-    problems = evaluation_problems(config, training=training)
-    for problem in (_renderer_problem(spec), _local_model_problem(spec, options, training=training)):
-        if problem is not None:
-            problems.append(problem)
-    if problems:
-        raise ConfigError(problems)
-    run_dir = run_dir_for(loaded, options, now=now)
-    if (unwritable := records.writable_dir_problem(run_dir, key="--output-dir")) is not None:
-        raise ConfigError(unwritable)
-    check_output_dir_free(run_dir, key="--output-dir", way_out="stop that run, or give another --output-dir")
-    # The task last, since it may import the environment's SDK; a task the service refuses starts nothing.
-    item, service = await resolve_task(config, options.task, base_dir=loaded.path.parent, split=split)
+    """Roll out a checked start's task (its item and service) into `run_dir`; returns its summary and the run
+    directory."""
     # Every refusal is behind us: the local server's child starts now, so its start-up (torch, the model) runs
     # while this process writes the run's records and resolves its components; the policy then takes it over.
     server = EarlyLocalServer.for_policy(spec, say=say)
@@ -215,7 +168,7 @@ async def run_adhoc_rollout(
             loaded,
             spec=spec,
             split=split,
-            task=(item, service),
+            task=task,
             run_dir=run_dir,
             server=server,
             say=say,
@@ -235,17 +188,8 @@ async def _roll_out(
     server: EarlyLocalServer | None,
     say: Say,
 ) -> tuple[dict[str, Any], Path]:
-    from platoon.episode.rollout import process_rewards
-    from platoon.eval.components import component_records
-    from platoon.eval.evaluator import judges_lock
-    from platoon.eval.policy import open_policy
-    from platoon.eval.tasks import entries_by_label
-    from platoon.eval.tree import rollout_summary
-    from platoon.rollouts import records
-    from platoon.rollouts.one_rollout import MemberRequest, run_member
-
     config: Any = loaded.config
-    training = _is_training(config)
+    training = is_training(config)
     item, service = task
     entry = entries_by_label(config)[item.label][1]
     rollout_config = _phase_rollout_config(config, split).model_copy(

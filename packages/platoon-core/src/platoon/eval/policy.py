@@ -16,8 +16,21 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError, PlatoonError
-from platoon.gateway.tinker_service import withheld_from_environment
+from platoon.gateway.core import ModelGateway, sample_timeout_with_source
+from platoon.gateway.default import default_policy
+from platoon.gateway.hosted import hosted_gateway
+from platoon.gateway.tinker_service import (
+    KEY_VARIABLE,
+    check_tinker_key,
+    close_session,
+    refused_key_error,
+    uses_local_server,
+    withheld_from_environment,
+)
 from platoon.gateway.watch import CallWatch, WatchedHosted, WatchedSampler
+from platoon.local_server.process import start_local_server_process
+from platoon.renderers import get_renderer, get_tokenizer
+from platoon.rollouts.records import tool_call_parsing_record
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
@@ -207,19 +220,14 @@ def check_policy_key(
                 "(or api_key_env: null for a server without auth)"
             )
         return
-    if spec.backend == TINKER:
-        from platoon.gateway.default import default_policy
-        from platoon.gateway.tinker_service import check_tinker_key
-
-        if default_policy() is None or not in_process:
-            check_tinker_key(spec.base_url, env)
+    if spec.backend == TINKER and (default_policy() is None or not in_process):
+        check_tinker_key(spec.base_url, env)
 
 
 def sample_timeout_line(spec: PolicySpec, section: str) -> str | None:
     """The stderr line naming the sample timeout in force; a bad environment value is a 78."""
     if spec.backend != TINKER:
         return None
-    from platoon.gateway.core import sample_timeout_with_source
 
     try:
         seconds, source = sample_timeout_with_source(
@@ -255,15 +263,12 @@ class OpenPolicy:
         named renderer parsing its own format."""
         if self.spec.backend != TINKER or self.renderer is None:
             return None
-        from platoon.rollouts.records import tool_call_parsing_record
 
         return tool_call_parsing_record(self.spec.model, str(self.spec.renderer), self.renderer)
 
 
 def key_variables(spec: PolicySpec) -> tuple[str, ...]:
     """The variables holding the policy's keys: withheld from harness code while the policy is open."""
-    from platoon.gateway.tinker_service import KEY_VARIABLE
-
     if spec.backend == HOSTED:
         assert spec.hosted is not None
         return (spec.hosted.api_key_env,) if spec.hosted.api_key_env else ()
@@ -287,8 +292,6 @@ class EarlyLocalServer:
         import asyncio
         import functools
 
-        from platoon.local_server.process import start_local_server_process
-
         if say is not None:
             say(f"starting the local Tinker-compatible server for {model}")
         # Submitted to a thread now (a coroutine would wait for the event loop, which the caller's synchronous
@@ -303,9 +306,6 @@ class EarlyLocalServer:
     ) -> EarlyLocalServer | None:
         """The early start of `spec`'s local server, or None when `open_policy` would start none (a hosted model,
         a served policy, another Tinker service)."""
-        from platoon.gateway.default import default_policy
-        from platoon.gateway.tinker_service import uses_local_server
-
         if spec.backend != TINKER or not uses_local_server(spec.base_url):
             return None
         if in_process and default_policy() is not None:
@@ -364,8 +364,6 @@ async def open_policy(
             "Tinker policy, or inference.hosted"
         )
     if spec.backend == HOSTED:
-        from platoon.gateway.hosted import hosted_gateway
-
         assert spec.hosted is not None
         params = rollout_config.inference_params.model_dump()
         gateway = hosted_gateway(
@@ -384,8 +382,6 @@ async def open_policy(
             yield OpenPolicy(spec, gateway, watch, probe=probe, hosted_key=backend.api_key)
         return
 
-    from platoon.gateway.default import default_policy
-
     served = default_policy() if in_process else None
     if served is not None:
         # `serve_policy` in this process: the scripted policy answers, with the config's renderer and settings.
@@ -399,8 +395,6 @@ async def open_policy(
             yield OpenPolicy(spec, gateway, watch, renderer=gateway.renderer)
         return
 
-    from platoon.gateway.tinker_service import check_tinker_key, refused_key_error, uses_local_server
-
     base_url = spec.tinker_base_url()
     api_key = check_tinker_key(spec.base_url)
     sampler: Any = None
@@ -411,8 +405,6 @@ async def open_policy(
             base_url, api_key = await local_server.connection()
         assert api_key is not None  # checked above, or the local server's own
         sampler = await _sampling_client(spec, base_url, api_key, refused_key_error)
-        from platoon.gateway.core import ModelGateway
-        from platoon.renderers import get_renderer, get_tokenizer
 
         tokenizer = await asyncio.to_thread(get_tokenizer, spec.model)
         assert spec.renderer is not None
@@ -427,8 +419,6 @@ async def open_policy(
         with withheld_from_environment(key_variables(spec)):
             yield OpenPolicy(spec, gateway, watch, renderer=renderer, sampler=sampler, base_url=base_url)
     finally:
-        from platoon.gateway.tinker_service import close_session
-
         close_session(sampler)
         if local_server is not None:
             await local_server.stop()
@@ -453,8 +443,6 @@ async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str,
             return await service.create_sampling_client_async(model_path=spec.model_path)
         return await service.create_sampling_client_async(base_model=spec.model)
     except Exception as exc:
-        from platoon.gateway.tinker_service import close_session
-
         close_session(service)  # a session that opened but gave no sampler must not heartbeat on
         error = refused(exc, base_url=base_url, what="a sampling client")
         if error is not None:

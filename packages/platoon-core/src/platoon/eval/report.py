@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from platoon.rollouts.eval_records import COMPLETED, USAGE_BUCKETS, USAGE_COUNTS, is_success
+from platoon.rollouts.eval_records import COMPLETED, USAGE_BUCKETS, USAGE_COUNTS, is_success, write_json
 
 __all__ = ["REPORTS_DIR", "REPORT_FILE", "TASK_RESULTS_FILE", "build_report", "write_report"]
 
@@ -247,8 +247,6 @@ def write_report(output_dir: Path, report: Mapping[str, Any]) -> Path:
     """`reports/final_report.json` (atomically) and `reports/task_results.jsonl`; returns the report's path."""
     import json
     import os
-
-    from platoon.rollouts.eval_records import write_json
 
     where = output_dir / REPORTS_DIR
     where.mkdir(parents=True, exist_ok=True)

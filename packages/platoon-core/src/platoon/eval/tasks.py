@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.resolve import entry_service_kwargs, resolve_service
 from platoon.envs.service import task_check_refusals, unknown_split
 from platoon.errors import ConfigError
 
@@ -62,14 +63,10 @@ def entries_by_label(config: Any) -> dict[str, tuple[int, EnvironmentConfig]]:
 
 def service_kwargs(entry: EnvironmentConfig, base_dir: Path) -> dict[str, Any]:
     """The entry's service kwargs, relative input paths against `base_dir` (the loader made a file's absolute)."""
-    from platoon.envs.resolve import entry_service_kwargs
-
     return entry_service_kwargs(entry, base_dir)
 
 
 def build_service(entry: EnvironmentConfig, base_dir: Path) -> Any:
-    from platoon.envs.resolve import resolve_service
-
     if entry.package:
         importlib.import_module(entry.package)
     return resolve_service(entry.service, service_kwargs(entry, base_dir))

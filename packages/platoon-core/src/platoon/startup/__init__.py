@@ -1,6 +1,6 @@
-"""Run start-up: every check a run makes before it starts, `platoon prepare`, and the preamble `platoon train`,
-`eval` and `rollout` share (`config validate` reports the same checks).
+"""Run start-up: every check a run makes before it starts, `platoon prepare`, the preamble `platoon train`, `eval`
+and `rollout` share (`config validate` reports the same checks), and the start of each run, in order.
 
-It stands above `rollouts/` and below `train/` and `eval/`: those call down into it, and it calls down into config,
-harnesses, environments, the gateway and the rollout records, never up.
+It stands above `train/` and `eval/`: the command line calls it, it checks the run, then hands the checked start
+down to the trainer or the evaluator. Nothing below it imports it.
 """

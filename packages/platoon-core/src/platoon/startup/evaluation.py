@@ -1,17 +1,36 @@
-"""What `platoon eval` and `platoon rollout` refuse of a config before they list tasks (exit 78), one line each:
-the mixture rules, every component resolving, and, with `inference.judges: false`, the entries whose reward
-processor or program may read the verdicts that turns off.
+"""What `platoon eval` and `platoon rollout` refuse before they write anything (exit 78), one line each: the mixture
+rules, every component resolving, with `inference.judges: false` the entries whose reward processor or program may
+read the verdicts that turns off, and an output directory a live process holds. `preflight_problems` is every
+refusal of an evaluation's start, as `platoon config validate` reports them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from platoon.errors import ConfigError
+from platoon.eval.evaluator import choose_output_dir
+from platoon.eval.policy import PolicySpec, check_policy_key, sample_timeout_line
+from platoon.eval.tasks import list_tasks
+from platoon.naming import split_ref
+from platoon.rollouts.eval_records import provenance_mismatch
+from platoon.rollouts.records import RunDirInUse, check_run_dir_free, writable_dir_problem
+from platoon.startup.checks import component_problems, run_problems
+
+if TYPE_CHECKING:
+    from platoon.config.loader import LoadedConfig
+    from platoon.eval.config_defs import PlatoonEvalConfig
 
 __all__ = [
     "CORE_PROGRAMS",
     "CORE_REWARD_PROCESSORS",
+    "check_output_dir_free",
     "evaluation_problems",
+    "ignored_output_dir_lines",
     "judges_problems",
+    "preflight_problems",
 ]
 
 #: programs and reward processors core ships: they never read child verdicts behind the evaluation's back
@@ -22,8 +41,6 @@ CORE_REWARD_PROCESSORS = frozenset({"platoon-delegation"})
 def evaluation_problems(config: Any, *, training: bool = False) -> list[str]:
     """The mixture rules (no length of training needed), every component resolving, and the judges-off refusals;
     `training`: `platoon rollout` of a training config, which has no judges to turn off."""
-    from platoon.startup.checks import component_problems, run_problems
-
     problems = run_problems(config, kind="eval")
     if problems:
         return problems
@@ -36,8 +53,6 @@ def evaluation_problems(config: Any, *, training: bool = False) -> list[str]:
 def judges_problems(config: Any) -> list[str]:
     """With `inference.judges: false`, entries grading children with verifiers whose own reward processor or
     non-core program might read the verdicts are refused at start."""
-    from platoon.naming import split_ref
-
     if config.inference.judges:
         return []
     problems = []
@@ -55,4 +70,69 @@ def judges_problems(config: Any) -> list[str]:
                 "the verifiers' verdicts, which inference.judges: false turns off; set inference.judges: true, "
                 "or grade children another way"
             )
+    return problems
+
+
+def check_output_dir_free(
+    output_dir: Path,
+    *,
+    key: str = "inference.output_dir",
+    way_out: str = "stop that evaluation, or set another inference.output_dir (or none, for a fresh directory)",
+) -> None:
+    """Refuse (78) a directory a live process holds, saying how this command gets another one."""
+    try:
+        check_run_dir_free(output_dir)
+    except RunDirInUse as exc:
+        held = exc.problems[0].split("; stop that run", 1)[0]
+        raise ConfigError(f"{key}: {held}; {way_out}") from None
+
+
+def ignored_output_dir_lines(loaded: LoadedConfig) -> list[str]:
+    """The warning that `inference.workflow.rollout_config.output_dir` is ignored (rollouts go under the
+    evaluation's own directory)."""
+    inference = loaded.data.get("inference")
+    workflow = inference.get("workflow") if isinstance(inference, Mapping) else None
+    rollout = workflow.get("rollout_config") if isinstance(workflow, Mapping) else None
+    if isinstance(rollout, Mapping) and rollout.get("output_dir") is not None:
+        return [
+            "inference.workflow.rollout_config.output_dir is ignored: platoon eval writes rollouts under its "
+            "output directory (inference.output_dir)"
+        ]
+    return []
+
+
+async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) -> list[str]:
+    """Every refusal an evaluation's start makes before it writes anything, one line each, writing nothing (what
+    `platoon config validate` reports for an evaluation config): the policy's key, the sample timeout, a writable
+    output directory no live start holds and no other policy's rollouts fill, every component resolving, the
+    tasks."""
+    problems: list[str] = []
+    spec = PolicySpec.of_eval(config)
+    for check in (
+        lambda: check_policy_key(spec, in_process=not config.inference.workflow.use_subprocesses),
+        lambda: sample_timeout_line(spec, "inference"),
+    ):
+        try:
+            check()
+        except ConfigError as exc:
+            problems += exc.problems
+    choice = choose_output_dir(config, loaded, spec)
+    # A fresh directory's name is a time stamp of the start: what can be checked now is `<runs>/eval`.
+    target = choice.path.parents[1] if choice.fresh else choice.path
+    if (unwritable := writable_dir_problem(target, key="inference.output_dir")) is not None:
+        problems.append(unwritable)
+    elif not choice.fresh:
+        try:
+            check_output_dir_free(choice.path)
+        except ConfigError as exc:
+            problems += exc.problems
+        if (refusal := provenance_mismatch(choice.path, spec.provenance())) is not None:
+            problems.append(refusal)
+    config_problems = evaluation_problems(config)
+    problems += config_problems
+    if not config_problems:
+        try:
+            await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
+        except ConfigError as exc:
+            problems += exc.problems
     return problems

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from platoon.config.site import describe_site
 from platoon.deprecations import deprecation_lines
 from platoon.errors import ConfigError
+from platoon.sandbox_runs import site_provider_problem
+from platoon.startup.prepare import check_prepared, run_prepare
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -33,10 +36,6 @@ def start_run(
     prepared); with `prepare`, run `platoon prepare` first (`prepare_overrides` added to the config's), its lines
     said; then refuse (`NotPrepared`, 78) what the services need and is not prepared, since a run never builds or
     fetches. Returns 0 when the run may start, else prepare's status."""
-    from platoon.config.site import describe_site
-    from platoon.sandbox_runs import site_provider_problem
-    from platoon.startup.prepare import check_prepared, run_prepare
-
     for line in deprecation_lines(loaded):
         say(line)
     for line in describe_site(loaded.site, loaded.site_gave, looked_at=loaded.site_looked_at):

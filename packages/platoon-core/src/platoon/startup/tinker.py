@@ -7,6 +7,12 @@ from __future__ import annotations
 import difflib
 
 from platoon.config.tinker import SDK_LOSS_FNS
+from platoon.local_server.losses import LOSS_NAMES
+from platoon.renderers.tokenizers import (
+    cached_hub_tokenizers,
+    registered_tokenizer_names,
+    tokenizer_available_offline,
+)
 
 __all__ = ["local_model_problem", "loss_fn_problem"]
 
@@ -15,8 +21,6 @@ def loss_fn_problem(loss_fn: str, *, local: bool, where: str = "train.loss_fn") 
     """The refusal of a loss function the service would not compute (the local server computes fewer than the
     SDK names), with the ones it does; None when it is known."""
     if local:
-        from platoon.local_server.losses import LOSS_NAMES
-
         known, who, does = LOSS_NAMES, "the local server", "computes"
     else:
         known, who, does = SDK_LOSS_FNS, "the Tinker SDK", "knows"
@@ -43,12 +47,6 @@ def local_model_problem(model: str, *, where: str = "train.model_name") -> str |
     tokenizer is in the Hugging Face cache, or (the hub in reach) one the hub has. Only the hub's answer needs the
     network, so a model the hub would be asked for is left to the start when the hub can be reached.
     """
-    from platoon.renderers.tokenizers import (
-        cached_hub_tokenizers,
-        registered_tokenizer_names,
-        tokenizer_available_offline,
-    )
-
     if tokenizer_available_offline(model):
         return None
     # A hub id is `name` or `owner/name`: anything else names a directory

@@ -5,13 +5,20 @@ machine must give the run (the Tinker and W&B keys, a sample timeout, a run dire
 
 from __future__ import annotations
 
+import importlib.util
+import netrc
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError
-from platoon.startup.training_rules import training_problems  # moved below startup.checks, which calls it too
+from platoon.gateway.core import sample_timeout_with_source
+from platoon.gateway.tinker_service import check_tinker_key
+from platoon.rollouts import records
+from platoon.startup.checks import component_problems, output_problems
+from platoon.startup.training_rules import training_problems  # below startup.checks, which reports it too
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
@@ -40,8 +47,6 @@ def start_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 def config_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     """The config's rules and batch split, every component it names resolving, a writable place for the run:
     problems under which listing the tasks means nothing."""
-    from platoon.startup.checks import component_problems, output_problems
-
     # Every component the config names resolves before anything is written or started.
     problems = training_problems(config) + batch_problems(config) + component_problems(config)
     return problems + output_problems(config, kind="train")  # a file or read-only mount at log_path: one line
@@ -50,10 +55,6 @@ def config_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 def machine_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     """What the machine must give the run: the Tinker key, the W&B key of an online run, a valid sample timeout,
     and no live run holding the run directory."""
-    from platoon.gateway.core import sample_timeout_with_source
-    from platoon.gateway.tinker_service import check_tinker_key
-    from platoon.rollouts import records
-
     problems: list[str] = []
     try:
         check_tinker_key(config.tinker_base_url)
@@ -91,10 +92,6 @@ def wandb_key_problem(
 ) -> str | None:
     """Why an `online` W&B run could not start (no key anywhere W&B looks), as one line; None when it can, or when
     W&B is off, offline or not installed. Checked before anything is written (a run would die in wandb.init)."""
-    import importlib.util
-    import netrc
-    from urllib.parse import urlsplit
-
     settings = config.stats.wandb
     environ = os.environ if env is None else env
     if settings.mode != "online" or importlib.util.find_spec("wandb") is None:

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from platoon.config.training import MAX_ROLLOUTS_PER_STEP
+from platoon.config_defs import yaml_scalar
+from platoon.gateway.tinker_service import uses_local_server
+from platoon.request_limits import gateway_limit_problems
+from platoon.startup.tinker import local_model_problem, loss_fn_problem
+
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
@@ -17,9 +23,6 @@ def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     Only what the config alone decides: no length of training, and judges turned off. (The keep_recovery rule is
     enforced when the config validates; a batch larger than the listed tasks needs the listing.)
     """
-    from platoon.config_defs import yaml_scalar
-    from platoon.request_limits import gateway_limit_problems
-
     problems: list[str] = gateway_limit_problems()
     train = config.train
     if train.num_epochs is None and train.max_training_steps is None:
@@ -39,8 +42,6 @@ def training_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 
 def _size_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     """A step past what any run could hold: each size has its own bound in the schema, their product this one."""
-    from platoon.config.training import MAX_ROLLOUTS_PER_STEP
-
     train = config.train
     rollouts = train.batch_size * train.workflow_config.group_size
     if rollouts <= MAX_ROLLOUTS_PER_STEP:
@@ -53,9 +54,6 @@ def _size_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 
 def _service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     """A loss function the service does not compute; on the local server, a model it cannot serve."""
-    from platoon.gateway.tinker_service import uses_local_server
-    from platoon.startup.tinker import local_model_problem, loss_fn_problem
-
     local = uses_local_server(config.tinker_base_url)
     problems = [loss_fn_problem(config.train.loss_fn, local=local)]
     if local:

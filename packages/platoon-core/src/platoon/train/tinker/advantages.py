@@ -11,6 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon import plugins
+from platoon.episode.rollout import score_trajectory
+
 if TYPE_CHECKING:
     import tinker
 
@@ -144,11 +147,8 @@ def _member_credit(
     processor = None
     if ref:
         if ref not in processors:
-            from platoon import plugins
-
             processors[ref] = plugins.get_reward_processor(str(ref))
         processor = processors[ref]
-        from platoon.episode.rollout import score_trajectory
     depths = trajectory_depths(collection)
     credit = MemberCredit(collection=collection, reward_key=_reward_key(collection))
     eligible: set[str] = set()

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.rollouts.records import append_jsonl_rows, read_jsonl, repair_jsonl
+
 if TYPE_CHECKING:
     import tinker
 
@@ -74,8 +76,6 @@ class AttemptLog:
     """The run's `attempts.jsonl`, read and settled once for a start at `start_step` (see the module docstring)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], *, start_step: int) -> None:
-        from platoon.rollouts.records import append_jsonl_rows, read_jsonl, repair_jsonl
-
         self.path = Path(run_dir) / ATTEMPTS_FILE
         self.start_step = start_step
         repair_jsonl(self.path)  # a row a killed writer left half-written is cut off (kept in .torn)
@@ -139,8 +139,6 @@ class AttemptLog:
 
     def started(self, rows: Sequence[Row]) -> None:
         """The feeder hands `rows` to the pipeline: one `started` row each, in one append."""
-        from platoon.rollouts.records import append_jsonl_rows
-
         records = []
         when = _now()
         for row in rows:
@@ -164,8 +162,6 @@ class AttemptLog:
         """Step `step` consumed these groups: each outcome has `row` (the admission row), `state` (`trained` or
         `dropped`), and optionally `reason`, `datums` (digests of the datums sent) and `rollouts` (root ids).
         Written before the step's checkpoint row, so a checkpoint never stands without them."""
-        from platoon.rollouts.records import append_jsonl_rows
-
         when = _now()
         records = []
         for outcome in outcomes:

@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from platoon import hooks
 from platoon.train.tinker.advantages import GroupResult, is_skipped, trajectory_depths
 
 if TYPE_CHECKING:
@@ -124,8 +125,6 @@ def _step_reports_error(misc: Mapping[str, Any]) -> bool:
 
 
 def _hook_ids(name: str, steps: list[Any]) -> set[str]:
-    from platoon import hooks
-
     found: set[str] = set()
     for fn in hooks.hooks(name):
         answer = fn(steps)

@@ -20,8 +20,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.resolve import entry_service_kwargs, resolve_service
 from platoon.envs.service import task_check_refusals, unknown_split
+from platoon.episode.rollout import process_rewards
 from platoon.errors import ConfigError
+from platoon.gateway.core import ModelGateway
+from platoon.rollouts.one_rollout import MemberRequest, run_member
+from platoon.rollouts.records import append_jsonl, read_jsonl
+from platoon.train.tinker.advantages import is_interrupted
+from platoon.train.tinker.task_order import DEFAULT_LABEL
+from platoon.trajectory_events import append_events, scope_event_file
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -67,8 +75,6 @@ def eval_due(step: int, *, every: int, at_start: bool, done: set[int] | frozense
 
 def evaluated_steps(run_dir: str | os.PathLike[str]) -> set[int]:
     """The steps `evaluations.jsonl` lists as evaluated; unparsable lines (a cut-off last line) are ignored."""
-    from platoon.rollouts.records import read_jsonl
-
     steps: set[int] = set()
     for row in read_jsonl(Path(run_dir) / EVALUATIONS_FILE):
         step = row.get("step")
@@ -81,8 +87,6 @@ def record_evaluation(
     run_dir: str | os.PathLike[str], *, step: int, logged_at: int, tasks: int, seconds: float
 ) -> dict[str, Any]:
     """Append one completed evaluation to `evaluations.jsonl` (`{step, logged_at, tasks, seconds, time}`)."""
-    from platoon.rollouts.records import append_jsonl
-
     row = {
         "step": step,
         "logged_at": logged_at,
@@ -100,8 +104,6 @@ def record_evaluation(
 
 def _entries(config: Any) -> dict[str, tuple[int, EnvironmentConfig]]:
     """label -> (index, entry): a mixture labels by entry name, a single entry is `default` (as training does)."""
-    from platoon.train.tinker.task_order import DEFAULT_LABEL
-
     entries = list(config.environments or [])
     if len(entries) == 1:
         return {DEFAULT_LABEL: (0, entries[0])}
@@ -181,8 +183,6 @@ async def _list_entry(
 def _resolve(entry: EnvironmentConfig, base_dir: Path | None) -> Any:
     import importlib
 
-    from platoon.envs.resolve import entry_service_kwargs, resolve_service
-
     if entry.package:
         importlib.import_module(entry.package)
     kwargs = entry_service_kwargs(entry, base_dir) if base_dir is not None else dict(entry.service_kwargs)
@@ -250,9 +250,6 @@ def _label_key(label: str) -> str:
 
 def _score(collection: TrajectoryCollection, reward_processor: str | None) -> tuple[str, float | None]:
     """(outcome status, task reward or None): an untrainable outcome's 0 is no score, so it is None."""
-    from platoon.episode.rollout import process_rewards
-    from platoon.train.tinker.advantages import is_interrupted
-
     root = collection.root
     if root is None:
         return "error", None
@@ -277,8 +274,6 @@ def _append_events(
     collection: TrajectoryCollection, path: Path, task_id: str, context: Mapping[str, Any]
 ) -> None:
     """The viewer's copy of one rollout, appended to its evaluation's event file: a failure only warns."""
-    from platoon.trajectory_events import append_events
-
     try:
         append_events(collection, path, context=context)
     except OSError as exc:
@@ -362,10 +357,6 @@ async def evaluate(
     `eval/<label>/...` and `eval/environment/<label>/task_reward/...`, and
     `eval/rollout_completion/task_reward/...`, `eval/time`, `eval/num_tasks`, `eval/step`.
     """
-    from platoon.gateway.core import ModelGateway
-    from platoon.rollouts.one_rollout import MemberRequest, run_member
-    from platoon.trajectory_events import scope_event_file
-
     started = time.monotonic()
     entries = _entries(config)
     unknown = sorted({label for label, _ in tasks if label not in entries})

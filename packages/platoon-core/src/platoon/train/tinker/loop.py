@@ -23,9 +23,24 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon import rollout_progress
+from platoon.config.training import DEFAULT_LABEL_COLUMN
+from platoon.errors import PlatoonError
+from platoon.gateway.core import ModelGateway
+from platoon.gateway.default import default_policy
 from platoon.gateway.tinker_service import close_session
+from platoon.heap import freeze_loaded_heap
 from platoon.rollouts.one_rollout import FileWriter, MemberOutcome, MemberRequest, run_member
+from platoon.rollouts.workers import RolloutWorkers
+from platoon.train.tinker import evaluation
 from platoon.train.tinker.admission import AdmissionQueue, Row
+from platoon.train.tinker.attempt_log import AttemptLog, ResumePlan, datum_digest
+from platoon.train.tinker.batch_stats import BatchStats, infra_counts
+from platoon.train.tinker.checkpoints import CheckpointLog, checkpoint_due, checkpoint_name
+from platoon.train.tinker.heartbeat import doing, say, started_training
+from platoon.train.tinker.metrics_log import MetricsLog
+from platoon.train.tinker.microbatches import action_tokens, optim_metrics, prepare_microbatch
+from platoon.train.tinker.policy import PolicyHandle
 from platoon.train.tinker.progress import (
     FAILED,
     STALE,
@@ -35,15 +50,19 @@ from platoon.train.tinker.progress import (
     no_update_reason,
     open_progress,
 )
-from platoon.train.tinker.trainer import doing, say, started_training
+from platoon.train.tinker.pruning import Pruner
+from platoon.train.tinker.supervisor import stop_requested
+from platoon.train.tinker.task_order import ORDER_STATE_KEY, split_task_id
+from platoon.train.tinker.tinker_client import call_service, training_client
+from platoon.train.tinker.watchdog import ServiceMonitor, Watchdog, at_hard_exit, quiet_sdk_connection_noise
 from platoon.train.tinker.workflows import GroupOutput, GroupRolloutWorkflow, get_workflow
+from platoon.trajectory_events import scope_event_file
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
     from platoon.task import Task
     from platoon.train.tinker.checkpoints import ResumePoint
     from platoon.train.tinker.task_order import TaskOrder
-    from platoon.train.tinker.watchdog import ServiceMonitor
 
 __all__ = [
     "EXIT_GROUPS_FAILED",
@@ -160,7 +179,6 @@ class _FailingSteps:
 def _group_attempts(groups: list[GroupOutput], sent: list[Any]) -> list[dict[str, Any]]:
     """What became of each group of one microbatch whose `sent` datums went to the service: `trained` with the
     digests of its datums among them, else `dropped` with why nothing of it was sent."""
-    from platoon.train.tinker.attempt_log import datum_digest
 
     unclaimed = Counter(datum_digest(datum) for datum in sent)
     attempts: list[dict[str, Any]] = []
@@ -214,10 +232,6 @@ class Trainer:
         eval_tasks: list[Any] | None = None,
         started_at: float | None = None,
     ) -> None:
-        from platoon.config.training import DEFAULT_LABEL_COLUMN
-        from platoon.train.tinker.batch_stats import BatchStats
-        from platoon.train.tinker.checkpoints import CheckpointLog
-        from platoon.train.tinker.watchdog import ServiceMonitor, Watchdog
 
         self.config = config
         self.order = order
@@ -308,8 +322,6 @@ class Trainer:
     async def run(self) -> int:
         """Train to `end_batch`; returns 0, 130 when stopped at a step boundary on request, or 1 when the service
         died or stopped answering (said in one line; the step in progress is redone on resume)."""
-        from platoon.train.tinker.supervisor import stop_requested
-        from platoon.train.tinker.watchdog import quiet_sdk_connection_noise
 
         if stop_requested():  # asked before any service opened: nothing to save, nothing to train
             return stopped_before_training(self.start_batch)
@@ -360,7 +372,6 @@ class Trainer:
         await client.service.health_check(timeout=10)
 
     async def _train(self) -> int:
-        from platoon.train.tinker.watchdog import at_hard_exit
 
         forget: list[Callable[[], None]] = []
         try:
@@ -379,15 +390,6 @@ class Trainer:
     async def _open(self) -> None:
         doing("opening the Tinker session")
         import tinker
-
-        from platoon.gateway.core import ModelGateway
-        from platoon.gateway.default import default_policy
-        from platoon.heap import freeze_loaded_heap
-        from platoon.train.tinker.evaluation import evaluated_steps, list_eval_tasks
-        from platoon.train.tinker.metrics_log import MetricsLog
-        from platoon.train.tinker.policy import PolicyHandle
-        from platoon.train.tinker.pruning import Pruner
-        from platoon.train.tinker.trainer import call_service, training_client
 
         train = self.config.train
 
@@ -442,15 +444,16 @@ class Trainer:
                 sample_timeout_seconds=self.sample_timeout_seconds,
             )
             self._served = False
-        evaluation = self.config.eval
-        self.eval_every = evaluation.every or 0  # no eval section: never
-        self._eval_done = evaluated_steps(self.run_dir)
+        self.eval_every = self.config.eval.every or 0  # no eval section: never
+        self._eval_done = evaluation.evaluated_steps(self.run_dir)
         if self.eval_every >= 1:
             listed = self._listed_eval_tasks
             self._eval_tasks = (
                 listed
                 if listed is not None
-                else await list_eval_tasks(self.config, base_dir=self.run_dir, services=self.services)
+                else await evaluation.list_eval_tasks(
+                    self.config, base_dir=self.run_dir, services=self.services
+                )
             )
             self._warn_overlap()
         # The stack is loaded: full garbage collections from here on walk only what training makes.
@@ -458,7 +461,6 @@ class Trainer:
 
     def _open_attempts(self) -> None:
         """Settle the attempt log for this start and plan which groups it feeds besides its own batches."""
-        from platoon.train.tinker.attempt_log import AttemptLog, ResumePlan
 
         self.attempts = AttemptLog(self.run_dir, start_step=self.start_batch)
         plan = self.attempts.resume_plan(
@@ -478,7 +480,6 @@ class Trainer:
 
     def _warn_overlap(self) -> None:
         """Say so, per entry, when the evaluation lists tasks that training draws from."""
-        from platoon.train.tinker.task_order import split_task_id
 
         for pool in self.order.pools:
             trained = {split_task_id(task_id)[1] if self.mixture else task_id for task_id in pool.task_ids}
@@ -491,7 +492,6 @@ class Trainer:
                 )
 
     async def _start_workers(self) -> Any:
-        from platoon.rollouts.workers import RolloutWorkers
 
         train = self.config.train
         packages = [entry.package for entry in self.entries.values() if entry.package]
@@ -535,8 +535,6 @@ class Trainer:
         `before_record` runs between the saves and the row: a step logs its metrics there, so a checkpoint a resume
         can start from never stands without its step's metrics (a start killed in between redoes the step).
         """
-        from platoon.train.tinker.checkpoints import checkpoint_name
-        from platoon.train.tinker.trainer import ORDER_STATE_KEY
 
         name = checkpoint_name(kind, batch)
         async with self.watchdog.keep_alive():
@@ -566,7 +564,6 @@ class Trainer:
     def _rows(self, batch: int, slots: Iterable[int], drawn: list[tuple[str | None, str]]) -> list[Row]:
         """The rows of `slots` of batch `batch`, whose tasks are `drawn` (`order.batch(batch)`, drawn once: drawing an
         earlier batch again starts the order's stream over)."""
-        from platoon.train.tinker.task_order import split_task_id
 
         rows = []
         for slot in slots:
@@ -611,7 +608,6 @@ class Trainer:
 
     async def _group_worker(self) -> None:
         """Take a row, run its whole group, push the result; a group that raises is a None result."""
-        from platoon.errors import PlatoonError
 
         while (row := await self._queue.take()) is not None:
             output: GroupOutput | None = None
@@ -630,7 +626,6 @@ class Trainer:
             await self._results.put((row, output, raised))
 
     async def _task(self, row: Row) -> Task:
-        from platoon.train.tinker.task_order import split_task_id
 
         raw_id = split_task_id(row.task_id)[1] if self.mixture else row.task_id
         key = (row.pool, raw_id)
@@ -670,7 +665,6 @@ class Trainer:
             release()
 
     async def _member(self, row: Row, task: Task, index: int, on_ready: Any) -> MemberOutcome:
-        from platoon.trajectory_events import scope_event_file
 
         with self.policy.sampling() as version:
             # No files of its own: its events join the version's one event file, written here (from a worker's
@@ -709,19 +703,18 @@ class Trainer:
     async def _eval_loop(self) -> None:
         """Evaluate the step training reached whenever it is due; never a step an earlier start
         evaluated. An evaluation slower than `every` steps of training skips the steps it slept through."""
-        from platoon.train.tinker.evaluation import eval_due, evaluate
 
         while True:
             await self._updated.wait()
             self._updated.clear()
             step = self.train_step
-            if eval_due(
+            if evaluation.eval_due(
                 step, every=self.eval_every, at_start=self.config.eval.at_start, done=self._eval_done
             ):
                 self.policy.republish()
                 self.progress.evaluating(step)
                 try:
-                    metrics = await evaluate(
+                    metrics = await evaluation.evaluate(
                         self.config,
                         step=step,
                         sampler=self.policy.sampler,
@@ -753,7 +746,6 @@ class Trainer:
     async def _wait_for_evaluation(self, step: int) -> None:
         """Until the eval loop has looked at `step` (beating only while its rollouts move); raises
         `_EvaluationFailed` when an evaluation raised, which ended the loop."""
-        from platoon import rollout_progress
 
         async with self.watchdog.keep_alive(progress=rollout_progress.count), self._progress:
             await self._progress.wait_for(lambda: self._eval_handled >= step or self._eval_failed is not None)
@@ -763,7 +755,6 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ steps
 
     async def _pipeline(self) -> int:
-        from platoon.train.tinker.supervisor import stop_requested
 
         train = self.config.train
         concurrency = train.max_concurrent_rollouts or train.batch_size * self.group_size
@@ -863,8 +854,6 @@ class Trainer:
 
     async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
         """The next finished group; a stop request while nothing of this batch was applied abandons the batch."""
-        from platoon import rollout_progress
-        from platoon.train.tinker.supervisor import stop_requested
 
         # Beats only while some rollout moves: groups that all hang let the watchdog fire.
         async with self.watchdog.keep_alive(progress=rollout_progress.count):
@@ -886,10 +875,6 @@ class Trainer:
         """Consume `batch_size` groups microbatch by microbatch, one optimizer step per minibatch, then the
         sampler refresh, the checkpoint when due, and the step's metrics."""
         import tinker
-
-        from platoon.train.tinker.batch_stats import infra_counts
-        from platoon.train.tinker.checkpoints import checkpoint_due
-        from platoon.train.tinker.microbatches import action_tokens, optim_metrics, prepare_microbatch
 
         train = self.config.train
         started = time.monotonic()

@@ -23,6 +23,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.rollouts.records import (
+    append_jsonl,
+    append_jsonl_rows,
+    parse_row,
+    repair_jsonl,
+    replace_jsonl_rows,
+    torn_path,
+)
+
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
 
@@ -48,14 +57,6 @@ def supersede_redone_steps(run_dir: str | os.PathLike[str], start_step: int) -> 
     it measured is the one this start resumes). Rows are in step order, so only the tail after the last training row
     at or before `start_step` is read row by row; `metrics.jsonl` is replaced atomically.
     """
-    from platoon.rollouts.records import (
-        append_jsonl_rows,
-        parse_row,
-        repair_jsonl,
-        replace_jsonl_rows,
-        torn_path,
-    )
-
     path = Path(run_dir) / METRICS_FILE
     repair_jsonl(path)
     try:
@@ -170,8 +171,6 @@ class MetricsLog:
 
     def log(self, step: int, metrics: Mapping[str, Any], *, timing: bool = True) -> dict[str, Any]:
         """Append `{"step": step, **metrics}` (plus the timing keys when `timing`); returns the row written."""
-        from platoon.rollouts.records import append_jsonl
-
         now = time.monotonic()
         row: dict[str, Any] = {"step": step, **metrics}
         if timing:

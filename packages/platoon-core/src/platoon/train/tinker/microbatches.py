@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from platoon.train.tinker.advantages import apply_depth_weighting
+from platoon.train.tinker.datums import filter_zero_advantage_datums, loss_datums, zero_objective
+
 if TYPE_CHECKING:
     import tinker
 
@@ -40,9 +43,6 @@ def prepare_microbatch(
 ) -> Microbatch | None:
     """Depth weighting, the zero-advantage filter, the zero-objective skip, then private keys stripped and
     advantages normalized; None when nothing is sent. Adds the transforms' metrics."""
-    from platoon.train.tinker.advantages import apply_depth_weighting
-    from platoon.train.tinker.datums import filter_zero_advantage_datums, loss_datums, zero_objective
-
     train_cfg = config.train
     workflow = train_cfg.workflow_config
     if not datums:

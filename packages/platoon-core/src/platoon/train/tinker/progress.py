@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from platoon.console import write_stderr
+
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.text import Text
@@ -172,8 +174,6 @@ class TrainingProgress:
 
     def show(self, parts: Sequence[tuple[str, str]]) -> None:
         """One line, given as (text, style) parts (the plain display keeps only the text)."""
-        from platoon.console import write_stderr
-
         write_stderr("platoon: " + "".join(text for text, _ in parts) + "\n")
 
     def close(self) -> None:

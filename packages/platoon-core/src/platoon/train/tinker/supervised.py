@@ -1,18 +1,17 @@
-"""One supervised training start: `python -m platoon.train.tinker.supervised CONFIG` trains from a
-run's `config.resolved.yaml` and exits with the trainer's code, with the trainer's signal contract installed:
+"""The trainer's signal contract, installed by `platoon train` in process and by each supervised child start:
 SIGUSR2 or the first SIGINT/SIGTERM asks for a stop at the next step boundary; SIGUSR1 or a second signal exits 1.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
-from collections.abc import Sequence
 from types import FrameType
 
+from platoon.console import err
 from platoon.train.tinker.supervisor import request_stop
+from platoon.train.tinker.watchdog import hard_exit
 
-__all__ = ["install_signal_contract", "main", "restore_signals"]
+__all__ = ["install_signal_contract", "restore_signals"]
 
 _interrupts = 0
 
@@ -26,8 +25,6 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     global _interrupts
     _interrupts += 1
     if _interrupts == 1:
-        from platoon.console import err
-
         # The request first: telling it may fail (a closed pipe), and the stop must happen anyway.
         request_stop()
         err(f"{signal.Signals(signum).name}: stopping at the next step boundary (again to stop now)")
@@ -36,8 +33,6 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _stop_now(signum: int, frame: FrameType | None) -> None:
-    from platoon.train.tinker.watchdog import hard_exit
-
     # A hard exit (after SIGTERM to the rollout workers and finishing W&B): the event loop may be blocked in a
     # service call, and a supervisor wants this start over.
     hard_exit(1, f"{signal.Signals(signum).name}: stopping now")
@@ -65,38 +60,3 @@ def restore_signals(previous: dict[int, object]) -> None:
     """Put back the handlers `install_signal_contract` replaced."""
     for signum, handler in previous.items():
         signal.signal(signum, handler)  # type: ignore[arg-type]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Train from the resolved config named by the single argument; returns the exit status."""
-    import asyncio
-
-    from platoon.errors import EX_USAGE, ConfigError, PlatoonError
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print(
-            "platoon: usage: python -m platoon.train.tinker.supervised <run dir>/config.resolved.yaml",
-            file=sys.stderr,
-        )
-        return EX_USAGE
-    install_signal_contract()
-    try:
-        from platoon.config import load_config
-        from platoon.config.training import PlatoonTinkerRLTrainerConfig
-        from platoon.train.tinker.trainer import train
-
-        loaded = load_config(args[0], kind="train")
-        config = loaded.config
-        if not isinstance(config, PlatoonTinkerRLTrainerConfig):
-            raise ConfigError(f"{args[0]}: not a training config (its schema is {loaded.schema_name})")
-        return asyncio.run(train(config, loaded=loaded))
-    except PlatoonError as exc:
-        from platoon.console import err
-
-        err(str(exc))
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
 """Supervised training: `platoon train` with `watchdog.max_restarts > 0` runs child
-starts of `platoon.train.tinker.supervised` and starts again from the newest checkpoint after a failed start.
+starts (the command it is given: `platoon.startup.supervised_start`'s) and starts again from the newest checkpoint
+after a failed start.
 Also holds the stop-at-boundary event the child's signal handlers set and the trainer polls (`stop_requested`).
 """
 
@@ -8,26 +9,24 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from platoon.console import err
 from platoon.rollouts.records import (
-    RESOLVED_CONFIG_FILE,
     ProcessRecord,
     process_start_time,
     read_process,
     update_process,
 )
+from platoon.sandbox_runs import reap_run
 from platoon.train.tinker.checkpoints import CheckpointLog
 
 __all__ = [
     "MAX_STALLED_STARTS",
     "NO_RESTART_CODES",
-    "SUPERVISED_MODULE",
-    "child_command",
     "clear_stop",
     "hold_for_trainer",
     "progress_mark",
@@ -36,7 +35,6 @@ __all__ = [
     "supervise",
 ]
 
-SUPERVISED_MODULE = "platoon.train.tinker.supervised"
 #: exits after which a start is final: done, a user error (78), interrupted (SIGINT 130, SIGTERM 143)
 NO_RESTART_CODES = frozenset({0, 78, 130, 143})
 #: consecutive starts that saved no new checkpoint before the supervisor gives up
@@ -59,11 +57,6 @@ def request_stop() -> None:
 def clear_stop() -> None:
     """Forget a stop request (a new start in the same process begins without one)."""
     _stop.clear()
-
-
-def child_command(run_dir: Path) -> list[str]:
-    """The default child start: `python -m platoon.train.tinker.supervised <run_dir>/config.resolved.yaml`."""
-    return [sys.executable, "-m", SUPERVISED_MODULE, str(Path(run_dir) / RESOLVED_CONFIG_FILE)]
 
 
 def progress_mark(run_dir: Path) -> int | None:
@@ -97,8 +90,6 @@ def _exit_code(returncode: int) -> int:
 
 
 def _say(text: str) -> None:
-    from platoon.console import err
-
     err(text)
 
 
@@ -144,17 +135,17 @@ def supervise(
     run_dir: Path,
     *,
     max_restarts: int,
-    command: Sequence[str] | None = None,
+    command: Sequence[str],
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """Run child starts until one is final; returns the last start's exit code.
+    """Run child starts of `command` until one is final; returns the last start's exit code.
 
     Restarts after any exit but 0, 78, 130, 143 or death by SIGINT/SIGTERM, never after this process was signalled,
     at most `max_restarts` times, and not after `MAX_STALLED_STARTS` consecutive starts that saved no new checkpoint.
     Reaps the run's sandboxes before each restart and at exit.
     """
     run_dir = Path(run_dir)
-    argv = list(command) if command is not None else child_command(run_dir)
+    argv = list(command)
     child_env = dict(os.environ if env is None else env)
     try:
         return _supervise(run_dir, argv, child_env, max_restarts)
@@ -211,8 +202,6 @@ def _supervise(run_dir: Path, argv: list[str], child_env: dict[str, str], max_re
 
 
 def _reap_sandboxes(run_dir: Path) -> None:
-    from platoon.sandbox_runs import reap_run
-
     reaped = reap_run(run_dir)
     if reaped:
         _say(f"reaped {reaped} sandbox(es) of {run_dir}")

@@ -33,11 +33,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from platoon.envs import listing_cache
+from platoon.envs.resolve import entry_service_kwargs, resolve_service
+from platoon.envs.service import task_check_refusals, unknown_split
 from platoon.errors import ConfigError
 
 __all__ = [
     "AUTO_SEED",
     "DEFAULT_LABEL",
+    "ORDER_STATE_KEY",
     "Pool",
     "TaskOrder",
     "draw_harness",
@@ -52,6 +56,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: the row field of `checkpoints.jsonl` holding the task order's position (`TaskOrder.state`)
+ORDER_STATE_KEY = "task_order"
 
 #: The label of a single entry's tasks (a mixture labels them with the entry names).
 DEFAULT_LABEL = "default"
@@ -454,10 +461,6 @@ async def _list_entry(
     config: Any, index: int, entry: Any, *, mixture: bool, base_dir: Path, problems: list[str]
 ) -> Pool | None:
     import importlib
-
-    from platoon.envs import listing_cache
-    from platoon.envs.resolve import entry_service_kwargs, resolve_service
-    from platoon.envs.service import task_check_refusals, unknown_split
 
     where = f"environments.{index}"
     label = entry.name if mixture else DEFAULT_LABEL

@@ -24,6 +24,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from platoon.console import err
+
 __all__ = ["ServiceMonitor", "Watchdog", "at_hard_exit", "hard_exit", "quiet_sdk_connection_noise"]
 
 log = logging.getLogger("platoon.train")
@@ -46,8 +48,6 @@ def at_hard_exit(wish: Callable[[], None]) -> Callable[[], None]:
 
 def hard_exit(code: int, message: str | None = None) -> None:
     """Print `message`, run the last wishes (each may fail on its own), and exit now with `code`."""
-    from platoon.console import err
-
     if message:
         err(message)  # never raises: a closed stderr must not skip the last wishes or the exit
     with _last_wishes_lock:
@@ -209,8 +209,6 @@ class ServiceMonitor:
 
     async def run(self, probe: Callable[[], Awaitable[object]]) -> str:
         """Probe the service until it is lost; returns why."""
-        from platoon.console import err
-
         woken = asyncio.Event()
         with self._lock:
             self._wake = (asyncio.get_running_loop(), woken)

@@ -14,7 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon import registry
+from platoon.errors import ConfigError
 from platoon.rollouts.one_rollout import MemberOutcome
+from platoon.train.tinker.advantages import group_advantages
+from platoon.train.tinker.datums import group_datums
 
 if TYPE_CHECKING:
     import tinker
@@ -168,8 +172,6 @@ class GroupRolloutWorkflow:
 
     def credit(self, members: Sequence[MemberOutcome]) -> GroupResult:
         """Baselines and advantages over the members' scored roots; override to change them."""
-        from platoon.train.tinker.advantages import group_advantages
-
         workflow = self.config
         return group_advantages(
             [m.collection if m.observed else None for m in members],
@@ -182,8 +184,6 @@ class GroupRolloutWorkflow:
 
     def datums(self, result: GroupResult, members: Sequence[MemberOutcome]) -> DatumBatch:
         """Datums from the exact sampled tokens of every member, advantages assigned per trajectory."""
-        from platoon.train.tinker.datums import group_datums
-
         workflow = self.config
         return group_datums(
             result,
@@ -220,14 +220,11 @@ def get_workflow(name: str) -> type[GroupRolloutWorkflow]:
     """The workflow class an entry's `workflow` names: `group_rollout`, or one registered under that name."""
     if name == DEFAULT_WORKFLOW:
         return GroupRolloutWorkflow
-    from platoon import registry
 
     found: Any = registry.lookup("workflow", name)
     if found is None and (":" in name or "." in name):
         found = registry.resolve_import_string(name)
     if not (isinstance(found, type) and issubclass(found, GroupRolloutWorkflow)):
-        from platoon.errors import ConfigError
-
         raise ConfigError(
             f"environments: workflow {name!r} is not a GroupRolloutWorkflow subclass: subclass "
             "platoon.train.tinker.workflows.GroupRolloutWorkflow and register it with register_workflow()"

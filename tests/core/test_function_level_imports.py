@@ -136,9 +136,8 @@ class ImportGraph:
 
     def _read_module_level(self, module: str) -> tuple[set[str], set[str]]:
         source = self.sources[module]
-        own = {
-            ".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)
-        }  # its parent packages
+        parent_packages = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+        own = set(parent_packages)
         third_party = set()
         for found in imports(source.tree, module, is_package=source.is_package):
             if found.in_function or found.type_checking:
@@ -169,8 +168,8 @@ class ImportGraph:
         return None
 
     def offenders(self) -> list[tuple[Source, int, str]]:
-        """(source, line, imported module) for each function-level import of a light own module outside a command
-        body and an entry-point module."""
+        """(source, line, imported module) for each function-level import of a light own module that none of the
+        rules in this file's docstring allows."""
         plugin_modules = entry_point_modules()
         found = []
         for source in self.sources.values():

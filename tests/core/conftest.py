@@ -17,6 +17,9 @@ from platoon import plugins
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "extensions"
 ACME_MODULES = ("acme_agents", "acme_future", "acme_broken", "acme_clash")
 
+# the layout tests' shared reader of the source's imports (source_imports.py)
+sys.path.insert(0, str(Path(__file__).parent))
+
 
 def _install(target: Path, *names: str) -> Path:
     uv = shutil.which("uv")

@@ -16,31 +16,11 @@ import ast
 from pathlib import Path
 
 import pytest
-
-import platoon
-
-CORE_SRC = Path(platoon.__file__).parent.parent
-PACKAGES = CORE_SRC.parents[1]
-PLUGIN_SRCS = sorted(path for path in PACKAGES.glob("platoon-*/src") if path != CORE_SRC)
+from source_imports import CORE_SRC, PLUGIN_SRCS, imports, module_name
 
 #: The circles left (platoon-core and the plugin packages), each as its set of modules. Remove an entry when its
 #: circle is broken; never add one.
 KNOWN_CYCLES: list[frozenset[str]] = []
-
-
-def _module_name(path: Path, src: Path) -> str:
-    parts = list(path.relative_to(src).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
-    found: set[ast.AST] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            found.update(child for statement in node.body for child in ast.walk(statement))
-    return found
 
 
 def import_graph(src: Path, *, extra: dict[str, str] | None = None) -> dict[str, set[str]]:
@@ -48,31 +28,20 @@ def import_graph(src: Path, *, extra: dict[str, str] | None = None) -> dict[str,
 
     `extra` maps a module name to source text that stands in for its file (for the test that the check can fail).
     """
-    sources = {
-        _module_name(path, src): path.read_text(encoding="utf-8") for path in sorted(src.rglob("*.py"))
-    }
+    sources = {module_name(path, src): path.read_text(encoding="utf-8") for path in sorted(src.rglob("*.py"))}
     sources.update(extra or {})
-    packages = {_module_name(path, src) for path in src.rglob("__init__.py")}
+    packages = {module_name(path, src) for path in src.rglob("__init__.py")}
     graph: dict[str, set[str]] = {}
     for module, text in sources.items():
-        package = module if module in packages else module.rpartition(".")[0]
-        tree = ast.parse(text)
-        skipped = _type_checking_only(tree)
         targets: set[str] = set()
-        for node in ast.walk(tree):
-            if node in skipped:
+        for found in imports(ast.parse(text), module, is_package=module in packages):
+            if found.type_checking:
                 continue
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    origin = ".".join([*base, node.module] if node.module else base)
-                else:
-                    origin = node.module or ""
-                for alias in node.names:
-                    submodule = f"{origin}.{alias.name}"
-                    targets.add(submodule if submodule in sources else origin)
+            if not found.names:
+                targets.add(found.target)
+            for name in found.names:
+                submodule = f"{found.target}.{name}"
+                targets.add(submodule if submodule in sources else found.target)
         graph[module] = {target for target in targets if target in sources and target != module}
     return graph
 

@@ -3,12 +3,12 @@ those at module level and those inside functions alike."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from source_imports import file_imports
 
 import platoon
 
@@ -18,42 +18,11 @@ PLUGIN_SRCS = [
 ]
 
 
-def _module_name(path: Path, src: Path) -> str:
-    parts = list(path.relative_to(src).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _type_only(tree: ast.Module) -> set[ast.AST]:
-    """The import statements under `if TYPE_CHECKING:` (they exist for type hints, not at run time)."""
-    found: set[ast.AST] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            found.update(child for statement in node.body for child in ast.walk(statement))
-    return found
-
-
 def _imports(path: Path, src: Path, *, run_time_only: bool = False) -> Iterator[tuple[str, list[str], int]]:
     """(imported module, names taken from it, line) for every import statement of one file."""
-    module = _module_name(path, src)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = _type_only(tree) if run_time_only else set()
-    for node in ast.walk(tree):
-        if node in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, [], node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            yield target, [alias.name for alias in node.names], node.lineno
+    for found in file_imports(path, src):
+        if not (run_time_only and found.type_checking):
+            yield found.target, list(found.names), found.line
 
 
 def _sources(src: Path, room: str = "") -> list[Path]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from platoon._installation import report_earlier_line
+from platoon._installation import diagnose, is_own_module, report_earlier_line
 from platoon._lazy import lazy_exports
 
 # The earlier, unrelated `platoon` line writes this same folder: say once how to separate the two (one directory
@@ -74,8 +74,6 @@ def __getattr__(name: str) -> Any:
         return _import_public(name)
     except ImportError as exc:
         # One of platoon's own modules missing or foreign is a damaged installation: say how to repair it.
-        from platoon._installation import diagnose, is_own_module
-
         problem = diagnose() if is_own_module(exc.name) else None
         if problem is None:
             raise

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from platoon import plugins
+from platoon.rollouts.records import RESOLVED_CONFIG_FILE
 from platoon.sandbox import SandboxProvider, as_provider_class
 
 __all__ = [
@@ -97,7 +99,6 @@ def provider_missing(name: str) -> str | None:
     An import string (`module:Class`) is the user's own provider: it is not looked up here."""
     if ":" in name:
         return None
-    from platoon import plugins
 
     try:
         plugins.get_sandbox_runtime(name)
@@ -182,8 +183,6 @@ def run_providers(
 
 def provider_class(name: str) -> type[SandboxProvider]:
     """The provider class a sandbox provider name (`docker`) or import string (`module:Class`) names."""
-    from platoon import plugins
-
     if ":" in name:
         cls = plugins.resolve_target(name)
     else:
@@ -274,8 +273,6 @@ def reap_run(
 
 def _resolved(run_dir: Path) -> Mapping[str, Any]:
     import yaml
-
-    from platoon.rollouts.records import RESOLVED_CONFIG_FILE
 
     try:
         loaded = yaml.safe_load((run_dir / RESOLVED_CONFIG_FILE).read_text(encoding="utf-8"))

@@ -39,8 +39,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from platoon.config import default_cache_root, load_site
 from platoon.envs.service import EnvNotPrepared
 from platoon.errors import ConfigError, PlatoonError
+from platoon_harbor import images
+from platoon_harbor.tasks import TaskRefused, dataset_splits, discover_tasks, read_task, runnable_splits
 
 __all__ = [
     "BUILD_KEY_RULE",
@@ -155,8 +158,6 @@ def task_ids(root: Path, *, fetched: bool = False) -> dict[str, Path]:
 
     The registry and the scan are platoon_harbor.tasks.discover_tasks; a fetched source adds the index rows and
     names a root that is itself a task by its `[task].name`."""
-    from platoon_harbor.tasks import discover_tasks
-
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"{root}: no such dataset directory")
@@ -428,8 +429,6 @@ def input_files(task_dir: Path) -> dict[str, str]:
 
 def default_cache() -> Path:
     """The Harbor cache: `$PLATOON_HARBOR_CACHE` (deprecated) or the site profile's `<cache root>/harbor`."""
-    from platoon.config import default_cache_root, load_site
-
     legacy = os.environ.get("PLATOON_HARBOR_CACHE")
     if legacy:
         return Path(os.path.expanduser(legacy))
@@ -860,8 +859,6 @@ def _install(cache: Path, source: Path, digest: str, *, repair: bool, link: bool
 
 def _task_flags(task_dir: Path, task_id: str) -> tuple[dict[str, Any], str | None]:
     """The lock's `flags` and the loader's refusal (`task_config: ...`), through platoon_harbor.tasks."""
-    from platoon_harbor.tasks import TaskRefused, read_task
-
     try:
         task = read_task(task_dir, task_id=task_id)
     except TaskRefused as exc:
@@ -986,7 +983,6 @@ def _build_lock(
     finally:
         bar.close()
     _share_keys(tasks, settings.refuse)
-    from platoon_harbor.tasks import dataset_splits, runnable_splits
 
     # The dataset's own splits, narrowed to what this config selected (null: it has no splits file).
     splits = dataset_splits(root)
@@ -1035,10 +1031,6 @@ def _share_keys(tasks: list[dict[str, Any]], refuse: Mapping[str, Any]) -> None:
 
 def _image_plan(task_dir: Path) -> dict[str, Any] | None:
     """The task's build plan when platoon_harbor.images offers `plan_for_lock(task_dir)`; None before it does."""
-    try:
-        from platoon_harbor import images
-    except ImportError:
-        return None
     plan = getattr(images, "plan_for_lock", None)
     if not callable(plan):
         return None

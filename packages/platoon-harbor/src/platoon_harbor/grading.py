@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from platoon.config import resolve_import_string
 from platoon.envs.service import Outcome
 from platoon.errors import ConfigError
 from platoon_harbor.users import give
@@ -594,8 +595,6 @@ def _contract_outcome(
 def _run_check(
     reference: str, outcome: Outcome, files: Mapping[str, FileRead], task: Any, meta: dict[str, Any]
 ) -> Outcome:
-    from platoon.config import resolve_import_string
-
     try:
         hook = resolve_import_string(reference)
         # The hook sees the verifier directory as a host directory holding the files exactly as they were read.

@@ -42,6 +42,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from platoon.envs.service import EnvNotPrepared
+
 BUILD_KEY_RULE = "platoon-buildkey-v1"
 MAP_VERSION = 1
 #: the repository of the images the docker builder tags (`platoon-harbor:<32 hex>`)
@@ -854,8 +856,6 @@ def image_for(
     map is `image_map`, else `<cache>/images/<provider>.json`), its `docker_image` for a prebuilt one, else
     `default`. Raises `EnvNotPrepared` when the map lacks the task's key: runs never build. `role="verifier"`
     asks for a separate verifier's image built from `tests/Dockerfile` (see `verifier_source`)."""
-    from platoon.envs.service import EnvNotPrepared
-
     if role == "verifier":
         source = verifier_source(task)
         if source is None:

@@ -39,6 +39,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from platoon import __version__, get_harness
+from platoon.config import default_cache_root, load_site
+from platoon.errors import ConfigError
 from platoon.harness.spec import HarnessSpec, RecipeSpec
 
 __all__ = [
@@ -141,8 +144,6 @@ def toolchain_root(
 
     The deprecated variable's conflict with the site profile is the caller's to refuse (`deprecated_variables`).
     """
-    from platoon.config import default_cache_root, load_site
-
     environ = os.environ if env is None else env
     if explicit is not None and os.fspath(explicit) != "":
         return _absolute(os.fspath(explicit))
@@ -328,9 +329,6 @@ def state(spec: HarnessSpec, root: str | os.PathLike[str]) -> State:
 
 def build_ref(spec: HarnessSpec) -> str:
     """How `platoon toolchain build` finds this spec: its ref when the ref resolves to this very file, else its path."""
-    from platoon import get_harness
-    from platoon.errors import ConfigError
-
     try:
         found = get_harness(spec.ref)
     except (ConfigError, ValueError):
@@ -560,8 +558,6 @@ def _make(
 
 
 def _platoon_version() -> str:
-    from platoon import __version__
-
     return str(__version__)
 
 

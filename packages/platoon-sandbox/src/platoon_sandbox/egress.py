@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from platoon.sandbox import SandboxError
-from platoon_sandbox import procs
+from platoon_sandbox import netns, procs
 from platoon_sandbox.netns import read_until_closed
 
 __all__ = [
@@ -589,8 +589,6 @@ _process_probe_lock = threading.Lock()
 def process_unavailable() -> str | None:
     """Why `public`/`allowlist` process sandboxes cannot get filtered egress here, or None. Probed once per process
     (and per tool set): a namespace made by bubblewrap, slirp4netns attached, the rule set loaded. Blocking."""
-    from platoon_sandbox import netns
-
     key = (
         netns.bwrap_binary(),
         os.environ.get(netns.BWRAP_ENV),

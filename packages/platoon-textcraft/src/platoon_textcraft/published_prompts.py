@@ -29,6 +29,9 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from platoon.config import default_cache_root as platoon_default
+from platoon.config import load_site
+
 __all__ = [
     "TEXT_SHA256",
     "PublishedPromptsError",
@@ -85,9 +88,6 @@ class IndexUnavailable(Exception):
 
 def default_cache_root() -> Path:
     """The site profile's cache root (else platoon's default, `~/.cache/platoon`)."""
-    from platoon.config import default_cache_root as platoon_default
-    from platoon.config import load_site
-
     profile = load_site()
     return profile.cache_root if profile is not None else platoon_default()
 

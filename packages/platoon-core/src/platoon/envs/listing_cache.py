@@ -34,6 +34,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from platoon._version import running_version
+from platoon.config.site import default_cache_root, load_site
+
 __all__ = ["CACHE_DIR_NAME", "DISABLE_VARIABLE", "cache_dir", "listing_key", "load", "remove", "store"]
 
 log = logging.getLogger(__name__)
@@ -60,8 +63,6 @@ def enabled() -> bool:
 
 def cache_dir() -> Path:
     """`<cache root>/task-listings`: the site profile's cache root, else platoon's default one."""
-    from platoon.config.site import default_cache_root, load_site
-
     try:
         profile = load_site()
     except Exception:  # a broken profile is the command's to report; the cache then uses the default root
@@ -132,8 +133,6 @@ def _named_paths(value: Any) -> Iterator[Path]:
 
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
-
-    from platoon._version import running_version
 
     try:
         openreward: str | None = metadata.version("openreward")

@@ -12,6 +12,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from platoon import plugins
+from platoon.config.paths import is_left_alone, service_path_options
+from platoon.errors import ConfigError
+
 __all__ = ["LazyServices", "entry_service_kwargs", "resolve_service"]
 
 
@@ -21,7 +25,6 @@ def resolve_service(service: Any, service_kwargs: Mapping[str, Any] | None = Non
         if service_kwargs:
             raise ValueError("service_kwargs apply to a service reference, not to a service object")
         return service
-    from platoon import plugins
 
     kwargs = dict(service_kwargs or {})
     scheme = plugins.service_scheme(service)
@@ -38,8 +41,6 @@ def entry_service_kwargs(entry: Any, base_dir: Path) -> dict[str, Any]:
 
     The loader already made a config file's paths absolute; this covers entries built in code.
     """
-    from platoon.config.paths import is_left_alone, service_path_options
-
     kwargs = dict(entry.service_kwargs)
     for option in service_path_options(entry.service):
         value = kwargs.get(option.name)
@@ -75,8 +76,6 @@ class LazyServices(Mapping[str, Any]):
         except (
             Exception
         ) as exc:  # the user's service: a failure to build it is one line, as the listing says it
-            from platoon.errors import ConfigError
-
             reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
             raise ConfigError(f"{where}: {reason}") from exc
         self._built[label] = built

@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.service import ToolResult
+
 # The access clamp moved below the subagents, which use it too; it stays importable from here.
 from platoon.episode.access import ACCESS_RANK, clamp_access
 from platoon.episode.budget import AgentBudget, BudgetTracker
+from platoon.episode.subagents import Subagents
+from platoon.gateway.http.server import serving
 from platoon.gateway.mcp import bind_tools
 from platoon.gateway.tools import run_tool, visible_tools
 from platoon.harness.agent import (
@@ -27,7 +31,7 @@ from platoon.harness.agent import (
 )
 
 if TYPE_CHECKING:
-    from platoon.envs.service import EnvSession, ToolResult, ToolSpec
+    from platoon.envs.service import EnvSession, ToolSpec
     from platoon.gateway.records import AgentRecord
     from platoon.harness.function import FunctionHarness
     from platoon.task import Task
@@ -168,8 +172,6 @@ class Agent:
     @property
     def endpoint(self) -> ModelEndpoint:
         """`<gateway>/s/<secret>/v1` with the agent's secret as key, while a `GatewayServer` serves the gateway."""
-        from platoon.gateway.http.server import serving
-
         server = serving(self.episode.gateway)
         if server is None:
             raise EndpointUnavailable(
@@ -196,8 +198,6 @@ class Agent:
     @property
     def agents(self) -> AgentAPI:
         if self._api is None:
-            from platoon.episode.subagents import Subagents
-
             self._api = Subagents(self)
         return self._api
 
@@ -231,8 +231,6 @@ class Agent:
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         """Run a tool on the session; a tool hidden by access is refused unsent and unrecorded."""
-        from platoon.envs.service import ToolResult
-
         if self._access is not ToolAccess.FULL:
             if self._visible_tools is None:
                 await self.list_tools()

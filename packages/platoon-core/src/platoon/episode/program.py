@@ -13,17 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.envs.service import Outcome
 from platoon.episode.budget import BudgetTracker
-from platoon.episode.context import Agent, EpisodeState
+from platoon.episode.context import Agent, EndpointUnavailable, EpisodeState
 from platoon.episode.outcomes import graded_with_reason, judge_run
 from platoon.episode.runner import run_agent
+from platoon.episode.spec_runs import open_spec_rollout, run_spec
 from platoon.episode.subagents import resolve_harness
+from platoon.gateway.trace import build_collection as build
 from platoon.harness.agent import AgentStatus
+from platoon.harness.function import FunctionHarness
 
 if TYPE_CHECKING:
     from platoon.envs.service import EnvSession
     from platoon.episode.spec_runs import SpecRollout
     from platoon.harness.agent import AgentResult, ModelEndpoint
-    from platoon.harness.function import FunctionHarness
     from platoon.harness.spec import HarnessSpec
     from platoon.programs.context import Finalizer
     from platoon.task import Task
@@ -37,8 +39,6 @@ _SNAPSHOT_OUTCOME = Outcome("scored", rewards={"reward": 0.0}, reason="snapshot"
 
 def build_collection(rollout: Any, outcome: Outcome) -> TrajectoryCollection:
     """The rollout's trajectories (the gateway's trace builder)."""
-    from platoon.gateway.trace import build_collection as build
-
     return build(rollout, episode_outcome=outcome)
 
 
@@ -160,7 +160,6 @@ class Episode:
         root = self.root_record
         if goal is not None:
             root.goal = goal
-        from platoon.harness.function import FunctionHarness
 
         self.root_agent = Agent(
             self.state,
@@ -189,8 +188,6 @@ class Episode:
     async def _run_spec(self, spec: HarnessSpec, agent: Agent, timeout: float | None) -> AgentResult:
         """Run the root on a TOML spec through the spec runner; the runner enforces the deadline itself (it kills
         the agent's processes and answers `timeout`), so the run wrapper gets no timeout of its own."""
-        from platoon.episode.spec_runs import open_spec_rollout, run_spec
-
         handle = self.spec_rollout
         if handle is None or getattr(handle, "spec", spec) != spec:
             # `ep.run(harness=...)` naming a spec the rollout did not prepare: no session needs, the rest works.
@@ -249,7 +246,6 @@ class Episode:
         """Refused while judges are off; otherwise needs the gateway's HTTP server, which this build lacks."""
         if not self.judges:
             raise RuntimeError("judges are off for this rollout (judges: false): no judge endpoint")
-        from platoon.episode.context import EndpointUnavailable
 
         raise EndpointUnavailable(
             "judge_endpoint() needs the gateway's HTTP server, which this build does not run yet"

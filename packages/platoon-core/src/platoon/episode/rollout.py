@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from platoon import rollout_progress
+from platoon import plugins, rollout_progress
 from platoon.config.environments import AgentsConfig, HarnessExitPolicy
 from platoon.envs.service import EnvSetupError, Outcome, open_accepts_needs
 from platoon.episode.deadlines import StepDeadlineSession, step_deadline_for
 from platoon.episode.program import Episode, build_collection, run_finalizers, run_program
+from platoon.episode.spec_runs import open_spec_rollout
+from platoon.episode.subagents import resolve_harness
 from platoon.errors import PlatoonError
-from platoon.harness.spec import HarnessSetupError
+from platoon.harness.spec import HarnessSetupError, HarnessSpec
+from platoon.programs.registry import get_program
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -122,8 +125,6 @@ def _harness_misc(
     harness: Any, route: Route, program: Any, spec_misc: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The root's misc `harness`: what ran (a function harness, or a TOML spec with the runner's record of it)."""
-    from platoon.harness.spec import HarnessSpec
-
     if harness is None and route.harness is not None:
         harness = _route_harness(route)
     if isinstance(harness, HarnessSpec):
@@ -152,8 +153,6 @@ def _route_harness(route: Route) -> Any:
     if route.harness is None:
         return None
     try:
-        from platoon.episode.subagents import resolve_harness
-
         return resolve_harness(route.harness)
     except Exception:
         return None
@@ -195,8 +194,6 @@ def process_rewards(
     summary run the processor, so it is applied once, where its result is used. Untrainable
     trajectories are skipped: failures are not zeros to re-score.
     """
-    from platoon import plugins
-
     if isinstance(processor, str):
         name, fn = repr(processor), plugins.get_reward_processor(processor)
     else:
@@ -256,9 +253,6 @@ async def recorded_rollout(
     `output_dir` is the rollout's own directory: a TOML spec harness writes its log under `<output_dir>/harness`
     (without one, under the rollout config's `output_dir`).
     """
-    from platoon.harness.spec import HarnessSpec
-    from platoon.programs.registry import get_program
-
     program = get_program(route.program) if isinstance(route.program, str) else route.program
     rollout = gateway.open_rollout(
         rollout_id,
@@ -270,8 +264,6 @@ async def recorded_rollout(
     try:
         spec = _route_harness(route)
         if isinstance(spec, HarnessSpec):
-            from platoon.episode.spec_runs import open_spec_rollout
-
             logs_dir = _logs_dir(output_dir, config)
             spec_rollout = open_spec_rollout(
                 spec, gateway=gateway, rollout=rollout, route=route, logs_dir=logs_dir

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from platoon import plugins
 from platoon.envs.service import Outcome
 from platoon.episode.outcomes import infra_from_exception
 from platoon.harness.agent import AgentResult, AgentStatus
@@ -57,8 +58,6 @@ def spec_runner() -> Any:
     global _runner
     with _runner_lock:
         if _runner is None:
-            from platoon import plugins
-
             record = plugins.get_spec_runner()
             factory = plugins.resolve_target(record.runner)
             _runner = factory()

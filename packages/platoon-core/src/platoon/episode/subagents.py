@@ -17,11 +17,12 @@ from platoon.episode.budget import BudgetError, Reservation
 from platoon.episode.outcomes import judge_run
 from platoon.episode.runner import run_agent
 from platoon.harness.agent import AgentStatus, SubagentResult, ToolAccess
+from platoon.harness.function import FunctionHarness, record_of
+from platoon.harness.registry import get_harness
+from platoon.harness.spec import HarnessSpec, not_a_function_harness
 
 if TYPE_CHECKING:
     from platoon.episode.context import Agent
-    from platoon.harness.function import FunctionHarness
-    from platoon.harness.spec import HarnessSpec
 
 __all__ = ["SESSION_CLOSE_TIMEOUT_S", "Subagents", "resolve_function_harness", "resolve_harness"]
 
@@ -34,17 +35,12 @@ _VERIFIER_UNAVAILABLE = "verifier grading is not available in this build yet"
 
 def resolve_harness(harness: Any) -> FunctionHarness | HarnessSpec:
     """A `FunctionHarness` or a `HarnessSpec` from a record, a decorated function, a spec, a spec path or a ref."""
-    from platoon.harness.function import record_of
-    from platoon.harness.spec import HarnessSpec
-
     record = record_of(harness, register_it=False)
     if record is not None:
         return record
     if isinstance(harness, HarnessSpec):
         return harness
     if isinstance(harness, str) or hasattr(harness, "__fspath__"):
-        from platoon.harness.registry import get_harness
-
         return get_harness(harness if isinstance(harness, str) else str(harness))
     raise TypeError(
         f"harness {harness!r} is not a harness (an @platoon.harness function, its record, a TOML spec or a ref)"
@@ -54,9 +50,6 @@ def resolve_harness(harness: Any) -> FunctionHarness | HarnessSpec:
 def resolve_function_harness(harness: Any) -> FunctionHarness:
     """A `FunctionHarness` from a record, a decorated function or a reference; a TOML spec is a `TypeError`
     (a subagent runs function harnesses only)."""
-    from platoon.harness.function import FunctionHarness
-    from platoon.harness.spec import not_a_function_harness
-
     if (isinstance(harness, str) and harness.endswith(".toml")) or hasattr(harness, "__fspath__"):
         raise TypeError(not_a_function_harness(str(harness)))  # a spec path: refused without loading it
     found = resolve_harness(harness)

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from platoon.errors import ConfigError
 from platoon.gateway.core import (
     CALL_ID_PREFIX,
     AgentClosed,
     ContextWindowExceeded,
     GatewayError,
+    ModelGateway,
     PermissionDenied,
     SampleTimeout,
     SamplingFailed,
@@ -34,7 +36,7 @@ from platoon.harness.agent import ChatReply
 
 if TYPE_CHECKING:
     from platoon.eval.config_defs import HostedConfig
-    from platoon.gateway.core import ModelGateway, RolloutRecorder
+    from platoon.gateway.core import RolloutRecorder
     from platoon.gateway.records import AgentRecord
 
 __all__ = [
@@ -511,8 +513,6 @@ class HostedBackend:
     async def probe(self, dialects: Iterable[str]) -> None:
         """One "Reply with OK." call (16 tokens) per dialect, 2 retries, timeout min(timeout_s, 120); a failure
         raises a one-line `ConfigError` naming the dialect, the origin and the provider's answer."""
-        from platoon.errors import ConfigError
-
         timeout = min(self.config.timeout_s, PROBE_TIMEOUT_CAP_S)
         for dialect in dict.fromkeys(dialects):
             if dialect not in DIALECTS or DIALECTS[dialect][0] == "count_tokens":
@@ -591,8 +591,6 @@ def hosted_gateway(
     """A `ModelGateway` whose calls go to the hosted model (no renderer, no sampler, no tokens).
 
     The key is `api_key` when given (None: no auth), else read once from `api_key_env` in `environ`."""
-    from platoon.gateway.core import ModelGateway
-
     gateway = ModelGateway(None, _NoRenderer(), model_name=model)
     backend = HostedBackend(
         config,

@@ -16,6 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.service import ToolResult
+from platoon.gateway.core import AgentClosed, AuthenticationFailed, GatewayError
+from platoon.gateway.tools import run_tool, visible_tools
 from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH, JSONTooDeep, loads_within_depth
 
 if TYPE_CHECKING:
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from platoon.envs.service import EnvSession, ToolResult, ToolSpec
+    from platoon.envs.service import EnvSession, ToolSpec
     from platoon.gateway.core import ModelGateway
     from platoon.gateway.records import AgentRecord
 
@@ -235,8 +238,6 @@ class McpPlane:
 
     def agent_of(self, request: Request) -> AgentRecord:
         """The calling agent: the path secret, else `Authorization: Bearer`, else `x-api-key`."""
-        from platoon.gateway.core import AgentClosed, AuthenticationFailed
-
         if self._authenticate is not None:
             return self._authenticate(request)
         key = request.path_params.get("secret")
@@ -258,8 +259,6 @@ class McpPlane:
     async def handle(self, request: Request) -> Response:
         """One HTTP request to the plane (a starlette endpoint)."""
         from starlette.responses import JSONResponse, Response
-
-        from platoon.gateway.core import GatewayError
 
         if request.method != "POST":
             return Response(status_code=405, headers={"Allow": "POST"})
@@ -380,17 +379,12 @@ class McpPlane:
         raise _RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     async def _tools(self, agent: AgentRecord) -> list[ToolSpec]:
-        from platoon.gateway.tools import visible_tools
-
         binding = tool_binding(agent)
         if binding is None:
             return []
         return await visible_tools(binding.session, agent.access, binding.transform)
 
     async def _call(self, agent: AgentRecord, params: dict[str, Any]) -> dict[str, Any]:
-        from platoon.envs.service import ToolResult
-        from platoon.gateway.tools import run_tool
-
         name = params.get("name")
         arguments = params.get("arguments")
         if arguments is None:

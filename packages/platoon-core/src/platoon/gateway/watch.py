@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from platoon.errors import ConfigError
+from platoon.gateway.hosted import HostedRefusal
+from platoon.gateway.tinker_service import refused_key_error
 
 __all__ = ["CallWatch", "WatchedHosted", "WatchedSampler"]
 
@@ -38,8 +40,6 @@ class WatchedSampler:
         self._base_url = base_url
 
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
-        from platoon.gateway.tinker_service import refused_key_error
-
         try:
             return await self._sampler.sample_async(*args, **kwargs)
         except Exception as exc:
@@ -60,8 +60,6 @@ class WatchedHosted:
         self._watch = watch
 
     async def chat(self, agent: Any, rollout: Any, *args: Any, **kwargs: Any) -> Any:
-        from platoon.gateway.hosted import HostedRefusal
-
         try:
             return await self._backend.chat(agent, rollout, *args, **kwargs)
         except HostedRefusal as exc:

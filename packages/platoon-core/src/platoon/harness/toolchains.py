@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from platoon import hooks, plugins
 from platoon.errors import ExtensionError
+from platoon.harness.spec import HarnessSpec
 from platoon.hookspecs import PrepareStep
 
 __all__ = ["entry_toolchain_root", "needs_toolchain", "prepare_toolchain", "toolchain_problems"]
@@ -23,8 +25,6 @@ TOOLCHAIN_COMMAND = "toolchain"
 
 def needs_toolchain(harness: Any) -> bool:
     """Whether a harness is a TOML spec whose toolchain platoon builds (`[install.recipe]`)."""
-    from platoon.harness.spec import HarnessSpec
-
     return (
         isinstance(harness, HarnessSpec)
         and harness.install is not None
@@ -43,8 +43,6 @@ def entry_toolchain_root(entry: Any) -> str | None:
 
 
 def _seam(name: str) -> list[Callable[..., Any]]:
-    from platoon import hooks, plugins
-
     try:
         plugins.get_command_group(TOOLCHAIN_COMMAND)  # registers its provider's hook module
     except ExtensionError:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError, PlatoonError
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
+from platoon.request_limits import BodyCap
 
 if TYPE_CHECKING:
     from platoon.local_server.app import BackendFactory, ServerState
@@ -170,7 +171,6 @@ class LocalTinkerServer:
 
         from platoon.local_server.app import ServerState, build_app
         from platoon.local_server.futures import FutureStore
-        from platoon.request_limits import BodyCap
 
         if self._state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="platoon-local-tinker-")

@@ -27,6 +27,7 @@ from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 from platoon.local_server.losses import LOSS_INPUT_KEYS, REQUIRED_INPUTS
+from platoon.renderers.tokenizers import tokenizer_available_offline
 from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH, JSONTooDeep, loads_within_depth
 
 if TYPE_CHECKING:
@@ -183,8 +184,6 @@ class ServerState:
         Hugging Face cache. A made-up name would otherwise hold its request for the hub's retries (about a minute
         without a network) before failing.
         """
-        from platoon.renderers.tokenizers import tokenizer_available_offline
-
         if base_model == self.model or tokenizer_available_offline(base_model):
             return
         raise HTTPError(

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.local_server import losses
 from platoon.local_server.sampling import SamplingParams, decode
+from platoon.renderers.tokenizers import get_tokenizer
+from platoon.renderers.toy import TOY_MODEL_NAME, TOY_TOKENIZER_DIR
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +91,6 @@ def warm_up(base_model: str) -> None:
     """
     try:
         _model_classes()
-        from platoon.renderers import get_tokenizer
 
         get_tokenizer(base_model)
     except Exception:  # e.g. an unknown tokenizer: create_model says so in its answer
@@ -110,8 +111,6 @@ def base_seed(base_model: str) -> int:
 
 def tokenizer_directory(base_model: str, tokenizer: Any) -> str:
     """A local directory the SDK's `AutoTokenizer.from_pretrained` can load for this base model."""
-    from platoon.renderers.toy import TOY_MODEL_NAME, TOY_TOKENIZER_DIR
-
     if base_model == TOY_MODEL_NAME:
         return str(TOY_TOKENIZER_DIR)
     if os.path.isdir(base_model):
@@ -170,8 +169,6 @@ class ModelBackend:
         """
         torch = import_torch()
         Qwen3Config, Qwen3ForCausalLM = _model_classes()
-
-        from platoon.renderers import get_tokenizer
 
         shape = shape or ModelShape()
         tokenizer = get_tokenizer(base_model)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from platoon.config.site import default_cache_root, load_site
+from platoon.console import write_stderr
 from platoon.errors import ConfigError, PlatoonError
 from platoon.local_server import (
     DEFAULT_MODEL,
@@ -31,6 +33,7 @@ from platoon.local_server import (
     issue_api_key,
     require_torch,
 )
+from platoon.local_server.backend import warm_up
 
 #: seconds the parent waits for the child's base URL (importing torch and transformers takes a while)
 START_TIMEOUT = 180.0
@@ -40,8 +43,6 @@ _STOP_POLL_SECONDS = 0.2
 
 def default_state_dir() -> Path:
     """`<site cache>/local-tinker`: the site profile's cache root, else platoon's default cache root."""
-    from platoon.config.site import default_cache_root, load_site
-
     profile = load_site()
     root = profile.cache_root if profile is not None else default_cache_root()
     return root / "local-tinker"
@@ -263,8 +264,6 @@ def serve_foreground(
     A `host` other than loopback needs an `api_key` (`check_listening`). `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
     `create_model` finds them ready (a request that needs them meanwhile waits for the warm-up).
     """
-    from platoon.console import write_stderr
-
     check_listening(host, api_key)
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -288,8 +287,6 @@ def serve_foreground(
 
         threading.Thread(target=watch_stdin, daemon=True).start()
     if warm:
-        from platoon.local_server.backend import warm_up
-
         threading.Thread(target=warm_up, args=(model,), name="local-tinker-warm-up", daemon=True).start()
     try:
         print(server.base_url, flush=True)

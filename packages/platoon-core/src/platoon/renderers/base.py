@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.errors import ConfigError
+from platoon.renderers.tokenizers import encode_long
 
 if TYPE_CHECKING:
     import tinker
@@ -589,8 +590,6 @@ class Renderer(ABC):
         # shared by every renderer over it: a renderer per episode (platoon.testing) starts warm.
         if len(text) > _ENCODE_CACHE_TEXT_LIMIT:
             # Long texts are tokenized with the GIL released: a large prompt renders in a thread of the gateway.
-            from platoon.renderers.tokenizers import encode_long
-
             return encode_long(self.tokenizer, text)
         cache = _encodings(self.tokenizer)
         if cache is None:

@@ -29,6 +29,9 @@ from platoon.renderers.base import (
     ToolCall,
     UnparsedToolCall,
 )
+from platoon.renderers.probe import resolve_parser
+from platoon.renderers.tool_parsers import ParsedToolCall, ParseResult
+from platoon.renderers.tool_parsers._common import dumps_arguments
 
 if TYPE_CHECKING:
     import tinker
@@ -210,8 +213,6 @@ class ChatTemplateRenderer(Renderer):
         with _CHOICE_LOCK:
             found = _PARSER_CHOICES.get(key)
         if found is None:
-            from platoon.renderers.probe import resolve_parser
-
             found = resolve_parser(self, str(self.tool_call_parser), self.reasoning_tags)
             with _CHOICE_LOCK:
                 _PARSER_CHOICES[key] = found
@@ -304,9 +305,6 @@ class ChatTemplateRenderer(Renderer):
 
 
 def _parts_from_result(result: Any) -> CompletionParts:
-    from platoon.renderers.tool_parsers import ParsedToolCall, ParseResult
-    from platoon.renderers.tool_parsers._common import dumps_arguments
-
     if not isinstance(result, ParseResult):
         raise TypeError(f"the parser returned {type(result).__name__}, not a ParseResult")
     recovered = 0

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
 from platoon.renderers.base import RendererError
+from platoon.renderers.tool_parsers import get_parser, make_parser, parser_names
 
 if TYPE_CHECKING:
     from platoon.renderers.chat_template import ChatTemplateRenderer
@@ -219,7 +220,6 @@ def resolve_parser(
     renderer: ChatTemplateRenderer, setting: str, reasoning_tags: Any = "auto"
 ) -> tuple[Any, dict[str, Any]]:
     """The parser for a `tool_call_parser` setting and its lock.json record (`setting, parser, verified, reason`)."""
-    from platoon.renderers.tool_parsers import get_parser, make_parser, parser_names
 
     def record(parser: str | None, verified: bool | None, reason: str) -> dict[str, Any]:
         return {"setting": setting, "parser": parser, "verified": verified, "reason": reason}

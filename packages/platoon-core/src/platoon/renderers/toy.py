@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from platoon.renderers.base import get_renderer
 from platoon.renderers.tokenizers import (
     MISSING_TOKENIZERS,
     TOY_MODEL_NAME,
@@ -35,6 +36,4 @@ TOY_RENDERER_NAME = "qwen3_instruct"
 
 def toy_renderer(name: str = TOY_RENDERER_NAME) -> Renderer:
     """A platoon renderer over the toy tokenizer; the Qwen3 renderers are the ones it pairs with."""
-    from platoon.renderers.base import get_renderer
-
     return get_renderer(name, toy_tokenizer())

@@ -16,6 +16,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.episode.rollout import process_rewards
+from platoon.rollouts.one_rollout import run_member
+from platoon.rollouts.records import write_json_atomic
+
 if TYPE_CHECKING:
     from platoon.gateway.core import RolloutRecorder
     from platoon.gateway.records import AgentRecord
@@ -66,8 +70,6 @@ def rollout_dir(output_dir: Path, task_id: str, index: int) -> Path:
 
 def write_json(path: Path, data: Any) -> None:
     """Indented JSON, replaced atomically (a reader never sees half a record)."""
-    from platoon.rollouts.records import write_json_atomic
-
     write_json_atomic(path, data)
 
 
@@ -137,8 +139,6 @@ def _reward_keys(trajectory: Trajectory) -> dict[str, float]:
 def score_collection(collection: TrajectoryCollection, reward_processor: str | None) -> dict[str, Any]:
     """What a record keeps of a rollout's trajectories: the root's outcome, reward (the reward processor's on the
     root, else the trajectory's), reward components, the success value, step and depth counts."""
-    from platoon.episode.rollout import process_rewards
-
     root = collection.root
     assert root is not None
     outcome = root.misc.get("outcome")
@@ -392,8 +392,6 @@ async def run_and_record(
     """Run one rollout through the trainer's member body on `gateway` and classify it; `record_settings` are
     `rollout_record`'s keyword arguments other than the outcome, the recorder and the refusals. The same in process
     and in a slot process, so both write the same records."""
-    from platoon.rollouts.one_rollout import run_member
-
     scoped = OneRollout(gateway)
     outcome = await run_member(request, service=service, gateway=scoped, version=lambda: 0)
     rollout_id = getattr(scoped.recorder, "rollout_id", None)

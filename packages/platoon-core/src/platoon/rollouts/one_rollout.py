@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon import rollout_progress
-from platoon.rollouts.records import NO_SPACE_ERRNOS
+from platoon.episode.rollout import Route, recorded_rollout
+from platoon.rollouts.records import NO_SPACE_ERRNOS, RunDirWriteError, write_bytes_atomic
+from platoon.trajectory_events import append_events, write_events
 
 if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
@@ -125,8 +127,6 @@ def _reward_key(collection: TrajectoryCollection) -> str | None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from platoon.rollouts.records import write_bytes_atomic
-
     # Atomic: a full disk leaves no half record that a resumed evaluation would stumble on.
     write_bytes_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8"))
 
@@ -136,7 +136,6 @@ def write_member_files(request: MemberRequest, outcome: MemberOutcome) -> None:
     `metadata.json`."""
     if request.output_dir is None:
         return
-    from platoon.trajectory_events import write_events
 
     where = Path(request.output_dir)
     if outcome.collection is not None:
@@ -200,8 +199,6 @@ class FileWriter:
     def _append(
         self, path: Path, task_id: str, collection: TrajectoryCollection, context: Mapping[str, Any] | None
     ) -> None:
-        from platoon.trajectory_events import append_events
-
         try:
             append_events(collection, path, context=context)
         except OSError as exc:
@@ -217,8 +214,6 @@ class FileWriter:
 
     def raise_if_out_of_space(self) -> None:
         """Raise the one-line RunDirWriteError of the first write a full disk refused, if one did."""
-        from platoon.rollouts.records import RunDirWriteError
-
         exc = self.out_of_space
         if exc is not None:
             raise RunDirWriteError(exc.filename or "a rollout file", exc)
@@ -248,8 +243,6 @@ async def run_member(
     the version when the request was built; a worker's following sampler reports the oldest version it sampled).
     The rollout's files (with an `output_dir`) are written before it returns, or by `writer` in the background.
     """
-    from platoon.episode.rollout import Route, recorded_rollout
-
     started = time.monotonic()
     try:
         route = Route.from_entry(request.entry, split=request.split, task_id=request.raw_task_id)

@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+import platoon
+from platoon import plugins
 from platoon._version import running_version
+from platoon.config.site import default_cache_root
 from platoon.errors import ConfigError, PlatoonError
 
 if TYPE_CHECKING:
@@ -458,8 +461,6 @@ def _git(args: Sequence[str], cwd: Path) -> str | None:
 
 def _platoon_git() -> tuple[str | None, bool | None]:
     """(HEAD, dirty) when platoon runs from its own git checkout (the workspace root holds `packages/`)."""
-    import platoon
-
     root = Path(platoon.__file__).resolve().parents[4]
     if not (root / ".git").exists() or not (root / "packages" / "platoon-core").is_dir():
         return None, None
@@ -501,8 +502,6 @@ def _image_pulls(environ: Mapping[str, str]) -> list[dict[str, Any]] | None:
 
 
 def _extensions() -> dict[str, dict[str, Any]]:
-    from platoon import plugins
-
     out: dict[str, dict[str, Any]] = {}
     for info in plugins.entry_points():
         if info.distribution is None or info.distribution in out:
@@ -517,8 +516,6 @@ def _extensions() -> dict[str, dict[str, Any]]:
 
 
 def _site_record(loaded: LoadedConfig) -> dict[str, Any]:
-    from platoon.config.site import default_cache_root
-
     profile = loaded.site
     record: dict[str, Any] = {
         "path": str(profile.path) if profile is not None else None,

@@ -30,9 +30,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon.envs.resolve import resolve_service
+from platoon.gateway.core import ModelGateway
+from platoon.gateway.hosted import hosted_gateway
+from platoon.gateway.watch import CallWatch, WatchedHosted, WatchedSampler
+from platoon.rollouts.eval_records import rollout_record, run_and_record
+from platoon.rollouts.one_rollout import MemberOutcome
+from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.binding import load_binding
+from platoon.rollouts.workers.forkserver import prepare_stack
+from platoon.rollouts.workers.startup import set_child_subreaper, set_parent_death_signal
+from platoon.rollouts.workers.worker import Diag, end_started_processes, prepared_renderer
+
 if TYPE_CHECKING:
     from platoon.eval.config_defs import HostedConfig
-    from platoon.rollouts.workers.worker import Diag
 
 __all__ = [
     "SLOT_ENV",
@@ -141,11 +152,7 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
     """The slot's gateway: over the unpickled Tinker sampling client (never a ServiceClient of its own), or to the
     hosted server with the key the policy carries."""
-    from platoon.gateway.watch import WatchedHosted, WatchedSampler
-
     if policy.backend == "hosted":  # eval.policy.HOSTED
-        from platoon.gateway.hosted import hosted_gateway
-
         assert policy.hosted is not None
         gateway = hosted_gateway(
             policy.hosted,
@@ -158,10 +165,6 @@ def build_gateway(policy: SlotPolicy, watch: Any) -> Any:
         gateway.backend = WatchedHosted(gateway.backend, watch)
         return gateway
     import tinker  # noqa: F401  (the SDK the pickled client needs)
-
-    from platoon.gateway.core import ModelGateway
-    from platoon.rollouts.workers.binding import load_binding
-    from platoon.rollouts.workers.worker import prepared_renderer
 
     assert policy.binding is not None and policy.renderer_name is not None
     client, _version = load_binding(policy.binding)
@@ -179,8 +182,6 @@ class Slot:
     """One slot process's life: connect, set up, then rollouts one at a time under their deadlines."""
 
     def __init__(self, number: int, token: str, session_dir: str, parent: tuple[int, int | None]) -> None:
-        from platoon.gateway.watch import CallWatch
-
         self.number = number
         self.token = token
         self.session_dir = session_dir
@@ -218,7 +219,6 @@ class Slot:
         """SIGKILL every process group the rollout started, then this slot's own group (this process too)."""
         if self.diag is not None and not self.diag.final:
             self.diag.finish(phase)
-        from platoon.rollouts.workers.worker import end_started_processes
 
         with contextlib.suppress(Exception):
             end_started_processes(grace=0)
@@ -227,8 +227,6 @@ class Slot:
         os._exit(EXIT_HARD_TIMEOUT)
 
     def _monitor(self) -> None:
-        from platoon.rollouts.workers import ipc
-
         next_parent_check = time.monotonic() + PARENT_CHECK_SECONDS
         while True:
             now = time.monotonic()
@@ -288,13 +286,9 @@ class Slot:
     # ---- set up and rollouts ------------------------------------------------------------------------------
 
     def setup(self, message: Mapping[str, Any]) -> None:
-        from platoon.rollouts.workers.worker import Diag
-
         self.diag = Diag(str(message["diag"]))
         self.diag.update(slot=self.number)
         if message.get("prepare"):  # started by exec: nothing is imported yet
-            from platoon.rollouts.workers.forkserver import prepare_stack
-
             fatal, problems = prepare_stack(message["prepare"])
             if fatal is not None:
                 raise RuntimeError(fatal)
@@ -309,8 +303,6 @@ class Slot:
         self.gateway = build_gateway(message["policy"], self.watch)
 
     def _service(self, request: Any) -> Any:
-        from platoon.envs.resolve import resolve_service
-
         entry = request.entry
         kwargs = dict(request.service_kwargs or entry.service_kwargs)
         key = json.dumps([request.label, entry.service, kwargs], sort_keys=True, default=str)
@@ -322,9 +314,6 @@ class Slot:
 
     async def run_job(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
         """One rollout and its record; None when it was stopped (by its hard timeout or a SIGTERM)."""
-        from platoon.rollouts.eval_records import rollout_record, run_and_record
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         assert self.loop is not None and self.diag is not None
         request = job["request"]
         settings = job["record"]
@@ -378,8 +367,6 @@ class Slot:
         }
 
     async def _answer(self, writer: asyncio.StreamWriter, result: dict[str, Any]) -> None:
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         try:
             await send_message(writer, result)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -396,8 +383,6 @@ class Slot:
             await send_message(writer, result)
 
     async def run(self) -> int:
-        from platoon.rollouts.workers.worker import end_started_processes
-
         self.loop = asyncio.get_running_loop()
         dir_fd = os.open(self.session_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -453,8 +438,6 @@ def _identity(raw: str) -> tuple[int, str, int, int | None] | None:
 
 def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
     """Run the slot of the session dir `argv[0]`; returns the exit status (the caller `os._exit`s with it)."""
-    from platoon.rollouts.workers.startup import set_child_subreaper, set_parent_death_signal
-
     args = sys.argv[1:] if argv is None else argv
     identity = _identity(os.environ.pop(SLOT_ENV, ""))  # the token is this slot's alone, not its rollouts'
     if len(args) != 1 or identity is None:

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from platoon.episode.rollout import Route
+from platoon.harness.registry import get_harness
+from platoon.rollouts.one_rollout import MemberOutcome
 from platoon.rollouts.slot_process import (
     SLOT_ENV,
     SLOT_MODULE,
@@ -35,10 +38,13 @@ from platoon.rollouts.slot_process import (
     send_message,
     socket_address,
 )
+from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.forkserver import ForkFailed, ForkServer, ForkServerUnavailable
+from platoon.rollouts.workers.pool import exec_child_exited, forked_child_exited, pidfd_exited
+from platoon.rollouts.workers.startup import ExecFailed, exec_child, worker_environment
 
 if TYPE_CHECKING:
-    from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
-    from platoon.rollouts.workers.forkserver import ForkServer
+    from platoon.rollouts.one_rollout import MemberRequest
 
 __all__ = [
     "SlotJob",
@@ -102,8 +108,6 @@ async def _seconds(owner: Any, method: str, task_id: str) -> float | None:
 def _harness_timeout(harness: Any) -> float | None:
     """A harness's own wall-clock cap (a TOML spec's `timeout_s`); function harnesses have none."""
     if isinstance(harness, str):
-        from platoon.harness.registry import get_harness
-
         try:
             harness = get_harness(harness)
         except Exception:
@@ -119,8 +123,6 @@ def _harness_timeout(harness: Any) -> float | None:
 async def rollout_deadlines(request: MemberRequest, service: Any) -> SlotDeadlines:
     """The deadlines of one rollout in a slot. The harness's own limit is the earliest of its cap and the task's
     agent timeout (`agent_timeout_s`); the overhead is the service's `rollout_overhead_s`."""
-    from platoon.episode.rollout import Route
-
     raw_id = request.raw_task_id
     limits = [await _seconds(service, "agent_timeout_s", raw_id)]
     with contextlib.suppress(Exception):
@@ -190,13 +192,9 @@ class _Slot:
         return self.connected.result()
 
     def running(self) -> bool:
-        from platoon.rollouts.workers.pool import pidfd_exited
-
         return not self.exited.done() and not pidfd_exited(self.pidfd)
 
     def signal(self, sig: int) -> None:
-        from platoon.rollouts.workers import ipc
-
         if not self.running():
             return
         with contextlib.suppress(OSError):
@@ -206,8 +204,6 @@ class _Slot:
     def kill_tree(self) -> None:
         """SIGKILL what runs below the slot (as their subreaper it keeps them all below it) and then the slot's
         group, while the slot is still alive to find them by."""
-        from platoon.rollouts.workers import ipc
-
         if not self.running():
             return
         for pid, pgid in ipc.descendants(self.pid):
@@ -272,8 +268,6 @@ class SubprocessSlots:
     async def start(self) -> None:
         """The scratch dir (refused, exit 78, when unsafe), the sweeps of orphans and stale files, this
         evaluation's session dir and its socket."""
-        from platoon.rollouts.workers import ipc
-
         self.scratch = ipc.scratch_dir()
         swept = await asyncio.to_thread(ipc.sweep_orphans, self.scratch)
         if swept:
@@ -287,8 +281,6 @@ class SubprocessSlots:
     async def close(self) -> None:
         """Idle slots are told to stop, busy ones SIGTERMed; SIGKILL for what is left; then the fork server, the
         socket and this evaluation's files in the scratch dir."""
-        from platoon.rollouts.workers import ipc
-
         self._closed = True
         async with self._changed:
             self._changed.notify_all()
@@ -332,8 +324,6 @@ class SubprocessSlots:
 
     async def run(self, job: SlotJob) -> SlotResult:
         """Run `job` in a slot; never raises but for cancellation (which stops that slot)."""
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         started = time.monotonic()
         slot: _Slot | None = None
         for attempt in (1, 2):
@@ -363,8 +353,6 @@ class SubprocessSlots:
             raise
 
     async def _run_in(self, slot: _Slot, job: SlotJob, started: float) -> SlotResult:
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         self._jobs += 1
         slot.jobs += 1
         reader, writer = slot.streams
@@ -408,7 +396,6 @@ class SubprocessSlots:
             await asyncio.wait_for(asyncio.shield(slot.exited), KILL_WAIT_SECONDS)
         if not slot.exited.done():
             slot.kill_tree()
-        from platoon.rollouts.workers import ipc
 
         phase = ipc.read_diag(slot.diag_path).get("phase")
         code = slot.exited.result() if slot.exited.done() else None
@@ -476,8 +463,6 @@ class SubprocessSlots:
         task.add_done_callback(self._tasks.discard)
 
     def _forget(self, slot: _Slot) -> None:
-        from platoon.rollouts.workers import ipc
-
         self._retire(slot)
         if self._live.pop(slot.number, None) is not None:
             self._notify()
@@ -512,8 +497,6 @@ class SubprocessSlots:
     def _environment(self) -> dict[str, str]:
         """A slot's (and the fork server's) environment: the worker environment without the hosted key's
         variable, which the slots receive as a value over their socket (harness code reads the environment)."""
-        from platoon.rollouts.workers.startup import worker_environment
-
         env = worker_environment(os.environ)
         hosted = self.policy.hosted
         if hosted is not None and hosted.api_key_env:
@@ -522,8 +505,6 @@ class SubprocessSlots:
 
     async def _fork_server(self) -> ForkServer | None:
         """The fork server slots are forked from, started with the first slot; None: slots start by exec."""
-        from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
-
         async with self._server_lock:
             if self._server is not None and self._server.alive:
                 return self._server
@@ -548,8 +529,6 @@ class SubprocessSlots:
             return server
 
     def _register(self, kind: str, pid: int, name: str) -> Path | None:
-        from platoon.rollouts.workers import ipc
-
         assert self.scratch is not None
         record = ipc.RegistryRecord(
             kind=kind,
@@ -567,8 +546,6 @@ class SubprocessSlots:
             return None
 
     async def _start_slot(self) -> _Slot:
-        from platoon.rollouts.workers.forkserver import ForkFailed
-
         assert self.session is not None
         self._numbers += 1
         number = self._numbers
@@ -621,9 +598,6 @@ class SubprocessSlots:
     def _exec(
         self, number: int, token: str, env: Mapping[str, str], log_path: Path, diag_path: Path
     ) -> _Slot:
-        from platoon.rollouts.workers.pool import exec_child_exited
-        from platoon.rollouts.workers.startup import ExecFailed, exec_child
-
         loop = asyncio.get_running_loop()
         try:
             # From the event loop's thread: the slot's parent-death signal follows the thread that started it.
@@ -684,14 +658,10 @@ class SubprocessSlots:
         slot.connected.set_result((reader, writer))
 
     def _on_forked_exit(self, slot: _Slot) -> None:
-        from platoon.rollouts.workers.pool import forked_child_exited
-
         self._background(forked_child_exited(slot, slot.fork_id))
 
 
 def _start_time(pid: int) -> int | None:
-    from platoon.rollouts.workers import ipc
-
     return ipc.start_time_of(pid)
 
 

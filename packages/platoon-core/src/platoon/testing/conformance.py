@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from platoon.envs.service import Outcome
+from platoon.gateway.http import GatewayServer
+from platoon.gateway.trace import build_collection
+from platoon.renderers.tokenizers import TokenizersTokenizer
+from platoon.testing.gateway import make_gateway
 from platoon.testing.policy import Completion, ScriptedPolicy, sample_response
+from platoon.train.tinker.datums import collection_datums
 
 if TYPE_CHECKING:
     import tinker
@@ -475,8 +481,6 @@ def tokenizers_dir(root: str | os.PathLike[str] | None = None) -> Path:
 def load_tokenizer(kind: str, directory: str | os.PathLike[str]) -> Any:
     """A tokenizer of `SPECS`: `qwen3`, `llama3`, `deepseek_v3`, `gpt_oss` through platoon's `tokenizers` adapter,
     `qwen3_hf` (Qwen3's, with its chat template) through transformers. Raises FileNotFoundError when missing."""
-    from platoon.renderers.tokenizers import TokenizersTokenizer
-
     names = {
         "qwen3": "Qwen/Qwen3-8B",
         "qwen3_hf": "Qwen/Qwen3-8B",
@@ -751,8 +755,6 @@ class Bench:
     """
 
     def __init__(self, renderer: Any, writer: Writer, *, name: str | None = None, tools: bool = True) -> None:
-        from platoon.testing.gateway import make_gateway
-
         self.name = str(name or getattr(renderer, "name", None) or type(renderer).__name__)
         self.renderer = renderer
         self.writer = writer
@@ -771,8 +773,6 @@ class Bench:
 
     async def _start(self) -> None:
         import httpx
-
-        from platoon.gateway.http import GatewayServer
 
         self.server = await GatewayServer(self.gateway).astart()
         # One connection pool per client library, shared by every cell's clients (anthropic has its own httpx).
@@ -920,9 +920,6 @@ class Bench:
         """The trainer's datums: one per segment, the segment's tokens, mask 1 on sampled only."""
         if not segments:
             return ["no call was recorded"]
-        from platoon.envs.service import Outcome
-        from platoon.gateway.trace import build_collection
-        from platoon.train.tinker.datums import collection_datums
 
         collection = build_collection(rollout, episode_outcome=Outcome("scored", rewards={"reward": 1.0}))
         datums = collection_datums(collection, rollout.interactions, {agent.trajectory_id: 1.0}).datums

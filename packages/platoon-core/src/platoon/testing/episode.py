@@ -21,13 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from platoon import plugins
+from platoon.config.environments import AgentsConfig
+from platoon.config.loader import expand_named_environment
+from platoon.config_defs import RolloutConfig
 from platoon.envs.resolve import resolve_service
+from platoon.episode.rollout import Route, process_rewards, recorded_rollout
+from platoon.errors import ConfigError
+from platoon.gateway.core import ModelGateway
+from platoon.gateway.http.server import GatewayServer
+from platoon.task import Task
+from platoon.testing.gateway import make_gateway
 
 #: what json.dumps encodes a string with (its default ensure_ascii)
 _encode_string = json.encoder.encode_basestring_ascii
 
 if TYPE_CHECKING:
-    from platoon.gateway.core import ModelGateway
     from platoon.gateway.records import Interaction
     from platoon.trajectory import Trajectory, TrajectoryCollection
 
@@ -244,9 +253,6 @@ def _route(
     placement: str = "auto",
     builtins: str = "default",
 ) -> Any:
-    from platoon.config.environments import AgentsConfig
-    from platoon.episode.rollout import Route
-
     if agents is None:
         agents = AgentsConfig()
     elif isinstance(agents, Mapping):
@@ -268,10 +274,6 @@ def _named_environment(ref: str, given: Mapping[str, Any]) -> dict[str, Any]:
     `environments[].env` (so an episode and a run of the same entry agree). Objects (a service, a callable reward
     processor, an `AgentsConfig`) stay as given; only references and mappings go through the entry."""
     import importlib
-
-    from platoon.config.environments import AgentsConfig
-    from platoon.config.loader import expand_named_environment
-    from platoon.errors import ConfigError
 
     keys: dict[str, Any] = {"env": ref}
     for key, value in given.items():
@@ -301,8 +303,6 @@ def _named_environment(ref: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rollout_config(rollout: Any, max_steps: int | None) -> Any:
-    from platoon.config_defs import RolloutConfig
-
     if rollout is None:
         config = RolloutConfig(verbose=False)
     elif isinstance(rollout, Mapping):
@@ -333,12 +333,6 @@ async def arun_episode(
     env: str | None = None,
 ) -> EpisodeRun:
     """`run_episode` as a coroutine function, to await inside a running event loop (0.2.0's `run_episode`)."""
-    from platoon.episode.rollout import process_rewards, recorded_rollout
-    from platoon.gateway.core import ModelGateway
-    from platoon.gateway.http.server import GatewayServer
-    from platoon.task import Task
-    from platoon.testing.gateway import make_gateway
-
     given = {
         "service": service,
         "service_kwargs": service_kwargs,
@@ -370,8 +364,6 @@ async def arun_episode(
     placement, builtins = given["placement"] or "auto", given["builtins"] or "default"
 
     if isinstance(reward_processor, str):
-        from platoon import plugins
-
         plugins.get_reward_processor(
             reward_processor
         )  # resolves before the episode runs, as a run's start does

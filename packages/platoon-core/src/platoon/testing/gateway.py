@@ -12,11 +12,14 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from platoon.gateway.core import ModelGateway
-    from platoon.testing.policy import ScriptedPolicy
+from platoon.gateway.core import ModelGateway
+from platoon.gateway.default import default_policy as installed
+from platoon.gateway.default import install_default_policy
+from platoon.renderers.base import get_renderer
+from platoon.renderers.toy import TOY_RENDERER_NAME, toy_tokenizer
+from platoon.testing.policy import ScriptedPolicy
 
 __all__ = ["DefaultPolicy", "default_gateway", "default_policy", "make_gateway", "serve_policy"]
 
@@ -25,8 +28,6 @@ TESTING_API_KEY = "tml-platoon-testing"
 
 
 def _policy(policy: Any, tokenizer: Any) -> ScriptedPolicy:
-    from platoon.testing.policy import ScriptedPolicy
-
     if isinstance(policy, ScriptedPolicy):
         return policy
     if hasattr(policy, "sample_async"):
@@ -61,9 +62,6 @@ def make_gateway(
     `sample_timeout_seconds`, `max_request_tokens`, `max_prompt_tokens`. The policy's and the gateway's tokenizers
     must match.
     """
-    from platoon.gateway.core import ModelGateway
-    from platoon.renderers.base import get_renderer
-
     if renderer is not None and not isinstance(renderer, str):
         if renderer_kwargs:
             raise ValueError("renderer_kwargs apply to a renderer given by name, not to a renderer object")
@@ -71,10 +69,7 @@ def make_gateway(
         tokenizer = tokenizer if tokenizer is not None else renderer.tokenizer
     else:
         if tokenizer is None:
-            from platoon.renderers.toy import toy_tokenizer
-
             tokenizer = toy_tokenizer()
-        from platoon.renderers.toy import TOY_RENDERER_NAME
 
         renderer_obj = get_renderer(
             renderer or TOY_RENDERER_NAME, tokenizer, renderer_kwargs=dict(renderer_kwargs or {})
@@ -119,8 +114,6 @@ class DefaultPolicy:
 
 def default_policy() -> DefaultPolicy | None:
     """The policy `serve_policy` installed, or None."""
-    from platoon.gateway.default import default_policy as installed
-
     served = installed()
     return served if isinstance(served, DefaultPolicy) else None
 
@@ -139,14 +132,10 @@ def serve_policy(
 
     Sets `TINKER_API_KEY=tml-platoon-testing` when unset; restores the previous default and key on exit.
     """
-    from platoon.gateway.default import install_default_policy
-
     if tokenizer is None:
         if renderer is not None and not isinstance(renderer, str):
             tokenizer = renderer.tokenizer
         else:
-            from platoon.renderers.toy import toy_tokenizer
-
             tokenizer = toy_tokenizer()
     scripted = _policy(policy, tokenizer)
     previous_key = os.environ.get("TINKER_API_KEY")

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from platoon.renderers.toy import toy_tokenizer
+
 if TYPE_CHECKING:
     import tinker
 
@@ -164,8 +166,6 @@ class ScriptedPolicy:
         else:
             self._items = [_as_completion(item, f"script item {i}") for i, item in enumerate(script)]
         if tokenizer is None:
-            from platoon.renderers.toy import toy_tokenizer
-
             tokenizer = toy_tokenizer()
         self.tokenizer = tokenizer
         if stop_token is None:

@@ -12,20 +12,19 @@ from typing import Any
 
 import pytest
 
+from platoon.renderers.toy import toy_renderer, toy_tokenizer
+from platoon.testing.gateway import serve_policy
+
 
 @pytest.fixture(scope="session", name="toy_tokenizer")
 def _toy_tokenizer_fixture() -> Any:
     """The toy tokenizer."""
-    from platoon.renderers.toy import toy_tokenizer
-
     return toy_tokenizer()
 
 
 @pytest.fixture(scope="session", name="toy_renderer")
 def _toy_renderer_fixture() -> Any:
     """The default toy renderer (`qwen3_instruct` over the toy tokenizer)."""
-    from platoon.renderers.toy import toy_renderer
-
     return toy_renderer()
 
 
@@ -38,8 +37,6 @@ def _serve_policy_fixture() -> Iterator[Callable[..., Any]]:
     with contextlib.ExitStack() as stack:
 
         def serve(policy: Any = (), **options: Any) -> Any:
-            from platoon.testing.gateway import serve_policy
-
             return stack.enter_context(serve_policy(policy, **options))
 
         yield serve

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from platoon.trajectory import TrajectoryCollection
+from platoon.trajectory_events import write_events
 from platoon.viz.model import record_time
 
 __all__ = [
@@ -227,9 +229,6 @@ def convert_dumps(files: Sequence[Path], output_dir: Path) -> list[Path]:
     """Write each `TrajectoryCollection` dump (a `.json` object, or `.jsonl` with one dump a line) as an event file
     under `output_dir/events/`; returns the event files. A dump that is not a collection raises ValueError naming
     the file (and line)."""
-    from platoon.trajectory import TrajectoryCollection
-    from platoon.trajectory_events import write_events
-
     written = []
     for path in files:
         text = path.read_text(encoding="utf-8")

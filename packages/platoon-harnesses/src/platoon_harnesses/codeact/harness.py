@@ -10,11 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from platoon.config import resolve_import_string
 from platoon.harness.agent import LIMIT_MESSAGE, AgentContext, AgentResult, final_answer_tool, out_of_steps
 from platoon.harness.codeact import PROMPT_MODES, CellFunction, CodeActCell, CodeActPromptBuilder
 from platoon.harness.function import harness
 from platoon.hookspecs import PrepareStep
 from platoon_harnesses.codeact.checks import CellChecks, stuck_in_loop
+from platoon_harnesses.codeact.executor import CodeActExecutor
 
 #: the message of an agent ended by loop detection
 STUCK_MESSAGE = "Stuck in a loop, terminating early."
@@ -166,8 +168,6 @@ def _builder_class(ref: Any) -> type[CodeActPromptBuilder]:
     """The builder class an import path (`module:Class`, optionally `python://`) or a class names."""
     target = ref
     if isinstance(ref, str):
-        from platoon.config import resolve_import_string
-
         target = resolve_import_string(ref.removeprefix("python://"))
     if not (isinstance(target, type) and issubclass(target, CodeActPromptBuilder)):
         raise CodeActOptionError(
@@ -217,7 +217,6 @@ async def codeact(ctx: AgentContext) -> AgentResult:
     options = CodeActOptions.parse(ctx.options)
     builder = build_prompt_builder(options)
     # Imported here: the executor brings IPython (on its own thread), which listing harnesses must not pay for.
-    from platoon_harnesses.codeact.executor import CodeActExecutor
 
     tools = await ctx.list_tools()
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.envs.service import SessionNeeds
+from platoon.gateway import GatewayServer, mount_mcp
 from platoon.harness.spec import HarnessSetupError, SpecError, check_options
+from platoon_harnesses import toolchains
 from platoon_harnesses.spec_runner import local, sandboxed
 from platoon_harnesses.spec_runner.launch import (
     DEFAULT_GRACE_S,
@@ -168,8 +170,6 @@ class SpecRollout:
     # ---- servers
 
     def _server(self, **kwargs: Any) -> Any:
-        from platoon.gateway import GatewayServer, mount_mcp
-
         server = GatewayServer(self.gateway, rollouts=[self.rollout.rollout_id], **kwargs)
         mount_mcp(server)
         return server
@@ -234,10 +234,6 @@ class SpecRollout:
     # ---- toolchains
 
     def _toolchains(self) -> Any:
-        try:
-            from platoon_harnesses import toolchains
-        except ImportError as exc:  # pragma: no cover - the module ships with this package
-            raise HarnessSetupError(f"toolchains are not available in this build: {exc}") from exc
         return toolchains
 
     async def _toolchain_path(self) -> Path:

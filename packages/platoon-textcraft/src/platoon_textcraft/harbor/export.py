@@ -23,8 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from platoon_textcraft.harbor import game
-from platoon_textcraft.recipe_loader import TAG_PREFIX, RecipeBook
+from platoon_textcraft.harbor import card, game
+from platoon_textcraft.recipe_loader import DATA_DIR, TAG_PREFIX, RecipeBook, RecipeDatabase
+from platoon_textcraft.synth_recipe_loader import RECIPES_SHA256, load_synth_book, recipes_document
+from platoon_textcraft.synth_tasks import SPLIT_FILES as SYNTH_SPLIT_FILES
+from platoon_textcraft.synth_tasks import load_synth_tasks
+from platoon_textcraft.tasks import SPLIT_FILES as ORIGINAL_SPLIT_FILES
+from platoon_textcraft.tasks import load_tasks
 
 __all__ = ["DEFAULT_REPO_ID", "ExportedTask", "Variant", "export_dataset", "variant"]
 
@@ -58,29 +63,19 @@ class Variant:
 
     def tasks(self, split: str) -> list[dict[str, Any]]:
         if self.synth:
-            from platoon_textcraft.synth_tasks import load_synth_tasks
-
             return load_synth_tasks(split)
-        from platoon_textcraft.tasks import load_tasks
 
         return load_tasks(split)
 
     def book(self) -> RecipeBook:
         if self.synth:
-            from platoon_textcraft.synth_recipe_loader import load_synth_book
-
             return load_synth_book()
-        from platoon_textcraft.recipe_loader import RecipeDatabase
 
         return RecipeDatabase()
 
     def source_files(self) -> dict[str, str]:
         """The shipped task files the export read, by base split."""
-        if self.synth:
-            from platoon_textcraft.synth_tasks import SPLIT_FILES
-        else:
-            from platoon_textcraft.tasks import SPLIT_FILES
-        return dict(SPLIT_FILES)
+        return dict(SYNTH_SPLIT_FILES if self.synth else ORIGINAL_SPLIT_FILES)
 
 
 VARIANTS = {
@@ -425,9 +420,6 @@ def export_dataset(
     depends on time, host or directory order. Raises FileExistsError for an existing `out` without `force`,
     ValueError for unknown splits or a task whose solution cannot be written or does not score 1.
     """
-    from platoon_textcraft.harbor import card
-    from platoon_textcraft.synth_recipe_loader import RECIPES_SHA256, recipes_document
-
     v = VARIANTS.get(variant)
     if v is None:
         raise ValueError(f"unknown variant {variant!r}; one of {list(VARIANTS)}")
@@ -524,6 +516,4 @@ def export_dataset(
 
 
 def _source_sha256(file_name: str) -> str:
-    from platoon_textcraft.recipe_loader import DATA_DIR
-
     return hashlib.sha256((DATA_DIR / file_name).read_bytes()).hexdigest()

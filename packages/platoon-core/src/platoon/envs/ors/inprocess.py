@@ -32,6 +32,7 @@ from platoon.envs.ors import bridge
 from platoon.envs.ors.lease import OrsLease, OrsSession, as_number, error_result
 from platoon.envs.service import EnvSetupError, Outcome, SessionNeeds, ToolResult, ToolSpec
 from platoon.harness.agent import FINAL_ANSWER_META_KEY
+from platoon.registry import resolve_import_string
 from platoon.task import Task
 
 __all__ = ["InProcessOrsService", "InProcessOrsSession", "InvalidCall", "load_env_class"]
@@ -340,8 +341,6 @@ def resolve_callable(value: Any, what: str) -> Callable[[str], str] | None:
     if value is None or callable(value):
         return value
     if isinstance(value, str):
-        from platoon.registry import resolve_import_string
-
         target = resolve_import_string(value)
         if callable(target):
             return target

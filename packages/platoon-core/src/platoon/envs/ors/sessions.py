@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from platoon.config.site import default_cache_root, load_site
+
 __all__ = ["DIR_VARIABLE", "OpenSession", "SessionRegistry", "registry", "session_dir"]
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,6 @@ def session_dir() -> Path:
     given = os.environ.get(DIR_VARIABLE)
     if given:
         return Path(given)
-    from platoon.config.site import default_cache_root, load_site
 
     try:
         profile = load_site()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.gateway.core import AuthenticationFailed, GatewayError
+from platoon.gateway.http import agents, anthropic, openai_chat, responses
 from platoon.gateway.http.common import ClientGone, dumps
 from platoon.harness.agent import CALL_KIND_HEADER, ChatReply, ModelEndpoint
 from platoon.request_limits import (
@@ -429,8 +430,6 @@ class GatewayServer:
         """The ASGI app: a starlette router (no middleware stack: the handlers answer their own errors) inside the
         body cap."""
         from starlette.routing import Mount, Route, Router
-
-        from platoon.gateway.http import agents, anthropic, openai_chat, responses
 
         v1: list[BaseRoute] = [
             Route("/v1/chat/completions", openai_chat.endpoint(self), methods=["POST"]),

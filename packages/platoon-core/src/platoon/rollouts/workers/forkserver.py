@@ -35,8 +35,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from platoon import plugins
+from platoon.envs.ors.inprocess import load_env_class
+from platoon.envs.ors.remote import warm_sdk
 from platoon.rollouts.workers.ipc import PROTOCOL_VERSION
+from platoon.rollouts.workers.response_patch import patch_response_models
 from platoon.rollouts.workers.startup import ExecFailed, exec_child, set_parent_death_signal
+from platoon.rollouts.workers.worker import exit_now, prepared_renderer
 
 __all__ = ["STACK_MODULES", "ForkFailed", "ForkServer", "ForkServerUnavailable", "serve"]
 
@@ -95,9 +100,6 @@ def prepare_stack(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
             importlib.import_module(name)
         except Exception as exc:
             return f"importing {name} failed: {type(exc).__name__}: {exc}", []
-    from platoon import plugins
-    from platoon.rollouts.workers.response_patch import patch_response_models
-    from platoon.rollouts.workers.worker import prepared_renderer
 
     problems: list[str] = []
     if not patch_response_models():
@@ -127,18 +129,12 @@ def prepare_stack(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
 def _warm_service(service: str) -> None:
     """Import what building `service` imports (its factory, and an ORS class with its SDK), but build nothing:
     an instance could start threads, which would stop the server from forking."""
-    from platoon import plugins
-
     scheme = plugins.service_scheme(service)
     if scheme != service:  # a URI
         plugins.get_service(scheme)
         if scheme == "python":
-            from platoon.envs.ors.inprocess import load_env_class
-
             load_env_class(service)
         elif scheme in ("ors+http", "ors+https"):
-            from platoon.envs.ors.remote import warm_sdk
-
             warm_sdk()  # the SDK's client (seconds of imports), once here rather than in every worker
     elif ":" in service:  # module:Class
         plugins.resolve_target(service)
@@ -224,8 +220,6 @@ def _become_worker(
     except BaseException:
         traceback.print_exc()
     finally:
-        from platoon.rollouts.workers.worker import exit_now
-
         exit_now(code)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
+from platoon.rollouts.records import process_start_time
 
 if TYPE_CHECKING:
     from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
@@ -115,8 +116,6 @@ def new_session_dir(scratch: Path) -> Path:
 
     Named `<pid>-<start time>-<hex>` so the stale sweep can tell a live supervisor's dir from a dead one's.
     """
-    from platoon.rollouts.records import process_start_time
-
     pid = os.getpid()
     path = scratch / SESSIONS_DIR / f"{pid}-{process_start_time(pid) or 0}-{secrets.token_hex(4)}"
     path.mkdir(mode=0o700)
@@ -284,8 +283,6 @@ def read_diag(path: Path) -> dict[str, str]:
 
 
 def start_time_of(pid: int) -> int | None:
-    from platoon.rollouts.records import process_start_time
-
     return process_start_time(pid)
 
 

@@ -26,14 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from platoon import rollout_progress
 from platoon.errors import PlatoonError
+from platoon.rollouts.one_rollout import MemberOutcome
 from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.binding import publish_binding
+from platoon.rollouts.workers.forkserver import ForkFailed, ForkServer, ForkServerUnavailable
 from platoon.rollouts.workers.startup import ExecFailed, exec_child, worker_environment
+from platoon.rollouts.workers.worker import EXIT_RSS
 
 if TYPE_CHECKING:
     from platoon.config.training import WorkflowConfig
     from platoon.config_defs import RolloutConfig
-    from platoon.rollouts.one_rollout import MemberOutcome, MemberRequest
-    from platoon.rollouts.workers.forkserver import ForkServer
+    from platoon.rollouts.one_rollout import MemberRequest
 
 __all__ = ["MAX_FORK_SERVERS", "WORKER_MODULE", "RolloutWorkers", "classify_exit", "rollout_budget_seconds"]
 
@@ -87,8 +90,6 @@ def rollout_budget_seconds(
 
 def classify_exit(*, returncode: int | None, phase: str | None, deadline_fired: bool) -> str:
     """The disposition of a worker that left no readable response."""
-    from platoon.rollouts.workers.worker import EXIT_RSS
-
     if returncode == EXIT_RSS or phase == "rss":
         return "rollout_worker_oom"
     if phase in ("startup", "rollout"):
@@ -239,8 +240,6 @@ class RolloutWorkers:
 
     def publish(self, sampler: Any, version: int) -> None:
         """Publish the sampling client workers sample from; the first publication failing is fatal."""
-        from platoon.rollouts.workers.binding import publish_binding
-
         try:
             self._blob = publish_binding(self.binding_path, sampler, version)
         except RuntimeError:
@@ -303,8 +302,6 @@ class RolloutWorkers:
         return env, key
 
     async def _start_server(self) -> ForkServer | None:
-        from platoon.rollouts.workers.forkserver import ForkServer, ForkServerUnavailable
-
         if self.fork_servers_started >= MAX_FORK_SERVERS or self.session is None or self.scratch is None:
             return None
         self.fork_servers_started += 1
@@ -388,8 +385,6 @@ class RolloutWorkers:
         `on_ready` is called once, when the worker is ready or gone. `budget_seconds` overrides the rollout
         budget (`rollout_budget_seconds`) of this member.
         """
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         started = time.monotonic()
         version = self._version
         telemetry = _Telemetry()
@@ -432,8 +427,6 @@ class RolloutWorkers:
         ready: Callable[[], None],
         started: float,
     ) -> MemberOutcome:
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         if self._blob is None or self.session is None:
             raise RuntimeError("RolloutWorkers.start() and publish() come before run()")
         if self._closed:
@@ -509,8 +502,6 @@ class RolloutWorkers:
     async def _launch(
         self, request: MemberRequest, request_id: str, budget: float, worker_dir: Path
     ) -> _Live:
-        from platoon.rollouts.workers.forkserver import ForkFailed
-
         assert self.session is not None and self.scratch is not None and self._blob is not None
         if self._closed:
             raise _LaunchFailed("the rollout workers are closed")
@@ -635,8 +626,6 @@ class RolloutWorkers:
         ready: Callable[[], None],
     ) -> MemberOutcome:
         """Wait for the worker's ready file and its exit under the parent deadline, then classify."""
-        from platoon.rollouts.one_rollout import MemberOutcome
-
         workflow = self.workflow
         launched = time.monotonic()
         startup = workflow.worker_startup_budget_seconds

@@ -24,10 +24,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from platoon import rollout_progress
+from platoon.envs.resolve import resolve_service
+from platoon.gateway.core import ModelGateway
+from platoon.hooks import hooks
+from platoon.renderers.base import get_renderer
+from platoon.renderers.tokenizers import get_tokenizer
+from platoon.rollouts.one_rollout import MemberOutcome, run_member
 from platoon.rollouts.workers import ipc
+from platoon.rollouts.workers.binding import FollowingSampler, load_binding
+from platoon.rollouts.workers.ipc import WorkerRequest
+from platoon.rollouts.workers.response_patch import patch_response_models, response_patch_verified
 from platoon.rollouts.workers.startup import (
     DIAG_ENV,
     STARTUP_BUDGET_ENV,
@@ -36,10 +45,6 @@ from platoon.rollouts.workers.startup import (
     set_parent_death_signal,
 )
 from platoon.sandbox_runs import carry_labels
-
-if TYPE_CHECKING:
-    from platoon.rollouts.workers.binding import FollowingSampler
-    from platoon.rollouts.workers.ipc import WorkerRequest
 
 __all__ = [
     "EXIT_ALARM_FALLBACK",
@@ -78,8 +83,6 @@ def prepared_renderer(model_name: str, renderer_name: str, renderer_kwargs: Mapp
     so forked workers share its tokenizer copy-on-write)."""
     key = renderer_key(model_name, renderer_name, renderer_kwargs)
     if key not in _PREPARED:
-        from platoon.renderers import get_renderer, get_tokenizer
-
         tokenizer = get_tokenizer(model_name)
         _PREPARED[key] = get_renderer(renderer_name, tokenizer, renderer_kwargs=dict(renderer_kwargs) or None)
     return _PREPARED[key]
@@ -206,8 +209,6 @@ class Diag:
 
 
 def _hook_values(name: str) -> dict[str, Any]:
-    from platoon.hooks import hooks
-
     values: dict[str, Any] = {}
     for fn in hooks(name):
         try:
@@ -349,9 +350,6 @@ class Worker:
     # ---- the response ------------------------------------------------------------------------------------
 
     def write_response(self, outcome: Any) -> None:
-        from platoon.rollouts.one_rollout import MemberOutcome
-        from platoon.rollouts.workers.response_patch import response_patch_verified
-
         sampler = self.sampler
         response = ipc.WorkerResponse(
             protocol=ipc.PROTOCOL_VERSION,
@@ -388,11 +386,6 @@ class Worker:
         """Import the stack, build the gateway over the followed client and the entry's service."""
         marks = [("start", time.perf_counter())]
         import tinker  # noqa: F401  (the SDK, before the patch that rebinds its response models)
-
-        from platoon.envs.resolve import resolve_service
-        from platoon.gateway.core import ModelGateway
-        from platoon.rollouts.workers.binding import FollowingSampler, load_binding
-        from platoon.rollouts.workers.response_patch import patch_response_models
 
         if not patch_response_models():
             log.warning("the response-model patch could not be verified: routing ids may be lost")
@@ -437,8 +430,6 @@ class Worker:
         return self.gateway, service
 
     async def run(self) -> int:
-        from platoon.rollouts.one_rollout import MemberOutcome, run_member
-
         loop = asyncio.get_running_loop()
         request = self.request
         member = request.member
@@ -486,8 +477,6 @@ class Worker:
 
 
 def _load_request(path: str) -> WorkerRequest:
-    from platoon.rollouts.workers.ipc import WorkerRequest
-
     try:
         with open(path, "rb") as handle:
             data = handle.read()

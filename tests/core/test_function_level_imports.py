@@ -11,7 +11,6 @@ platoon_textcraft; relative imports count) only when
   imported, so what it imports at module level every submodule pays for);
 - the module it imports pulls in, at its module level (itself or through platoon's own module-level imports), a
   heavy third-party package: ruff's `banned-module-level-imports` (pyproject.toml) and HEAVY_ELSE below.
-`WAIVED` lists the files other work is reshaping now; it can only shrink.
 """
 
 from __future__ import annotations
@@ -35,23 +34,6 @@ HEAVY_ELSE = {
     "numpy": "57 ms",
     "tqdm": "49 ms",
     "jinja2": "44 ms",
-}
-
-#: files (or folders, ending in "/") whose function-level imports wait for work reshaping them now; relative to
-#: packages/. An entry no longer needed fails the test: remove it.
-WAIVED = {
-    "platoon-core/src/platoon/plugins.py": "the plugin registries are being folded into the hooks",
-    "platoon-core/src/platoon/versioned.py": "the plugin registries are being folded into the hooks",
-    "platoon-core/src/platoon/hooks.py": "the plugin registries are being folded into the hooks",
-    "platoon-core/src/platoon/harness/registry.py": "the plugin registries are being folded into the hooks",
-    "platoon-core/src/platoon/programs/registry.py": "the plugin registries are being folded into the hooks",
-    "platoon-core/src/platoon/envs/named.py": "the plugin registries are being folded into the hooks",
-    "platoon-core/src/platoon/startup/": "the run start-up room is being built",
-    "platoon-core/src/platoon/train/": "the run start-up room is being built",
-    "platoon-core/src/platoon/eval/": "the run start-up room is being built",
-    "platoon-harbor/src/platoon_harbor/check.py": "the run start-up room is being built",
-    "platoon-harbor/src/platoon_harbor/prepare.py": "the run start-up room is being built",
-    "platoon-harbor/src/platoon_harbor/service.py": "the run start-up room is being built",
 }
 
 
@@ -191,13 +173,6 @@ class ImportGraph:
         return found
 
 
-def _waiver(path: Path) -> str | None:
-    relative = path.relative_to(PACKAGES).as_posix()
-    return next(
-        (entry for entry in WAIVED if relative == entry or relative.startswith(entry.rstrip("/") + "/")), None
-    )
-
-
 def _listing(found: list[tuple[Source, int, str]]) -> str:
     return "\n".join(
         f"{source.path.relative_to(PACKAGES)}:{line} imports {module}" for source, line, module in found
@@ -205,15 +180,10 @@ def _listing(found: list[tuple[Source, int, str]]) -> str:
 
 
 def test_functions_import_only_heavy_modules_of_platoon():
-    found = [item for item in ImportGraph(_sources()).offenders() if _waiver(item[0].path) is None]
+    found = ImportGraph(_sources()).offenders()
     assert not found, (
         f"move these imports to the top of the module (or into a command body):\n{_listing(found)}"
     )
-
-
-def test_every_waiver_is_still_needed():
-    waived = {_waiver(source.path) for source, _line, _module in ImportGraph(_sources()).offenders()}
-    assert set(WAIVED) <= waived, f"remove from WAIVED, no longer needed: {sorted(set(WAIVED) - waived)}"
 
 
 def test_a_function_importing_a_light_module_is_found():

@@ -6,8 +6,7 @@ when that is a module, else to `a.b` (so a name a package's `__init__` re-export
 the package). Imports under `if TYPE_CHECKING:` are left out: they never run, so they cannot make a circle at run
 time. A circle is a strongly connected component of more than one module.
 
-The target is zero circles. Until then `KNOWN_CYCLES` lists the ones left; the test fails on any circle not on
-it, and on any entry that is no longer a circle, so the list can only shrink.
+There are none, and the tests require none: an import that would close one belongs in a lower module.
 """
 
 from __future__ import annotations
@@ -17,10 +16,6 @@ from pathlib import Path
 
 import pytest
 from source_imports import CORE_SRC, PLUGIN_SRCS, imports, module_name
-
-#: The circles left (platoon-core and the plugin packages), each as its set of modules. Remove an entry when its
-#: circle is broken; never add one.
-KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def import_graph(src: Path, *, extra: dict[str, str] | None = None) -> dict[str, set[str]]:
@@ -92,22 +87,15 @@ def _listing(found: set[frozenset[str]]) -> str:
     return "\n".join(" <-> ".join(sorted(cycle)) for cycle in sorted(found, key=sorted))
 
 
-def test_platoon_core_has_no_new_import_circle():
-    new = cycles(import_graph(CORE_SRC)) - set(KNOWN_CYCLES)
-    assert not new, f"import circles (counting imports inside functions):\n{_listing(new)}"
+def test_platoon_core_has_no_import_circle():
+    found = cycles(import_graph(CORE_SRC))
+    assert not found, f"import circles (counting imports inside functions):\n{_listing(found)}"
 
 
 @pytest.mark.parametrize("src", PLUGIN_SRCS, ids=lambda src: src.parent.name)
-def test_no_plugin_package_has_a_new_import_circle(src: Path):
-    new = cycles(import_graph(src)) - set(KNOWN_CYCLES)
-    assert not new, f"import circles in {src.parent.name}:\n{_listing(new)}"
-
-
-def test_the_known_circles_only_shrink():
-    """An entry of KNOWN_CYCLES that is no longer a circle must be removed (the list may only shrink)."""
-    found = set().union(*(cycles(import_graph(src)) for src in [CORE_SRC, *PLUGIN_SRCS]))
-    gone = set(KNOWN_CYCLES) - found
-    assert not gone, f"these circles are broken: remove them from KNOWN_CYCLES:\n{_listing(gone)}"
+def test_no_plugin_package_has_an_import_circle(src: Path):
+    found = cycles(import_graph(src))
+    assert not found, f"import circles in {src.parent.name}:\n{_listing(found)}"
 
 
 def test_an_import_inside_a_function_that_closes_a_circle_is_found():

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from platoon import registry
+from platoon.config.environments import EnvironmentConfig
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_version, split_ref
 from platoon.versioned import VersionedRegistry
@@ -100,8 +101,6 @@ def _schema_problems(keys: Mapping[str, Any]) -> list[str]:
     """Validate the keys as an `environments` entry; a partial entry may leave out what configs add."""
     # pydantic and the schema load when an entry is built, not when plugins load this module for its record type.
     from pydantic import ValidationError
-
-    from platoon.config.environments import EnvironmentConfig
 
     try:
         EnvironmentConfig.model_validate(dict(keys))

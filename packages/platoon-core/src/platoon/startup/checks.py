@@ -12,7 +12,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from platoon import plugins, registry
+from platoon.config.environments import check_environments_defined, check_mixture
+from platoon.envs.ors.remote import mixture_problems
+from platoon.episode.rollout import Route
 from platoon.errors import ExtensionError
+from platoon.harness.function import FunctionHarness
+from platoon.harness.registry import get_harness
+from platoon.harness.spec import HarnessSpec, option_problems
+from platoon.harness.toolchains import entry_toolchain_root, toolchain_problems
+from platoon.programs.registry import get_program
+from platoon.renderers.base import renderer_names
+from platoon.request_limits import gateway_limit_problems
+from platoon.rollouts.records import writable_dir_problem
+from platoon.sandbox_runs import provider_problems
+from platoon.startup.training_rules import training_problems
 
 #: the workflow and rollouts core provides itself (they arrive with the trainer): nothing to look up
 BUILTIN_WORKFLOWS = frozenset({"group_rollout"})
@@ -25,19 +39,13 @@ def _entries(config: Any) -> list[Any]:
 
 def run_problems(config: Any, *, kind: str) -> list[str]:
     """Mixture rules and, for training, the settings under which no rollout could ever train."""
-    from platoon.config.environments import check_environments_defined, check_mixture
-
     if kind not in ("train", "eval"):
         return []
     entries = _entries(config)
     problems = check_environments_defined(entries) or check_mixture(entries)
     if kind == "train":
-        from platoon.startup.training_rules import training_problems
-
         problems += training_problems(config)  # the gateway's limits among them
     else:
-        from platoon.request_limits import gateway_limit_problems
-
         problems += gateway_limit_problems()
     return problems
 
@@ -46,8 +54,6 @@ def output_problems(config: Any, *, kind: str, site_runs: str | os.PathLike[str]
     """Whether the run could write its records: a training run's `log_path/<experiment>/<trial>`, an evaluation's
     `inference.output_dir` (unset: `<runs>/eval`, the site profile's runs or `./runs`). A file where a directory
     goes, a read-only mount or a full disk is one line, which the run refuses (78) before writing anything."""
-    from platoon.rollouts.records import writable_dir_problem
-
     if kind == "train" and getattr(config, "log_path", None) is not None:
         stats = config.stats
         target = Path(os.path.abspath(config.log_path)) / stats.experiment_name / stats.trial_name
@@ -67,9 +73,6 @@ def output_problems(config: Any, *, kind: str, site_runs: str | os.PathLike[str]
 
 def _references(entry: Any) -> Iterator[tuple[str, str, Callable[[str], Any]]]:
     """(config key, reference, resolver) for every component an entry names."""
-    from platoon import plugins, registry
-    from platoon.harness.registry import get_harness
-    from platoon.programs.registry import get_program
 
     def registered(kind: str) -> Callable[[str], Any]:
         def resolve(ref: str) -> Any:
@@ -120,8 +123,6 @@ def renderer_problems(config: Any) -> list[str]:
     """
     import difflib
 
-    from platoon.renderers import renderer_names
-
     problems = []
     for section in ("train", "inference"):
         name = getattr(getattr(config, section, None), "renderer_name", None)
@@ -143,10 +144,6 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
 
     In a harness mixture every spec is checked against the entry's one mapping, which must suit each of them.
     """
-    from platoon import plugins
-    from platoon.episode.rollout import Route
-    from platoon.harness.spec import HarnessSpec, option_problems
-
     if not isinstance(harness, HarnessSpec):
         return []
     problems = option_problems(harness, entry.harness_options, where=f"{where}.harness_options")
@@ -156,7 +153,6 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
         problems += option_problems(
             harness, {k: merged[k] for k in overrides}, where=f"{where}.eval_overrides.harness_options"
         )
-    from platoon.harness.toolchains import entry_toolchain_root, toolchain_problems
 
     # A run never builds: a toolchain that is not ready stops it here, before any rollout.
     root = entry_toolchain_root(entry)
@@ -171,9 +167,6 @@ def spec_problems(entry: Any, harness: Any, *, where: str, key: str) -> list[str
 def function_option_problems(entry: Any, harness: Any, *, where: str) -> list[str]:
     """A function harness's own check of the entry's `harness_options` (and, for evaluation, of
     `eval_overrides.harness_options` merged over them): what it refuses, a preparation it needs not made."""
-    from platoon.episode.rollout import Route
-    from platoon.harness.function import FunctionHarness
-
     if not isinstance(harness, FunctionHarness) or harness.check_options is None:
         return []
     own = harness.check_options(dict(entry.harness_options))
@@ -212,11 +205,8 @@ def component_problems(config: Any) -> list[str]:
                 problems += function_option_problems(entry, resolved, where=where)
     entries = _entries(config)
     if len(entries) > 1 and any(str(getattr(e, "service", "") or "").startswith("ors+") for e in entries):
-        from platoon.envs.ors.remote import mixture_problems
-
         # remote entries without a variant must not reach one server under two environment names
         problems += mixture_problems(entries)
-    from platoon.sandbox_runs import provider_problems
 
     # a sandbox provider no installed distribution provides (e.g. platoon-sandbox is missing): what to install
     problems += provider_problems(_entries(config))

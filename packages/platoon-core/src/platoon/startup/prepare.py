@@ -16,8 +16,18 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from platoon import hooks, plugins
+from platoon.config.environments import EnvironmentsOnlyConfig
+from platoon.config.loader import load_config
+from platoon.config.messages import validation_problems
+from platoon.config.site import describe_site
 from platoon.errors import ConfigError, ExtensionError, NotPrepared
+from platoon.harness.function import FunctionHarness
+from platoon.harness.registry import get_harness
+from platoon.harness.toolchains import entry_toolchain_root, prepare_toolchain
 from platoon.hookspecs import PrepareStep
+from platoon.renderers.tokenizers import LLAMA3_PREFIX, LLAMA3_TOKENIZER, is_tokenizer_registered
+from platoon.sandbox_runs import site_provider_problem
 
 __all__ = [
     "check_prepared",
@@ -43,10 +53,6 @@ def load_environments(config: str, overrides: Sequence[str]) -> tuple[Any, list[
     """(the loaded file, its validated entries): only `environments` is read and validated; overrides are untyped
     YAML (no schema applies to the rest of the file), and the site profile fills provider gaps, never log_path."""
     from pydantic import ValidationError
-
-    from platoon.config.environments import EnvironmentsOnlyConfig
-    from platoon.config.loader import load_config
-    from platoon.config.messages import validation_problems
 
     loaded = load_config(config, list(overrides), kind="none")
     raw = loaded.data.get("environments")
@@ -75,8 +81,6 @@ def cache_root_of(loaded: Any) -> str | None:
 def _service_seam(seam: str, service: str) -> list[Callable[..., Any]]:
     """The seam's functions once the plugin that declares `service` (by its scheme, in the services group, else
     the command group of that name: platoon-harbor declares `harbor` as both) is loaded."""
-    from platoon import hooks, plugins
-
     scheme = plugins.service_scheme(service)
     for kind in ("service", "command"):
         found = plugins.candidates(kind, scheme)
@@ -151,10 +155,6 @@ def _harness_refs(entry: Any) -> list[str]:
 
 def harness_steps(entry: Any, *, where: str, cache_root: str | None, dry_run: bool) -> Iterable[PrepareStep]:
     """Each harness's steps: a TOML spec's toolchain; what a function harness prepares for the entry's options."""
-    from platoon.harness.function import FunctionHarness
-    from platoon.harness.registry import get_harness
-    from platoon.harness.toolchains import entry_toolchain_root, prepare_toolchain
-
     for ref in _harness_refs(entry):
         try:
             harness = get_harness(ref)
@@ -205,7 +205,6 @@ def tokenizer_step(data: Mapping[str, Any], *, dry_run: bool) -> PrepareStep:
         return PrepareStep("tokenizer", "none", "a hosted model needs no tokenizer here")
     if not model or not renderer:
         return PrepareStep("tokenizer", "none", "no renderer, so no Tinker policy is served")
-    from platoon.renderers.tokenizers import LLAMA3_PREFIX, LLAMA3_TOKENIZER, is_tokenizer_registered
 
     if is_tokenizer_registered(model):
         return PrepareStep("tokenizer", "current", f"{model} (registered with platoon)")
@@ -249,9 +248,6 @@ def run_prepare(
 ) -> int:
     """Prepare what `config` needs; print one line per step (`out`) and the verdict, the site's lines on `err`.
     Returns 0 ready, 1 not ready; configuration errors raise (exit 78)."""
-    from platoon.config.site import describe_site
-    from platoon.sandbox_runs import site_provider_problem
-
     say = err
     loaded, entries = load_environments(config, overrides)
     for line in describe_site(

@@ -10,6 +10,7 @@ import pytest
 import platoon as pt
 from platoon import plugins
 from platoon.cli import main
+from platoon.envs import named
 from platoon.errors import ExtensionError
 
 NOT_IMPORTED = "import sys; print(sorted(m for m in sys.modules if m.startswith('acme')))"
@@ -79,7 +80,7 @@ def test_program_environment_and_reward_processor_load_by_name(with_extensions):
 
     program = get_program("acme-twice")
     assert program.ref == "acme-twice@1" and program.source == "acme_agents.programs:twice"
-    entry = plugins.get_environment("acme-arith")
+    entry = named.get_environment("acme-arith")
     assert entry.ref == "acme-arith@2"
     assert entry.entry() == {"service": "table", "harness": "acme-solver"}
     assert entry.defaults_for("acme-solver@2") == {"temperature": 0.5}

@@ -114,3 +114,41 @@ def test_an_import_only_for_type_checking_makes_no_circle():
     typed = naming + "\n\nif TYPE_CHECKING:\n    from platoon.versioned import VersionedRegistry\n"
     graph = import_graph(CORE_SRC, extra={"platoon.naming": typed})
     assert "platoon.versioned" not in graph["platoon.naming"]
+
+
+def _imports_by_string(tree: ast.AST) -> list[int]:
+    """Lines calling `import_module`/`__import__` with a literal (or f-string) naming one of platoon's modules."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        called = ast.unparse(node.func)
+        if not (called.endswith("import_module") or called == "__import__"):
+            continue
+        first = node.args[0]
+        if isinstance(first, ast.JoinedStr) and first.values and isinstance(first.values[0], ast.Constant):
+            first = first.values[0]
+        if (
+            isinstance(first, ast.Constant)
+            and isinstance(first.value, str)
+            and first.value.startswith("platoon")
+        ):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_module_imports_another_of_platoon_by_a_string():
+    # A string import is an edge the circle check cannot see; an import statement states it.
+    found = [
+        f"{path.relative_to(src)}:{line}"
+        for src in [CORE_SRC, *PLUGIN_SRCS]
+        for path in sorted(src.rglob("*.py"))
+        for line in _imports_by_string(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not found, "import these modules with an import statement:\n" + "\n".join(found)
+
+
+def test_a_string_import_of_a_platoon_module_is_found():
+    assert _imports_by_string(ast.parse('importlib.import_module("platoon.plugins")')) == [1]
+    assert _imports_by_string(ast.parse('importlib.import_module(f"platoon.gateway.http.{name}")')) == [1]
+    assert _imports_by_string(ast.parse("importlib.import_module(module_name)")) == []

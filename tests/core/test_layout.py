@@ -155,6 +155,7 @@ STABLE_PATHS = {
     "platoon.train.tinker.workflows": ["GroupRolloutWorkflow"],
     "platoon.eval.run": ["PlatoonEvalConfig"],
     "platoon.eval.config_defs": ["EvalWorkflowConfig", "HostedConfig", "PricingConfig"],
+    "platoon.envs.named": ["EnvironmentEntry", "get_environment", "environment_record", "REGISTRY"],
     "platoon.testing": ["LocalTinkerServer", "local_tinker_server", "toy_tokenizer", "serve_policy"],
 }
 

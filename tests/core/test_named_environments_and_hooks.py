@@ -9,6 +9,7 @@ import pytest
 
 import platoon as pt
 from platoon import hooks, plugins
+from platoon.envs import named
 from platoon.errors import ExtensionError
 
 
@@ -58,9 +59,9 @@ def test_an_entry_named_by_import_string(monkeypatch):
     module.MAZE = pt.EnvironmentEntry("acme-maze", service="table")
     module.NOT_AN_ENTRY = {"service": "table"}
     monkeypatch.setitem(sys.modules, "acme_envs_for_test", module)
-    assert plugins.get_environment("acme_envs_for_test:MAZE") is module.MAZE
+    assert named.get_environment("acme_envs_for_test:MAZE") is module.MAZE
     with pytest.raises(ExtensionError, match=r"is dict, not a platoon\.EnvironmentEntry"):
-        plugins.get_environment("acme_envs_for_test:NOT_AN_ENTRY")
+        named.get_environment("acme_envs_for_test:NOT_AN_ENTRY")
 
 
 def test_named_hooks_combine_registered_functions_and_plugin_hookimpls(fresh_plugins):

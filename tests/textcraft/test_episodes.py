@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from platoon.plugins import get_environment
+from platoon.envs.named import get_environment
 from platoon.testing.episode import run_episode
 
 SYNTH = "python://platoon_textcraft.env:TextCraftSynthEnvironment"

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from platoon.config import LoadedConfig, load_config, warn_deprecations
+from platoon import plugins
+from platoon.config import LoadedConfig, load_config, loader, warn_deprecations
 from platoon.config.loader import ConfigFileNotFound
 from platoon.deprecations import PlatoonDeprecationWarning
 from platoon.errors import ConfigError, ExtensionError
@@ -296,8 +297,9 @@ def test_service_path_options_come_from_the_service(tmp_path: Path, monkeypatch:
         PathOption("lock", written=True),
         PathOption("splits", relative_to="dataset_dir"),
     )
-    fake = types.SimpleNamespace(get_service_path_options=lambda service: options if service == "svc" else ())
-    monkeypatch.setitem(sys.modules, "platoon.plugins", fake)
+    monkeypatch.setattr(
+        plugins, "get_service_path_options", lambda service: options if service == "svc" else ()
+    )
     write(tmp_path / "cfg" / "data" / "x", "")
     kwargs = {
         "dataset_dir": "data",
@@ -418,9 +420,7 @@ def named_env(monkeypatch: pytest.MonkeyPatch) -> None:
             raise ExtensionError(f"environment {ref!r} is not installed")
         return FakeNamed()
 
-    monkeypatch.setitem(
-        sys.modules, "platoon.plugins", types.SimpleNamespace(get_environment=get_environment)
-    )
+    monkeypatch.setattr(loader, "get_environment", get_environment)
 
 
 def test_named_environment_is_the_lowest_layer(tmp_path: Path, named_env: None) -> None:
@@ -498,12 +498,9 @@ def test_deprecated_service_options_come_from_the_service_class(
     class Service:
         DEPRECATED_KEYS = {"cache": DeprecatedKey("0.3.0", instead="the site profile's cache")}
 
-    fake = types.SimpleNamespace(
-        get_service=lambda name: types.SimpleNamespace(factory=Service if name == "svc" else None),
-        service_scheme=lambda service: service.partition("://")[0],
-        resolve_target=lambda target: target,
+    monkeypatch.setattr(
+        plugins, "get_service", lambda name: types.SimpleNamespace(factory=Service if name == "svc" else None)
     )
-    monkeypatch.setitem(sys.modules, "platoon.plugins", fake)
     entry = {"service": "svc", "service_kwargs": {"cache": "/c", "other": 1}}
     cfg = write(tmp_path / "c.yaml", {**TRAIN, "environments": [entry]})
     (record,) = load_config(cfg, cwd=tmp_path).deprecations
@@ -514,9 +511,11 @@ def test_deprecated_service_options_come_from_the_service_class(
 
 
 def test_importing_the_config_package_stays_light(run_python: Any) -> None:
+    # The loader asks plugins (entry-point metadata) for named environments and services' path options; the
+    # training and evaluation schemas load only when a config of that kind is validated.
     code = (
         "import sys, platoon.config as c; c.load_config; c.apply_overrides; c.describe_site; "
-        "heavy = [m for m in ('platoon.plugins', 'platoon.config.training', 'platoon.eval.config_defs') "
+        "heavy = [m for m in ('platoon.config.training', 'platoon.eval.config_defs') "
         "if m in sys.modules]; print(heavy)"
     )
     result = run_python(code, path=tuple(Path(p) for p in sys.path if p))

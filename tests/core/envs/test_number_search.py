@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import platoon as pt
-from platoon import plugins
+from platoon.envs import named
 from platoon.envs.number_search import REACT_SYSTEM_PROMPT, SERVICE
 from platoon.envs.number_search import env as ns
 from platoon.envs.number_search.prompts import NumberSearchPromptBuilder
@@ -130,10 +130,10 @@ def test_the_prompt_falls_back_without_a_goal():
 
 
 def test_the_named_environment_resolves_through_its_entry_point():
-    entry = plugins.get_environment("platoon-number-search")
+    entry = named.get_environment("platoon-number-search")
     assert isinstance(entry, pt.EnvironmentEntry)
     assert entry.ref == "platoon-number-search@1"
-    assert plugins.get_environment("platoon-number-search@1") is entry
+    assert named.get_environment("platoon-number-search@1") is entry
     assert entry.entry() == {
         "service": "python://platoon.envs.number_search.env:NumberSearchEnvironment",
         "agents": {"max_depth": 0},

@@ -41,7 +41,7 @@ _EXPORTS: dict[str, str] = {
         ["EnvSession", "EnvironmentService", "ForkMode", "Outcome", "SessionNeeds", "ToolResult", "ToolSpec"],
         _SERVICE,
     ),
-    "EnvironmentEntry": "platoon.envs.named",
+    "EnvironmentEntry": "platoon.config.named",
     "EpisodeContext": "platoon.programs.context",
     "EpisodeProgram": "platoon.programs.registry",
     "program": "platoon.programs.registry",
@@ -89,8 +89,8 @@ if TYPE_CHECKING:
 
     from platoon import gym as gym
     from platoon import harness as harness
+    from platoon.config.named import EnvironmentEntry as EnvironmentEntry
     from platoon.deprecations import PlatoonDeprecationWarning as PlatoonDeprecationWarning
-    from platoon.envs.named import EnvironmentEntry as EnvironmentEntry
     from platoon.envs.service import EnvironmentService as EnvironmentService
     from platoon.envs.service import EnvSession as EnvSession
     from platoon.envs.service import ForkMode as ForkMode

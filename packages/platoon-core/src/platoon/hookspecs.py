@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     # The records a registration hook answers with; their modules import this one, so only the type checker
     # reads them here.
-    from platoon.envs.named import EnvironmentEntry
+    from platoon.config.named import EnvironmentEntry
     from platoon.harness.function import FunctionHarness
     from platoon.harness.spec import HarnessSpec
     from platoon.programs.registry import EpisodeProgram
@@ -234,7 +234,7 @@ def platoon_register_environments(
     :param name: the environment's name as a config writes it, without `@version` (`acme-sums`).
     :returns: a `platoon.EnvironmentEntry` called `name`, a list of them (its versions), a module (skipped: the
         0.2.0 shape, still accepted), or None. Each answer is checked and registered as it is
-        (`platoon.envs.named.environment_record`); anything else is an error naming the entry point; an entry
+        (`platoon.config.named.environment_record`); anything else is an error naming the entry point; an entry
         named after another installed environment entry point is skipped (a module shared by several entry points
         may answer them all).
 

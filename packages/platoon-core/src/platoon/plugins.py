@@ -25,9 +25,8 @@ import pluggy
 
 from platoon import hookspecs, registry
 from platoon._version import running_version
-from platoon.envs.named import EnvironmentEntry, environment_record
 from platoon.errors import ExtensionError
-from platoon.naming import is_first_party_distribution, split_ref
+from platoon.naming import is_first_party_distribution
 
 RETIRED_GROUP = "platoon.plugins"
 IGNORE_REQUIREMENTS_VAR = "PLATOON_IGNORE_EXTENSION_REQUIREMENTS"
@@ -475,32 +474,6 @@ def _processor_callable(named: str, answer: Any) -> Any:
             "fn(trajectory_dict) -> (score, components)"
         )
     return fn
-
-
-def get_environment(ref: str) -> EnvironmentEntry:
-    """The named environment `name[@version]` (a `platoon.EnvironmentEntry`), or `module:attr` importing one."""
-    if ":" in ref:
-        value = registry.import_target(ref, what="environment")
-        if not isinstance(value, EnvironmentEntry):
-            raise ExtensionError(
-                f"environment {ref!r} is {type(value).__name__}, not a platoon.EnvironmentEntry"
-            )
-        return value
-    name, wanted = split_ref(ref)
-    others = {i.name for i in entry_points("environment")}
-    for info in candidates("environment", name):
-        source = f"{info.label} ({info.group}: {info.value})"
-        for answer in ask("environment", name, load(info)):
-            environment_record(name, answer, label=info.label, source=source, others=others)
-    if not registry.ENVIRONMENTS.versions(name):
-        raise unknown_name_error(
-            "environment",
-            name,
-            list(registry.ENVIRONMENTS.records()),
-            "provide one with a platoon.EnvironmentEntry in an entry point of the group 'platoon.environments', "
-            "or name it as module:attr",
-        )
-    return registry.ENVIRONMENTS.pick(name, wanted)
 
 
 #: services of first-party distributions installed separately: name -> the distribution that provides it

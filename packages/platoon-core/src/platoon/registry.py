@@ -27,7 +27,7 @@ from platoon.errors import ExtensionError
 from platoon.versioned import VersionedRegistry
 
 if TYPE_CHECKING:
-    from platoon.envs.named import EnvironmentEntry
+    from platoon.config.named import EnvironmentEntry
     from platoon.harness.function import FunctionHarness
     from platoon.harness.spec import HarnessSpec
     from platoon.programs.registry import EpisodeProgram

@@ -329,9 +329,10 @@ def env_show(name: NameArg) -> int:
     import yaml
 
     from platoon import plugins
+    from platoon.config.named import get_environment
 
     try:
-        entry = plugins.get_environment(name)
+        entry = get_environment(name)
     except ExtensionError as exc:
         err(str(exc))
         return EX_CONFIG

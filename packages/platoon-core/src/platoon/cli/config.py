@@ -13,10 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from platoon.cli.output import err, new_app, out
+from platoon.deprecations import deprecation_lines
 from platoon.errors import EX_CONFIG, EX_USAGE, ConfigError
-
-# platoon-harnesses' `platoon toolchain` commands import it from here
-from platoon.startup.preamble import deprecation_lines as deprecation_lines
 
 app = new_app("Show and validate configs as a run resolves them.")
 

@@ -35,10 +35,11 @@ def eval_(
     import sys
 
     from platoon.config import load_config
+    from platoon.deprecations import deprecation_lines
     from platoon.eval.config_defs import PlatoonEvalConfig
     from platoon.eval.policy import PolicySpec, check_policy_key
     from platoon.startup.evaluation_start import start_evaluation, start_report
-    from platoon.startup.preamble import deprecation_lines, start_run
+    from platoon.startup.preamble import start_run
 
     loaded = load_config(config, overrides or [], kind="eval")
     resolved = loaded.config

@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from platoon import plugins, registry
 from platoon.config.messages import bool_number_problems, validation_problems
+from platoon.config.named import get_environment
 from platoon.config.overrides import (
     NUMERIC_TEXT,
     NoneType,
@@ -325,7 +327,6 @@ def is_training_schema(schema: type[BaseModel] | None) -> bool:
 
 def _registry_lookup(name: str) -> Any:
     """A trainer config registered with `platoon.registry.register_trainer_config` (LookupError if none)."""
-    registry = importlib.import_module("platoon.registry")
     found = registry.lookup("trainer_config", name)
     if found is None:
         raise LookupError(f"no trainer_config is registered as {name!r}")
@@ -401,12 +402,9 @@ def _expand_named(data: dict[str, Any], problems: list[str]) -> None:
             continue
         where = f"environments.{index}.env"
         try:
-            named = importlib.import_module("platoon.plugins").get_environment(entry["env"])
+            named = get_environment(entry["env"])
         except ConfigError as exc:  # ExtensionError included
             problems.append(f"{where}: {'; '.join(exc.problems)}")
-            continue
-        except (ImportError, AttributeError) as exc:
-            problems.append(f"{where}: named environments cannot be resolved here ({exc})")
             continue
         expanded = deep_merge(named.entry(), entry)
         harness = expanded.get("harness")
@@ -476,7 +474,6 @@ def _service_deprecations(service: Any) -> Mapping[str, DeprecatedKey]:
     if not isinstance(service, str) or not service:
         return {}
     try:
-        plugins = importlib.import_module("platoon.plugins")
         factory = plugins.get_service(plugins.service_scheme(service)).factory
         if isinstance(factory, str):
             factory = plugins.resolve_target(factory)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from platoon import plugins
+
 TABLE_PATH_OPTIONS: tuple[str, ...] = ("path",)
 
 
@@ -47,11 +49,7 @@ def service_path_options(service: Any) -> tuple[PathOption, ...]:
         return ()
     found: list[Any] = list(TABLE_PATH_OPTIONS) if service == "table" else []
     try:
-        import importlib
-
-        ask = getattr(importlib.import_module("platoon.plugins"), "get_service_path_options", None)
-        if ask is not None:
-            found.extend(ask(service) or ())
+        found.extend(plugins.get_service_path_options(service) or ())
     except Exception:
         # Absent plugin machinery, an unknown service or one failing to import: component resolution reports it.
         pass

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from platoon import plugins
 from platoon.config.strict_yaml import DuplicateKey, StrictSafeLoader
 from platoon.deprecations import DeprecatedKey, deprecation_message
 from platoon.errors import ConfigError
@@ -149,7 +150,6 @@ def _provider_problem(name: str) -> str | None:
                 for part in attr.split("."):
                     cls = getattr(cls, part)
             else:
-                plugins = importlib.import_module("platoon.plugins")
                 runtime = plugins.get_sandbox_runtime(name)
                 cls = getattr(runtime, "provider", runtime)
                 if isinstance(cls, str):

@@ -31,6 +31,7 @@ from platoon.gateway.core import (
     SampleTimeout,
     SamplingFailed,
 )
+from platoon.gateway.http import anthropic, openai_chat, responses
 from platoon.gateway.records import CallRecord
 from platoon.harness.agent import ChatReply
 
@@ -644,16 +645,13 @@ def _admit(gateway: ModelGateway | None, agent: AgentRecord, kind: str) -> None:
 
 def _validate(wire: str, body: dict[str, Any]) -> None:
     """Refuse what training would refuse, with training's message (the HTTP dialects' request parsers)."""
-    module = {"chat": "openai_chat", "responses": "responses", "messages": "anthropic"}.get(wire)
-    if module is None:
-        return
-    try:
-        import importlib
-
-        parser = importlib.import_module(f"platoon.gateway.http.{module}").parse_request
-    except (ImportError, AttributeError):  # the HTTP dialects are not installed: forward unchecked
-        return
-    parser(dict(body))
+    parser = {
+        "chat": openai_chat.parse_request,
+        "responses": responses.parse_request,
+        "messages": anthropic.parse_request,
+    }.get(wire)
+    if parser is not None:
+        parser(dict(body))
 
 
 def _plain_tools(wire: str, tools: Any) -> Any:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from platoon.config.named import EnvironmentEntry
 from platoon.envs.bandit import harness as _harness
-from platoon.envs.named import EnvironmentEntry
 from platoon.hookspecs import hookimpl
 
 __all__ = ["HARNESS", "NAME", "SERVICE", "entry"]

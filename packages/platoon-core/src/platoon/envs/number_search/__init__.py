@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from platoon.envs.named import EnvironmentEntry
+from platoon.config.named import EnvironmentEntry
 from platoon.hookspecs import hookimpl
 
 __all__ = ["NAME", "REACT_SYSTEM_PROMPT", "SERVICE", "entry"]

@@ -8,18 +8,34 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from platoon.errors import ConfigError
-from platoon.renderers.base import RendererError
+from platoon.renderers.base import RendererError, Tokenizer
 from platoon.renderers.tool_parsers import get_parser, make_parser, parser_names
 
-if TYPE_CHECKING:
-    from platoon.renderers.chat_template import ChatTemplateRenderer
-
 log = logging.getLogger(__name__)
+
+
+class TemplateRenderer(Protocol):
+    """What the probe uses of a `ChatTemplateRenderer`, which calls it: typed by this protocol rather than
+    imported, so that this module stays below the renderer even for type checking."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def stop_token_ids(self) -> list[int]: ...
+
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str: ...
+
 
 PROBE_TOOLS: list[dict[str, Any]] = [
     {
@@ -127,7 +143,7 @@ def _assistant(indices: Sequence[int], id_shape: str, variant: str) -> dict[str,
     return message
 
 
-def _render_turn(renderer: ChatTemplateRenderer, prompt: str, indices: Sequence[int]) -> ProbeTurn | None:
+def _render_turn(renderer: TemplateRenderer, prompt: str, indices: Sequence[int]) -> ProbeTurn | None:
     """The turn holding the calls at `indices`, or None when the template refuses every shape of it.
 
     Ids are tried as `functions.<name>:<i>` (Kimi) then `probe<i:04d>` (Mistral's nine alphanumerics); a template
@@ -166,7 +182,7 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
-def build_probe(renderer: ChatTemplateRenderer) -> Probe:
+def build_probe(renderer: TemplateRenderer) -> Probe:
     """Render the probe conversation through the renderer's template."""
     try:
         plain = renderer.render_text(BASE_CONVERSATION, None, add_generation_prompt=True)
@@ -217,7 +233,7 @@ def _canonical(arguments: Any) -> str:
 
 
 def resolve_parser(
-    renderer: ChatTemplateRenderer, setting: str, reasoning_tags: Any = "auto"
+    renderer: TemplateRenderer, setting: str, reasoning_tags: Any = "auto"
 ) -> tuple[Any, dict[str, Any]]:
     """The parser for a `tool_call_parser` setting and its lock.json record (`setting, parser, verified, reason`)."""
 

@@ -201,6 +201,30 @@ class Agent:
             self._api = Subagents(self)
         return self._api
 
+    def new_child(
+        self,
+        record: AgentRecord,
+        *,
+        session: EnvSession,
+        task: Task,
+        harness: FunctionHarness,
+        goal: str,
+        options: Mapping[str, Any],
+        budget: AgentBudget,
+    ) -> Agent:
+        """A child of this agent in its episode, of this agent's class (what `ctx.agents.spawn` runs)."""
+        return type(self)(
+            self.episode,
+            record,
+            session=session,
+            task=task,
+            harness=harness,
+            goal=goal,
+            options=options,
+            budget=budget,
+            parent=self,
+        )
+
     # ---- model calls
 
     async def chat(

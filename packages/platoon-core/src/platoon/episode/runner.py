@@ -9,27 +9,48 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.harness.agent import AgentResult, AgentStatus
 
 if TYPE_CHECKING:
-    from platoon.episode.context import Agent
+    from platoon.gateway.records import AgentRecord
+    from platoon.harness.function import FunctionHarness
 
-__all__ = ["CHILD_GRACE_S", "cancel_children", "run_agent"]
+__all__ = ["CHILD_GRACE_S", "RunnableAgent", "cancel_children", "run_agent"]
 
 #: How long cancelled children get to unwind (release budgets, close forked sessions).
 CHILD_GRACE_S = 10.0
 
 
-def _harness_name(agent: Agent, fn: Any) -> str:
+class RunnableAgent(Protocol):
+    """What running an agent uses of it. `platoon.episode.context.Agent` is the one the product runs; it is typed
+    by this protocol because the context sits above this module (through its subagents), even for type checking."""
+
+    #: set once the run is over: spawns are refused after it
+    finished: bool
+
+    @property
+    def agent_id(self) -> str: ...
+
+    @property
+    def harness(self) -> FunctionHarness | None: ...
+
+    @property
+    def record(self) -> AgentRecord: ...
+
+    @property
+    def children(self) -> set[asyncio.Task[Any]]: ...
+
+
+def _harness_name(agent: RunnableAgent, fn: Any) -> str:
     harness = agent.harness
     if harness is not None:
         return str(harness.ref)
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-async def run_agent(agent: Agent, fn: Any = None, *, timeout: float | None = None) -> AgentResult:
+async def run_agent(agent: RunnableAgent, fn: Any = None, *, timeout: float | None = None) -> AgentResult:
     """Run `fn(agent)` (default: the agent's harness function) and return its result; never raises but for
     cancellation. The result is also stored on the agent's record."""
     if fn is None:
@@ -84,7 +105,7 @@ async def run_agent(agent: Agent, fn: Any = None, *, timeout: float | None = Non
     return result
 
 
-async def _wait_for_children(agent: Agent, deadline: float | None) -> None:
+async def _wait_for_children(agent: RunnableAgent, deadline: float | None) -> None:
     """Wait for children still running, up to `deadline`; cancel the rest there."""
     loop = asyncio.get_running_loop()
     while True:
@@ -100,7 +121,7 @@ async def _wait_for_children(agent: Agent, deadline: float | None) -> None:
         await asyncio.wait(pending, timeout=None if left == math.inf else left)
 
 
-async def cancel_children(agent: Agent, grace: float = CHILD_GRACE_S) -> None:
+async def cancel_children(agent: RunnableAgent, grace: float = CHILD_GRACE_S) -> None:
     """Cancel the agent's running children and give them `grace` seconds to unwind."""
     pending = [task for task in agent.children if not task.done()]
     if not pending:

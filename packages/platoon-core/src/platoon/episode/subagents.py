@@ -9,28 +9,100 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.envs.service import ForkMode, Outcome
 from platoon.episode.access import clamp_access
-from platoon.episode.budget import BudgetError, Reservation
+from platoon.episode.budget import AgentBudget, BudgetError, BudgetTracker, Reservation
 from platoon.episode.outcomes import judge_run
-from platoon.episode.runner import run_agent
+from platoon.episode.runner import RunnableAgent, run_agent
 from platoon.harness.agent import AgentStatus, SubagentResult, ToolAccess
 from platoon.harness.function import FunctionHarness, record_of
 from platoon.harness.registry import get_harness
 from platoon.harness.spec import HarnessSpec, not_a_function_harness
 
 if TYPE_CHECKING:
-    from platoon.episode.context import Agent
+    from platoon.envs.service import EnvSession
+    from platoon.gateway.records import AgentRecord
+    from platoon.task import Task
 
-__all__ = ["SESSION_CLOSE_TIMEOUT_S", "Subagents", "resolve_function_harness", "resolve_harness"]
+__all__ = [
+    "SESSION_CLOSE_TIMEOUT_S",
+    "ParentAgent",
+    "SharedEpisode",
+    "Subagents",
+    "resolve_function_harness",
+    "resolve_harness",
+]
 
 #: How long closing a child's forked session may take before it is abandoned.
 SESSION_CLOSE_TIMEOUT_S = 10.0
 _LIMIT_TEXT = "Subagent did not finish before its step budget was exhausted."
 _FAILED_TEXT = "Subagent failed before finishing."
 _VERIFIER_UNAVAILABLE = "verifier grading is not available in this build yet"
+
+
+class SharedEpisode(Protocol):
+    """What launching a child reads of the episode its agents share (`platoon.episode.context.EpisodeState`)."""
+
+    @property
+    def gateway(self) -> Any: ...
+
+    @property
+    def rollout(self) -> Any: ...
+
+    @property
+    def tracker(self) -> BudgetTracker: ...
+
+    @property
+    def route(self) -> Any: ...
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def judges(self) -> bool: ...
+
+    @property
+    def agents_config(self) -> Any: ...
+
+
+class ParentAgent(RunnableAgent, Protocol):
+    """What launching a child uses of its parent: `platoon.episode.context.Agent`, which sits above this module
+    (it builds its `Subagents`), so it is typed by this protocol rather than imported, even for type checking."""
+
+    #: set by `keep_children()`: children outlive a cancelled spawn call
+    keep: bool
+
+    @property
+    def episode(self) -> SharedEpisode: ...
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def session(self) -> EnvSession: ...
+
+    @property
+    def options(self) -> Mapping[str, Any]: ...
+
+    @property
+    def access(self) -> ToolAccess: ...
+
+    @property
+    def budget(self) -> AgentBudget: ...
+
+    def new_child(
+        self,
+        record: AgentRecord,
+        *,
+        session: EnvSession,
+        task: Task,
+        harness: FunctionHarness,
+        goal: str,
+        options: Mapping[str, Any],
+        budget: AgentBudget,
+    ) -> ParentAgent: ...
 
 
 def resolve_harness(harness: Any) -> FunctionHarness | HarnessSpec:
@@ -74,7 +146,7 @@ class Subagents:
 
     __slots__ = ("_agent",)
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: ParentAgent) -> None:
         self._agent = agent
 
     def keep_children(self) -> None:
@@ -175,7 +247,7 @@ class Subagents:
 
 
 async def _child_life(
-    parent: Agent,
+    parent: ParentAgent,
     *,
     goal: str,
     harness: FunctionHarness,
@@ -217,9 +289,7 @@ async def _child_life(
             raise
         except Exception as exc:  # e.g. the gateway began shutting down while the session forked
             return _launch_failed(goal, f"the model gateway refused a new agent ({exc}).")
-        # A child is an agent of its parent's class: the context module imports this one, not the other way round.
-        child = type(parent)(
-            episode,
+        child = parent.new_child(
             record,
             session=session,
             task=task,
@@ -232,7 +302,6 @@ async def _child_life(
                 steps=lambda: record.policy_calls,
                 parent=parent.budget,
             ),
-            parent=parent,
         )
         # Verifier children grade; they are not delegation, so they never count on the anchor.
         counters = None if role == "verifier" else _anchor_counters(anchor)
@@ -283,7 +352,7 @@ async def _child_life(
             await _close_quietly(session)
 
 
-def _child_grader(child: Agent, session: Any) -> Any:
+def _child_grader(child: ParentAgent, session: Any) -> Any:
     """The grader `agents.child_grading` asks for, or None when the child shares the episode outcome."""
     episode = child.episode
     grading = episode.agents_config.child_grading
@@ -294,7 +363,7 @@ def _child_grader(child: Agent, session: Any) -> Any:
     return None
 
 
-def _verifier_skip_reason(child: Agent) -> str:
+def _verifier_skip_reason(child: ParentAgent) -> str:
     episode = child.episode
     verifier = episode.agents_config.verifier
     if not episode.judges:

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from platoon import Task
 from platoon.envs.gate import EnvBusy, Gate, GateClosed, SessionView, SharedLease
@@ -33,10 +33,6 @@ from platoon.envs.service import (
 from platoon_harbor import grading
 from platoon_harbor.tasks import HarborTask, UnsetVariable, VariableNotPassed, resolve_env
 from platoon_harbor.users import as_user
-
-if TYPE_CHECKING:
-    from platoon_harbor.service import HarborService
-
 
 __all__ = ["TOOL_NAMES", "HarborSession", "cut_middle", "format_bash"]
 
@@ -125,6 +121,59 @@ class ToolError(Exception):
     """A tool's failure, shown to the model as an error result."""
 
 
+# --- what a session needs of its service ------------------------------------------------------------------------
+
+
+# The session module sits below `platoon_harbor.service` (which builds sessions), so it names the service and its
+# options by these protocols rather than importing them; mypy checks `HarborService` against them where
+# `service.py` hands itself to a `LiveSandbox`.
+class SessionOptions(Protocol):
+    """The `HarborOptions` fields a session reads."""
+
+    @property
+    def queue_timeout_s(self) -> float | None: ...
+    @property
+    def close_timeout_s(self) -> float: ...
+    @property
+    def tool_timeout_s(self) -> float: ...
+    @property
+    def concurrent_tools(self) -> frozenset[str]: ...
+    @property
+    def agent_user(self) -> str: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def pass_env(self) -> frozenset[str]: ...
+    @property
+    def verifier_timeout_multiplier(self) -> float: ...
+    @property
+    def reward(self) -> grading.RewardContract: ...
+    @property
+    def verifier_classifiers(self) -> tuple[grading.Classifier, ...]: ...
+    @property
+    def max_artifact_bytes(self) -> int: ...
+
+
+class SessionService(Protocol):
+    """What a session asks of the `HarborService` that opened it: its options, timeouts, verifier and forks."""
+
+    @property
+    def options(self) -> SessionOptions: ...
+    def agent_timeout_for(self, task: HarborTask) -> float | None: ...
+    def grades_separately(self, task: HarborTask) -> bool: ...
+    def verifier_timeout_s(self, task: HarborTask) -> float: ...
+    async def start_verifier(self, spec: Any) -> Any: ...
+    async def open(
+        self,
+        task: Task,
+        *,
+        rollout_id: str,
+        needs: SessionNeeds | None = None,
+        view_task: Task | None = None,
+    ) -> HarborSession: ...
+    async def open_copy(self, session: HarborSession, child_task: Task) -> HarborSession: ...
+
+
 # --- the live sandbox -------------------------------------------------------------------------------------------
 
 
@@ -150,7 +199,7 @@ class OpenedSandbox:
 class LiveSandbox(SharedLease):
     """One started sandbox with its gate and its reference count."""
 
-    def __init__(self, service: HarborService, opened: OpenedSandbox) -> None:
+    def __init__(self, service: SessionService, opened: OpenedSandbox) -> None:
         super().__init__(
             Gate(queue_timeout_s=service.options.queue_timeout_s, name=opened.label), opened.label
         )

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from platoon_textcraft.harbor.export import ExportedTask, Variant
+    from platoon_textcraft.harbor.variants import ExportedTask, Variant
 
 DIFFICULTY_ORDER = ("easy", "medium", "hard", "extreme")
 

@@ -19,17 +19,16 @@ import shlex
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from platoon_textcraft.harbor import card, game
-from platoon_textcraft.recipe_loader import DATA_DIR, TAG_PREFIX, RecipeBook, RecipeDatabase
-from platoon_textcraft.synth_recipe_loader import RECIPES_SHA256, load_synth_book, recipes_document
-from platoon_textcraft.synth_tasks import SPLIT_FILES as SYNTH_SPLIT_FILES
-from platoon_textcraft.synth_tasks import load_synth_tasks
-from platoon_textcraft.tasks import SPLIT_FILES as ORIGINAL_SPLIT_FILES
-from platoon_textcraft.tasks import load_tasks
+
+# Variant, VARIANTS, variant() and ExportedTask live in `variants` (which the card imports too); their names here
+# are kept for the callers that import them from `export`.
+from platoon_textcraft.harbor.variants import VARIANTS, ExportedTask, Variant, variant
+from platoon_textcraft.recipe_loader import DATA_DIR, TAG_PREFIX, RecipeBook
+from platoon_textcraft.synth_recipe_loader import RECIPES_SHA256, recipes_document
 
 __all__ = ["DEFAULT_REPO_ID", "ExportedTask", "Variant", "export_dataset", "variant"]
 
@@ -48,62 +47,6 @@ IMAGE_RUN = (
 LINK_MIN_BYTES = 4096
 KEYWORDS = ["textcraft", "textcraft-synth", "crafting", "planning"]
 DIFFICULTY_ORDER = ("easy", "medium", "hard", "extreme")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One world to export: its names, environment, tasks and recipes."""
-
-    key: str  # synth | original
-    world: str  # the task-name prefix and recipes name
-    title: str
-    environment: str
-    splits: tuple[str, ...]
-    synth: bool
-
-    def tasks(self, split: str) -> list[dict[str, Any]]:
-        if self.synth:
-            return load_synth_tasks(split)
-
-        return load_tasks(split)
-
-    def book(self) -> RecipeBook:
-        if self.synth:
-            return load_synth_book()
-
-        return RecipeDatabase()
-
-    def source_files(self) -> dict[str, str]:
-        """The shipped task files the export read, by base split."""
-        return dict(SYNTH_SPLIT_FILES if self.synth else ORIGINAL_SPLIT_FILES)
-
-
-VARIANTS = {
-    "synth": Variant(
-        "synth", "textcraft-synth", "TextCraft-Synth", "textcraft-synth@1", ("train", "val"), True
-    ),
-    "original": Variant("original", "textcraft", "TextCraft", "textcraft@1", ("train", "val"), False),
-}
-
-
-def variant(name: str) -> Variant:
-    if name not in VARIANTS:
-        raise ValueError(f"unknown variant {name!r}; one of {list(VARIANTS)}")
-    return VARIANTS[name]
-
-
-@dataclass(frozen=True)
-class ExportedTask:
-    """One exported task: its Harbor name, directory (relative to the dataset root), index fields and digest."""
-
-    name: str
-    path: str
-    split: str
-    index: int
-    difficulty: str | None
-    digest: str
-    crafts: int
-    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------ writing

@@ -34,21 +34,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+# The records hooks answer with live in a low module that imports no hookspec, so the modules that build them
+# (`harness.function` needs `PrepareStep`) stay below this one; they are re-exported here, where plugins import them.
+from platoon.plugin_records import CommandGroup as CommandGroup
+from platoon.plugin_records import PrepareStep as PrepareStep
+from platoon.plugin_records import RewardProcessor as RewardProcessor
+from platoon.plugin_records import SandboxRuntime as SandboxRuntime
+from platoon.plugin_records import ServiceFactory as ServiceFactory
+from platoon.plugin_records import SpecRunner as SpecRunner
+
 if TYPE_CHECKING:
     from typer import Typer
 
-    # The records a registration hook answers with; their modules import this one, so only the type checker
-    # reads them here.
-    from platoon.config.named import EnvironmentEntry
+    # The versioned records a registration hook answers with, each from its low record module.
+    from platoon.config.environment_entry import EnvironmentEntry
     from platoon.harness.function import FunctionHarness
     from platoon.harness.spec import HarnessSpec
-    from platoon.programs.registry import EpisodeProgram
+    from platoon.programs.record import EpisodeProgram
 
 hookspec = pluggy.HookspecMarker("platoon")
 hookimpl = pluggy.HookimplMarker("platoon")
@@ -79,63 +86,6 @@ REGISTRATION_HOOKS: dict[str, str] = {
 
 #: the spec runner core asks for when a TOML spec harness runs (platoon-harnesses provides it)
 SPEC_RUNNER_NAME = "platoon-spec-runner"
-
-
-@dataclass(frozen=True)
-class CommandGroup:
-    """A command group mounted as `platoon <name> ...`.
-
-    `app` is a `typer.Typer` or an import string `module:attr` naming one; the string form keeps the group's
-    module unimported until the group runs.
-    """
-
-    name: str
-    summary: str
-    app: Any
-
-
-@dataclass(frozen=True)
-class ServiceFactory:
-    """An environment service for a name (`harbor`, `table`) or a URI scheme (`python`, `ors+http`).
-
-    `factory` is a callable or an import string `module:attr`; it is called with the entry's `service_kwargs`
-    (and, for a URI scheme, the URI) to build the service when a rollout needs it.
-    """
-
-    name: str
-    summary: str
-    factory: Callable[..., Any] | str
-
-
-@dataclass(frozen=True)
-class SandboxRuntime:
-    """A sandbox provider class, named as Harbor's `service_kwargs.provider` names it."""
-
-    name: str
-    summary: str
-    provider: type | str
-
-
-@dataclass(frozen=True)
-class RewardProcessor:
-    """A reward processor: `fn(trajectory_dict) -> (score, components)`, named by `environments[].reward_processor`."""
-
-    name: str
-    summary: str
-    fn: Callable[[Mapping[str, Any]], tuple[float, Mapping[str, float]]] | str
-
-
-@dataclass(frozen=True)
-class SpecRunner:
-    """The runner of TOML spec harnesses: what launches a command-line agent a spec describes.
-
-    `runner` is a class or an import string `module:attr` naming one; core instantiates it (without arguments)
-    once per process, the first time a spec runs, and keeps the instance (installs are cached per runner).
-    """
-
-    name: str
-    summary: str
-    runner: type | str
 
 
 # Registration hooks: one per kind, `platoon_register_<plural>(name)`. A plugin module is registered with the
@@ -520,16 +470,6 @@ def platoon_trajectory_message_completion_ids(steps: list[Any]) -> set[str] | No
 
     .. versionadded:: 0.2.0
     """
-
-
-@dataclass(frozen=True)
-class PrepareStep:
-    """One step of `platoon prepare` a plugin performed: `status` is `current`, `done`, `missing` (a dry run would
-    make it), `failed` or `none`; `detail` is the rest of the printed line."""
-
-    step: str
-    status: str
-    detail: str
 
 
 # The toolchain seams. Core asks them for the TOML specs a config names; the plugin that provides the `platoon

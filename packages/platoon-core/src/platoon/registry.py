@@ -13,7 +13,7 @@ lookup modules above it) and import strings. Each kind has one store, so it has 
 - the functions registered for the seams: `add_seam` and `seam_functions`.
 
 `resolve_import_string` turns `module:attr.attr` (or the legacy dotted `module.attr`) into the object. This module
-sits low: it imports no record type at run time and never `platoon.plugins`, which loads entry points and fills it.
+sits low: it imports no record type (not even for the type checker) and never `platoon.plugins`, which loads entry points and fills it.
 """
 
 from __future__ import annotations
@@ -21,16 +21,10 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from platoon.errors import ExtensionError
 from platoon.versioned import VersionedRegistry
-
-if TYPE_CHECKING:
-    from platoon.config.named import EnvironmentEntry
-    from platoon.harness.function import FunctionHarness
-    from platoon.harness.spec import HarnessSpec
-    from platoon.programs.registry import EpisodeProgram
 
 __all__ = [
     "ENVIRONMENTS",
@@ -62,14 +56,17 @@ KINDS: tuple[str, ...] = (
 _registries: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _lock = threading.Lock()
 
+# The versioned stores hold their records untyped here: the record modules import this one, so each names its
+# store's record type where it takes it (`REGISTRY` in `platoon.harness.function`, `platoon.programs.registry`,
+# `platoon.config.named`, `SPECS` in `platoon.harness.spec`), and code reads the stores through those.
 #: function harnesses registered in this process (`@platoon.harness`, an entry point's module, a test)
-HARNESSES: VersionedRegistry[FunctionHarness] = VersionedRegistry("harness")
+HARNESSES: VersionedRegistry[Any] = VersionedRegistry("harness")
 #: TOML specs that entry points gave (a spec path a config names directly is not here)
-HARNESS_SPECS: VersionedRegistry[HarnessSpec] = VersionedRegistry("harness")
+HARNESS_SPECS: VersionedRegistry[Any] = VersionedRegistry("harness")
 #: episode programs (`@platoon.program`, an entry point's module)
-PROGRAMS: VersionedRegistry[EpisodeProgram] = VersionedRegistry("program")
+PROGRAMS: VersionedRegistry[Any] = VersionedRegistry("program")
 #: named environments that entry points gave
-ENVIRONMENTS: VersionedRegistry[EnvironmentEntry] = VersionedRegistry("environment")
+ENVIRONMENTS: VersionedRegistry[Any] = VersionedRegistry("environment")
 _VERSIONED: tuple[VersionedRegistry[Any], ...] = (HARNESSES, HARNESS_SPECS, PROGRAMS, ENVIRONMENTS)
 
 #: what plugins answered for kinds named without versions: (kind, name) -> record

@@ -7,110 +7,16 @@ are kept in the one registry's store, and `get_environment` looks them up.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping
 from typing import Any
 
 from platoon import plugins, registry
-from platoon.config.environments import EnvironmentConfig
+
+# The record lives in a low module that the hookspecs can type against; it stays importable from here.
+from platoon.config.environment_entry import FORBIDDEN_KEYS as FORBIDDEN_KEYS
+from platoon.config.environment_entry import EnvironmentEntry
 from platoon.errors import ExtensionError
-from platoon.naming import check_name, check_version, split_ref
+from platoon.naming import split_ref
 from platoon.versioned import VersionedRegistry
-
-#: keys a named environment may not set: they belong to the config that uses it
-FORBIDDEN_KEYS = (
-    "env",
-    "name",
-    "weight",
-    "harness_options",
-    "exclude_tasks",
-    "trainer_config",
-    "workflow",
-    "workflow_kwargs",
-    "eval_workflow_kwargs",
-)
-
-
-class EnvironmentEntry:
-    """A named, versioned, partial `environments` entry, validated against the entry schema when built."""
-
-    def __init__(
-        self,
-        name: str,
-        /,
-        version: str = "1",
-        *,
-        description: str = "",
-        harness_defaults: Mapping[str, Mapping[str, Any]] | None = None,
-        **keys: Any,
-    ) -> None:
-        check_name(name, what="environment name")
-        check_version(version)
-        problems = [f"{key}: a named environment cannot set it" for key in FORBIDDEN_KEYS if key in keys]
-        overrides = keys.get("eval_overrides")
-        if isinstance(overrides, Mapping) and "harness_options" in overrides:
-            problems.append("eval_overrides.harness_options: a named environment cannot set it")
-        defaults: dict[str, dict[str, Any]] = {}
-        for harness, options in (harness_defaults or {}).items():
-            try:
-                check_name(harness, what="harness_defaults key")
-            except ValueError as exc:
-                problems.append(str(exc))
-            if not isinstance(options, Mapping):
-                problems.append(f"harness_defaults.{harness}: expected a mapping of options, got {options!r}")
-            else:
-                defaults[harness] = dict(options)
-        if not problems:
-            problems = _schema_problems(keys)
-        if problems:
-            raise ValueError(f"environment {name}@{version} is not a valid entry: " + "; ".join(problems))
-        self.name = name
-        self.version = version
-        self.description = description
-        self.harness_defaults = defaults
-        self._keys = copy.deepcopy(dict(keys))
-        self.source: str | None = None
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}@{self.version}"
-
-    def entry(self) -> dict[str, Any]:
-        """A fresh deep copy of the entry's keys."""
-        return copy.deepcopy(self._keys)
-
-    def defaults_for(self, harness: Any) -> dict[str, Any]:
-        """The option defaults for the entry's chosen harness (by name; `.toml` and `module:fn` refs match none)."""
-        if isinstance(harness, Mapping):
-            named = [h for h in harness if split_ref(str(h))[0] in self.harness_defaults]
-            if named:
-                raise ValueError(
-                    f"environment {self.ref} has harness_defaults for {', '.join(named)}, which a harness mixture "
-                    "cannot apply: set harness_options in the entry"
-                )
-            return {}
-        if not isinstance(harness, str) or harness.endswith(".toml") or ":" in harness:
-            return {}
-        return copy.deepcopy(self.harness_defaults.get(split_ref(harness)[0], {}))
-
-    def __repr__(self) -> str:
-        return f"EnvironmentEntry({self.ref!r})"
-
-
-def _schema_problems(keys: Mapping[str, Any]) -> list[str]:
-    """Validate the keys as an `environments` entry; a partial entry may leave out what configs add."""
-    # pydantic and the schema load when an entry is built, not when plugins load this module for its record type.
-    from pydantic import ValidationError
-
-    try:
-        EnvironmentConfig.model_validate(dict(keys))
-    except ValidationError as exc:
-        return [
-            f"{'.'.join(str(p) for p in err['loc']) or 'entry'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        ]
-    return []
-
 
 #: the one registry's store of named environments
 REGISTRY: VersionedRegistry[EnvironmentEntry] = registry.ENVIRONMENTS
@@ -160,12 +66,12 @@ def get_environment(ref: str) -> EnvironmentEntry:
         source = f"{info.label} ({info.group}: {info.value})"
         for answer in plugins.ask("environment", name, plugins.load(info)):
             environment_record(name, answer, label=info.label, source=source, others=others)
-    if not registry.ENVIRONMENTS.versions(name):
+    if not REGISTRY.versions(name):
         raise plugins.unknown_name_error(
             "environment",
             name,
-            list(registry.ENVIRONMENTS.records()),
+            list(REGISTRY.records()),
             "provide one with a platoon.EnvironmentEntry in an entry point of the group 'platoon.environments', "
             "or name it as module:attr",
         )
-    return registry.ENVIRONMENTS.pick(name, wanted)
+    return REGISTRY.pick(name, wanted)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from platoon import registry
-from platoon.hookspecs import PrepareStep
 from platoon.naming import check_name, check_not_reserved, check_version
+from platoon.plugin_records import PrepareStep
 from platoon.versioned import VersionedRegistry
 
 #: the attribute that ties a decorated function to its record

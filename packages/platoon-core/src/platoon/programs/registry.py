@@ -8,38 +8,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from platoon import plugins, registry
 from platoon.errors import ExtensionError
 from platoon.naming import check_name, check_not_reserved, check_version, split_ref
+
+# The record lives in a low module that the hookspecs can type against; it stays importable from here.
+from platoon.programs.record import EpisodeProgram
 from platoon.registry import import_target
 from platoon.versioned import VersionedRegistry
 
 PROGRAM_ATTR = "__platoon_program__"
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class EpisodeProgram:
-    """A registered episode program; `version` is "" for an undecorated callable named by `module:attr`."""
-
-    name: str
-    version: str
-    fn: Callable[..., Any]
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}@{self.version}" if self.version else self.name
-
-    @property
-    def source(self) -> str:
-        return f"{self.fn.__module__}:{self.fn.__qualname__}"
-
-    @property
-    def doc(self) -> str:
-        return inspect.getdoc(self.fn) or ""
 
 
 #: the one registry's store of programs

@@ -1,11 +1,12 @@
-"""No import circles inside a package, counting the imports inside functions too (docs/architecture.md).
+"""No import circles inside a package, counting every import: inside functions and for the type checker too
+(docs/architecture.md).
 
-The graph is read from the source: every `import` and `from ... import` statement, at module level or inside a
-function, is an edge from the module that holds it to the module it names. `from a.b import c` goes to `a.b.c`
-when that is a module, else to `a.b` (so a name a package's `__init__` re-exports, lazily or not, is an edge to
-the package). Imports under `if TYPE_CHECKING:` are left out: they never run, so they cannot make a circle at run
-time; the registry, the hookspecs and the record modules are held to no circle with them counted too. A circle is
-a strongly connected component of more than one module.
+The graph is read from the source: every `import` and `from ... import` statement, at module level, inside a
+function or under `if TYPE_CHECKING:`, is an edge from the module that holds it to the module it names.
+`from a.b import c` goes to `a.b.c` when that is a module, else to `a.b` (so a name a package's `__init__`
+re-exports, lazily or not, is an edge to the package). An import only the type checker reads never runs, but a
+circle of them still ties two modules together for a reader: a lower module types what it uses of a higher one by
+a protocol instead. A circle is a strongly connected component of more than one module.
 
 There are none, and the tests require none: an import that would close one belongs in a lower module.
 """
@@ -19,13 +20,11 @@ import pytest
 from source_imports import CORE_SRC, PLUGIN_SRCS, imports, module_name
 
 
-def import_graph(
-    src: Path, *, extra: dict[str, str] | None = None, type_checking: bool = False
-) -> dict[str, set[str]]:
-    """module -> the modules of the same source tree it imports (module level and inside functions).
+def import_graph(src: Path, *, extra: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """module -> the modules of the same source tree it imports (module level, inside functions, for the type
+    checker).
 
-    `extra` maps a module name to source text that stands in for its file (for the test that the check can fail);
-    `type_checking` keeps the imports under `if TYPE_CHECKING:` as edges too.
+    `extra` maps a module name to source text that stands in for its file (for the tests that the check can fail).
     """
     sources = {module_name(path, src): path.read_text(encoding="utf-8") for path in sorted(src.rglob("*.py"))}
     sources.update(extra or {})
@@ -34,8 +33,6 @@ def import_graph(
     for module, text in sources.items():
         targets: set[str] = set()
         for found in imports(ast.parse(text), module, is_package=module in packages):
-            if found.type_checking and not type_checking:
-                continue
             if not found.names:
                 targets.add(found.target)
             for name in found.names:
@@ -93,7 +90,9 @@ def _listing(found: set[frozenset[str]]) -> str:
 
 def test_platoon_core_has_no_import_circle():
     found = cycles(import_graph(CORE_SRC))
-    assert not found, f"import circles (counting imports inside functions):\n{_listing(found)}"
+    assert not found, (
+        f"import circles (counting imports inside functions and for the type checker):\n{_listing(found)}"
+    )
 
 
 @pytest.mark.parametrize("src", PLUGIN_SRCS, ids=lambda src: src.parent.name)
@@ -113,44 +112,23 @@ def test_an_import_inside_a_function_that_closes_a_circle_is_found():
     assert frozenset({"platoon.naming", "platoon.versioned"}) not in cycles(import_graph(CORE_SRC))
 
 
-def test_an_import_only_for_type_checking_makes_no_circle():
-    naming = (CORE_SRC / "platoon" / "naming.py").read_text(encoding="utf-8")
-    typed = naming + "\n\nif TYPE_CHECKING:\n    from platoon.versioned import VersionedRegistry\n"
-    graph = import_graph(CORE_SRC, extra={"platoon.naming": typed})
-    assert "platoon.versioned" not in graph["platoon.naming"]
-
-
-#: the registry, the hookspecs and the modules of the records they name: their type hints follow the run-time layers
-REGISTRY_AND_RECORDS = (
-    "platoon.registry",
-    "platoon.hookspecs",
-    "platoon.plugins",
-    "platoon.plugin_records",
-    "platoon.harness.function",
-    "platoon.harness.spec",
-    "platoon.programs.record",
-    "platoon.programs.registry",
-    "platoon.config.environment_entry",
-    "platoon.config.named",
-)
-
-
-def test_the_registry_and_the_hookspecs_make_no_circle_even_for_the_type_checker():
-    found = {
-        cycle
-        for cycle in cycles(import_graph(CORE_SRC, type_checking=True))
-        if cycle & set(REGISTRY_AND_RECORDS)
-    }
-    assert not found, f"import circles (counting imports for type checking):\n{_listing(found)}"
-
-
-def test_a_record_type_the_registry_imports_for_type_checking_closes_a_circle():
+def test_an_import_only_for_the_type_checker_that_closes_a_circle_is_found():
     # The registry types its stores without importing the record modules, which import it; an import for the type
     # checker alone is still an edge this check counts.
     registry = (CORE_SRC / "platoon" / "registry.py").read_text(encoding="utf-8")
     typed = registry + "\n\nif TYPE_CHECKING:\n    from platoon.harness.function import FunctionHarness\n"
-    graph = import_graph(CORE_SRC, extra={"platoon.registry": typed}, type_checking=True)
+    graph = import_graph(CORE_SRC, extra={"platoon.registry": typed})
     assert frozenset({"platoon.registry", "platoon.harness.function"}) in cycles(graph)
+
+
+def test_a_plugin_module_typing_its_caller_closes_a_circle():
+    # platoon-harbor's service imports its session at run time; the session importing the service back, even only
+    # for mypy, closes a circle (the session names its service by a protocol instead).
+    harbor = next(src for src in PLUGIN_SRCS if src.parent.name == "platoon-harbor")
+    session = (harbor / "platoon_harbor" / "session.py").read_text(encoding="utf-8")
+    typed = session + "\n\nif TYPE_CHECKING:\n    from platoon_harbor.service import HarborService\n"
+    graph = import_graph(harbor, extra={"platoon_harbor.session": typed})
+    assert frozenset({"platoon_harbor.service", "platoon_harbor.session"}) in cycles(graph)
 
 
 def _imports_by_string(tree: ast.AST) -> list[int]:

@@ -16,13 +16,13 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from platoon.gateway.http.server import GatewayServer
+    from platoon.gateway.http.common import DialectServer
     from platoon.gateway.records import AgentRecord
 
 __all__ = ["health_endpoint", "mint_endpoint", "models_endpoint"]
 
 
-def health_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def health_endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """`GET /healthz` (no auth): `{"status": "ok", "model": <model>}`."""
     body = {"status": "ok", "model": server.gateway.model_name}
 
@@ -32,7 +32,7 @@ def health_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Resp
     return healthz
 
 
-def models_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def models_endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """`GET /v1/models` (authenticated): the one served model."""
     body = {
         "object": "list",
@@ -46,7 +46,7 @@ def models_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Resp
     return handle_errors(server, models)
 
 
-def mint_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def mint_endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """`POST /v1/platoon/agents` `{role, goal?}` -> 201 `{agent_id, api_key, base_url}`: a child of the caller."""
 
     async def mint(request: Request, seen: list[AgentRecord | None]) -> Response:

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import CALL_ID_PREFIX, ContextWindowExceeded, GatewayError
 from platoon.gateway.http.checks import invalid, optional_string, string, text_parts
-from platoon.gateway.http.common import dumps
+from platoon.gateway.http.common import DialectServer, dumps
 from platoon.gateway.http.openai_chat import handle_errors
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from platoon.gateway.http.server import GatewayServer
     from platoon.gateway.records import AgentRecord
     from platoon.harness.agent import ChatReply
 
@@ -48,7 +47,7 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _error_response(server: GatewayServer, exc: GatewayError) -> Response:
+def _error_response(server: DialectServer, exc: GatewayError) -> Response:
     return server.json(error_body(exc), status=exc.status)
 
 
@@ -240,7 +239,7 @@ def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
     return blocks
 
 
-def message(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> dict[str, Any]:
+def message(server: DialectServer, agent: AgentRecord, reply: ChatReply) -> dict[str, Any]:
     prompt, completion = server.usage(agent, reply.call_id)
     return {
         "id": _message_id(reply.call_id),
@@ -258,7 +257,7 @@ def _event(kind: str, **fields: Any) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + dumps({"type": kind, **fields}) + b"\n\n"
 
 
-def events(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> Iterator[bytes]:
+def events(server: DialectServer, agent: AgentRecord, reply: ChatReply) -> Iterator[bytes]:
     """`message_start`, per block start/delta/stop, `message_delta`, `message_stop`."""
     final = message(server, agent, reply)
     usage = final["usage"]
@@ -309,7 +308,7 @@ def _failure(exc: BaseException) -> bytes:
     return _event("error", error=error_body(exc)["error"])
 
 
-def endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """The `/v1/messages` handler bound to `server`."""
 
     async def messages(request: Request, seen: list[AgentRecord | None]) -> Response:
@@ -332,7 +331,7 @@ def endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
     return handle_errors(server, messages, _error_response)
 
 
-def count_tokens_endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def count_tokens_endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """`/v1/messages/count_tokens`: renders the request and answers `{"input_tokens": prompt_len}`."""
 
     async def count_tokens(request: Request, seen: list[AgentRecord | None]) -> Response:

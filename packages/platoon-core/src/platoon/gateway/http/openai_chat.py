@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import GatewayError
 from platoon.gateway.http.checks import check_chat_messages, invalid, optional_string
-from platoon.gateway.http.common import ClientGone, dumps
+from platoon.gateway.http.common import ClientGone, DialectServer, dumps
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from platoon.gateway.http.server import GatewayServer
     from platoon.gateway.records import AgentRecord
     from platoon.harness.agent import ChatReply
 
@@ -35,14 +34,14 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
 
 
-def error_response(server: GatewayServer, exc: GatewayError) -> Response:
+def error_response(server: DialectServer, exc: GatewayError) -> Response:
     return server.json(error_body(exc), status=exc.status)
 
 
 def handle_errors(
-    server: GatewayServer,
+    server: DialectServer,
     handler: Callable[[Request, list[AgentRecord | None]], Awaitable[Response]],
-    render: Callable[[GatewayServer, GatewayError], Response] = error_response,
+    render: Callable[[DialectServer, GatewayError], Response] = error_response,
 ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: gateway errors answered in the dialect's shape (`render`), a disconnect with nothing,
     anything else logged and answered as a server error counted on the calling agent (the handler fills `seen`)."""
@@ -132,7 +131,7 @@ def parse_request(
     return messages, tools, sampling
 
 
-def _logprobs(server: GatewayServer, agent: AgentRecord, call_id: str) -> dict[str, Any] | None:
+def _logprobs(server: DialectServer, agent: AgentRecord, call_id: str) -> dict[str, Any] | None:
     interaction = server.interaction(agent, call_id)
     if interaction is None:
         return {"content": []}
@@ -160,13 +159,13 @@ def _message(reply: ChatReply) -> dict[str, Any]:
     return message
 
 
-def _usage(server: GatewayServer, agent: AgentRecord, call_id: str) -> dict[str, int]:
+def _usage(server: DialectServer, agent: AgentRecord, call_id: str) -> dict[str, int]:
     prompt, completion = server.usage(agent, call_id)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def completion(
-    server: GatewayServer, agent: AgentRecord, reply: ChatReply, *, logprobs: bool
+    server: DialectServer, agent: AgentRecord, reply: ChatReply, *, logprobs: bool
 ) -> dict[str, Any]:
     """The `chat.completion` object of a reply (`id` = the call id)."""
     return {
@@ -187,7 +186,7 @@ def completion(
 
 
 def chunks(
-    server: GatewayServer, agent: AgentRecord, reply: ChatReply, *, logprobs: bool, include_usage: bool
+    server: DialectServer, agent: AgentRecord, reply: ChatReply, *, logprobs: bool, include_usage: bool
 ) -> Iterator[bytes]:
     """The stream of a reply: role, reasoning, content, one chunk per tool call, finish, usage, `[DONE]`."""
     head = {
@@ -227,7 +226,7 @@ def _failure(exc: BaseException) -> bytes:
     return b"data: " + dumps(error_body(exc)) + b"\n\n"
 
 
-def endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """The route handler bound to `server`."""
 
     async def chat_completions(request: Request, seen: list[AgentRecord | None]) -> Response:

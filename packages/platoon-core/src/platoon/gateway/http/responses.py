@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.gateway.core import CALL_ID_PREFIX, GatewayError
 from platoon.gateway.http.checks import invalid, json_type, optional_string, string, text_parts
-from platoon.gateway.http.common import dumps
+from platoon.gateway.http.common import DialectServer, dumps
 from platoon.gateway.http.openai_chat import error_body, handle_errors
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from platoon.gateway.http.server import GatewayServer
     from platoon.gateway.records import AgentRecord
     from platoon.harness.agent import ChatReply
 
@@ -257,7 +256,7 @@ def output_items(reply: ChatReply) -> list[dict[str, Any]]:
 
 
 def _response(
-    server: GatewayServer, call_id: str, status: str, output: list[Any], usage: Any
+    server: DialectServer, call_id: str, status: str, output: list[Any], usage: Any
 ) -> dict[str, Any]:
     return {
         "id": f"resp_{_suffix(call_id)}",
@@ -276,7 +275,7 @@ def _response(
     }
 
 
-def response(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> dict[str, Any]:
+def response(server: DialectServer, agent: AgentRecord, reply: ChatReply) -> dict[str, Any]:
     """The Responses object of a reply: `completed`, or `incomplete` for a truncated one."""
     prompt, completion = server.usage(agent, reply.call_id)
     usage = {
@@ -302,7 +301,7 @@ class _Events:
         return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
-def events(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> Iterator[bytes]:
+def events(server: DialectServer, agent: AgentRecord, reply: ChatReply) -> Iterator[bytes]:
     """`response.created`, each item's added/delta/done events, then `response.completed` (even when truncated:
     a `response.incomplete` would make Codex resample)."""
     final = response(server, agent, reply)
@@ -329,7 +328,7 @@ def events(server: GatewayServer, agent: AgentRecord, reply: ChatReply) -> Itera
     yield event("response.completed", response=final)
 
 
-def _failure(server: GatewayServer) -> Callable[[BaseException], bytes]:
+def _failure(server: DialectServer) -> Callable[[BaseException], bytes]:
     def failed(exc: BaseException) -> bytes:
         if not isinstance(exc, GatewayError):
             exc = GatewayError(
@@ -343,7 +342,7 @@ def _failure(server: GatewayServer) -> Callable[[BaseException], bytes]:
     return failed
 
 
-def endpoint(server: GatewayServer) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(server: DialectServer) -> Callable[[Request], Awaitable[Response]]:
     """The route handler bound to `server`."""
 
     async def responses(request: Request, seen: list[AgentRecord | None]) -> Response:

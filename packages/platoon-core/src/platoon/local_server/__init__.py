@@ -8,7 +8,6 @@ made (`issue_api_key`) unless one is given, and refuses every other. torch and u
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import ipaddress
 import os
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError, PlatoonError
+from platoon.extras import installed
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 from platoon.request_limits import BodyCap
 
@@ -88,11 +88,7 @@ def require_torch() -> None:
 
     Only the module is looked up: importing torch takes seconds, and the backend imports it on the first model.
     """
-    try:
-        found = importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):  # `sys.modules["torch"] = None` and broken installs land here
-        found = False
-    if not found:
+    if not installed("torch"):
         raise LocalServerUnavailable(MISSING_TORCH)
 
 

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import PlatoonError
+from platoon.extras import installed
 
 if TYPE_CHECKING:
     import tokenizers
@@ -315,11 +315,7 @@ class ToyTokenizerUnavailable(PlatoonError, ImportError):
 @functools.cache
 def toy_tokenizer() -> TokenizersTokenizer:
     """The toy tokenizer (one shared instance): 265 ids, EOS `<|im_end|>` (258), pad `<|endoftext|>` (256)."""
-    try:
-        found = importlib.util.find_spec("tokenizers") is not None
-    except (ImportError, ValueError):  # `sys.modules["tokenizers"] = None` and broken installs land here
-        found = False
-    if not found:
+    if not installed("tokenizers"):
         raise ToyTokenizerUnavailable(MISSING_TOKENIZERS)
     return TokenizersTokenizer.from_directory(TOY_TOKENIZER_DIR, name_or_path=TOY_MODEL_NAME)
 

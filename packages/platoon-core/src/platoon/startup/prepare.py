@@ -22,6 +22,7 @@ from platoon.config.loader import load_config
 from platoon.config.messages import validation_problems
 from platoon.config.site import describe_site
 from platoon.errors import ConfigError, ExtensionError, NotPrepared
+from platoon.extras import installed
 from platoon.harness.function import FunctionHarness
 from platoon.harness.registry import get_harness
 from platoon.harness.toolchains import entry_toolchain_root, prepare_toolchain
@@ -198,7 +199,6 @@ def tokenizer_step(data: Mapping[str, Any], *, dry_run: bool) -> PrepareStep:
     """`tokenizer`: skipped (none) for hosted models, without a renderer or without the tinker extra; current for
     a registered name, a local directory or a tokenizer already in the Hugging Face cache; else downloaded into the
     cache (the hub's own offline switch, `HF_HUB_OFFLINE=1`, makes that a failure that says so)."""
-    import importlib.util
 
     model, renderer, hosted = _policy(data)
     if hosted:
@@ -210,10 +210,7 @@ def tokenizer_step(data: Mapping[str, Any], *, dry_run: bool) -> PrepareStep:
         return PrepareStep("tokenizer", "current", f"{model} (registered with platoon)")
     if os.path.isdir(os.path.expanduser(model)):
         return PrepareStep("tokenizer", "current", f"{model} (a local directory)")
-    if (
-        importlib.util.find_spec("transformers") is None
-        or importlib.util.find_spec("huggingface_hub") is None
-    ):
+    if not (installed("transformers") and installed("huggingface_hub")):
         return PrepareStep(
             "tokenizer", "none", "the tinker extra is not installed (pip install platoon-core[tinker])"
         )

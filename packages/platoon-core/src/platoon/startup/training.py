@@ -5,7 +5,6 @@ machine must give the run (the Tinker and W&B keys, a sample timeout, a run dire
 
 from __future__ import annotations
 
-import importlib.util
 import netrc
 import os
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError
+from platoon.extras import installed
 from platoon.gateway.core import sample_timeout_with_source
 from platoon.gateway.tinker_service import check_tinker_key
 from platoon.rollouts import records
@@ -94,7 +94,7 @@ def wandb_key_problem(
     W&B is off, offline or not installed. Checked before anything is written (a run would die in wandb.init)."""
     settings = config.stats.wandb
     environ = os.environ if env is None else env
-    if settings.mode != "online" or importlib.util.find_spec("wandb") is None:
+    if settings.mode != "online" or not installed("wandb"):
         return None
     if settings.api_key or environ.get("WANDB_API_KEY"):
         return None

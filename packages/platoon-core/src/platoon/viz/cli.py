@@ -11,7 +11,6 @@ one), 64 usage.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typer._click.exceptions import UsageError
 
 from platoon.cli.output import TOP_LEVEL, new_app
 from platoon.errors import EX_FAILURE
+from platoon.extras import installed
 
 if TYPE_CHECKING:
     from platoon.viz.app import ViewerApp
@@ -267,7 +267,7 @@ def _run(ctx: typer.Context, viewer: Any, *, with_stack: bool = False) -> int:
 
 
 def textual_available() -> bool:
-    return importlib.util.find_spec("textual") is not None
+    return installed("textual")
 
 
 def build_command() -> Any:

@@ -456,14 +456,21 @@ class Confinement:
         survivors: list[int] = []
         holder, self._holder = self._holder, None
         if holder is not None:
+            # A dying process leaves its namespaces before it becomes a zombie: for that moment it is no member,
+            # yet still runs. So the members seen before the kill are also waited for by pid, below.
+            seen = set(self.members())
             if holder.stdin is not None:
                 holder.stdin.close()
             procs.kill_group(holder.pid)
             await holder.wait()
             deadline = time.monotonic() + TEARDOWN_S
             while (survivors := self.members()) and time.monotonic() < deadline:
+                seen.update(survivors)
                 procs.kill_pids(survivors)
                 await asyncio.sleep(0.01)
+            survivors += await asyncio.to_thread(
+                procs.wait_gone, seen - set(survivors), max(0.0, deadline - time.monotonic())
+            )
         self._close()
         return survivors
 

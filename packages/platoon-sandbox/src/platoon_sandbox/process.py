@@ -408,13 +408,17 @@ def _kill_all(fs: Path, groups: Sequence[tuple[int, int | None]], *, spare_route
         procs.kill_group(pgid, started)
     marker = f"{ROOT_ENV}={fs}".encode()
     survivors: list[int] = []
+    killed: set[int] = set()
     for _ in range(KILL_PASSES):
         survivors = procs.pids_with_marker([marker], spare=INFRA_MARKER if spare_routes else None)
         if not survivors:
             break
         procs.kill_pids(survivors)
+        killed.update(survivors)
         time.sleep(0.01)
-    return survivors
+    # A dying process drops its memory, environment included, before it becomes a zombie: the marker scan stops
+    # seeing it while it still runs, so each killed pid is also waited for.
+    return survivors + procs.wait_gone(killed - set(survivors), KILL_WAIT_S)
 
 
 class ProcessSandbox(Sandbox):

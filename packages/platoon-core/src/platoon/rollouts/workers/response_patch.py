@@ -56,7 +56,8 @@ def response_patch_verified() -> bool:
         if not _pydantic_responses():
             return True
 
-        response = types.SampleResponse.model_validate(
+        response_type: Any = types.SampleResponse  # a pydantic model here (checked above)
+        response = response_type.model_validate(
             {"sequences": [{"stop_reason": "stop", "tokens": [1], "routing_id": "r-1"}]}
         )
         extra = getattr(response.sequences[0], "__pydantic_extra__", None) or {}

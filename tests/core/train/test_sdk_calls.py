@@ -46,7 +46,9 @@ async def _every_call(base_url: str, api_key: str) -> dict[str, Any]:
             model_input=tinker.ModelInput.from_ints(tokens[:-1]),
             loss_fn_inputs={
                 "target_tokens": tinker.TensorData(data=tokens[1:], dtype="int64", shape=[len(tokens) - 1]),
-                "weights": tinker.TensorData(data=[1.0] * (len(tokens) - 1), dtype="float32"),
+                "weights": tinker.TensorData(
+                    data=[1.0] * (len(tokens) - 1), dtype="float32", shape=[len(tokens) - 1]
+                ),
             },
         )
         backward = training.forward_backward([datum], "cross_entropy")

@@ -103,11 +103,11 @@ def checkpoint_deleter(
     service: Any, *, api_key: str, base_url: str | None
 ) -> Callable[[str], Awaitable[None]]:
     """`delete(tinker_path)`: the REST delete of one checkpoint; the REST client is made at the first delete."""
-    made: list[Any] = []
+    rest: list[Any] = []
 
     async def delete(path: str) -> None:
-        if not made:
-            made.append(rest_client(service, api_key=api_key, base_url=base_url))
-        await call(made[0], "delete_checkpoint_from_tinker_path", path)
+        if not rest:
+            rest.append(rest_client(service, api_key=api_key, base_url=base_url))
+        await call(rest[0], "delete_checkpoint_from_tinker_path", path)
 
     return delete

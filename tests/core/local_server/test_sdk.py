@@ -10,6 +10,7 @@ import pytest
 import tinker
 from tinker import types
 
+from platoon.gateway import tinker_sdk
 from platoon.gateway.tinker_service import close_session
 from platoon.local_server import LocalTinkerServer
 from platoon.local_server.backend import ModelBackend
@@ -33,7 +34,9 @@ def wire(d: types.Datum) -> dict:
     """A datum as the backend receives it (the parsed JSON the SDK sends)."""
     return {
         "model_input": {"chunks": [{"type": "encoded_text", "tokens": d.model_input.to_ints()}]},
-        "loss_fn_inputs": {k: v.model_dump() for k, v in d.loss_fn_inputs.items()},
+        "loss_fn_inputs": {
+            k: {"data": v.data, "dtype": v.dtype, "shape": v.shape} for k, v in d.loss_fn_inputs.items()
+        },
     }
 
 
@@ -157,11 +160,11 @@ def test_checkpoints_survive_a_restart_and_can_be_deleted(tmp_path, request):
         with pytest.raises(tinker.NotFoundError):
             rest.delete_checkpoint_from_tinker_path(weights).result()
         with pytest.raises(tinker.NotFoundError):
-            service.create_sampling_client(model_path=weights)
+            tinker_sdk.made(service.create_sampling_client(model_path=weights))
 
 
 def test_bad_requests_get_the_sdk_error_without_retries(service, monkeypatch):
-    client = service.create_lora_training_client(base_model=MODEL)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
     # Every request the SDK sends from here on, by its last path segment (the SDK sends on its own thread).
     sent: list[str] = []
     send = httpx.AsyncClient.send
@@ -176,11 +179,13 @@ def test_bad_requests_get_the_sdk_error_without_retries(service, monkeypatch):
     with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
         client.forward_backward([datum("cross_entropy", [1, 2, 99999])], "cross_entropy").result()
     with pytest.raises(tinker.NotFoundError, match=r"unknown base model 'platoon/nothing'"):
-        service.create_lora_training_client(base_model="platoon/nothing")
+        tinker_sdk.made(service.create_lora_training_client(base_model="platoon/nothing"))
     with pytest.raises(tinker.NotFoundError):
-        service.create_sampling_client(model_path=f"tinker://{client.model_id}/sampler_weights/absent")
-    # each bad request was sent once: its error is one the SDK does not retry (polls of a future aside)
-    submitted = [name for name in sent if name != "retrieve_future"]
+        tinker_sdk.made(
+            service.create_sampling_client(model_path=f"tinker://{client.model_id}/sampler_weights/absent")
+        )
+    # each bad request was sent once: its error is one the SDK does not retry (polls of a future and heartbeats aside)
+    submitted = [name for name in sent if name not in ("retrieve_future", "session_heartbeat")]
     assert submitted == ["forward_backward", "forward_backward", "create_model", "create_sampling_session"]
     # the model still works after its bad requests
     assert logprobs(client, datum("cross_entropy"))

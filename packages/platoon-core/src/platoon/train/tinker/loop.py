@@ -231,9 +231,13 @@ class Trainer:
         service_monitor: ServiceMonitor | None = None,
         eval_tasks: list[Any] | None = None,
         started_at: float | None = None,
+        service_check: Any = None,
     ) -> None:
 
         self.config = config
+        #: the start's capability check (`platoon.startup.capabilities.TrainingServiceCheck`), made as the session
+        #: opens: before the training client, and with it, before any rollout
+        self.service_check = service_check
         self.order = order
         self.run_dir = run_dir
         self.base_url = base_url
@@ -403,8 +407,14 @@ class Trainer:
 
         service = await call_service("a session", self.base_url, lambda: asyncio.to_thread(open_service))
         self.service = service
+        check = self.service_check
+        if check is not None:
+            doing("asking the Tinker service what it can do")
+            await check.before_training_client(self.base_url, self.api_key)
         doing("creating the training client")  # the local server builds its model now (if not warm yet)
         self.client = await training_client(service, self.config, self.resume, self.base_url)
+        if check is not None:
+            await check.with_training_client(self.client, self.base_url)
         self.pruner = Pruner(
             self.checkpoints,
             self.config.checkpoint.keep_recovery,

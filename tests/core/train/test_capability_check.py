@@ -70,7 +70,9 @@ def _nothing_written(project: Path) -> bool:
 
 
 @pytest.mark.skipif(not SDK.startswith(("0.16.", "0.38.")), reason="the lines name the oldest or newest SDK")
-def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_starts(project, capsys):
+def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_starts(
+    project, capsys, monkeypatch
+):
     # SDK 0.16.1 has no stable_reinforce; 0.38 knows it and names no reinforce_pp.
     loss, line = {
         "0.16.": (
@@ -86,10 +88,10 @@ def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_start
             "stable_reinforce, custom: set train.loss_fn to one of them",
         ),
     }[SDK[:5]]
-    # on the embedded local server, which is not even started
-    validated, trained = _refused(
-        capsys, [str(BANDIT), f"log_path={project / 'runs'}", f"train.loss_fn={loss}"]
-    )
+    # refused from the SDK alone, before any service is asked
+    monkeypatch.setenv("TINKER_API_KEY", "tml-" + "k" * 20)
+    argv = [str(BANDIT), f"log_path={project / 'runs'}", "tinker_base_url=https://tinker.example"]
+    validated, trained = _refused(capsys, [*argv, f"train.loss_fn={loss}"])
     assert validated == trained == [line]
     assert not (project / "runs").exists()
 
@@ -203,3 +205,29 @@ def test_the_loss_probe_is_refused_as_the_service_refuses_the_loss(server):
         assert logprobs() == before  # the probes changed no weights
     finally:
         close_session(service)
+
+
+EVAL = REPO / "examples" / "bandit" / "eval.yaml"
+
+
+def test_an_evaluation_of_a_model_the_service_does_not_serve_is_refused_before_any_rollout(
+    server, project, capsys, monkeypatch
+):
+    monkeypatch.setenv("TINKER_API_KEY", server.api_key)
+    argv = [
+        str(EVAL),
+        f"tinker_base_url={server.base_url}",
+        "inference.model_name=Qwen/Qwen3-30B-A3B-Instruct-2507",
+        f"inference.output_dir={project / 'eval'}",
+    ]
+    line = (
+        f"inference.model_name: the Tinker service at {server.base_url} does not serve "
+        "'Qwen/Qwen3-30B-A3B-Instruct-2507' (hosted Tinker retired it on 2026-06-12 and recommends "
+        "Qwen/Qwen3.6-35B-A3B (in non-thinking mode)); it serves platoon/toy: set inference.model_name to one of them"
+    )
+    assert main(["config", "validate", *argv]) == 78
+    assert [text.strip() for text in capsys.readouterr().out.splitlines()[1:]] == [line]
+    assert main(["eval", *argv]) == 78
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"platoon: {line}"
+    assert not (project / "eval").exists()

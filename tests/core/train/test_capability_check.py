@@ -19,10 +19,13 @@ import pytest
 
 from platoon.cli import main
 from platoon.local_server import LocalTinkerServer
+from platoon.local_server.losses import LOSS_NAMES
 
 REPO = Path(__file__).resolve().parents[3]
 BANDIT = REPO / "examples" / "bandit" / "train.yaml"
 SDK = importlib.metadata.version("tinker")
+#: the losses the local server computes, as its answers list them
+COMPUTED = ", ".join(LOSS_NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +126,7 @@ def test_a_loss_the_service_does_not_compute_is_refused_before_anything_is_writt
         == trained
         == [
             f"train.loss_fn: the Tinker service at {server.base_url} does not compute the loss 'dro'; it computes "
-            "cross_entropy, importance_sampling, ppo, cispo: set train.loss_fn to one of them"
+            f"{COMPUTED}: set train.loss_fn to one of them"
         ]
     )
     assert _nothing_written(project)
@@ -199,8 +202,7 @@ def test_the_loss_probe_is_refused_as_the_service_refuses_the_loss(server):
         assert probe("cross_entropy") is None
         assert probe("dro") == (
             "train.loss_fn: the service refused a forward with the loss 'dro' (HTTP 400: unknown loss_fn 'dro'; the "
-            "local server knows cross_entropy, importance_sampling, ppo, cispo): set train.loss_fn (and "
-            "train.loss_fn_config) to what it computes"
+            f"local server knows {COMPUTED}): set train.loss_fn (and train.loss_fn_config) to what it computes"
         )
         assert logprobs() == before  # the probes changed no weights
     finally:
@@ -231,3 +233,29 @@ def test_an_evaluation_of_a_model_the_service_does_not_serve_is_refused_before_a
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == f"platoon: {line}"
     assert not (project / "eval").exists()
+
+
+def test_no_example_default_or_doc_names_a_model_hosted_tinker_retired():
+    from platoon.startup.retired_models import RETIRED_MODELS
+
+    places = [REPO / "README.md", *(REPO / folder for folder in ("docs", "examples", "recipes"))]
+    places += [path / "src" for path in (REPO / "packages").iterdir()]
+    named = []
+    for place in places:
+        files = (
+            [place]
+            if place.is_file()
+            else [p for p in place.rglob("*") if p.suffix in (".md", ".yaml", ".py")]
+        )
+        for path in files:
+            if path.name == "retired_models.py":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                # a line about a retired model (a refusal it shows) names it on purpose
+                if "retired" not in line:
+                    named += [
+                        f"{path.relative_to(REPO)}:{number}: {model}"
+                        for model in RETIRED_MODELS
+                        if model in line
+                    ]
+    assert named == []

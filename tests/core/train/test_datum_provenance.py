@@ -100,14 +100,21 @@ def test_a_call_without_a_sequence_id_leaves_its_datum_without_provenance() -> N
     assert plain.loss_fn_input_spans is None
 
 
-def test_provenance_survives_depth_weighting_and_the_datums_sent() -> None:
+def test_provenance_survives_depth_weighting_and_reaches_stable_reinforce_alone() -> None:
     datums = trajectory_datums(_trajectory(), _interactions(), 0.5, depth=0)
     weighted, _ = apply_depth_weighting(datums, depth_level_weighting=True, depth_level_discount_gamma=None)
-    sent = loss_datums(weighted, "gspo")
-    for before, after in zip(datums, sent, strict=True):
+    for before, after in zip(datums, loss_datums(weighted, "stable_reinforce"), strict=True):
         assert after.loss_fn_input_spans == before.loss_fn_input_spans
         assert after.model_input_spans == before.model_input_spans
-        # gspo's sequence ratio is over the action tokens: the sampled positions, not the prompt's
-        assert after.loss_fn_inputs["sequence_ratio_mask"].data == before.loss_fn_inputs["mask"].data
         assert "mask" not in after.loss_fn_inputs
+    # the other losses read no provenance: they are sent datums without it
+    for datum in loss_datums(weighted, "gspo") + loss_datums(weighted, "cispo"):
+        assert datum.loss_fn_input_spans is None and datum.model_input_spans is None
+
+
+def test_gspo_takes_its_sequence_ratio_over_the_action_tokens() -> None:
+    datums = trajectory_datums(_trajectory(), _interactions(), 0.5)
+    for before, after in zip(datums, loss_datums(datums, "gspo"), strict=True):
+        # the sampled positions, not the prompt's (which carry no sampling logprob)
+        assert after.loss_fn_inputs["sequence_ratio_mask"].data == before.loss_fn_inputs["mask"].data
     assert "sequence_ratio_mask" not in loss_datums(datums, "cispo")[0].loss_fn_inputs

@@ -186,22 +186,22 @@ class StabilityStore:
     def attach(
         self, datums: Sequence[dict[str, Any]], loss_fn: str, *, session_id: str | None, where: str
     ) -> None:
-        """Check every datum's `loss_fn_input_spans` and, for stable_reinforce (which needs them), set the recorded
-        logprobs and their mask as loss inputs. ValueError (one line) for what is refused."""
+        """For a loss that reads stability records (stable_reinforce): check every datum's `loss_fn_input_spans`
+        and set the recorded logprobs and their mask as its loss inputs. ValueError (one line) for what is refused.
+        The other losses have no use for provenance: theirs is not read."""
+        if loss_fn not in NEEDS_STABILITY_RECORDS:
+            return
         for index, datum in enumerate(datums):
             here = f"{where}.data[{index}]"
             raw = datum.get("loss_fn_input_spans")
             if raw is None:
-                if loss_fn in NEEDS_STABILITY_RECORDS:
-                    raise ValueError(
-                        f"{here}: loss {loss_fn!r} needs loss_fn_input_spans naming the sampled sequence of every "
-                        "target (sample with record_stability_info=True; attach them with Datum.with_provenance)"
-                    )
-                continue
+                raise ValueError(
+                    f"{here}: loss {loss_fn!r} needs loss_fn_input_spans naming the sampled sequence of every "
+                    "target (sample with record_stability_info=True; attach them with Datum.with_provenance)"
+                )
             spans = parse_spans(raw, f"{here}.loss_fn_input_spans")
             targets = datum["loss_fn_inputs"]["target_tokens"]["data"]
             logprobs, mask = self.recorded_inputs(spans, targets, session_id=session_id, where=here)
-            if loss_fn in NEEDS_STABILITY_RECORDS:
-                inputs = datum["loss_fn_inputs"]
-                inputs[RECORDED_LOGPROBS] = {"data": logprobs, "dtype": "float32", "shape": [len(logprobs)]}
-                inputs[RECORDED_MASK] = {"data": mask, "dtype": "float32", "shape": [len(mask)]}
+            inputs = datum["loss_fn_inputs"]
+            inputs[RECORDED_LOGPROBS] = {"data": logprobs, "dtype": "float32", "shape": [len(logprobs)]}
+            inputs[RECORDED_MASK] = {"data": mask, "dtype": "float32", "shape": [len(mask)]}

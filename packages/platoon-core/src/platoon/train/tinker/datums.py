@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon import hooks
 from platoon.train.tinker.advantages import GroupResult, is_skipped, trajectory_depths
-from platoon.train.tinker.provenance import Run, datum_with_provenance, with_loss_inputs
+from platoon.train.tinker.provenance import PROVENANCE_LOSSES, Run, datum_with_provenance, with_loss_inputs
 
 if TYPE_CHECKING:
     import tinker
@@ -394,13 +394,15 @@ def _action_tokens(datum: tinker.Datum) -> int:
     return int(sum(1 for m in _data(datum, "mask") if m > 0))
 
 
-def _replace(datum: tinker.Datum, updates: Mapping[str, Any], drop: Iterable[str] = ()) -> tinker.Datum:
+def _replace(
+    datum: tinker.Datum, updates: Mapping[str, Any], drop: Iterable[str] = (), *, provenance: bool = True
+) -> tinker.Datum:
     from tinker import TensorData
 
     inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k not in set(drop)}
     for key, (data, dtype) in updates.items():
         inputs[key] = TensorData(data=list(data), dtype=dtype, shape=[len(data)])
-    return with_loss_inputs(datum, inputs)
+    return with_loss_inputs(datum, inputs, provenance=provenance)
 
 
 def filter_error_tokens(
@@ -666,7 +668,7 @@ def loss_datums(datums: Sequence[tinker.Datum], loss_fn: str = "cispo") -> list[
     """What `forward_backward` is sent: private keys stripped, advantages divided by the
     represented action-token count of the microbatch (+1e-8) so the service's summed loss is a per-token mean.
     Under gspo the sequence ratio is taken over the action tokens (`sequence_ratio_mask`): prompt positions carry no
-    sampling logprob."""
+    sampling logprob. Only a loss that reads provenance (stable_reinforce) is sent it."""
     represented = math.fsum(_represented(datum) for datum in datums)
     scale = 1.0 / (represented + 1e-8)
     out = []
@@ -679,5 +681,5 @@ def loss_datums(datums: Sequence[tinker.Datum], loss_fn: str = "cispo") -> list[
                 [1.0 if m > 0 else 0.0 for m in _data(datum, "mask")],
                 "float32",
             )
-        out.append(_replace(datum, updates, drop=PRIVATE_KEYS))
+        out.append(_replace(datum, updates, drop=PRIVATE_KEYS, provenance=loss_fn in PROVENANCE_LOSSES))
     return out

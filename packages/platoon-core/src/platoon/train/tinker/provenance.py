@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import tinker
 
-__all__ = ["Run", "datum_with_provenance", "with_loss_inputs"]
+__all__ = ["PROVENANCE_LOSSES", "Run", "datum_with_provenance", "with_loss_inputs"]
+
+#: the losses that read a datum's provenance; the others are sent datums without it (the service has no use for it)
+PROVENANCE_LOSSES = ("stable_reinforce",)
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,14 @@ def datum_with_provenance(datum: tinker.Datum, runs: Sequence[Run]) -> tinker.Da
     return datum.with_provenance(model_input=_cut(runs, 0, total - 1), loss_fn_inputs=_cut(runs, 1, total))
 
 
-def with_loss_inputs(datum: tinker.Datum, inputs: Mapping[str, Any]) -> tinker.Datum:
-    """A copy of `datum` with other loss inputs, keeping its model input and provenance."""
+def with_loss_inputs(
+    datum: tinker.Datum, inputs: Mapping[str, Any], *, provenance: bool = True
+) -> tinker.Datum:
+    """A copy of `datum` with other loss inputs, keeping its model input and (unless told not to) its provenance."""
     from tinker import Datum
 
     spans = getattr(datum, "loss_fn_input_spans", None)
-    if spans is None:
+    if spans is None or not provenance:
         return Datum(model_input=datum.model_input, loss_fn_inputs=dict(inputs))
     return Datum(  # type: ignore[call-arg]
         model_input=datum.model_input,

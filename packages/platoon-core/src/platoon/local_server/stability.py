@@ -63,17 +63,19 @@ def parse_spans(raw: Any, where: str) -> list[Span]:
         arms = [key for key in _KINDS if isinstance(item, dict) and key in item]
         if len(arms) != 1:
             raise ValueError(f"{here} must hold one of 'sampled_tokens' or 'prompt_tokens'")
-        fields = item[arms[0]]
-        sequence_id = fields.get("sequence_id") if isinstance(fields, dict) else None
-        offset = fields.get("offset", 0) if isinstance(fields, dict) else None
-        length = fields.get("length", 0) if isinstance(fields, dict) else None
+        fields = item[arms[0]] if isinstance(item[arms[0]], dict) else {}
+        sequence_id, offset, length = (
+            fields.get("sequence_id"),
+            fields.get("offset", 0),
+            fields.get("length", 0),
+        )
         if not isinstance(sequence_id, str) or not sequence_id:
             raise ValueError(f"{here} needs a sequence_id (a SampledSequence.sequence_id)")
         if not (_count(offset) and _count(length)):
             raise ValueError(
                 f"{here}: offset and length must be non-negative integers, got {offset!r}, {length!r}"
             )
-        spans.append(Span(_KINDS[arms[0]], sequence_id, offset, length))
+        spans.append(Span(_KINDS[arms[0]], sequence_id, int(offset), int(length)))
     return spans
 
 

@@ -61,9 +61,9 @@ def with_loss_inputs(
     spans = getattr(datum, "loss_fn_input_spans", None)
     if spans is None or not provenance:
         return Datum(model_input=datum.model_input, loss_fn_inputs=dict(inputs))
-    return Datum(  # type: ignore[call-arg]
+    return Datum(
         model_input=datum.model_input,
         loss_fn_inputs=dict(inputs),
-        model_input_spans=datum.model_input_spans,  # type: ignore[attr-defined]
+        model_input_spans=datum.model_input_spans,
         loss_fn_input_spans=spans,
     )

@@ -291,9 +291,9 @@ def _datum(datum: Any, where: str) -> dict[str, Any]:
     for index, chunk in enumerate(datum.model_input):
         kind = chunk.WhichOneof("chunk")
         if kind != "encoded_text":
-            got = "an empty chunk" if kind is None else f"a {kind} chunk"
+            got = "an empty chunk" if kind is None else kind
             raise WireError(
-                f"the local server takes only encoded_text chunks, got {got} in {where}.model_input"
+                f"the local server takes only encoded_text chunks, not {got} ({where}.model_input)"
             )
         tokens = _unpack("i", chunk.encoded_text.tokens, f"{where}.model_input.chunks[{index}].tokens")
         chunks.append({"type": "encoded_text", "tokens": tokens})

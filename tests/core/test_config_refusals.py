@@ -200,7 +200,7 @@ def refusal(capsys, *overrides: str) -> tuple[list[str], list[str]]:
         (
             ["train.loss_fn=nope"],
             "train.loss_fn: the local server has no loss function 'nope'; it computes cross_entropy, "
-            "importance_sampling, ppo, cispo",
+            "importance_sampling, ppo, cispo, gspo, stable_reinforce",
         ),
         (
             ["train.workflow_config.group_size=1000000000"],

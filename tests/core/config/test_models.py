@@ -668,6 +668,14 @@ def test_loss_fn_config_replaces_whole() -> None:
     assert cfg.train.loss_fn_config == {"clip_high_threshold": 1.2}
 
 
+@pytest.mark.parametrize("loss_fn", ["gspo", "stable_reinforce"])
+def test_gspo_and_stable_reinforce_get_the_service_s_defaults_unless_configured(loss_fn: str) -> None:
+    # platoon's wide clip thresholds are for the token-level losses; these two get what the service defaults to
+    assert build(train={"loss_fn": loss_fn}).train.loss_fn_config == {}
+    knobs = {"kl_coeff": 0.01} if loss_fn == "stable_reinforce" else {"clip_high_threshold": 1.0004}
+    assert build(train={"loss_fn": loss_fn, "loss_fn_config": knobs}).train.loss_fn_config == knobs
+
+
 def test_subclasses_keep_the_rules() -> None:
     class MyConfig(PlatoonTinkerRLTrainerConfig):
         """A `trainer_config` subclass."""

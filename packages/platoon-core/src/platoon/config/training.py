@@ -190,6 +190,11 @@ def _default_loss_fn_config() -> dict[str, Any]:
     return {"clip_low_threshold": 0.0, "clip_high_threshold": 5.0}
 
 
+#: losses that take platoon's own `loss_fn_config` default when none is set; the others get the service's defaults
+#: (an empty config): gspo's ratio and stable_reinforce's knobs are not the clip thresholds platoon widens
+PLATOON_CLIP_DEFAULT_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+
+
 class TrainConfig(ConfigModel):
     """The policy trained, the batch shape, the optimizer and the rollout workflow."""
 
@@ -234,11 +239,14 @@ class TrainConfig(ConfigModel):
     loss_fn: str = Field(
         "cispo",
         min_length=1,
-        description="the Tinker loss function: cross_entropy, importance_sampling, ppo, cispo (dro: not on the "
-        "local server)",
+        description="the Tinker loss function: cross_entropy, importance_sampling, ppo, cispo, gspo, "
+        "stable_reinforce (its SDK samples with record_stability_info), dro (not on the local server)",
     )
     loss_fn_config: dict[str, Any] = Field(
-        default_factory=_default_loss_fn_config, description="loss function settings; replaced whole when set"
+        default_factory=_default_loss_fn_config,
+        description="loss function settings (clip_low_threshold/clip_high_threshold: ppo, cispo, gspo; kl_coeff: "
+        "stable_reinforce); replaced whole when set; unset under gspo and stable_reinforce: {} (the service's "
+        "defaults)",
     )
     lora_rank: Int = Field(32, ge=1, description="LoRA rank")
     workflow_config: WorkflowConfig = Field(
@@ -304,6 +312,8 @@ class TrainConfig(ConfigModel):
     @model_validator(mode="after")
     def _convert(self) -> Self:
         problems: list[str] = []
+        if "loss_fn_config" not in self.model_fields_set and self.loss_fn not in PLATOON_CLIP_DEFAULT_LOSSES:
+            self.loss_fn_config = {}
         # The deprecated names of label_by must agree with it and with each other.
         named = {
             key: value

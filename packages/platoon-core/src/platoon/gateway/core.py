@@ -684,6 +684,7 @@ class ModelGateway:
                 logprobs=tuple(sequence.logprobs or ()),
                 stop_reason=stop_reason,
                 routing_id=_routing_id(sequence),
+                sequence_id=_sequence_id(sequence),
             )
             settings.history.record(
                 built, call_id, tokens, message, stop_reason=stop_reason, prompt=prompt_tokens
@@ -1047,6 +1048,14 @@ def _routing_id(sequence: Any) -> str | None:
         if extra:
             routing = extra.get("routing_id")
     return None if routing is None else str(routing)
+
+
+def _sequence_id(sequence: Any) -> str | None:
+    # SDKs from 0.38 stamp each sequence with its id; older ones have no such field (read from the instance dict,
+    # as `_routing_id` does, to skip pydantic's slow fallback for a missing attribute).
+    fields = getattr(sequence, "__dict__", None) or {}
+    found = fields.get("sequence_id")
+    return str(found) if found else None
 
 
 def _openai_tool_call(call: Any) -> dict[str, Any]:

@@ -25,6 +25,8 @@ class Interaction:
     logprobs: tuple[float, ...]
     stop_reason: str  # "stop" or "length"
     routing_id: str | None = None
+    #: the service's id of the sampled sequence (SDKs from 0.38): a datum names it to use its stability record
+    sequence_id: str | None = None
 
 
 @dataclass

@@ -28,7 +28,8 @@ from platoon.local_server import wire_proto
 from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
-from platoon.local_server.losses import LOSS_INPUT_KEYS, REQUIRED_INPUTS
+from platoon.local_server.losses import LOSS_INPUT_KEYS, LOSS_NAMES, REQUIRED_INPUTS
+from platoon.local_server.stability import StabilityStore
 from platoon.renderers.tokenizers import tokenizer_available_offline
 from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH, JSONTooDeep, loads_within_depth
 
@@ -59,7 +60,7 @@ ADAM_DEFAULTS: dict[str, float] = {
     "weight_decay": 0.0,
     "grad_clip_norm": 0.0,
 }
-LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+LOSS_FNS = LOSS_NAMES
 #: the largest AdamW learning rate taken
 MAX_LEARNING_RATE = 1.0
 #: the largest request body read (`platoon tinker serve --max-body-mib`, `LocalTinkerServer(max_body_bytes=...)`)
@@ -164,6 +165,8 @@ class ServerState:
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     runs: dict[str, TrainingRun] = field(default_factory=dict)
     samplers: dict[str, Sampler] = field(default_factory=dict)
+    #: what samples with `record_stability_info` drew, for stable_reinforce
+    stability: StabilityStore = field(default_factory=StabilityStore)
     checkpoints: ckpt.CheckpointStore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -350,7 +353,13 @@ def _datums(container: Any, key: str) -> tuple[list[dict[str, Any]], str, dict[s
                     f"{where}.loss_fn_inputs[{name!r}] has shape {tensor['shape']}, not [{length}] (one entry per "
                     "model input token: target i is predicted from input tokens 0..i)",
                 )
-        datums.append({"model_input": {"chunks": chunks}, "loss_fn_inputs": tensors})
+        datums.append(
+            {
+                "model_input": {"chunks": chunks},
+                "loss_fn_inputs": tensors,
+                "loss_fn_input_spans": datum.get("loss_fn_input_spans"),
+            }
+        )
     return datums, loss_fn, config
 
 
@@ -595,6 +604,11 @@ class Operations:
         for index, datum in enumerate(datums):
             length = sum(len(chunk["tokens"]) for chunk in datum["model_input"]["chunks"])
             self._within_context(f"{key}.data[{index}].model_input", length)
+        run = self.state.run(body.get("model_id"))
+        try:
+            self.state.stability.attach(datums, loss_fn, session_id=run.session_id, where=key)
+        except ValueError as exc:
+            raise HTTPError(400, str(exc)) from None
 
         def fn(run: TrainingRun) -> dict[str, Any]:
             assert run.backend is not None
@@ -803,6 +817,11 @@ class Operations:
         if not (_is_int(topk) and topk >= 0):
             raise HTTPError(400, f"topk_prompt_logprobs must be a non-negative integer, got {topk!r}")
         backend = sampler.backend
+        # Fixed at submission: the SDK reads each sequence's id from this answer, before the sample is drawn.
+        sequence_ids = self.state.stability.new_ids(num_samples)
+        recording = body.get("record_stability_info") is True
+        stability = self.state.stability
+        session_id = sampler.sampler_id.partition(":sample:")[0] or None
 
         def job() -> dict[str, Any]:
             out = backend.sample(
@@ -812,15 +831,28 @@ class Operations:
                 prompt_logprobs=prompt_logprobs,
                 topk_prompt_logprobs=topk,
             )
+            if recording:
+                for sequence_id, sequence in zip(sequence_ids, out["sequences"], strict=True):
+                    stability.record(
+                        sequence_id,
+                        session_id=session_id,
+                        tokens=sequence["tokens"],
+                        logprobs=sequence["logprobs"],
+                    )
             return {"type": "sample", **out}
 
         # No de-duplication on seq_id: an unpickled sampling client in another process restarts its counter on the
         # same session; only the HTTP retry's idempotency key marks a true duplicate.
-        submitted = self._submit("sample", job, model_id=None, keys=[_idem("asample", idempotency)])
-        # One id per sequence, in the result's order (SDK 0.38 stamps them on its SampledSequences); made of the
-        # request id, so a retried submission gets the same ones.
-        submitted["sample_sequence_ids"] = [f"{submitted['request_id']}:{i}" for i in range(num_samples)]
-        return submitted
+        try:
+            record, _ = self.state.futures.submit(
+                "sample",
+                job,
+                keys=[_idem("asample", idempotency)],
+                extra={"sample_sequence_ids": sequence_ids},
+            )
+        except RuntimeError as exc:  # stopping
+            raise HTTPError(503, str(exc)) from None
+        return record.body()
 
     # REST
 

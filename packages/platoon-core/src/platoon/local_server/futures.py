@@ -59,9 +59,11 @@ class FutureRecord:
     future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
     done_at: float | None = None
     keys: tuple[Hashable, ...] = ()
+    #: more fields of the submission's answer (a sample's `sample_sequence_ids`), the same for a retried submission
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
-        return {"request_id": self.request_id, "model_id": self.model_id}
+        return {"request_id": self.request_id, "model_id": self.model_id, **self.extra}
 
 
 _STOP = object()
@@ -139,8 +141,10 @@ class FutureStore:
         *,
         model_id: str | None = None,
         keys: Iterable[Hashable | None] = (),
+        extra: dict[str, Any] | None = None,
     ) -> tuple[FutureRecord, bool]:
-        """Enqueue `fn` on `lane` (before the submission is answered, which keeps per-model order).
+        """Enqueue `fn` on `lane` (before the submission is answered, which keeps per-model order); `extra` joins the
+        record's answer.
 
         Returns the record and whether it is new; a key seen before returns the earlier record and enqueues nothing.
         """
@@ -153,7 +157,9 @@ class FutureStore:
                 existing = self._by_key.get(key)
                 if existing is not None:
                     return existing, False
-            record = FutureRecord(request_id=f"req-{uuid.uuid4().hex}", model_id=model_id, keys=wanted)
+            record = FutureRecord(
+                request_id=f"req-{uuid.uuid4().hex}", model_id=model_id, keys=wanted, extra=dict(extra or {})
+            )
             self._records[record.request_id] = record
             for key in wanted:
                 self._by_key[key] = record

@@ -1,7 +1,9 @@
-"""The local server's built-in Tinker losses: cross_entropy, importance_sampling, ppo, cispo.
+"""The local server's built-in Tinker losses: cross_entropy, importance_sampling, ppo, cispo, gspo and
+stable_reinforce.
 
 Each loss maps one datum's training logprobs and its `loss_fn_inputs` to an elementwise loss whose sum is the
-datum's loss; the server sums over datums (clients normalise advantages themselves).
+datum's loss; the server sums over datums (clients normalise advantages themselves). stable_reinforce also reads the
+sampler's own logprobs, which the server recorded when it sampled (`platoon.local_server.stability`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-#: the service's clip thresholds for ppo and cispo when `loss_fn_config` leaves them out
+#: the service's clip thresholds for ppo and cispo when `loss_fn_config` leaves them out (gspo takes the same)
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
+#: stable_reinforce's pull towards the sampler when `loss_fn_config` has no `kl_coeff`: none, as the service's
+#: default is not published
+DEFAULT_KL_COEFF = 0.0
+
+#: the sampler's recorded logprob of each target and whether the target has one (1.0) or not (0.0): the server
+#: sets them from its stability records, over any input of that name a request sent
+RECORDED_LOGPROBS = "@recorded_logprobs"
+RECORDED_MASK = "@recorded_mask"
 
 #: loss name -> the loss_fn_inputs it reads besides `target_tokens`
 REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
@@ -22,8 +32,13 @@ REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
     "importance_sampling": ("logprobs", "advantages"),
     "ppo": ("logprobs", "advantages"),
     "cispo": ("logprobs", "advantages"),
+    "gspo": ("logprobs", "advantages"),
+    "stable_reinforce": ("advantages",),
 }
+#: the losses whose datums must name the sampled sequence behind each trained token (`loss_fn_input_spans`)
+NEEDS_STABILITY_RECORDS = frozenset({"stable_reinforce"})
 
+#: every loss the local server computes, in one place (the HTTP layer and platoon's start checks read it)
 LOSS_NAMES: tuple[str, ...] = tuple(REQUIRED_INPUTS)
 
 LossFn = Callable[["torch.Tensor", Mapping[str, "torch.Tensor"], Mapping[str, float]], "torch.Tensor"]
@@ -76,11 +91,52 @@ def cispo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[
     return -(weight * lp * inputs["advantages"])
 
 
+def gspo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]) -> torch.Tensor:
+    """GSPO-token (Zheng et al. 2025, as Tinker's GSPO page writes it): every token carries the sequence's ratio,
+    the geometric mean of the token ratios over `sequence_ratio_mask`, with its own logprob's gradient; then PPO's
+    clipped objective on that ratio."""
+    import torch
+
+    low, high = _clip(config)
+    mask = inputs.get("sequence_ratio_mask")
+    marked = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask != 0
+    token_log_ratios = (lp.detach() - inputs["logprobs"])[marked]
+    # No marked token leaves nothing to compare: the sequence counts as on-policy (ratio 1).
+    sequence_log_ratio = token_log_ratios.mean() if token_log_ratios.numel() else torch.zeros(())
+    ratio = torch.exp(sequence_log_ratio + lp - lp.detach())
+    advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+
+
+def stable_reinforce(
+    lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]
+) -> torch.Tensor:
+    """The local server's stand-in for hosted Tinker's StableReinforce, whose objective is not published.
+
+    On each token whose sampled sequence the server recorded: REINFORCE weighted by the truncated importance ratio
+    min(1, p/q) against the sampler's own recorded logprob q (a constant weight, as cispo's), plus
+    `kl_coeff` x (log p - log q)^2 / 2, which pulls the trained policy back towards what was sampled. Tokens without
+    a record (prompts) add nothing.
+    """
+    import torch
+
+    kl_coeff = float(config.get("kl_coeff", DEFAULT_KL_COEFF))
+    recorded = inputs[RECORDED_LOGPROBS]
+    has_record = inputs[RECORDED_MASK]
+    drift = lp - recorded
+    # Truncated at 1: a token the trained policy now likes more than the sampler did is not up-weighted.
+    weight = torch.exp(torch.clamp(drift.detach(), max=0.0))
+    reinforce = -(weight * lp * inputs["advantages"])
+    return has_record * (reinforce + 0.5 * kl_coeff * drift * drift)
+
+
 LOSSES: dict[str, LossFn] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,
     "ppo": ppo,
     "cispo": cispo,
+    "gspo": gspo,
+    "stable_reinforce": stable_reinforce,
 }
 
 
@@ -108,4 +164,14 @@ def check_inputs(name: str, inputs: Mapping[str, Any], length: int, index: int) 
 
 
 #: the per-token inputs whose length must equal the model input's
-LOSS_INPUT_KEYS = frozenset({"target_tokens", "weights", "logprobs", "advantages"})
+LOSS_INPUT_KEYS = frozenset(
+    {
+        "target_tokens",
+        "weights",
+        "logprobs",
+        "advantages",
+        "sequence_ratio_mask",
+        RECORDED_LOGPROBS,
+        RECORDED_MASK,
+    }
+)

@@ -49,8 +49,22 @@ _MESSAGES: dict[str, list[tuple[int, str, str, str | None]]] = {
         (7, "loss_fn_config_v2", "map string LossConfigValue", None),
     ],
     "LossConfigValue": [(1, "number", "double", "value"), (2, "text", "string", "value")],
-    # fields 3 and 4 (provenance spans) are not read: the local server has no use for them
-    "Datum": [(1, "model_input", "repeated Chunk", None), (2, "loss_fn_inputs", "map string Tensor", None)],
+    # the input's provenance (3) is not read: only the targets' (4) names what stable_reinforce trains on
+    "Datum": [
+        (1, "model_input", "repeated Chunk", None),
+        (2, "loss_fn_inputs", "map string Tensor", None),
+        (4, "loss_fn_input_spans", "repeated ProvenanceSpan", None),
+    ],
+    "ProvenanceSpan": [
+        (1, "prompt_tokens", "SpanRun", "span"),
+        (2, "sampled_tokens", "SpanRun", "span"),
+    ],
+    # the wire's PromptProvenanceSpan and SampledProvenanceSpan, which have the same fields
+    "SpanRun": [
+        (1, "sequence_id", "string", None),
+        (2, "offset", "int64", None),
+        (3, "length", "int64", None),
+    ],
     "Chunk": [
         (1, "encoded_text", "EncodedTextChunk", "chunk"),
         (2, "image", "ImageChunk", "chunk"),
@@ -288,7 +302,21 @@ def _datum(datum: Any, where: str) -> dict[str, Any]:
         name: _tensor(tensor, f"{where}.loss_fn_inputs[{name!r}]")
         for name, tensor in datum.loss_fn_inputs.items()
     }
-    return {"model_input": {"chunks": chunks}, "loss_fn_inputs": inputs}
+    out: dict[str, Any] = {"model_input": {"chunks": chunks}, "loss_fn_inputs": inputs}
+    if datum.loss_fn_input_spans:
+        # as the JSON datum's `loss_fn_input_spans` (`platoon.local_server.stability.parse_spans` reads them); a
+        # span with neither run is passed on empty, for that check to refuse
+        spans: list[dict[str, Any]] = []
+        for span in datum.loss_fn_input_spans:
+            kind = span.WhichOneof("span")
+            run = getattr(span, kind) if kind is not None else None
+            spans.append(
+                {}
+                if run is None
+                else {kind: {"sequence_id": run.sequence_id, "offset": run.offset, "length": run.length}}
+            )
+        out["loss_fn_input_spans"] = spans
+    return out
 
 
 def _tensor(tensor: Any, where: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon import plugins
 from platoon.episode.rollout import score_trajectory
+from platoon.train.tinker.provenance import with_loss_inputs
 
 if TYPE_CHECKING:
     import tinker
@@ -264,7 +265,7 @@ def apply_depth_weighting(
     action-token mass is preserved. Gamma: `gamma**depth` per datum, renormalised to an action-token-weighted mean
     of 1. A datum without `traj_depth` is at depth 0. With neither option the datums come back unchanged.
     """
-    from tinker import Datum, TensorData
+    from tinker import TensorData
 
     if depth_level_weighting and depth_level_discount_gamma is not None:
         raise ValueError(
@@ -306,7 +307,7 @@ def apply_depth_weighting(
         after[level] += math.fsum(abs(a) for a, m in zip(weighted, mask, strict=True) if m > 0)
         inputs = dict(datum.loss_fn_inputs)
         inputs["advantages"] = TensorData(data=weighted, dtype="float32", shape=[len(weighted)])
-        out.append(Datum(model_input=datum.model_input, loss_fn_inputs=inputs))
+        out.append(with_loss_inputs(datum, inputs))
 
     metrics: dict[str, float] = {"credit/max_depth": float(max(levels, default=0))}
     for level in levels:

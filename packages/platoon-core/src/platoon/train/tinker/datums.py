@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from platoon import hooks
 from platoon.train.tinker.advantages import GroupResult, is_skipped, trajectory_depths
+from platoon.train.tinker.provenance import PROVENANCE_LOSSES, Run, datum_with_provenance, with_loss_inputs
 
 if TYPE_CHECKING:
     import tinker
@@ -50,7 +51,7 @@ LOSS_TOKEN_COUNT = "loss_token_count"
 #: loss inputs that never reach the service
 PRIVATE_KEYS = ("mask", "checkpoint_version", "traj_depth", "traj_start", LOSS_TOKEN_COUNT, ERROR_MASK)
 #: losses whose objective is exactly zero when every advantage is
-ZERO_OBJECTIVE_LOSSES = ("cispo", "ppo", "importance_sampling")
+ZERO_OBJECTIVE_LOSSES = ("cispo", "ppo", "importance_sampling", "gspo")
 _CLIP_KEYS = frozenset({"clip_low_threshold", "clip_high_threshold"})
 
 
@@ -212,13 +213,17 @@ class _Accumulator:
         self.routing: int | None = None
         #: whether any item is an opaque (non-text) chunk; without one every item is a token (the fast paths)
         self.opaque = False
+        #: the sampled sequence behind every position; None once a call came without a sequence id
+        self.runs: list[Run] | None = []
 
     def is_prefix_of(self, prompt: list[Any]) -> bool:
         n = len(self.items)
         return n <= len(prompt) and prompt[:n] == self.items
 
-    def context(self, items: Sequence[Any], opaque: bool) -> None:
+    def context(self, items: Sequence[Any], opaque: bool, sequence_id: str | None = None) -> None:
+        """Prompt items of the call that sampled `sequence_id`, from where the running sequence ends."""
         width = sum(_width(item) for item in items) if opaque else len(items)
+        self._provenance(Run(False, sequence_id, len(self.logprobs), width) if sequence_id else None)
         self.opaque = self.opaque or opaque
         self.items.extend(items)
         self.logprobs.extend([0.0] * width)
@@ -227,15 +232,30 @@ class _Accumulator:
         self.errors.extend([False] * width)
 
     def action(
-        self, tokens: Sequence[int], logprobs: Sequence[float], advantage: float, trained: bool, error: bool
+        self,
+        tokens: Sequence[int],
+        logprobs: Sequence[float],
+        advantage: float,
+        trained: bool,
+        error: bool,
+        sequence_id: str | None = None,
     ) -> None:
         if len(tokens) != len(logprobs):
             raise ValueError(f"{len(tokens)} sampled tokens but {len(logprobs)} logprobs")
+        self._provenance(Run(True, sequence_id, 0, len(tokens)) if sequence_id else None)
         self.items.extend(map(int, tokens))
         self.logprobs.extend(map(float, logprobs))
         self.advantages.extend([advantage if trained else 0.0] * len(tokens))
         self.mask.extend([1.0 if trained else 0.0] * len(tokens))
         self.errors.extend([error and trained] * len(tokens))
+
+    def _provenance(self, run: Run | None) -> None:
+        if self.runs is None:
+            return
+        if run is None:
+            self.runs = None  # a position of unknown origin: the datum carries no provenance at all
+        elif run.length:
+            self.runs.append(run)
 
     def datum(self, extra: Mapping[str, tuple[list[Any], Dtype]]) -> tinker.Datum:
         """The standard shift: input = all but the last position, targets/arrays = all but the first."""
@@ -281,7 +301,13 @@ class _Accumulator:
             inputs[key] = TensorData(data=data, dtype=dtype, shape=[len(data)])
         if self.routing is not None:
             inputs["routing_handle"] = TensorData(data=[self.routing], dtype="int64", shape=[1])
-        return Datum(model_input=ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+        datum = Datum(model_input=ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+        # Only SDKs from 0.38 give sequences ids, and only their datums carry provenance.
+        return (
+            datum_with_provenance(datum, self.runs)
+            if self.runs and hasattr(datum, "with_provenance")
+            else datum
+        )
 
 
 def trajectory_datums(
@@ -328,18 +354,19 @@ def trajectory_datums(
         stats.calls += 1
         width = sum(_width(item) for item in prompt) if opaque else len(prompt)
         stats.tokens_before_merge += width + len(sampled)
+        sequence_id = interaction.sequence_id
         if acc.items and acc.is_prefix_of(prompt):
             stats.merged_calls += 1
-            acc.context(prompt[len(acc.items) :], opaque)
+            acc.context(prompt[len(acc.items) :], opaque, sequence_id)
         else:
             if acc.items:
                 sequences.append(acc)
                 acc = _Accumulator()
-            acc.context(prompt, opaque)
+            acc.context(prompt, opaque, sequence_id)
         trained = call_id not in message_ids
         if not trained:
             stats.message_masked_tokens += len(sampled)
-        acc.action(sampled, interaction.logprobs, advantage, trained, call_id in error_ids)
+        acc.action(sampled, interaction.logprobs, advantage, trained, call_id in error_ids, sequence_id)
         acc.routing = _routing_handle(interaction.routing_id)
     if acc.items:
         sequences.append(acc)
@@ -372,13 +399,15 @@ def _action_tokens(datum: tinker.Datum) -> int:
     return int(sum(1 for m in _data(datum, "mask") if m > 0))
 
 
-def _replace(datum: tinker.Datum, updates: Mapping[str, Any], drop: Iterable[str] = ()) -> tinker.Datum:
-    from tinker import Datum, TensorData
+def _replace(
+    datum: tinker.Datum, updates: Mapping[str, Any], drop: Iterable[str] = (), *, provenance: bool = True
+) -> tinker.Datum:
+    from tinker import TensorData
 
     inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k not in set(drop)}
     for key, (data, dtype) in updates.items():
         inputs[key] = TensorData(data=list(data), dtype=dtype, shape=[len(data)])
-    return Datum(model_input=datum.model_input, loss_fn_inputs=inputs)
+    return with_loss_inputs(datum, inputs, provenance=provenance)
 
 
 def filter_error_tokens(
@@ -640,13 +669,22 @@ def _sizes(datum: tinker.Datum) -> dict[str, float]:
     }
 
 
-def loss_datums(datums: Sequence[tinker.Datum]) -> list[tinker.Datum]:
+def loss_datums(datums: Sequence[tinker.Datum], loss_fn: str = "cispo") -> list[tinker.Datum]:
     """What `forward_backward` is sent: private keys stripped, advantages divided by the
-    represented action-token count of the microbatch (+1e-8) so the service's summed loss is a per-token mean."""
+    represented action-token count of the microbatch (+1e-8) so the service's summed loss is a per-token mean.
+    Under gspo the sequence ratio is taken over the action tokens (`sequence_ratio_mask`): prompt positions carry no
+    sampling logprob. Only a loss that reads provenance (stable_reinforce) is sent it."""
     represented = math.fsum(_represented(datum) for datum in datums)
     scale = 1.0 / (represented + 1e-8)
     out = []
     for datum in datums:
-        advantages = [a * scale for a in _data(datum, "advantages")]
-        out.append(_replace(datum, {"advantages": (advantages, "float32")}, drop=PRIVATE_KEYS))
+        updates: dict[str, tuple[list[float], str]] = {
+            "advantages": ([a * scale for a in _data(datum, "advantages")], "float32")
+        }
+        if loss_fn == "gspo":
+            updates["sequence_ratio_mask"] = (
+                [1.0 if m > 0 else 0.0 for m in _data(datum, "mask")],
+                "float32",
+            )
+        out.append(_replace(datum, updates, drop=PRIVATE_KEYS, provenance=loss_fn in PROVENANCE_LOSSES))
     return out

@@ -541,6 +541,13 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
+    def _sampler_options(self) -> dict[str, Any]:
+        """What every sampling client of the policy is made with: stable_reinforce trains on what the service
+        recorded when it sampled, so its samplers record (`record_stability_info`, SDKs from 0.38)."""
+        if self.config.train.loss_fn == "stable_reinforce":
+            return {"record_stability_info": True}
+        return {}
+
     async def _save(self, kind: str, batch: int, *, before_record: Callable[[], None] | None = None) -> Any:
         """A full checkpoint (state, then sampler weights, then its `checkpoints.jsonl` row with the task order's
         position); returns a sampler of the saved weights. Recovery saves (the launch one too) start a pruning
@@ -554,7 +561,9 @@ class Trainer:
         async with self.watchdog.keep_alive():
             state = await self.client.save_state(name).result_async()
             weights = await self.client.save_weights_for_sampler(name).result_async()
-            sampler = await tinker_sdk.call(self.client, "create_sampling_client", weights.path)
+            sampler = await tinker_sdk.call(
+                self.client, "create_sampling_client", weights.path, **self._sampler_options()
+            )
         if before_record is not None:
             before_record()
         self.checkpoints.record(
@@ -1067,7 +1076,9 @@ class Trainer:
                 sampler = await self._save(kind, done, before_record=log_step)
             else:
                 async with self.watchdog.keep_alive():
-                    sampler = await tinker_sdk.call(self.client, "save_weights_and_get_sampling_client")
+                    sampler = await tinker_sdk.call(
+                        self.client, "save_weights_and_get_sampling_client", **self._sampler_options()
+                    )
             self.policy.update(sampler, advanced=True)
             if not self._served:
                 self.gateway.sampler = sampler

@@ -68,7 +68,7 @@ def prepare_microbatch(
     )
     if not kept or (zero_objective(train_cfg.loss_fn, train_cfg.loss_fn_config) and all_zero):
         return None  # under a zero-objective loss an all-zero microbatch is never sent
-    return Microbatch(kept=kept, sent=loss_datums(kept))
+    return Microbatch(kept=kept, sent=loss_datums(kept, train_cfg.loss_fn))
 
 
 def optim_metrics(datums: Sequence[tinker.Datum], outputs: Sequence[Any], config: Any) -> dict[str, float]:

@@ -117,9 +117,10 @@ def _split_files(items: list[str]) -> tuple[list[str], list[str]]:
 
 def _training_start_lines(loaded: Any) -> tuple[list[str], list[str]]:
     """Every check `platoon train` makes before it starts, run as the start runs them (`preflight`, then
-    what a resume would refuse): (problems, sampling plan lines). Writes nothing."""
+    what a resume would refuse, then the service's capabilities): (problems, sampling plan lines). Writes nothing."""
     import asyncio
 
+    from platoon.startup.capabilities import service_problems
     from platoon.startup.training_preflight import preflight, resume_problems
     from platoon.train.tinker.task_order import plan_lines
 
@@ -129,6 +130,9 @@ def _training_start_lines(loaded: Any) -> tuple[list[str], list[str]]:
     except ConfigError as exc:
         return exc.problems, []
     problems = resume_problems(config, checked)
+    if not problems:
+        # The start's capability check, where the service can be reached (the local server is only built by a start).
+        problems = service_problems(config)
     # A plan for tasks the run refuses would describe a run that never happens.
     return problems, [] if problems else plan_lines(config, checked.pools)
 

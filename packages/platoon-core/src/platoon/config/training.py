@@ -278,6 +278,15 @@ class TrainConfig(ConfigModel):
             "stops (exit 1, resumable); 1 never stops"
         ),
     )
+    max_infra_failed_steps: Int = Field(
+        3,
+        ge=0,
+        description=(
+            "consecutive steps in which every rollout failed in the infrastructure with one same kind (sampling "
+            "errors, say), so nothing trained, before the run stops naming that kind (exit 1, resumable); 0 never "
+            "stops"
+        ),
+    )
 
     @field_validator("rollout_group_limits")
     @classmethod

@@ -923,7 +923,15 @@ def build_app(state: ServerState) -> Starlette:
         return {"status": "ok"}
 
     async def capabilities(request: Request) -> Any:
-        return {"supported_models": [{"model_name": state.model, "trainable": True, "sampleable": True}]}
+        model = {
+            "model_name": state.model,
+            "max_context_length": state.context_tokens,
+            "trainable": True,
+            "sampleable": True,
+        }
+        # `supported_loss_fns` is platoon's own field (the Tinker API lists no losses): a client that reads it
+        # knows at start which losses forward_backward takes, without a forward to find out.
+        return {"supported_models": [model], "supported_loss_fns": list(LOSS_FNS)}
 
     async def create_session(request: Request) -> Any:
         return ops.create_session(await parse(request))

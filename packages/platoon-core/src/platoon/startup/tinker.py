@@ -1,10 +1,15 @@
-"""What a run refuses of its Tinker service before any service starts: a loss function the service does not
-compute, a base model the local server cannot serve.
+"""What a run refuses of its Tinker service before any service starts: a loss function the installed Tinker SDK
+does not know or the local server does not compute, a base model the local server cannot serve.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
+import importlib.metadata
+import importlib.util
+from pathlib import Path
 
 from platoon.config.tinker import SDK_LOSS_FNS
 from platoon.local_server.losses import LOSS_NAMES
@@ -14,21 +19,76 @@ from platoon.renderers.tokenizers import (
     tokenizer_available_offline,
 )
 
-__all__ = ["local_model_problem", "loss_fn_problem"]
+__all__ = ["NEWEST_SDK", "local_model_problem", "loss_fn_problem", "sdk_loss_fns", "sdk_version"]
+
+#: the newest Tinker SDK release platoon allows (`tinker>=0.16.1,<0.39`)
+NEWEST_SDK = "0.38"
+
+
+def sdk_version() -> str | None:
+    """The installed Tinker SDK's version, None without one."""
+    try:
+        return importlib.metadata.version("tinker")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def sdk_loss_fns() -> tuple[str, ...]:
+    """The loss functions of the installed Tinker SDK: the names of its `tinker.types.LossFnType` literal, which the
+    SDK checks each request against (a newer SDK names more). Read from the module's source, so a start that never
+    talks to the service does not import the SDK; without an SDK, the oldest one platoon allows (`SDK_LOSS_FNS`)."""
+    spec = importlib.util.find_spec("tinker")  # a top-level name: finding it imports nothing
+    if spec is None or spec.origin is None:
+        return SDK_LOSS_FNS
+    source = Path(spec.origin).parent / "types" / "loss_fn_type.py"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return _imported_loss_fns()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "Literal":
+            names = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            found = tuple(name.value for name in names if isinstance(name, ast.Constant))
+            if found and all(isinstance(name, str) for name in found):
+                return found  # type: ignore[return-value]  # checked just above
+    return _imported_loss_fns()
+
+
+def _imported_loss_fns() -> tuple[str, ...]:
+    """`LossFnType`'s names from the imported SDK, where its source could not be read."""
+    import typing
+
+    from tinker.types import LossFnType
+
+    return tuple(typing.get_args(LossFnType))
 
 
 def loss_fn_problem(loss_fn: str, *, local: bool, where: str = "train.loss_fn") -> str | None:
-    """The refusal of a loss function the service would not compute (the local server computes fewer than the
-    SDK names), with the ones it does; None when it is known."""
-    if local:
-        known, who, does = LOSS_NAMES, "the local server", "computes"
-    else:
-        known, who, does = SDK_LOSS_FNS, "the Tinker SDK", "knows"
-    if loss_fn in known:
-        return None
-    close = difflib.get_close_matches(loss_fn, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"{where}: {who} has no loss function {loss_fn!r}{hint}; it {does} {', '.join(known)}"
+    """The refusal of a loss function the installed SDK would not send, or the local server would not compute (it
+    computes fewer than the SDK names), with the ones they do; None when both take it."""
+    known = sdk_loss_fns()
+    if loss_fn not in known:
+        version = sdk_version()
+        who = f"the installed Tinker SDK (tinker {version})" if version else "the Tinker SDK"
+        # platoon allows SDKs up to 0.38: an older one may lack a loss a newer one has
+        newest = version is not None and version.startswith(NEWEST_SDK)
+        upgrade = "" if newest else f", or install a newer tinker (platoon allows up to {NEWEST_SDK})"
+        return (
+            f"{where}: {who} has no loss function {loss_fn!r}{_did_you_mean(loss_fn, known)}; it knows "
+            f"{', '.join(known)}: set {where} to one of them{upgrade}"
+        )
+    if local and loss_fn not in LOSS_NAMES:
+        return (
+            f"{where}: the local server has no loss function {loss_fn!r}{_did_you_mean(loss_fn, LOSS_NAMES)}; it "
+            f"computes {', '.join(LOSS_NAMES)}"
+        )
+    return None
+
+
+def _did_you_mean(name: str, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _hub_offline() -> bool:

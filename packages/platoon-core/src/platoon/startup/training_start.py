@@ -1,6 +1,7 @@
 """The start of `platoon train` in this process, in order: the local server's child started early when the start
 will use it, the heartbeat, every check of `training_preflight` (a stale cached listing listed afresh), the Tinker
-key and sample timeout read, then `train.tinker.trainer.run_training` from the resume point.
+key and sample timeout read, then `train.tinker.trainer.run_training` from the resume point, which makes the
+capability check (`startup.capabilities`) as its Tinker session opens.
 
 A supervised child start (`python -m platoon.startup.supervised_start`) runs the same start.
 """
@@ -8,6 +9,7 @@ A supervised child start (`python -m platoon.startup.supervised_start`) runs the
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,8 +17,9 @@ from typing import TYPE_CHECKING
 from platoon.gateway.core import sample_timeout_with_source
 from platoon.gateway.tinker_service import check_tinker_key, uses_local_server
 from platoon.rollouts.records import read_identity
+from platoon.startup.capabilities import TrainingServiceCheck
 from platoon.startup.training import run_dir_of, start_problems
-from platoon.startup.training_preflight import preflight, relist_if_stale
+from platoon.startup.training_preflight import finished, preflight, relist_if_stale
 from platoon.train.tinker.checkpoints import CheckpointLog
 from platoon.train.tinker.heartbeat import doing, say, start_heartbeat, started_training
 from platoon.train.tinker.trainer import run_training, start_local_server
@@ -51,6 +54,12 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             config.train.sample_timeout_seconds, "train.sample_timeout_seconds"
         )
         say(f"sample timeout {timeout:g} s ({source})")
+        service_check = TrainingServiceCheck(config)
+        if server is None and not uses_local_server(config.tinker_base_url) and not finished(config, checked):
+            # A service in reach now is asked before the run dir is held: a refusal leaves nothing written.
+            doing("asking the Tinker service what it can do")
+            base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or None
+            await service_check.before_training_client(base_url, api_key, early=True)
         return await run_training(
             config,
             checked,
@@ -59,6 +68,7 @@ async def train(config: PlatoonTinkerRLTrainerConfig, *, loaded: LoadedConfig | 
             sample_timeout_seconds=timeout,
             server=server,
             began=began,
+            service_check=service_check,
         )
     finally:
         started_training()  # the heartbeat stops, if the first step did not stop it

@@ -21,6 +21,7 @@ __all__ = [
     "BatchStats",
     "infra_counts",
     "infra_kind",
+    "infra_reason",
     "label_prefix",
 ]
 
@@ -72,6 +73,22 @@ def infra_counts(groups: Iterable[GroupOutput]) -> tuple[Counter[str], int]:
             if kind is not None:
                 kinds[kind] += 1
     return kinds, rollouts
+
+
+def infra_reason(groups: Iterable[GroupOutput]) -> str | None:
+    """What the last member of `groups` that failed in the infrastructure says of its failure (its root outcome's
+    reason, else its disposition), None when none failed there."""
+    said: str | None = None
+    for group in groups:
+        for member in group.members:
+            kind = infra_kind(member)
+            if kind is None:
+                continue
+            root = member.collection.root if member.collection is not None else None
+            outcome = root.misc.get("outcome") if root is not None else None
+            reason = outcome.get("reason") if isinstance(outcome, Mapping) else None
+            said = str(reason) if reason else str(member.disposition or kind)
+    return said
 
 
 def _usage(trajectory: Trajectory) -> tuple[int, int, int]:

@@ -35,7 +35,7 @@ from platoon.rollouts.workers import RolloutWorkers
 from platoon.train.tinker import evaluation
 from platoon.train.tinker.admission import AdmissionQueue, Row
 from platoon.train.tinker.attempt_log import AttemptLog, ResumePlan, datum_digest
-from platoon.train.tinker.batch_stats import BatchStats, infra_counts
+from platoon.train.tinker.batch_stats import BatchStats, infra_counts, infra_reason
 from platoon.train.tinker.checkpoints import CheckpointLog, checkpoint_due, checkpoint_name
 from platoon.train.tinker.heartbeat import doing, say, started_training
 from platoon.train.tinker.metrics_log import MetricsLog
@@ -231,9 +231,13 @@ class Trainer:
         service_monitor: ServiceMonitor | None = None,
         eval_tasks: list[Any] | None = None,
         started_at: float | None = None,
+        service_check: Any = None,
     ) -> None:
 
         self.config = config
+        #: the start's capability check (`platoon.startup.capabilities.TrainingServiceCheck`), made as the session
+        #: opens: before the training client, and with it, before any rollout
+        self.service_check = service_check
         self.order = order
         self.run_dir = run_dir
         self.base_url = base_url
@@ -304,6 +308,10 @@ class Trainer:
         self._results: asyncio.Queue[tuple[Row, GroupOutput | None, str | None]] = asyncio.Queue()
         self._failing = _FailingSteps()
         self._infra = _InfraWindow()
+        #: the run of steps in which every rollout failed in the infrastructure with one kind (the "cause"), and
+        #: what the last such rollout said of it
+        self._all_infra = _FailingSteps()
+        self._infra_said: str | None = None
         #: the optimizer steps the run had when this start began (whether this start trained anything)
         self._started_with_updates = self.optimizer_steps
         self._background: list[asyncio.Future[None]] = []
@@ -403,8 +411,14 @@ class Trainer:
 
         service = await call_service("a session", self.base_url, lambda: asyncio.to_thread(open_service))
         self.service = service
+        check = self.service_check
+        if check is not None:
+            doing("asking the Tinker service what it can do")
+            await check.before_training_client(self.base_url, self.api_key)
         doing("creating the training client")  # the local server builds its model now (if not warm yet)
         self.client = await training_client(service, self.config, self.resume, self.base_url)
+        if check is not None:
+            await check.with_training_client(self.client, self.base_url)
         self.pruner = Pruner(
             self.checkpoints,
             self.config.checkpoint.keep_recovery,
@@ -787,6 +801,9 @@ class Trainer:
                     return await self._evaluation_failed(step + 1, self._eval_failed)
                 if self._failing.steps >= FAILED_STEPS_LIMIT:
                     return await self._groups_failed(step + 1)
+                limit = train.max_infra_failed_steps
+                if limit and self._all_infra.steps >= min(limit, self.end_batch - self.start_batch):
+                    return await self._nothing_trains(step + 1)
                 infra = self._infra.over(train.max_infra_failure_rate, self.end_batch - self.start_batch)
                 if infra is not None:
                     return await self._infra_failing(step + 1, infra)
@@ -850,6 +867,23 @@ class Trainer:
         the few left; what trained is kept in an `_interrupted` checkpoint, so the same command resumes."""
         await self._keep_what_trained(reached)
         say(f"training stopped at step {reached}: {why}; fix that, then the same command resumes")
+        return EXIT_INFRA_FAILING
+
+    async def _nothing_trains(self, reached: int) -> int:
+        """Stop because every rollout of the last `train.max_infra_failed_steps` steps failed in the
+        infrastructure with one kind (said in one line, naming it), instead of stepping on with no update. The
+        weights are those before those steps, kept as of the step before them: a resume redoes them."""
+        failing = self._all_infra
+        latest = self.checkpoints.latest_resumable()
+        if failing.first - 1 > self.start_batch and (latest is None or latest.batch < failing.first - 1):
+            await self._save("interrupted", failing.first - 1)
+        steps = f"step {failing.first}" if failing.steps == 1 else f"steps {failing.first}..{failing.last}"
+        said = f" (the last: {self._infra_said})" if self._infra_said else ""
+        say(
+            f"training stopped at step {reached}: every rollout of {steps} failed in the infrastructure with "
+            f"{failing.cause}{said}, so nothing trained (train.max_infra_failed_steps "
+            f"{self.config.train.max_infra_failed_steps}); fix that, then the same command resumes"
+        )
         return EXIT_INFRA_FAILING
 
     async def _next_group(self, can_abandon: bool) -> tuple[Row, GroupOutput | None, str | None]:
@@ -1061,6 +1095,10 @@ class Trainer:
         self._failing.record(done, cause)
         infra_kinds, rollouts = infra_counts(consumed)
         self._infra.record(done, infra_kinds, rollouts)
+        only_kind = next(iter(infra_kinds)) if len(infra_kinds) == 1 else None
+        self._all_infra.record(done, only_kind if not applied and infra_kinds.total() == rollouts else None)
+        if self._all_infra.cause is not None:
+            self._infra_said = infra_reason(consumed)
         infra_text = ""
         if infra_kinds:
             ranked = sorted(infra_kinds.items(), key=lambda item: (-item[1], item[0]))  # ties by name: stable

@@ -127,11 +127,13 @@ async def run_training(
     sample_timeout_seconds: float,
     server: LocalServerChild | None,
     began: float,
+    service_check: Any = None,
 ) -> int:
     """Train from a checked start to the end; returns the exit status. A refused resume raises ConfigError (78).
 
     `api_key` is the Tinker key the checks read (None only with the local server, which issues its own);
-    `server` the local server's child when the start began it early, else None (it is started here when needed).
+    `server` the local server's child when the start began it early, else None (it is started here when needed);
+    `service_check` the start's capability check, which the trainer makes as its session opens.
     """
     run_dir, pools, resume, order = checked.run_dir, checked.pools, checked.resume, checked.order
     services, service_kwargs, held_out = checked.services, checked.service_kwargs, checked.held_out
@@ -202,6 +204,7 @@ async def run_training(
             renderer=renderer,
             service_monitor=monitor,
             started_at=began,
+            service_check=service_check,
         )
         # In-process rollouts run harness code here: the key, read once above, is not in their environment.
         with withheld_from_environment((KEY_VARIABLE,)):

@@ -1,0 +1,205 @@
+"""The start's capability check, with the real Tinker SDK against platoon's local server: a loss the installed SDK
+does not know, a loss the service does not compute, a model the service does not serve (a retired one with its
+replacement) and a context window past the model's are each refused in one line, exit 78, before anything is
+written, and `platoon config validate` says the same line. A service that lists no losses is asked with a
+one-datum forward, which is refused as the service refuses the loss.
+
+The local server runs here as a service of its own at a URL (`tinker_base_url`), as hosted Tinker or skyrl-tx would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from platoon.cli import main
+from platoon.local_server import LocalTinkerServer
+
+REPO = Path(__file__).resolve().parents[3]
+BANDIT = REPO / "examples" / "bandit" / "train.yaml"
+SDK = importlib.metadata.version("tinker")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTinkerServer]:
+    """The local server serving platoon/toy at a URL, as a service of its own."""
+    with LocalTinkerServer(state_dir=tmp_path_factory.mktemp("service")) as running:
+        yield running
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A site profile of the test's own (its cache holds the listing and the local server's checkpoints)."""
+    for name in ("TINKER_API_KEY", "TINKER_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    profile = tmp_path / "site.yaml"
+    profile.write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    return tmp_path
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[list[str], list[str]]:
+    """(what `config validate` says of the config, what `platoon train` says) of a config both refuse with 78."""
+    config, overrides = argv[0], argv[1:]
+    assert main(["config", "validate", config, *overrides]) == 78
+    validated = [line.strip() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert main(["train", config, *overrides]) == 78
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "platoon: step " not in err  # refused before the first rollout
+    last = err.splitlines()[-1]
+    if last.startswith("platoon: invalid config"):
+        return validated, [line.strip() for line in err.splitlines() if line.startswith("  ")]
+    return validated, [last.removeprefix("platoon: ")]
+
+
+def _on_service(
+    server: LocalTinkerServer, project: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
+) -> list[str]:
+    monkeypatch.setenv("TINKER_API_KEY", server.api_key)
+    return [str(BANDIT), f"log_path={project / 'runs'}", f"tinker_base_url={server.base_url}", *overrides]
+
+
+def _nothing_written(project: Path) -> bool:
+    return not (project / "runs" / "bandit" / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(not SDK.startswith(("0.16.", "0.38.")), reason="the lines name the oldest or newest SDK")
+def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_starts(project, capsys):
+    # SDK 0.16.1 has no stable_reinforce; 0.38 knows it and names no reinforce_pp.
+    loss, line = {
+        "0.16.": (
+            "stable_reinforce",
+            "train.loss_fn: the installed Tinker SDK (tinker 0.16.1) has no loss function 'stable_reinforce'; it "
+            "knows cross_entropy, importance_sampling, ppo, cispo, dro: set train.loss_fn to one of them, or install "
+            "a newer tinker (platoon allows up to 0.38)",
+        ),
+        "0.38.": (
+            "reinforce_pp",
+            "train.loss_fn: the installed Tinker SDK (tinker 0.38.0) has no loss function 'reinforce_pp' (did you "
+            "mean stable_reinforce?); it knows cross_entropy, importance_sampling, ppo, cispo, dro, gspo, "
+            "stable_reinforce, custom: set train.loss_fn to one of them",
+        ),
+    }[SDK[:5]]
+    # on the embedded local server, which is not even started
+    validated, trained = _refused(
+        capsys, [str(BANDIT), f"log_path={project / 'runs'}", f"train.loss_fn={loss}"]
+    )
+    assert validated == trained == [line]
+    assert not (project / "runs").exists()
+
+
+def test_the_sdk_loss_functions_are_read_from_the_installed_sdk_without_importing_it():
+    import subprocess
+    import sys
+    import typing
+
+    from tinker.types import LossFnType
+
+    from platoon.startup.tinker import sdk_loss_fns
+
+    assert sdk_loss_fns() == typing.get_args(LossFnType)
+    code = "import sys; from platoon.startup.tinker import sdk_loss_fns; sdk_loss_fns(); print('tinker' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    )
+
+
+def test_a_loss_the_service_does_not_compute_is_refused_before_anything_is_written(
+    server, project, capsys, monkeypatch
+):
+    # dro is the SDK's (both ends of the range) but not the local server's, which lists its losses
+    argv = _on_service(server, project, monkeypatch, "train.loss_fn=dro")
+    validated, trained = _refused(capsys, argv)
+    assert (
+        validated
+        == trained
+        == [
+            f"train.loss_fn: the Tinker service at {server.base_url} does not compute the loss 'dro'; it computes "
+            "cross_entropy, importance_sampling, ppo, cispo: set train.loss_fn to one of them"
+        ]
+    )
+    assert _nothing_written(project)
+
+
+def test_a_retired_model_is_refused_with_the_replacement_and_the_models_the_service_serves(
+    server, project, capsys, monkeypatch
+):
+    argv = _on_service(server, project, monkeypatch, "train.model_name=Qwen/Qwen3-30B-A3B")
+    validated, trained = _refused(capsys, argv)
+    assert (
+        validated
+        == trained
+        == [
+            f"train.model_name: the Tinker service at {server.base_url} does not serve 'Qwen/Qwen3-30B-A3B' (hosted "
+            "Tinker retired it on 2026-06-12 and recommends Qwen/Qwen3.6-35B-A3B); it serves platoon/toy: set "
+            "train.model_name to one of them"
+        ]
+    )
+    assert _nothing_written(project)
+
+
+def test_a_context_window_past_the_models_is_refused(server, project, capsys, monkeypatch):
+    argv = _on_service(server, project, monkeypatch, "train.context_window_length=40000")
+    validated, trained = _refused(capsys, argv)
+    assert (
+        validated
+        == trained
+        == [
+            f"train.context_window_length: 40000 is over the 32768 tokens the Tinker service at {server.base_url} "
+            "gives 'platoon/toy': lower it to 32768 or less, or leave it unset"
+        ]
+    )
+    assert _nothing_written(project)
+
+
+def test_a_config_the_service_can_run_passes_validate(server, project, capsys, monkeypatch):
+    argv = _on_service(server, project, monkeypatch, "train.context_window_length=32768")
+    assert main(["config", "validate", *argv]) == 0, capsys.readouterr().out
+
+
+def _training_client(server: LocalTinkerServer) -> Any:
+    import tinker
+
+    service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+    made = service.create_lora_training_client(base_model="platoon/toy", rank=8)
+    # SDK 0.38 hands back a future of the client
+    return service, made if hasattr(made, "forward") and not hasattr(made, "result") else made.result()
+
+
+def test_the_loss_probe_is_refused_as_the_service_refuses_the_loss(server):
+    from tinker import types
+
+    from platoon.gateway.tinker_service import close_session
+    from platoon.startup.capabilities import loss_probe_problem
+
+    service, client = _training_client(server)
+    try:
+
+        def probe(loss: str, config: dict[str, float] | None = None) -> str | None:
+            return asyncio.run(loss_probe_problem(client, loss, config, who="the service"))
+
+        text = [ord(c) for c in "Hello"]
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(text[:-1]), loss_fn_inputs={"target_tokens": text[1:]}
+        )
+
+        def logprobs() -> list[float]:
+            return list(client.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].data)
+
+        before = logprobs()
+        assert probe("cispo", {"clip_low_threshold": 0.0, "clip_high_threshold": 5.0}) is None
+        assert probe("cross_entropy") is None
+        assert probe("dro") == (
+            "train.loss_fn: the service refused a forward with the loss 'dro' (HTTP 400: unknown loss_fn 'dro'; the "
+            "local server knows cross_entropy, importance_sampling, ppo, cispo): set train.loss_fn (and "
+            "train.loss_fn_config) to what it computes"
+        )
+        assert logprobs() == before  # the probes changed no weights
+    finally:
+        close_session(service)

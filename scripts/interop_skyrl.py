@@ -439,20 +439,51 @@ def read_jsonl(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def train_overrides(url: str, model_dir: Path, runs: Path, steps: int) -> list[str]:
+def train_overrides(
+    url: str, model_dir: Path, runs: Path, steps: int, loss: str | None = SKYRL_LOSS
+) -> list[str]:
+    """The bandit example's config pointed at skyrl-tx and made small; `loss` None keeps the example's (cispo)."""
     return [
         f"tinker_base_url={url}",
         f"log_path={runs}",
         f"train.model_name={model_dir}",
-        f"train.loss_fn={SKYRL_LOSS}",
+        *([f"train.loss_fn={loss}"] if loss else []),
         f"train.max_training_steps={steps}",
         "train.batch_size=2",
         "train.workflow_config.group_size=4",
-        # the reply is one letter and <|im_end|>; skyrl-tx samples every token of max_tokens on the CPU
+        # the reply is one letter and <|im_end|>; a short budget keeps each sampling call on the CPU short
         "train.workflow_config.rollout_config.inference_params.max_completion_tokens=4",
         "train.sample_timeout_seconds=300",
         "checkpoint.every=0",
     ]
+
+
+def sample_requests(server_log: Path) -> int:
+    """Sampling requests skyrl-tx has taken so far (its access log)."""
+    return server_log.read_text(errors="replace").count("/api/v1/asample")
+
+
+def check_refusal(
+    report: Report, finished: Finished, runs: Path, samples_before: int, samples_after: int
+) -> None:
+    """A loss skyrl-tx lacks is refused at start: exit 78, one line naming the loss (after the progress lines, no
+    traceback), no rollout, nothing sampled."""
+    lines = [line for line in finished.output.splitlines() if line.strip()]
+    refusal = lines[-1] if lines else ""
+    one_line = (
+        "Traceback" not in finished.output
+        and refusal.startswith("platoon: train.loss_fn")
+        and "cispo" in refusal
+    )
+    run_dir = runs / "bandit" / "run"
+    rolled_out = (run_dir / "rollouts").exists() or (run_dir / "metrics.jsonl").exists()
+    report.check(
+        finished.returncode == 78 and one_line and not rolled_out and samples_after == samples_before,
+        f"platoon train with the default loss (cispo) exited {finished.returncode} in {finished.seconds:.0f} s, "
+        f"{'one line naming train.loss_fn' if one_line else 'not in one line'}, "
+        f"{samples_after - samples_before} sampling request(s), {'rollouts written' if rolled_out else 'no rollout'}",
+    )
+    report.note(f"it said: {refusal[:400]}")
 
 
 def check_training(report: Report, finished: Finished, run_dir: Path, steps: int) -> dict[str, object] | None:
@@ -612,6 +643,25 @@ def run_checks(args: argparse.Namespace, workdir: Path, report: Report) -> int:
             raise CheckFailed("no platoon environment's SDK opens a session with skyrl-tx")
         chosen = usable[-1]
         report.note(f"platoon runs from {chosen.path} (tinker {chosen.sdk})")
+
+        section("platoon train with the example's loss (cispo), which skyrl-tx lacks: refused at start")
+        refused_runs = workdir / "runs-refused"
+        shutil.rmtree(refused_runs, ignore_errors=True)
+        server_log = workdir / "server" / "server.log"
+        samples_before = sample_requests(server_log)
+        finished = run_platoon(
+            chosen,
+            [
+                "train",
+                str(TRAIN_EXAMPLE),
+                *train_overrides(url, model_dir, refused_runs, args.steps, loss=None),
+            ],
+            cwd=workdir,
+            timeout=REFUSAL_TIMEOUT,
+            log=workdir / "train-refused.log",
+        )
+        print(finished.output.rstrip(), flush=True)
+        check_refusal(report, finished, refused_runs, samples_before, sample_requests(server_log))
 
         section(f"platoon train: the bandit, {args.steps} steps, loss_fn {SKYRL_LOSS}")
         runs = workdir / "runs"

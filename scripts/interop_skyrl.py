@@ -4,9 +4,10 @@
 
 It installs skyrl-tx 0.3.0 (with CPU JAX) into an environment of its own under `.cache/skyrl-tx/venv` (about
 6 GB, outside the workspace's lock), builds a tiny Qwen3 checkpoint there (no hub), starts skyrl-tx's API server
-and engine on it, asks each platoon environment's Tinker SDK whether it can talk to the server, then runs
-`platoon train` on the bandit (a few steps, `loss_fn: importance_sampling`) and `platoon eval` of its last
-checkpoint from the platoon environment that can, and checks that the run trained and recorded its checkpoints.
+and engine on it, asks each platoon environment's Tinker SDK whether it can talk to the server, then, from the
+platoon environment that can: checks that `platoon train` with the example's loss (cispo, which skyrl-tx lacks) is
+refused at start (exit 78), runs `platoon train` on the bandit (a few steps, `loss_fn: importance_sampling`) and
+`platoon eval` of its final checkpoint, and checks that the run trained and recorded its checkpoints.
 It ends with a short report; exit 0 when every check passed, 1 otherwise. docs/local-server.md says more.
 
 What it works around, without touching skyrl-tx's files:
@@ -451,8 +452,6 @@ def train_overrides(
         f"train.max_training_steps={steps}",
         "train.batch_size=2",
         "train.workflow_config.group_size=4",
-        # the reply is one letter and <|im_end|>; a short budget keeps each sampling call on the CPU short
-        "train.workflow_config.rollout_config.inference_params.max_completion_tokens=4",
         "train.sample_timeout_seconds=300",
         "checkpoint.every=0",
     ]
@@ -696,7 +695,6 @@ def run_checks(args: argparse.Namespace, workdir: Path, report: Report) -> int:
                     f"inference.model_path={sampler_path}",
                     f"inference.output_dir={eval_dir}",
                     "inference.workflow.num_rollouts_per_task=2",
-                    "inference.workflow.rollout_config.inference_params.max_completion_tokens=4",
                     "inference.sample_timeout_seconds=300",
                 ],
                 cwd=workdir,

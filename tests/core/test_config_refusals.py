@@ -203,11 +203,6 @@ def refusal(capsys, *overrides: str) -> tuple[list[str], list[str]]:
             "importance_sampling, ppo, cispo",
         ),
         (
-            ["train.loss_fn=cipso", "tinker_base_url=https://tinker.example"],
-            "train.loss_fn: the Tinker SDK has no loss function 'cipso' (did you mean cispo?); it knows "
-            "cross_entropy, importance_sampling, ppo, cispo, dro",
-        ),
-        (
             ["train.workflow_config.group_size=1000000000"],
             "train.workflow_config.group_size: Input should be less than or equal to 1024 (got 1000000000)",
         ),
@@ -263,11 +258,13 @@ def test_a_model_the_local_server_cannot_serve_offline_is_refused_with_what_it_s
     assert status == 0, capsys.readouterr().out
 
 
-def test_the_sdk_loss_functions_are_the_installed_sdks():
+def test_the_oldest_sdks_loss_functions_are_a_part_of_the_installed_sdks():
+    # SDK_LOSS_FNS stands in for an SDK platoon cannot find; a loss the installed SDK lacks is tested in
+    # tests/core/train/test_capability_check.py
     import typing
 
     from tinker.types import LossFnType
 
     from platoon.config.tinker import SDK_LOSS_FNS
 
-    assert set(SDK_LOSS_FNS) == set(typing.get_args(LossFnType))
+    assert set(SDK_LOSS_FNS) <= set(typing.get_args(LossFnType))

@@ -19,10 +19,13 @@ import pytest
 
 from platoon.cli import main
 from platoon.local_server import LocalTinkerServer
+from platoon.local_server.losses import LOSS_NAMES
 
 REPO = Path(__file__).resolve().parents[3]
 BANDIT = REPO / "examples" / "bandit" / "train.yaml"
 SDK = importlib.metadata.version("tinker")
+#: the losses the local server computes, as its answers list them
+COMPUTED = ", ".join(LOSS_NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,9 @@ def _nothing_written(project: Path) -> bool:
 
 
 @pytest.mark.skipif(not SDK.startswith(("0.16.", "0.38.")), reason="the lines name the oldest or newest SDK")
-def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_starts(project, capsys):
+def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_starts(
+    project, capsys, monkeypatch
+):
     # SDK 0.16.1 has no stable_reinforce; 0.38 knows it and names no reinforce_pp.
     loss, line = {
         "0.16.": (
@@ -86,10 +91,10 @@ def test_a_loss_the_installed_sdk_does_not_know_is_refused_before_anything_start
             "stable_reinforce, custom: set train.loss_fn to one of them",
         ),
     }[SDK[:5]]
-    # on the embedded local server, which is not even started
-    validated, trained = _refused(
-        capsys, [str(BANDIT), f"log_path={project / 'runs'}", f"train.loss_fn={loss}"]
-    )
+    # refused from the SDK alone, before any service is asked
+    monkeypatch.setenv("TINKER_API_KEY", "tml-" + "k" * 20)
+    argv = [str(BANDIT), f"log_path={project / 'runs'}", "tinker_base_url=https://tinker.example"]
+    validated, trained = _refused(capsys, [*argv, f"train.loss_fn={loss}"])
     assert validated == trained == [line]
     assert not (project / "runs").exists()
 
@@ -121,7 +126,7 @@ def test_a_loss_the_service_does_not_compute_is_refused_before_anything_is_writt
         == trained
         == [
             f"train.loss_fn: the Tinker service at {server.base_url} does not compute the loss 'dro'; it computes "
-            "cross_entropy, importance_sampling, ppo, cispo: set train.loss_fn to one of them"
+            f"{COMPUTED}: set train.loss_fn to one of them"
         ]
     )
     assert _nothing_written(project)
@@ -197,9 +202,60 @@ def test_the_loss_probe_is_refused_as_the_service_refuses_the_loss(server):
         assert probe("cross_entropy") is None
         assert probe("dro") == (
             "train.loss_fn: the service refused a forward with the loss 'dro' (HTTP 400: unknown loss_fn 'dro'; the "
-            "local server knows cross_entropy, importance_sampling, ppo, cispo): set train.loss_fn (and "
-            "train.loss_fn_config) to what it computes"
+            f"local server knows {COMPUTED}): set train.loss_fn (and train.loss_fn_config) to what it computes"
         )
         assert logprobs() == before  # the probes changed no weights
     finally:
         close_session(service)
+
+
+EVAL = REPO / "examples" / "bandit" / "eval.yaml"
+
+
+def test_an_evaluation_of_a_model_the_service_does_not_serve_is_refused_before_any_rollout(
+    server, project, capsys, monkeypatch
+):
+    monkeypatch.setenv("TINKER_API_KEY", server.api_key)
+    argv = [
+        str(EVAL),
+        f"tinker_base_url={server.base_url}",
+        "inference.model_name=Qwen/Qwen3-30B-A3B-Instruct-2507",
+        f"inference.output_dir={project / 'eval'}",
+    ]
+    line = (
+        f"inference.model_name: the Tinker service at {server.base_url} does not serve "
+        "'Qwen/Qwen3-30B-A3B-Instruct-2507' (hosted Tinker retired it on 2026-06-12 and recommends "
+        "Qwen/Qwen3.6-35B-A3B (in non-thinking mode)); it serves platoon/toy: set inference.model_name to one of them"
+    )
+    assert main(["config", "validate", *argv]) == 78
+    assert [text.strip() for text in capsys.readouterr().out.splitlines()[1:]] == [line]
+    assert main(["eval", *argv]) == 78
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"platoon: {line}"
+    assert not (project / "eval").exists()
+
+
+def test_no_example_default_or_doc_names_a_model_hosted_tinker_retired():
+    from platoon.startup.retired_models import RETIRED_MODELS
+
+    places = [REPO / "README.md", *(REPO / folder for folder in ("docs", "examples", "recipes"))]
+    places += [path / "src" for path in (REPO / "packages").iterdir()]
+    named = []
+    for place in places:
+        files = (
+            [place]
+            if place.is_file()
+            else [p for p in place.rglob("*") if p.suffix in (".md", ".yaml", ".py")]
+        )
+        for path in files:
+            if path.name == "retired_models.py":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                # a line about a retired model (a refusal it shows) names it on purpose
+                if "retired" not in line:
+                    named += [
+                        f"{path.relative_to(REPO)}:{number}: {model}"
+                        for model in RETIRED_MODELS
+                        if model in line
+                    ]
+    assert named == []

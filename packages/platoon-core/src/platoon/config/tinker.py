@@ -15,8 +15,8 @@ __all__ = [
     "check_tinker_base_url",
 ]
 
-#: the loss functions of the Tinker SDK platoon installs (`tinker>=0.16.1,<0.17`, its `LossFnType`): the SDK refuses
-#: any other name only once the first step's batch is built (a test compares this with the installed SDK's)
+#: the loss functions of the oldest Tinker SDK platoon allows (0.16.1, its `LossFnType`): what a start assumes when it
+#: cannot read the installed SDK's own (`platoon.startup.tinker.sdk_loss_fns`), which newer SDKs extend
 SDK_LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
 #: the kinds of checkpoint a `tinker://` path names (the Tinker SDK parses the same two)
 CHECKPOINT_KINDS = ("weights", "sampler_weights")

@@ -24,6 +24,7 @@ from platoon.startup.retired_models import retired
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
+    from platoon.eval.policy import PolicySpec
 
 __all__ = [
     "Capabilities",
@@ -32,6 +33,7 @@ __all__ = [
     "ask_capabilities",
     "capability_problems",
     "loss_probe_problem",
+    "policy_problems",
     "service_name",
     "service_problems",
 ]
@@ -315,14 +317,11 @@ def service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
         api_key = check_tinker_key(config.tinker_base_url)
     except ConfigError:  # the preflight said so already
         return []
-    train = config.train
     base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or None
-    try:
-        capabilities = asyncio.run(
-            ask_capabilities(base_url, api_key, max_retries=0, timeout=VALIDATE_TIMEOUT_SECONDS)
-        )
-    except Exception:  # out of reach, or no answer: validate checks what it can
+    capabilities = asyncio.run(_answer_once(base_url, api_key))
+    if capabilities is None:
         return []
+    train = config.train
     return capability_problems(
         capabilities,
         model=train.model_name,
@@ -331,3 +330,37 @@ def service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
         loss_fn=train.loss_fn,
         context_window_length=train.context_window_length,
     )
+
+
+async def policy_problems(spec: PolicySpec) -> list[str]:
+    """An evaluation's capability check of the Tinker service its policy samples (`platoon eval` and `config
+    validate`; not the local server, not a hosted model): a base model the service does not serve or cannot
+    sample, a context window past the model's. A checkpoint (`inference.model_path`) is the service's to open."""
+    if spec.backend != "tinker" or spec.model_path is not None or uses_local_server(spec.base_url):
+        return []
+    if not installed("tinker"):
+        return []
+    try:
+        api_key = check_tinker_key(spec.base_url)
+    except ConfigError:  # the key check says so
+        return []
+    base_url = spec.tinker_base_url()
+    capabilities = await _answer_once(base_url, api_key)
+    if capabilities is None:
+        return []
+    return capability_problems(
+        capabilities,
+        model=spec.model,
+        who=service_name(base_url),
+        train=False,
+        context_window_length=spec.context_window_length,
+        prefix="inference",
+    )
+
+
+async def _answer_once(base_url: str | None, api_key: str | None) -> Capabilities | None:
+    """The service's answer, asked once within `VALIDATE_TIMEOUT_SECONDS`; None when it is out of reach."""
+    try:
+        return await ask_capabilities(base_url, api_key, max_retries=0, timeout=VALIDATE_TIMEOUT_SECONDS)
+    except Exception:  # out of reach, or no answer: what can be checked is checked
+        return None

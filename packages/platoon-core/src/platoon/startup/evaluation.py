@@ -17,6 +17,7 @@ from platoon.eval.tasks import list_tasks
 from platoon.naming import split_ref
 from platoon.rollouts.eval_records import provenance_mismatch
 from platoon.rollouts.records import RunDirInUse, check_run_dir_free, writable_dir_problem
+from platoon.startup.capabilities import policy_problems
 from platoon.startup.checks import component_problems, run_problems
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) ->
     """Every refusal an evaluation's start makes before it writes anything, one line each, writing nothing (what
     `platoon config validate` reports for an evaluation config): the policy's key, the sample timeout, a writable
     output directory no live start holds and no other policy's rollouts fill, every component resolving, the
-    tasks."""
+    tasks, and what the policy's Tinker service says it can do."""
     problems: list[str] = []
     spec = PolicySpec.of_eval(config)
     for check in (
@@ -135,4 +136,6 @@ async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) ->
             await list_tasks(config, split=config.split, base_dir=loaded.path.parent)
         except ConfigError as exc:
             problems += exc.problems
+    if not problems:
+        problems += await policy_problems(spec)  # the start's capability check, where the service is in reach
     return problems

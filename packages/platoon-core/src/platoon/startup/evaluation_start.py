@@ -19,6 +19,7 @@ from platoon.eval.policy import PolicySpec, check_policy_key, sample_timeout_lin
 from platoon.eval.tasks import list_tasks
 from platoon.rollouts.eval_records import provenance_mismatch
 from platoon.rollouts.records import writable_dir_problem
+from platoon.startup.capabilities import policy_problems
 from platoon.startup.evaluation import check_output_dir_free, evaluation_problems, ignored_output_dir_lines
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ async def start_evaluation(
         if refusal is not None:
             raise ConfigError(refusal)
     problems = evaluation_problems(config)
+    if not problems:
+        problems = await policy_problems(spec)  # what the Tinker service says it can do, before any rollout
     if problems:
         raise ConfigError(problems)
     # Listed before the directory is made: a service that cannot list is refused with nothing written.

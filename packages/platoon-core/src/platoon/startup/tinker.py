@@ -68,6 +68,11 @@ def loss_fn_problem(loss_fn: str, *, local: bool, where: str = "train.loss_fn") 
     """The refusal of a loss function the installed SDK would not send, or the local server would not compute (it
     computes fewer than the SDK names), with the ones they do; None when both take it."""
     known = sdk_loss_fns()
+    if local and loss_fn not in LOSS_NAMES:
+        return (
+            f"{where}: the local server has no loss function {loss_fn!r}{_did_you_mean(loss_fn, LOSS_NAMES)}; it "
+            f"computes {', '.join(LOSS_NAMES)}"
+        )
     if loss_fn not in known:
         version = sdk_version()
         who = f"the installed Tinker SDK (tinker {version})" if version else "the Tinker SDK"
@@ -77,11 +82,6 @@ def loss_fn_problem(loss_fn: str, *, local: bool, where: str = "train.loss_fn") 
         return (
             f"{where}: {who} has no loss function {loss_fn!r}{_did_you_mean(loss_fn, known)}; it knows "
             f"{', '.join(known)}: set {where} to one of them{upgrade}"
-        )
-    if local and loss_fn not in LOSS_NAMES:
-        return (
-            f"{where}: the local server has no loss function {loss_fn!r}{_did_you_mean(loss_fn, LOSS_NAMES)}; it "
-            f"computes {', '.join(LOSS_NAMES)}"
         )
     return None
 

@@ -67,7 +67,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with server:
         service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
         try:
-            training = service.create_lora_training_client(base_model=MODEL, rank=8)
+            training = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL, rank=8))
             checkpoint = training.save_state("kept").result().path
             session = httpx.post(
                 f"{server.base_url}/api/v1/create_sampling_session",
@@ -151,7 +151,7 @@ def test_the_sdk_reports_a_refused_key_in_one_line(served):
 def test_the_issued_key_samples_trains_saves_loads_and_deletes(served):
     CountingBackend.calls.clear()
     training, rest = served.training, served.service.create_rest_client()
-    sampler = served.service.create_sampling_client(base_model=MODEL)
+    sampler = tinker_sdk.made(served.service.create_sampling_client(base_model=MODEL))
     prompt = types.ModelInput.from_ints([72, 105])
     sampled = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).result()
     assert len(sampled.sequences[0].tokens) <= 3

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from platoon.gateway import tinker_sdk
 from platoon.rollouts.workers.ipc import PROTOCOL_VERSION, write_private
 
 __all__ = ["FollowingSampler", "binding_blob", "load_binding", "publish_binding"]
@@ -113,7 +114,7 @@ class FollowingSampler:
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
         self.refresh()
         client, version = self._client, self._version
-        response = await client.sample_async(*args, **kwargs)
+        response = await tinker_sdk.sample(client, *args, **kwargs)
         self._sampled.add(version)
         return response
 

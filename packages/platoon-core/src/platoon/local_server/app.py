@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from platoon.local_server import checkpoints as ckpt
 from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
+from platoon.local_server.inflight import InflightSampler, InflightTarget, SampleVersions
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 from platoon.local_server.losses import LOSS_INPUT_KEYS, REQUIRED_INPUTS
 from platoon.renderers.tokenizers import tokenizer_available_offline
@@ -135,12 +136,12 @@ class TrainingRun:
 
 @dataclass
 class Sampler:
-    """A sampling session: a frozen copy of some weights."""
+    """A sampling session: a frozen copy of some weights, or a training model's in-flight target."""
 
     sampler_id: str
     base_model: str
     model_path: str | None
-    backend: Backend
+    backend: Backend | InflightSampler
 
 
 @dataclass
@@ -160,6 +161,10 @@ class ServerState:
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     runs: dict[str, TrainingRun] = field(default_factory=dict)
     samplers: dict[str, Sampler] = field(default_factory=dict)
+    #: each training model's in-flight weights target, by model id
+    inflight: dict[str, InflightTarget] = field(default_factory=dict)
+    #: the weights versions in-flight samples ran on, by sequence id
+    sample_versions: SampleVersions = field(default_factory=SampleVersions)
     checkpoints: ckpt.CheckpointStore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -608,9 +613,15 @@ class Operations:
             backend = run.backend
             assert backend is not None
             if name is None:
-                # Unnamed: a sampling session on a frozen copy; the SDK asserts `path` is null.
+                # Unnamed: a sampling session on a frozen copy, or on the in-flight target; the SDK asserts `path`
+                # is null.
                 sampler_id = _sampler_id(state, run.session_id, seq)
-                state.samplers[sampler_id] = Sampler(sampler_id, run.base_model, None, backend.sampler())
+                weights = backend.sampler()
+                if body.get("kind") == "inflight":
+                    sampling: Backend | InflightSampler = _publish_inflight(state, run.model_id, weights)
+                else:
+                    sampling = weights
+                state.samplers[sampler_id] = Sampler(sampler_id, run.base_model, None, sampling)
                 return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler_id}
             ref = ckpt.CheckpointRef(run=run.model_id, kind="sampler_weights", name=name)
             state.checkpoints.save(
@@ -735,20 +746,38 @@ class Operations:
         if not (_is_int(topk) and topk >= 0):
             raise HTTPError(400, f"topk_prompt_logprobs must be a non-negative integer, got {topk!r}")
         backend = sampler.backend
+        sequence_ids = _sequence_ids(num_samples)
 
         def job() -> dict[str, Any]:
+            kwargs: dict[str, Any] = {}
+            if isinstance(backend, InflightSampler):
+                kwargs["sequence_ids"] = sequence_ids
             out = backend.sample(
                 tokens,
                 num_samples=num_samples,
                 sampling_params=params,
                 prompt_logprobs=prompt_logprobs,
                 topk_prompt_logprobs=topk,
+                **kwargs,
             )
             return {"type": "sample", **out}
 
         # No de-duplication on seq_id: an unpickled sampling client in another process restarts its counter on the
-        # same session; only the HTTP retry's idempotency key marks a true duplicate.
-        return self._submit("sample", job, model_id=None, keys=[_idem("asample", idempotency)])
+        # same session; only the HTTP retry's idempotency key marks a true duplicate. A sample can be cancelled.
+        try:
+            record, _ = self.state.futures.submit(
+                "sample", job, model_id=None, keys=[_idem("asample", idempotency)], cancellable=True
+            )
+        except RuntimeError as exc:  # stopping
+            raise HTTPError(503, str(exc)) from None
+        return {**record.body(), "sample_sequence_ids": sequence_ids}
+
+    def sample_versions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """platoon's own route: the weights versions in-flight samples ran on, by the sequence ids they answered."""
+        ids = _require(body, "sequence_ids", list)
+        if not all(isinstance(item, str) for item in ids):
+            raise HTTPError(400, "sequence_ids must be a list of strings")
+        return {"versions": self.state.sample_versions.lookup(ids)}
 
     # REST
 
@@ -801,6 +830,19 @@ class Operations:
 
 def _idem(op: str, key: str | None) -> tuple[str, str, str] | None:
     return ("idem", op, key) if key else None
+
+
+def _publish_inflight(state: ServerState, model_id: str, weights: Backend) -> InflightSampler:
+    """A `kind: inflight` save: `weights` become the training model's in-flight target (existing in-flight sessions
+    sample them from their next request on), and a new session on that target."""
+    target = state.inflight.setdefault(model_id, InflightTarget())
+    target.publish(weights)
+    return InflightSampler(target, state.sample_versions)
+
+
+def _sequence_ids(count: int) -> list[str]:
+    """One id per sample of a request, fixed when it is submitted (SDK 0.38 stamps them on the sequences)."""
+    return [f"seq-{uuid.uuid4().hex}" for _ in range(count)]
 
 
 def _checked_name(name: Any) -> str:
@@ -940,12 +982,22 @@ def build_app(state: ServerState) -> Starlette:
     async def dynamic_config(request: Request) -> Any:
         return {
             "refresh_interval_sec": 300,
-            "sample_cancel_enabled": False,
+            # an abandoned sample (a dropped straggler's) is cancelled here, and its generation stops
+            "sample_cancel_enabled": True,
             "sample_cancel_max_batch_size": 64,
         }
 
     async def null(request: Request) -> Any:
         return JSON(None)
+
+    async def cancel_future(request: Request) -> Any:
+        # The SDK sends it for an abandoned sample and ignores the answer; an unknown or finished id is no error.
+        body = await parse(request)
+        state.futures.cancel(_require(body, "request_id", str))
+        return JSON(None)
+
+    async def sample_versions(request: Request) -> Any:
+        return ops.sample_versions(await parse(request))
 
     def submission(op: Callable[[dict[str, Any], str | None], dict[str, Any]]) -> Handler:
         async def handler(request: Request) -> Any:
@@ -1006,7 +1058,8 @@ def build_app(state: ServerState) -> Starlette:
         route("/telemetry", telemetry),
         route("/client/config", client_config),
         route("/client/dynamic_config", dynamic_config),
-        route("/cancel_future", null),
+        route("/cancel_future", cancel_future),
+        route("/platoon/sample_versions", sample_versions),
         route("/sessions/{session_id}/finish", null),
         route("/create_model", submission(ops.create_model)),
         route("/get_info", get_info),

@@ -141,11 +141,6 @@ def test_cancel_future_stops_a_running_sample_and_skips_a_queued_one(server):
     assert server.state.futures.cancelled[-2:] == [queued, running]
 
 
-def test_the_server_asks_the_sdk_to_send_cancellations(server):
-    answer = post(server, "client/dynamic_config", {}).json()
-    assert answer["sample_cancel_enabled"] is True
-
-
 def test_the_sdk_inflight_save_makes_an_inflight_session(server):
     import inspect
 

@@ -231,6 +231,15 @@ class FutureStore:
                 self.cancelled.append(request_id)
             return record.state
 
+    def busy_samples(self) -> list[str]:
+        """The cancellable requests (samples) queued or running now."""
+        with self._lock:
+            return [
+                r.request_id
+                for r in self._records.values()
+                if r.cancellable and r.state in ("queued", "running")
+            ]
+
     def _expire(self) -> None:
         now = time.monotonic()
         stale = [

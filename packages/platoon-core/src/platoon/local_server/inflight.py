@@ -106,10 +106,13 @@ class InflightSampler:
         self.versions = versions
         #: the version the session was created at: its samples run on it or newer
         self.created_version = target.version
+        #: the version each of its finished samples ran on, in order
+        self.served: list[int] = []
 
     def sample(self, prompt_tokens: list[int], *, sequence_ids: list[str], **kwargs: Any) -> dict[str, Any]:
         backend, version = self.target.current()
         out: dict[str, Any] = backend.sample(prompt_tokens, **kwargs)
         # Recorded only once the sample finished: a cancelled or failed request has no versions to read.
         self.versions.record(sequence_ids, [version])
+        self.served.append(version)
         return {**out, "weights_versions": [version]}

@@ -98,10 +98,9 @@ class OneToken:
         self.eos = eos
 
     async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any, **_: Any) -> Any:
-        import tinker
+        from platoon.testing import sample_response
 
-        sequence = tinker.SampledSequence(stop_reason="stop", tokens=[self.eos], logprobs=[-0.1])
-        return tinker.SampleResponse(sequences=[sequence])
+        return sample_response([self.eos], logprob=-0.1)
 
 
 async def serve(tokenizer_kind: str, inline: bool, window: int | None) -> None:

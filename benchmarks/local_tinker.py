@@ -25,6 +25,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 import tinker
 from tinker import types
 
+from platoon.gateway import tinker_sdk
 from platoon.local_server.process import start_local_server_process
 
 MODEL = "platoon/toy"
@@ -37,7 +38,7 @@ def rl_step(
 ) -> None:
     """One on-policy step; each part's wall time is appended to `times`."""
     t0 = time.perf_counter()
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = tinker_sdk.made(client.save_weights_and_get_sampling_client())
     t1 = time.perf_counter()
     result = sampler.sample(
         types.ModelInput.from_ints(PROMPT),
@@ -89,7 +90,7 @@ def main() -> int:
         url, key, stop = start_local_server_process(model=MODEL, state_dir=state_dir)
         try:
             service = tinker.ServiceClient(base_url=url, api_key=key)
-            client = service.create_lora_training_client(base_model=MODEL, rank=8)
+            client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL, rank=8))
             print(f"server up and training client created in {time.perf_counter() - started:.1f} s")
             warm: dict[str, list[float]] = defaultdict(list)
             # The first steps pay torch's lazy initialisation and the first HTTP connections.

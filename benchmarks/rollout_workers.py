@@ -143,11 +143,12 @@ def measure_worker_starts(count: int = 100, *, exec_count: int = 3, sampler: Any
         if sampler is None:
             import tinker
 
+            from platoon.gateway import tinker_sdk
             from platoon.local_server.process import start_local_server_process
 
             url, key, stop = start_local_server_process(model=MODEL, state_dir=Path(scratch) / "server")
             service = tinker.ServiceClient(base_url=url, api_key=key)
-            sampler = service.create_sampling_client(base_model=MODEL)
+            sampler = tinker_sdk.made(service.create_sampling_client(base_model=MODEL))
         try:
             return asyncio.run(_measure(sampler, run_dir, count, exec_count))
         finally:

@@ -66,17 +66,17 @@ AGENT = textwrap.dedent(
     from platoon.harness.function import harness
     from platoon.train.tinker.attempt_log import datum_digest
 
-    _forward_backward = tinker.TrainingClient.forward_backward_async
+    _forward_backward = tinker.TrainingClient.forward_backward
 
 
-    async def _recording(self, data, *args, **kwargs):
+    def _recording(self, data, *args, **kwargs):
         with open(os.environ["SENT_DATUMS"], "a") as sent:
             for datum in data:
                 sent.write(json.dumps({"pid": os.getpid(), "digest": datum_digest(datum)}) + "\\n")
-        return await _forward_backward(self, data, *args, **kwargs)
+        return _forward_backward(self, data, *args, **kwargs)
 
 
-    tinker.TrainingClient.forward_backward_async = _recording
+    tinker.TrainingClient.forward_backward = _recording
     _started = [0]
     _by_task = {}
 

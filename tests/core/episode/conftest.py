@@ -79,15 +79,14 @@ class Sampler:
     prompts: list[str] = field(default_factory=list)
 
     async def sample_async(self, *, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
-        import tinker
+        from platoon.testing import sample_response
 
         text = CharTokenizer().decode(prompt.to_ints())
         self.prompts.append(text)
         if self.delay:
             await asyncio.sleep(self.delay)
         out = [*CharTokenizer().encode(self.answer(text)), EOS]
-        sequence = tinker.SampledSequence(stop_reason="stop", tokens=out, logprobs=[-0.5] * len(out))
-        return tinker.SampleResponse(sequences=[sequence])
+        return sample_response(out, logprob=-0.5)
 
 
 def make_gateway(sampler: Sampler | None = None, **settings: Any) -> Any:

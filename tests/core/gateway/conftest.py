@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import tinker
 
+from platoon.testing import sample_response
+
 EOS = 256  # the fake renderer's only stop token
 
 
@@ -109,12 +111,6 @@ class Reply:
     routing_id: str | None = None
 
 
-class RoutedSequence(tinker.SampledSequence):
-    """The response model as workers patch it: it keeps the per-sequence routing id."""
-
-    routing_id: str | None = None
-
-
 @dataclass
 class FakeSampler:
     """A Tinker sampler answering from a script (or a function of the decoded prompt); records every request."""
@@ -142,13 +138,11 @@ class FakeSampler:
         out = CharTokenizer().encode(reply.text)
         if reply.eos if reply.eos is not None else reply.stop_reason == "stop":
             out.append(EOS)
-        sequence = RoutedSequence(
-            stop_reason=reply.stop_reason,
-            tokens=out,
-            logprobs=[self.logprob] * len(out),
-            routing_id=reply.routing_id,
+        # one sequence (with the routing id a service may send), as many times as the reply asks
+        one = sample_response(
+            out, stop_reason=reply.stop_reason, routing_id=reply.routing_id, logprob=self.logprob
         )
-        return tinker.SampleResponse(sequences=[sequence] * reply.sequences)
+        return tinker.SampleResponse(sequences=list(one.sequences) * reply.sequences)
 
 
 @pytest.fixture

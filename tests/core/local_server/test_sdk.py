@@ -33,7 +33,9 @@ def wire(d: types.Datum) -> dict:
     """A datum as the backend receives it (the parsed JSON the SDK sends)."""
     return {
         "model_input": {"chunks": [{"type": "encoded_text", "tokens": d.model_input.to_ints()}]},
-        "loss_fn_inputs": {k: v.model_dump() for k, v in d.loss_fn_inputs.items()},
+        "loss_fn_inputs": {
+            k: {"data": v.data, "dtype": v.dtype, "shape": v.shape} for k, v in d.loss_fn_inputs.items()
+        },
     }
 
 

@@ -451,13 +451,15 @@ def test_the_zero_filter_needs_a_zero_objective_loss_and_the_flag():
     assert not zero_objective("custom", None)
 
 
-def test_the_wire_shape_is_what_the_sdk_sends():
+def test_the_datum_carries_the_dtypes_and_shapes_the_sdk_sends():
+    # What every SDK in the range serializes (as JSON up to 0.24, as protobuf from 0.25): one token chunk, and each
+    # loss input with its dtype and shape.
     run = three_call_run()
     datum = loss_datums(collection_datums(run.collection, run.interactions, {run.root.id: 1.0}).datums)[0]
-    body = datum.model_dump(exclude_unset=True, mode="json")
     length = datum.model_input.length
-    assert body["model_input"]["chunks"][0]["tokens"] == datum.model_input.to_ints()
-    assert body["loss_fn_inputs"]["target_tokens"]["dtype"] == "int64"
-    assert body["loss_fn_inputs"]["target_tokens"]["shape"] == [length]
-    assert body["loss_fn_inputs"]["logprobs"]["dtype"] == "float32"
-    assert body["loss_fn_inputs"]["routing_handle"] == {"data": [13], "dtype": "int64", "shape": [1]}
+    inputs = datum.loss_fn_inputs
+    assert [chunk.tokens for chunk in datum.model_input.chunks] == [datum.model_input.to_ints()]
+    assert (inputs["target_tokens"].dtype, inputs["target_tokens"].shape) == ("int64", [length])
+    assert inputs["logprobs"].dtype == "float32"
+    routing = inputs["routing_handle"]
+    assert (routing.data, routing.dtype, routing.shape) == ([13], "int64", [1])

@@ -103,13 +103,13 @@ def sent_datums(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     import tinker
 
     calls: list[list[Any]] = []
-    original = tinker.TrainingClient.forward_backward_async
+    original = tinker.TrainingClient.forward_backward
 
-    async def spy(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+    def spy(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(list(data))
-        return await original(self, data, *args, **kwargs)
+        return original(self, data, *args, **kwargs)
 
-    monkeypatch.setattr(tinker.TrainingClient, "forward_backward_async", spy)
+    monkeypatch.setattr(tinker.TrainingClient, "forward_backward", spy)
     return calls
 
 

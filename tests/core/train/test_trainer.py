@@ -516,13 +516,13 @@ def test_datum_stats_show_prefix_merging_on_a_multi_call_episode(site, capsys):
 
 
 class _Rest:
-    """A REST client double: records deletions; `status` makes every delete fail with that HTTP status."""
+    """A checkpoint-delete double: records deletions; `status` makes every delete fail with that HTTP status."""
 
     def __init__(self, status: int | None = None) -> None:
         self.deleted: list[str] = []
         self.status = status
 
-    async def delete_checkpoint_from_tinker_path_async(self, path: str) -> None:
+    async def delete(self, path: str) -> None:
         if self.status is not None:
             error = RuntimeError(f"HTTP {self.status}")
             error.status_code = self.status  # type: ignore[attr-defined]
@@ -562,7 +562,7 @@ def test_pruning_deletes_old_recovery_checkpoints_and_never_a_protected_one(tmp_
 
     checkpoints = _recovery_log(tmp_path)
     rest = _Rest()
-    pruner = Pruner(checkpoints, keep=1, max_staleness=0, rest=lambda: rest)
+    pruner = Pruner(checkpoints, keep=1, max_staleness=0, delete=rest.delete)
     asyncio.run(pruner.prune(4))
     # Kept: the permanent one, and recovery-000004 (the newest, the resume point, the policy sampled now).
     assert rest.deleted == [
@@ -588,7 +588,7 @@ def test_a_service_without_deletes_stops_pruning_for_the_start(tmp_path):
     from platoon.train.tinker.pruning import Pruner
 
     rest = _Rest(status=405)
-    pruner = Pruner(_recovery_log(tmp_path), keep=1, max_staleness=0, rest=lambda: rest)
+    pruner = Pruner(_recovery_log(tmp_path), keep=1, max_staleness=0, delete=rest.delete)
     asyncio.run(pruner.prune(4))
     assert pruner.metrics()["checkpoint/pruning"] == 0.0
     assert not (tmp_path / "checkpoints_deleted.jsonl").exists()

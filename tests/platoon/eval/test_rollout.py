@@ -337,11 +337,12 @@ def test_rollout_samples_a_saved_checkpoint(
 ):
     import tinker
 
+    from platoon.gateway import tinker_sdk
     from platoon.gateway.tinker_service import close_session
 
     service = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
     request.addfinalizer(lambda: close_session(service))
-    client = service.create_lora_training_client(base_model="platoon/toy", rank=8)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model="platoon/toy", rank=8))
     path = client.save_weights_for_sampler("eval-test").result().path
     monkeypatch.setenv("TINKER_BASE_URL", tinker_server.base_url)
     monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)  # the one key the server issued
@@ -428,11 +429,12 @@ def test_rollout_of_a_trained_run_samples_its_newest_checkpoint(
     checkpoint not since deleted, and says so; `--base` samples the base model."""
     import tinker
 
+    from platoon.gateway import tinker_sdk
     from platoon.gateway.tinker_service import close_session
 
     service = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.api_key)
     request.addfinalizer(lambda: close_session(service))
-    client = service.create_lora_training_client(base_model="platoon/toy", rank=8)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model="platoon/toy", rank=8))
     saved = [client.save_weights_for_sampler(name).result().path for name in ("000001", "000002", "000003")]
     monkeypatch.setenv("TINKER_API_KEY", tinker_server.api_key)
     data = {

@@ -65,7 +65,9 @@ def service_client(tinker_server: Any) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def sampler(service_client: Any) -> Any:
     """The trainer's `SamplingClient` of the base model, which the binding pickles."""
-    return service_client.create_sampling_client(base_model=MODEL)
+    from platoon.gateway import tinker_sdk
+
+    return tinker_sdk.made(service_client.create_sampling_client(base_model=MODEL))
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError, PlatoonError
+from platoon.gateway import tinker_sdk
 from platoon.gateway.core import ModelGateway, sample_timeout_with_source
 from platoon.gateway.default import default_policy
 from platoon.gateway.hosted import hosted_gateway
@@ -428,20 +429,16 @@ async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str,
     """A Tinker sampling client of the checkpoint (`model_path`) or the base model; a refused key is one line."""
     import asyncio
 
-    import tinker
-
-    def connect() -> Any:
-        kwargs: dict[str, Any] = {"api_key": api_key}
-        if base_url is not None:
-            kwargs["base_url"] = base_url
-        return tinker.ServiceClient(**kwargs)
+    import tinker  # noqa: F401  (imported here first: a first import in the thread below can race another)
 
     service = None
     try:
-        service = await asyncio.to_thread(connect)
+        service = await asyncio.to_thread(
+            lambda: tinker_sdk.service_client(api_key=api_key, base_url=base_url)
+        )
         if spec.model_path is not None:
-            return await service.create_sampling_client_async(model_path=spec.model_path)
-        return await service.create_sampling_client_async(base_model=spec.model)
+            return await tinker_sdk.call(service, "create_sampling_client", model_path=spec.model_path)
+        return await tinker_sdk.call(service, "create_sampling_client", base_model=spec.model)
     except Exception as exc:
         close_session(service)  # a session that opened but gave no sampler must not heartbeat on
         error = refused(exc, base_url=base_url, what="a sampling client")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from platoon import rollout_progress
+from platoon.gateway import tinker_sdk
 from platoon.gateway.history import AgentHistory, PromptBuild, build_prompt
 from platoon.gateway.measure import (
     OFF_LOOP_CHARS,
@@ -645,8 +646,11 @@ class ModelGateway:
         try:
             with rollout_progress.bounded_wait(self.sample_timeout_seconds):
                 async with asyncio.timeout(self.sample_timeout_seconds):
-                    response = await (rollout.sampler or self.sampler).sample_async(
-                        prompt=model_input, num_samples=1, sampling_params=sampling_params
+                    response = await tinker_sdk.sample(
+                        rollout.sampler or self.sampler,
+                        prompt=model_input,
+                        num_samples=1,
+                        sampling_params=sampling_params,
                     )
             rollout_progress.note()
             sequences = response.sequences

@@ -191,7 +191,11 @@ def close_session(client: Any) -> None:
     The SDK heartbeats a session until the process exits unless told otherwise; a command or a start that is done
     with the service (the local server may already be gone) has nothing to keep alive.
     """
-    close = getattr(getattr(client, "holder", None), "close", None)
+    attributes = getattr(client, "__dict__", None) or {}
+    # The client's own holder of its session; SDK 0.38's ServiceClient keeps it as `_session_holder`, made on first
+    # use, and its `holder` property would open a session (asking the service) only for this to close it.
+    holder = attributes["holder"] if "holder" in attributes else attributes.get("_session_holder")
+    close = getattr(holder, "close", None)
     if callable(close):
         with contextlib.suppress(Exception):
             close()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from platoon.errors import ConfigError
+from platoon.gateway import tinker_sdk
 from platoon.gateway.hosted import HostedRefusal
 from platoon.gateway.tinker_service import refused_key_error
 
@@ -41,7 +42,7 @@ class WatchedSampler:
 
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await self._sampler.sample_async(*args, **kwargs)
+            return await tinker_sdk.sample(self._sampler, *args, **kwargs)
         except Exception as exc:
             refused = refused_key_error(exc, base_url=self._base_url, what="a sample")
             if refused is not None and self._watch.key_refusal is None:

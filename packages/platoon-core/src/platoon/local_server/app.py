@@ -1,8 +1,9 @@
-"""The local Tinker server's HTTP surface: every route the unmodified `tinker==0.16.1` SDK calls.
+"""The local Tinker server's HTTP surface: every route the unmodified Tinker SDK (0.16.1 through 0.38) calls.
 
 `ServerState` keeps sessions, training runs, samplers, futures and checkpoints; `build_app(state)` is the starlette
 app. Every route but the health check takes only the key the server issued (`ServerState.api_key`), and every
 request is bounded: its body's size and nesting, a sample's prompt and `max_tokens`, and the base models it may name.
+Bodies and results travel as JSON, or as protobuf where the client sends or asks for it (`wire_proto`).
 starlette is imported inside `build_app`, so importing this module stays cheap.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.local_server import checkpoints as ckpt
+from platoon.local_server import wire_proto
 from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
 from platoon.local_server.inflight import InflightSampler, InflightTarget, SampleVersions
@@ -70,6 +72,8 @@ BODY_IDLE_SECONDS = 30.0
 MAX_NUM_SAMPLES = 1024
 #: the local model's context in tokens: a sample's prompt and its `max_tokens` may each be at most this long
 MODEL_CONTEXT_TOKENS = ModelShape().max_position_embeddings
+#: more values than a tensor in any accepted body could hold (one per byte of the largest); a shape past it is refused
+MAX_TENSOR_VALUES = 1 << 40
 
 
 class Backend(Protocol):
@@ -285,10 +289,30 @@ def _tensor(where: str, value: Any) -> dict[str, Any]:
     if shape is None:
         shape = [len(data)]
     elif not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
-        raise HTTPError(400, f"{where}.shape must be a list of non-negative integers, got {shape!r}")
-    elif math.prod(shape) != len(data):
-        raise HTTPError(400, f"{where}.shape is {shape}, which does not hold its {len(data)} values")
+        raise HTTPError(400, f"{where}.shape must be a list of non-negative integers, got {_clipped(shape)}")
+    elif _holds(shape) != len(data):
+        raise HTTPError(
+            400, f"{where}.shape is {_clipped(shape)}, which does not hold its {len(data)} values"
+        )
     return {**value, "shape": shape}
+
+
+def _holds(shape: list[int]) -> int:
+    """How many values `shape` holds, or -1 once past any body's size: a shape of huge dimensions is refused
+    without multiplying them out."""
+    if 0 in shape:
+        return 0
+    product = 1
+    for size in shape:
+        product *= size
+        if product > MAX_TENSOR_VALUES:
+            return -1
+    return product
+
+
+def _clipped(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _datums(container: Any, key: str) -> tuple[list[dict[str, Any]], str, dict[str, Any] | None]:
@@ -431,9 +455,12 @@ class Operations:
         *,
         model_id: str | None,
         keys: list[Any],
+        cancellable: bool = False,
     ) -> dict[str, Any]:
         try:
-            record, _ = self.state.futures.submit(lane, fn, model_id=model_id, keys=keys)
+            record, _ = self.state.futures.submit(
+                lane, fn, model_id=model_id, keys=keys, cancellable=cancellable
+            )
         except RuntimeError as exc:  # stopping
             raise HTTPError(503, str(exc)) from None
         return record.body()
@@ -489,6 +516,17 @@ class Operations:
         lora = body.get("lora_config") or {}
         if not isinstance(lora, dict):
             raise HTTPError(400, "lora_config must be an object")
+        run = self._register_run(session_id, model_seq_id, base_model, lora, body.get("user_metadata"))
+
+        def job() -> dict[str, Any]:
+            self._build_run(run)
+            return {"type": "create_model", "model_id": run.model_id}
+
+        return self._submit(run.model_id, job, model_id=run.model_id, keys=[("create", run.model_id)])
+
+    def _register_run(
+        self, session_id: str, model_seq_id: int, base_model: str, lora: dict[str, Any], user_metadata: Any
+    ) -> TrainingRun:
         given_rank, given_seed = lora.get("rank"), lora.get("seed")
         rank: int = given_rank if isinstance(given_rank, int) else DEFAULT_LORA_RANK
         seed: int | None = given_seed if isinstance(given_seed, int) else None
@@ -503,18 +541,17 @@ class Operations:
                 lora_rank=rank,
                 seed=seed,
                 lora_config={**lora, "rank": rank},
-                user_metadata=body.get("user_metadata"),
+                user_metadata=user_metadata,
             )
             self.state.runs[model_id] = run
-        state = self.state
+        return run
 
-        def job() -> dict[str, Any]:
-            if run.backend is None:
-                run.backend = _build(state, run.base_model, lora_rank=run.lora_rank, seed=run.seed)
-                state.checkpoints.write_run(run.model_id, _run_meta(run))
-            return {"type": "create_model", "model_id": run.model_id}
-
-        return self._submit(model_id, job, model_id=model_id, keys=[("create", model_id)])
+    def _build_run(self, run: TrainingRun) -> Backend:
+        """The run's backend, built (and its run recorded) on its lane by the first request that needs it."""
+        if run.backend is None:
+            run.backend = _build(self.state, run.base_model, lora_rank=run.lora_rank, seed=run.seed)
+            self.state.checkpoints.write_run(run.model_id, _run_meta(run))
+        return run.backend
 
     async def get_info(self, body: dict[str, Any]) -> dict[str, Any]:
         run = self.state.run(body.get("model_id"))
@@ -645,6 +682,8 @@ class Operations:
             ) from None
         if optimizer and not meta.get("with_optimizer"):
             raise HTTPError(400, f"{ref.tinker_path} holds no optimizer state (it is a sampler checkpoint)")
+        if body.get("model_id") is None and body.get("session_id") is not None:
+            return self._create_by_loading(body, ref, data, meta, optimizer=optimizer)
 
         def fn(run: TrainingRun) -> dict[str, Any]:
             assert run.backend is not None
@@ -656,6 +695,38 @@ class Operations:
             return {"type": "load_weights", "path": ref.tinker_path}
 
         return self._train_submit(body, idempotency, "load_weights", fn)
+
+    def _create_by_loading(
+        self,
+        body: dict[str, Any],
+        ref: ckpt.CheckpointRef,
+        data: Path,
+        meta: dict[str, Any],
+        *,
+        optimizer: bool,
+    ) -> dict[str, Any]:
+        """A new training model whose first request is this load (SDK 0.38's `create_training_client_from_state`):
+        addressed by `session_id` and `model_seq_id` as `create_model` is, with the checkpoint's base model and
+        LoRA settings."""
+        session_id = _require(body, "session_id", str)
+        model_seq_id = _require(body, "model_seq_id", int)
+        saved_base = meta.get("base_model")
+        base_model = body.get("base_model") or saved_base
+        if not isinstance(base_model, str) or base_model != saved_base:
+            raise HTTPError(
+                400, f"{ref.tinker_path} is a checkpoint of {saved_base!r}, not of {base_model!r}"
+            )
+        self.state.check_base_model(base_model)
+        lora = meta.get("lora_config")
+        lora = dict(lora) if isinstance(lora, dict) else {"rank": meta.get("lora_rank")}
+        run = self._register_run(session_id, model_seq_id, base_model, lora, body.get("user_metadata"))
+
+        def job() -> dict[str, Any]:
+            self._build_run(run).load(str(data), with_optimizer=optimizer)
+            return {"type": "load_weights", "path": ref.tinker_path}
+
+        # A retried creation gets the first one's future: the weights are loaded once.
+        return self._submit(run.model_id, job, model_id=run.model_id, keys=[("create", run.model_id)])
 
     def weights_info(self, body: dict[str, Any]) -> dict[str, Any]:
         meta = self._checkpoint_meta(body.get("tinker_path"))
@@ -746,31 +817,26 @@ class Operations:
         if not (_is_int(topk) and topk >= 0):
             raise HTTPError(400, f"topk_prompt_logprobs must be a non-negative integer, got {topk!r}")
         backend = sampler.backend
-        sequence_ids = _sequence_ids(num_samples)
 
         def job() -> dict[str, Any]:
-            kwargs: dict[str, Any] = {}
-            if isinstance(backend, InflightSampler):
-                kwargs["sequence_ids"] = sequence_ids
             out = backend.sample(
                 tokens,
                 num_samples=num_samples,
                 sampling_params=params,
                 prompt_logprobs=prompt_logprobs,
                 topk_prompt_logprobs=topk,
-                **kwargs,
             )
             return {"type": "sample", **out}
 
         # No de-duplication on seq_id: an unpickled sampling client in another process restarts its counter on the
         # same session; only the HTTP retry's idempotency key marks a true duplicate. A sample can be cancelled.
-        try:
-            record, _ = self.state.futures.submit(
-                "sample", job, model_id=None, keys=[_idem("asample", idempotency)], cancellable=True
-            )
-        except RuntimeError as exc:  # stopping
-            raise HTTPError(503, str(exc)) from None
-        return {**record.body(), "sample_sequence_ids": sequence_ids}
+        submitted = self._submit(
+            "sample", job, model_id=None, keys=[_idem("asample", idempotency)], cancellable=True
+        )
+        # One id per sequence, in the result's order (SDK 0.38 stamps them on its SampledSequences); made of the
+        # request id, so a retried submission gets the same ones.
+        submitted["sample_sequence_ids"] = [f"{submitted['request_id']}:{i}" for i in range(num_samples)]
+        return submitted
 
     def sample_versions(self, body: dict[str, Any]) -> dict[str, Any]:
         """platoon's own route: the weights versions in-flight samples ran on, by the sequence ids they answered."""
@@ -840,11 +906,6 @@ def _publish_inflight(state: ServerState, model_id: str, weights: Backend) -> In
     return InflightSampler(target, state.sample_versions)
 
 
-def _sequence_ids(count: int) -> list[str]:
-    """One id per sample of a request, fixed when it is submitted (SDK 0.38 stamps them on the sequences)."""
-    return [f"seq-{uuid.uuid4().hex}" for _ in range(count)]
-
-
 def _checked_name(name: Any) -> str:
     try:
         return ckpt.check_name(name)
@@ -893,8 +954,33 @@ def build_app(state: ServerState) -> Starlette:
             {"error": message, "category": "user", "detail": message}, status_code=status, headers=headers
         )
 
-    async def parse(request: Request) -> dict[str, Any]:
+    async def body_bytes(request: Request) -> bytes:
+        """The request body, read within the limits and decoded by its Content-Encoding (none or zstd)."""
         raw = await reader.read(request)
+        encoding = request.headers.get("content-encoding")
+        if encoding is None:
+            return raw
+        return await asyncio.to_thread(decoded, raw, encoding)
+
+    def decoded(raw: bytes, encoding: str) -> bytes:
+        try:
+            return wire_proto.decompress(raw, encoding, state.max_body_bytes)
+        except wire_proto.WireError as exc:
+            raise HTTPError(exc.status, str(exc)) from None
+
+    def sends_proto(request: Request) -> bool:
+        return _media_type(request.headers.get("content-type")) == wire_proto.PROTO_MEDIA_TYPE
+
+    async def parse(request: Request) -> dict[str, Any]:
+        raw = await body_bytes(request)
+        if sends_proto(request):
+            raise HTTPError(
+                415,
+                f"{request.url.path} takes a JSON body; only forward_backward takes {wire_proto.PROTO_MEDIA_TYPE}",
+            )
+        return json_body(raw)
+
+    def json_body(raw: bytes) -> dict[str, Any]:
         if not raw:
             return {}
         try:
@@ -977,7 +1063,18 @@ def build_app(state: ServerState) -> Starlette:
         return {"status": "accepted"}
 
     async def client_config(request: Request) -> Any:
-        return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False}
+        return {
+            "pjwt_auth_enabled": False,
+            "use_pyqwest_transport": False,
+            # forward_backward bodies come zstd-compressed, as hosted Tinker asks (the server caps what they
+            # decompress to at its body limit)
+            "proto_compress_fwdbwd": True,
+            # Said outright, though they are an SDK's defaults: the routes these would send requests to
+            # (retrieve_futures, join_sampling_session, create_custom_loss) are hosted Tinker's alone.
+            "sample_use_retrieve_futures": False,
+            "sample_join_sampling_session": False,
+            "custom_loss_server_side": False,
+        }
 
     async def dynamic_config(request: Request) -> Any:
         return {
@@ -1013,6 +1110,20 @@ def build_app(state: ServerState) -> Starlette:
 
         return handler
 
+    async def forward_backward(request: Request) -> Any:
+        # SDKs from 0.25 send a protobuf body here, forward-only passes included; older ones send JSON.
+        raw = await body_bytes(request)
+        if sends_proto(request):
+            body, forward_only = await asyncio.to_thread(proto_training_body, raw)
+            return ops.forward(body, idem(request), backward=not forward_only)
+        return ops.forward(json_body(raw), idem(request), backward=True)
+
+    def proto_training_body(raw: bytes) -> tuple[dict[str, Any], bool]:
+        try:
+            return wire_proto.forward_backward_body(raw)
+        except wire_proto.WireError as exc:
+            raise HTTPError(exc.status, str(exc)) from None
+
     async def get_info(request: Request) -> Any:
         return await ops.get_info(await parse(request))
 
@@ -1030,6 +1141,11 @@ def build_app(state: ServerState) -> Starlette:
         body = await parse(request)
         request_id = _require(body, "request_id", str)
         status, result = await state.futures.retrieve(request_id)
+        # A result the protobuf wire carries goes as protobuf to a client that asks for it (SDK 0.25 on, which
+        # reads a sample or forward_backward result in no other form); everything else stays JSON.
+        encode = wire_proto.encoder_for(result) if status == 200 and _accepts_proto(request) else None
+        if encode is not None:
+            return Response(await asyncio.to_thread(encode, result), media_type=wire_proto.PROTO_MEDIA_TYPE)
         return JSON(result, status_code=status)
 
     async def training_runs(request: Request) -> Any:
@@ -1065,7 +1181,7 @@ def build_app(state: ServerState) -> Starlette:
         route("/get_info", get_info),
         route("/unload_model", submission(ops.unload_model)),
         route("/forward", submission(lambda b, k: ops.forward(b, k, backward=False))),
-        route("/forward_backward", submission(lambda b, k: ops.forward(b, k, backward=True))),
+        route("/forward_backward", forward_backward),
         route("/optim_step", submission(ops.optim_step)),
         route("/save_weights", submission(ops.save_weights)),
         route("/save_weights_for_sampler", submission(ops.save_weights_for_sampler)),
@@ -1169,6 +1285,27 @@ def _too_large(size: int | None, limit: int) -> str:
         f"the request body {what} the local server's limit of {limit} bytes "
         "(platoon tinker serve --max-body-mib or LocalTinkerServer(max_body_bytes=...) raises it)"
     )
+
+
+def _media_type(header: str | None) -> str:
+    return (header or "").split(";", 1)[0].strip().lower()
+
+
+def _accepts_proto(request: Request) -> bool:
+    """Whether the request's Accept header names protobuf (with a quality above 0)."""
+    for accepted in request.headers.get("accept", "").split(","):
+        media_type, *params = accepted.split(";")
+        if media_type.strip().lower() != wire_proto.PROTO_MEDIA_TYPE:
+            continue
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

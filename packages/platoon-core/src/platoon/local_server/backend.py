@@ -104,6 +104,10 @@ def _configure_threads(torch: Any) -> None:
     torch.set_num_threads(max(1, min(os.cpu_count() or 1, 4)))
 
 
+#: held while a model's weights are drawn from the seeded global generator
+_SEEDED_INIT = threading.Lock()
+
+
 def base_seed(base_model: str) -> int:
     """The seed of a base model's initial weights: a stable hash of its name (not Python's salted `hash`)."""
     return int.from_bytes(hashlib.sha256(base_model.encode("utf-8")).digest()[:8], "little") & (2**63 - 1)
@@ -181,7 +185,9 @@ class ModelBackend:
             **asdict(shape),
         )
         config._attn_implementation = "sdpa"
-        with torch.random.fork_rng(devices=[]):
+        # Initialisation draws from torch's one global generator: two models built at once (SDK 0.38 creates a
+        # training and a sampling client concurrently) would interleave their draws and both lose their seed.
+        with _SEEDED_INIT, torch.random.fork_rng(devices=[]):
             torch.manual_seed(base_seed(base_model))
             model = Qwen3ForCausalLM(config)
         model.float().train()

@@ -122,7 +122,7 @@ class Lane:
                 continue
             record.state = "running"
             try:
-                with cancellable(record.cancel_flag):
+                with cancellable(record.request_id, record.cancel_flag):
                     result = fn()
                 record.state = "done"
             except SampleCancelled:

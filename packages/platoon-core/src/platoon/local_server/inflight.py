@@ -3,8 +3,8 @@
 A training model's in-flight sampling sessions share one mutable weights target: each `kind: inflight` save puts a
 frozen copy of the current weights there and counts a new weights version (1, 2, ... per training model). A sample
 request of an in-flight session runs on the target's weights as they are when the request starts on the engine, and
-the server keeps the version it ran on under the request's sequence ids, for platoon's trainer to read back (SDK
-0.38 reads sample answers as protobuf, which has no room for it). A cancelled sample request is skipped while
+the server keeps the version it ran on under the request's id (its sequence ids are `<request id>:<index>`), for
+platoon's trainer to read back by sequence id (SDK 0.38 reads sample answers as protobuf, which has no room for it). A cancelled sample request is skipped while
 queued and stopped between two decoded tokens.
 """
 
@@ -24,14 +24,15 @@ __all__ = [
     "SampleVersions",
     "cancellable",
     "raise_if_cancelled",
+    "running_request",
 ]
 
-#: the versions kept for lookup: a trainer reads a rollout's back when the rollout ends
-KEPT_SEQUENCES = 200_000
+#: the requests whose versions are kept for lookup: a trainer reads a rollout's back when the rollout ends
+KEPT_REQUESTS = 200_000
 
-#: the cancel flag of the sample request the current lane thread runs
-_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "local_tinker_sample_cancel", default=None
+#: the id and cancel flag of the request the current lane thread runs
+_RUNNING: contextvars.ContextVar[tuple[str, threading.Event] | None] = contextvars.ContextVar(
+    "local_tinker_running_request", default=None
 )
 
 
@@ -40,20 +41,26 @@ class SampleCancelled(Exception):
 
 
 @contextlib.contextmanager
-def cancellable(flag: threading.Event) -> Iterator[None]:
-    """Run a sample request under `flag`: `raise_if_cancelled` inside it stops once the flag is set."""
-    token = _CANCEL.set(flag)
+def cancellable(request_id: str, flag: threading.Event) -> Iterator[None]:
+    """Run request `request_id` under `flag`: `raise_if_cancelled` inside it stops once the flag is set."""
+    token = _RUNNING.set((request_id, flag))
     try:
         yield
     finally:
-        _CANCEL.reset(token)
+        _RUNNING.reset(token)
 
 
 def raise_if_cancelled() -> None:
     """Raise `SampleCancelled` when the running request was cancelled (the decode loop asks after each token)."""
-    flag = _CANCEL.get()
-    if flag is not None and flag.is_set():
+    running = _RUNNING.get()
+    if running is not None and running[1].is_set():
         raise SampleCancelled("the sample request was cancelled")
+
+
+def running_request() -> str | None:
+    """The id of the request the current lane thread runs."""
+    running = _RUNNING.get()
+    return running[0] if running is not None else None
 
 
 class InflightTarget:
@@ -78,24 +85,27 @@ class InflightTarget:
 
 
 class SampleVersions:
-    """The weights version each in-flight sample ran on, by sequence id; the oldest are forgotten first."""
+    """The weights versions each in-flight sample request ran on, by request id; the oldest are forgotten first."""
 
-    def __init__(self, keep: int = KEPT_SEQUENCES) -> None:
+    def __init__(self, keep: int = KEPT_REQUESTS) -> None:
         self._lock = threading.Lock()
         self._keep = keep
         self._versions: OrderedDict[str, list[int]] = OrderedDict()
 
-    def record(self, sequence_ids: Iterable[str], versions: list[int]) -> None:
+    def record(self, request_id: str, versions: list[int]) -> None:
         with self._lock:
-            for sequence_id in sequence_ids:
-                self._versions[sequence_id] = list(versions)
+            self._versions[request_id] = list(versions)
             while len(self._versions) > self._keep:
                 self._versions.popitem(last=False)
 
     def lookup(self, sequence_ids: Iterable[str]) -> dict[str, list[int] | None]:
-        """Each id's versions; None for an id the server does not know (not in-flight, or forgotten)."""
+        """Each sequence's versions (by its request, `<request id>:<index>`); None for one the server does not know
+        (not in-flight, or forgotten)."""
         with self._lock:
-            return {sequence_id: self._versions.get(sequence_id) for sequence_id in sequence_ids}
+            return {
+                sequence_id: self._versions.get(sequence_id.rpartition(":")[0])
+                for sequence_id in sequence_ids
+            }
 
 
 class InflightSampler:
@@ -109,10 +119,12 @@ class InflightSampler:
         #: the version each of its finished samples ran on, in order
         self.served: list[int] = []
 
-    def sample(self, prompt_tokens: list[int], *, sequence_ids: list[str], **kwargs: Any) -> dict[str, Any]:
+    def sample(self, prompt_tokens: list[int], **kwargs: Any) -> dict[str, Any]:
         backend, version = self.target.current()
         out: dict[str, Any] = backend.sample(prompt_tokens, **kwargs)
         # Recorded only once the sample finished: a cancelled or failed request has no versions to read.
-        self.versions.record(sequence_ids, [version])
+        request_id = running_request()
+        if request_id is not None:
+            self.versions.record(request_id, [version])
         self.served.append(version)
         return {**out, "weights_versions": [version]}

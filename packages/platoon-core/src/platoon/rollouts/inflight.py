@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from platoon.gateway import tinker_sdk
+
 __all__ = ["InflightSampler", "RolloutSamples", "SampledCall", "record_sample", "recording_samples"]
 
 
@@ -70,7 +72,7 @@ class _BoundSampler:
 
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
         samples = self._samples
-        response = await samples.client.sample_async(*args, **kwargs)
+        response = await tinker_sdk.sample(samples.client, *args, **kwargs)
         record_sample(response, samples.version, self._newest(), samples.calls)
         return response
 
@@ -102,7 +104,7 @@ class InflightSampler:
 
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
         client, _ = self._current()
-        return await client.sample_async(*args, **kwargs)
+        return await tinker_sdk.sample(client, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # anything else a caller asks of the sampler goes to the newest client

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -122,15 +123,27 @@ def sample_response(
     field where workers patched the model to allow extras).
     """
     import tinker
+    from pydantic import BaseModel
 
     ids = [int(t) for t in tokens]
     logprobs = None if logprob is None else [float(logprob)] * len(ids)
-    sequence = tinker.SampledSequence(
-        stop_reason=stop_reason,
-        tokens=ids,
-        logprobs=logprobs,
-        **({"routing_id": routing_id} if routing_id is not None else {}),
-    )
+    sequence_type: Any = tinker.SampledSequence  # its fields depend on the SDK
+    if issubclass(sequence_type, BaseModel):  # 0.16: a pydantic model of lists
+        sequence = sequence_type(
+            stop_reason=stop_reason,
+            tokens=ids,
+            logprobs=logprobs,
+            **({"routing_id": routing_id} if routing_id is not None else {}),
+        )
+    else:  # 0.24 and later (0.38): a frozen dataclass of numpy arrays, with an id per sequence
+        import numpy as np
+
+        sequence = sequence_type(
+            stop_reason=stop_reason,
+            sequence_id=f"scripted-{uuid.uuid4().hex}",
+            tokens_np=np.asarray(ids, dtype=np.int32),
+            logprobs_np=None if logprobs is None else np.asarray(logprobs, dtype=np.float32),
+        )
     if routing_id is not None and getattr(sequence, "routing_id", None) != routing_id:
         object.__setattr__(sequence, "routing_id", routing_id)
     return tinker.SampleResponse(sequences=[sequence])

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from platoon.gateway import tinker_sdk
 from platoon.rollouts.inflight import SampledCall, record_sample
 from platoon.rollouts.workers.ipc import PROTOCOL_VERSION, write_private
 
@@ -141,7 +142,7 @@ class FollowingSampler:
     async def sample_async(self, *args: Any, **kwargs: Any) -> Any:
         self.refresh()
         client, version = self._client, self._version
-        response = await client.sample_async(*args, **kwargs)
+        response = await tinker_sdk.sample(client, *args, **kwargs)
         self._sampled.add(version)
         if self.newest is not None:
             self.refresh(now_or_never=True)  # the newest version announced by the time the sample came back

@@ -11,7 +11,7 @@ import logging
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from platoon import hooks
 from platoon.train.tinker.advantages import GroupResult, is_skipped, trajectory_depths
@@ -38,6 +38,9 @@ __all__ = [
     "trajectory_datums",
     "zero_objective",
 ]
+
+#: the dtypes of the loss inputs platoon sends (the SDK types them as these literals)
+Dtype = Literal["int64", "float32"]
 
 log = logging.getLogger("platoon.train")
 
@@ -234,7 +237,7 @@ class _Accumulator:
         self.mask.extend([1.0 if trained else 0.0] * len(tokens))
         self.errors.extend([error and trained] * len(tokens))
 
-    def datum(self, extra: Mapping[str, tuple[list[Any], str]]) -> tinker.Datum:
+    def datum(self, extra: Mapping[str, tuple[list[Any], Dtype]]) -> tinker.Datum:
         """The standard shift: input = all but the last position, targets/arrays = all but the first."""
         from tinker import Datum, EncodedTextChunk, ModelInput, TensorData
 
@@ -261,7 +264,7 @@ class _Accumulator:
             if run:
                 chunks.append(EncodedTextChunk(tokens=run))
         length = len(targets) - 1
-        arrays: dict[str, tuple[list[Any], str]] = {
+        arrays: dict[str, tuple[list[Any], Dtype]] = {
             "target_tokens": (targets[1:], "int64"),
             "logprobs": (self.logprobs[1:], "float32"),
             "advantages": (self.advantages[1:], "float32"),
@@ -343,7 +346,9 @@ def trajectory_datums(
 
     datums: list[tinker.Datum] = []
     for index, sequence in enumerate(sequences):
-        extra: dict[str, tuple[list[Any], str]] = {"checkpoint_version": ([int(checkpoint_version)], "int64")}
+        extra: dict[str, tuple[list[Any], Dtype]] = {
+            "checkpoint_version": ([int(checkpoint_version)], "int64")
+        }
         if depth is not None:
             extra["traj_depth"] = ([int(depth)], "int64")
             extra["traj_start"] = ([1.0 if index == 0 else 0.0], "float32")

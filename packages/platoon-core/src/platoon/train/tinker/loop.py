@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from platoon import rollout_progress
 from platoon.config.training import DEFAULT_LABEL_COLUMN
 from platoon.errors import PlatoonError
+from platoon.gateway import tinker_sdk
 from platoon.gateway.core import ModelGateway
 from platoon.gateway.default import default_policy
 from platoon.gateway.tinker_service import close_session
@@ -371,11 +372,12 @@ class Trainer:
 
         client = getattr(self, "_probe_client", None)
         if client is None:
-            kwargs: dict[str, Any] = {"api_key": self.api_key, "max_retries": 0}
+            # The probe's deadline is the client's: 0.38's health_check takes no `timeout` of its own.
+            kwargs: dict[str, Any] = {"api_key": self.api_key, "max_retries": 0, "timeout": 10}
             if self.base_url is not None:
                 kwargs["base_url"] = self.base_url
             client = self._probe_client = AsyncTinker(**kwargs)
-        await client.service.health_check(timeout=10)
+        await client.service.health_check()
 
     async def _train(self) -> int:
 
@@ -395,17 +397,15 @@ class Trainer:
 
     async def _open(self) -> None:
         doing("opening the Tinker session")
-        import tinker
+        # Imported here first: a first import of the SDK in the thread below, racing another thread's, can fail
+        # half-way ("partially initialized module").
+        import tinker  # noqa: F401
 
         train = self.config.train
 
         def open_service() -> Any:
-            # The key goes in explicitly, also as the header the SDK would otherwise read from the environment:
-            # TINKER_API_KEY is withheld from this process while harnesses run in it.
-            kwargs: dict[str, Any] = {"api_key": self.api_key, "default_headers": {"X-API-Key": self.api_key}}
-            if self.base_url is not None:
-                kwargs["base_url"] = self.base_url
-            return tinker.ServiceClient(**kwargs)
+            # The key goes in explicitly: TINKER_API_KEY is withheld from this process while harnesses run in it.
+            return tinker_sdk.service_client(api_key=self.api_key, base_url=self.base_url)
 
         service = await call_service("a session", self.base_url, lambda: asyncio.to_thread(open_service))
         self.service = service
@@ -415,7 +415,7 @@ class Trainer:
             self.checkpoints,
             self.config.checkpoint.keep_recovery,
             train.max_staleness,
-            service.create_rest_client,
+            tinker_sdk.checkpoint_deleter(service, api_key=self.api_key, base_url=self.base_url),
         )
         resume_run_id = self.resume.row.wandb_run_id if self.resume is not None else None
         self._open_attempts()
@@ -542,7 +542,9 @@ class Trainer:
         """Put the trained weights on the in-flight target (rollouts' clients follow) and get a client of it for
         the rollouts that start from now on."""
         async with self.watchdog.keep_alive():
-            sampler = await self.client.save_weights_and_get_sampling_client_async(kind="inflight")
+            sampler = await tinker_sdk.call(
+                self.client, "save_weights_and_get_sampling_client", kind="inflight"
+            )
         self._inflight_versions.append(self.version)
         return sampler
 
@@ -557,9 +559,9 @@ class Trainer:
 
         name = checkpoint_name(kind, batch)
         async with self.watchdog.keep_alive():
-            state = await (await self.client.save_state_async(name)).result_async()
-            weights = await (await self.client.save_weights_for_sampler_async(name)).result_async()
-            sampler = await self.client.create_sampling_client_async(weights.path)
+            state = await self.client.save_state(name).result_async()
+            weights = await self.client.save_weights_for_sampler(name).result_async()
+            sampler = await tinker_sdk.call(self.client, "create_sampling_client", weights.path)
         if before_record is not None:
             before_record()
         self.checkpoints.record(
@@ -965,7 +967,8 @@ class Trainer:
                 submitted += len(ready.sent)
                 attention += sum(d.model_input.length for d in ready.sent)
                 t_wait = time.monotonic()
-                future = await self.client.forward_backward_async(
+                # submitted here, awaited after the optimizer step is queued behind it (the SDK keeps the order)
+                future = self.client.forward_backward(
                     ready.sent, loss_fn=train.loss_fn, loss_fn_config=train.loss_fn_config
                 )
                 waited["service"] += time.monotonic() - t_wait
@@ -978,7 +981,7 @@ class Trainer:
                 )  # the starting-policy number samples only the starting policy
             adam = train.optimizer
             t_wait = time.monotonic()
-            optim = await self.client.optim_step_async(
+            optim = self.client.optim_step(
                 tinker.AdamParams(
                     learning_rate=adam.learning_rate,
                     beta1=adam.beta1,
@@ -1067,7 +1070,7 @@ class Trainer:
                 sampler = await self._save(kind, done, before_record=log_step)
             else:
                 async with self.watchdog.keep_alive():
-                    sampler = await self.client.save_weights_and_get_sampling_client_async()
+                    sampler = await tinker_sdk.call(self.client, "save_weights_and_get_sampling_client")
             self.policy.update(sampler, advanced=True)
             if not self._served and not self.inflight:  # the in-flight sampler reads the policy itself
                 self.gateway.sampler = sampler

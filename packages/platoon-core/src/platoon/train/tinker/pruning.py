@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,16 +33,21 @@ def _http_status(exc: BaseException) -> int | None:
 class Pruner:
     """`checkpoint.keep_recovery` pruning: after each recovery save, delete older recovery
     checkpoints through the REST delete call; the protected ones (permanent, the resume point, the newest
-    `keep_recovery`, those rollouts may still sample) are never planned for deletion by `CheckpointLog.plan`."""
+    `keep_recovery`, those rollouts may still sample) are never planned for deletion by `CheckpointLog.plan`.
+
+    `delete(path)` deletes one checkpoint (`tinker_sdk.checkpoint_deleter`: the SDK's REST delete call)."""
 
     def __init__(
-        self, log_: CheckpointLog, keep: int | None, max_staleness: int | None, rest: Callable[[], Any]
+        self,
+        log_: CheckpointLog,
+        keep: int | None,
+        max_staleness: int | None,
+        delete: Callable[[str], Awaitable[Any]],
     ) -> None:
         self.log = log_
         self.keep = keep
         self.max_staleness = max_staleness
-        self._rest_factory = rest
-        self._rest: Any = None
+        self._delete_checkpoint = delete
         self.active = keep is not None
         self.deleted = 0
         self.failures = 0
@@ -63,8 +68,6 @@ class Pruner:
             max_staleness=self.max_staleness,
         )
         self.recovery_kept = float(plan.recovery_kept)
-        if plan.delete and self._rest is None:
-            self._rest = self._rest_factory()
         for deletion in plan.delete:
             for path in deletion.paths:
                 if not self.active:
@@ -72,12 +75,8 @@ class Pruner:
                 await self._delete(path, deletion.name, deletion.policy_version)
 
     async def _delete(self, path: str, name: str, version: int | None) -> None:
-        delete = getattr(self._rest, "delete_checkpoint_from_tinker_path_async", None)
-        if delete is None:
-            self._stop("the Tinker client has no delete-checkpoint call")
-            return
         try:
-            await asyncio.wait_for(delete(path), _DELETE_TIMEOUT_SECONDS)
+            await asyncio.wait_for(self._delete_checkpoint(path), _DELETE_TIMEOUT_SECONDS)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

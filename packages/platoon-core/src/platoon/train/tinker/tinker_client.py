@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from platoon.gateway import tinker_sdk
 from platoon.gateway.tinker_service import refused_key_error
 from platoon.train.tinker.heartbeat import say
 
@@ -41,17 +42,19 @@ async def training_client(
         return await call_service(
             "a training client",
             base_url,
-            lambda: service.create_training_client_from_state_with_optimizer_async(path),
+            lambda: tinker_sdk.call(service, "create_training_client_from_state_with_optimizer", path),
         )
     load = config.checkpoint.load_checkpoint_path
     if load is not None:
         return await call_service(
-            "a training client", base_url, lambda: service.create_training_client_from_state_async(load)
+            "a training client",
+            base_url,
+            lambda: tinker_sdk.call(service, "create_training_client_from_state", load),
         )
     return await call_service(
         "a training client",
         base_url,
-        lambda: service.create_lora_training_client_async(
-            base_model=train_cfg.model_name, rank=train_cfg.lora_rank
+        lambda: tinker_sdk.call(
+            service, "create_lora_training_client", base_model=train_cfg.model_name, rank=train_cfg.lora_rank
         ),
     )

@@ -260,7 +260,8 @@ def _short_error(exc: BaseException) -> str:
 #: (SDK logger, message start) of the SDK's own reports of a service that does not answer
 _SDK_CONNECTION_NOISE = (
     ("tinker.lib.internal_client_holder", "Session heartbeat failed"),
-    ("tinker.lib.telemetry", "Failed to send telemetry batch"),
+    ("tinker.lib.telemetry", "Failed to send telemetry batch"),  # 0.16
+    ("tinker.lib.telemetry", "Dropping telemetry batch that failed to send"),  # 0.38
 )
 _quieted = False
 

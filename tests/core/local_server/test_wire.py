@@ -480,3 +480,14 @@ def test_protobuf_goes_only_where_the_sdk_sends_it_and_the_model_keeps_working(f
         fake, call(fake, "forward_backward", compressed, content_type=PROTO, content_encoding="zstd")
     )
     assert len(answer.json()["loss_fn_outputs"]) == 1
+
+
+def test_protobuf_requests_without_a_seq_id_are_each_run(fake, model_id):
+    """proto3 sends no seq_id as 0: such requests are distinct, not retries of the first (which would answer
+    every later one with the first one's result)."""
+    first, second = (
+        call(fake, "forward_backward", _with(model_id, lambda r: r.ClearField("seq_id")), content_type=PROTO)
+        for _ in range(2)
+    )
+    assert first.json()["request_id"] != second.json()["request_id"]
+    assert retrieve(fake, first).json() == retrieve(fake, second).json()  # forward passes of the same weights

@@ -266,7 +266,8 @@ def forward_backward_body(raw: bytes) -> tuple[dict[str, Any], bool]:
     data = [_datum(datum, f"{key}.data[{index}]") for index, datum in enumerate(request.data)]
     body = {
         "model_id": request.model_id,
-        "seq_id": request.seq_id,
+        # proto3 cannot tell 0 from unset, and the SDK counts from 1: 0 is no seq_id (never de-duplicated)
+        "seq_id": request.seq_id or None,
         key: {"data": data, "loss_fn": request.loss_fn, "loss_fn_config": config or None},
     }
     return body, request.forward_only

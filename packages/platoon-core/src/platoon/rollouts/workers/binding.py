@@ -27,9 +27,16 @@ log = logging.getLogger(__name__)
 def binding_blob(sampler: Any, version: int, *, newest: int | None = None, inflight: bool = False) -> bytes:
     """The pickled binding: the Tinker SDK pickles a `SamplingClient` as its session, sampler id, URL and key.
     `inflight`: the client is an in-flight one; `newest`: the newest version that may be live under it."""
-    payload = {"protocol": PROTOCOL_VERSION, "version": int(version), "sampler": sampler}
+    payload: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "version": int(version)}
     if inflight:
-        payload.update(inflight=True, newest=int(version if newest is None else newest))
+        # The client pickled apart: a worker reads the newest version after every sample without unpickling it.
+        payload.update(
+            inflight=True,
+            newest=int(version if newest is None else newest),
+            sampler_pickle=pickle.dumps(sampler),
+        )
+    else:
+        payload["sampler"] = sampler
     return pickle.dumps(payload)
 
 
@@ -48,6 +55,8 @@ def load_binding(blob: bytes) -> tuple[Any, int]:
     if not isinstance(payload, dict) or payload.get("protocol") != PROTOCOL_VERSION:
         raise ValueError("not a model binding of worker protocol 2")
     version = payload.get("version")
+    if isinstance(version, int) and isinstance(payload.get("sampler_pickle"), bytes):
+        return pickle.loads(payload["sampler_pickle"]), version
     if not isinstance(version, int) or "sampler" not in payload:
         raise ValueError("the model binding has no sampler or version")
     return payload["sampler"], version
@@ -121,10 +130,10 @@ class FollowingSampler:
         try:
             with open(self._path, "rb") as handle:
                 blob = handle.read()
-            client, version = load_binding(blob)
             if self.newest is not None:  # in-flight: the client stays; only the newest version moves
-                self.newest = max(self.newest, binding_newest(blob) or version)
+                self.newest = max(self.newest, binding_newest(blob) or self.newest)
                 return
+            client, version = load_binding(blob)
         except Exception as exc:  # a corrupt or foreign file keeps the previous client
             log.warning(
                 "the published sampling client is unreadable (%s: %s); keeping version %d",

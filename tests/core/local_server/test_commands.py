@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from platoon.gateway import tinker_sdk
 from platoon.local_server.process import default_state_dir, start_local_server_process
 
 
@@ -177,7 +178,7 @@ def test_a_child_that_built_the_model_stops_quietly(tmp_path, capfd):
     try:
         client = tinker.ServiceClient(base_url=base_url, api_key=api_key)
         try:
-            client.create_lora_training_client(base_model="platoon/toy", rank=8)
+            tinker_sdk.made(client.create_lora_training_client(base_model="platoon/toy", rank=8))
         finally:
             close_session(client)
     finally:

@@ -14,6 +14,7 @@ import tinker
 from fake_backend import BigramBackend
 from tinker import types
 
+from platoon.gateway import tinker_sdk
 from platoon.gateway.tinker_service import close_session
 from platoon.local_server import LocalTinkerServer, check_api_key, issue_api_key
 from platoon.local_server.app import build_app
@@ -66,7 +67,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with server:
         service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
         try:
-            training = service.create_lora_training_client(base_model=MODEL, rank=8)
+            training = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL, rank=8))
             checkpoint = training.save_state("kept").result().path
             session = httpx.post(
                 f"{server.base_url}/api/v1/create_sampling_session",
@@ -140,7 +141,9 @@ def test_a_key_the_server_did_not_issue_is_refused_on_every_operation(served, ke
 
 def test_the_sdk_reports_a_refused_key_in_one_line(served):
     with pytest.raises(tinker.AuthenticationError) as refused:
-        tinker.ServiceClient(base_url=served.server.base_url, api_key="tml-made-up")
+        # SDK 0.16 opens its session as the client is made, 0.38 at the client's first call
+        service = tinker.ServiceClient(base_url=served.server.base_url, api_key="tml-made-up")
+        tinker_sdk.made(service.create_sampling_client(base_model=MODEL))
     assert refused.value.status_code == 401
     assert "this API key was not issued by this local server" in str(refused.value)
 
@@ -148,7 +151,7 @@ def test_the_sdk_reports_a_refused_key_in_one_line(served):
 def test_the_issued_key_samples_trains_saves_loads_and_deletes(served):
     CountingBackend.calls.clear()
     training, rest = served.training, served.service.create_rest_client()
-    sampler = served.service.create_sampling_client(base_model=MODEL)
+    sampler = tinker_sdk.made(served.service.create_sampling_client(base_model=MODEL))
     prompt = types.ModelInput.from_ints([72, 105])
     sampled = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).result()
     assert len(sampled.sequences[0].tokens) <= 3

@@ -16,6 +16,7 @@ import pytest
 import tinker
 from tinker import types
 
+from platoon.gateway import tinker_sdk
 from platoon.local_server import LocalTinkerServer, local_tinker_server
 
 MODEL = "platoon/toy"
@@ -35,6 +36,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.Service
     with local_tinker_server(state_dir=tmp_path_factory.mktemp("learnability")) as server:
         assert isinstance(server, LocalTinkerServer)
         client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+        # SDK 0.38 opens the session at its first use: here, so that no test is taken for its opener
+        assert client.holder is not None
         yield client
         close_session(client)  # its session stops heartbeating with the module
 
@@ -58,7 +61,7 @@ def _warm_up(client: tinker.TrainingClient) -> None:
 
 def _answer_probability(client: tinker.TrainingClient) -> float:
     """The current policy's probability of answering C (through the SDK's `compute_logprobs`)."""
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = tinker_sdk.made(client.save_weights_and_get_sampling_client())
     logprobs = sampler.compute_logprobs(types.ModelInput.from_ints([*PROMPT, ANSWER])).result()
     return math.exp(logprobs[-1])  # type: ignore[arg-type]
 
@@ -69,7 +72,7 @@ def _rl(
     """Sample a group, score it, update with group-baseline advantages; the mean reward of each step."""
     rewards_per_step = []
     for step in range(RL_STEPS):
-        sampler = client.save_weights_and_get_sampling_client()
+        sampler = tinker_sdk.made(client.save_weights_and_get_sampling_client())
         result = sampler.sample(
             types.ModelInput.from_ints(PROMPT),
             num_samples=GROUP,
@@ -104,7 +107,7 @@ def test_rl_raises_the_reward_from_chance_to_near_one(
     service: tinker.ServiceClient, loss_fn: types.LossFnType, config: dict[str, float] | None
 ) -> None:
     started = time.monotonic()
-    client = service.create_lora_training_client(base_model=MODEL, rank=8)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL, rank=8))
     _warm_up(client)
     start = _answer_probability(client)
     assert 0.15 < start < 0.35, f"after the warm-up, C should be one of four equal answers: p = {start:.3f}"

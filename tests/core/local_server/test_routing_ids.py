@@ -19,6 +19,7 @@ from platoon.config.environments import EnvironmentConfig
 from platoon.config.training import WorkflowConfig
 from platoon.config_defs import RolloutConfig
 from platoon.envs.resolve import resolve_service
+from platoon.gateway import tinker_sdk
 from platoon.local_server import LocalTinkerServer
 from platoon.local_server.backend import ModelBackend
 from platoon.rollouts.one_rollout import MemberRequest
@@ -81,7 +82,7 @@ def workers(
             )
             try:
                 loop.run_until_complete(pool.start())
-                pool.publish(service.create_sampling_client(base_model=MODEL), 1)
+                pool.publish(tinker_sdk.made(service.create_sampling_client(base_model=MODEL)), 1)
                 yield pool
             finally:
                 loop.run_until_complete(pool.close())
@@ -125,6 +126,16 @@ def test_a_service_that_sends_no_routing_ids_is_not_warned_about(workers, loop, 
     assert unprefixed == []
 
 
+def _responses_keep_undeclared_fields() -> bool:
+    from pydantic import BaseModel
+
+    return issubclass(tinker.SampleResponse, BaseModel)
+
+
+@pytest.mark.skipif(
+    not _responses_keep_undeclared_fields(),
+    reason="this SDK decodes samples into dataclasses, which carry no routing id (CI runs this with SDK 0.16.1)",
+)
 def test_routing_ids_lost_by_a_worker_are_one_prefixed_line_once(workers, loop, tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     RoutingIdBackend.send_ids = True

@@ -10,6 +10,7 @@ import pytest
 import tinker
 from tinker import types
 
+from platoon.gateway import tinker_sdk
 from platoon.gateway.tinker_service import close_session
 from platoon.local_server import LocalTinkerServer
 from platoon.local_server.backend import ModelBackend
@@ -45,7 +46,7 @@ def logprobs(client: tinker.TrainingClient, d: types.Datum) -> list[float]:
 
 
 def test_training_client_reports_the_model_and_a_local_tokenizer(service):
-    client = service.create_lora_training_client(base_model=MODEL, rank=8)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL, rank=8))
     info = client.get_info()
     assert info.model_id.endswith(":train:0") or ":train:" in info.model_id
     assert info.model_data.model_name == MODEL
@@ -60,14 +61,14 @@ def test_training_client_reports_the_model_and_a_local_tokenizer(service):
 def test_get_info_reports_the_recorded_lora_settings_as_docs_local_server_md_says(service):
     # LoRA is recorded, not applied (every weight trains: test_backend's AdamW test), yet get_info reports it as
     # the SDK expects of a LoRA client; the note saying so does not survive the SDK's GetInfoResponse.
-    info = service.create_lora_training_client(base_model=MODEL).get_info()
+    info = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL)).get_info()
     assert (info.is_lora, info.lora_rank) == (True, 32)
     assert getattr(info.model_data, "note", None) is None
 
 
 @pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo"])
 def test_forward_backward_matches_the_backend(service, loss_fn):
-    client = service.create_lora_training_client(base_model=MODEL)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
     config = {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5} if loss_fn in ("ppo", "cispo") else None
     d = datum(loss_fn)
     out = client.forward_backward([d, d], loss_fn, config).result()
@@ -81,7 +82,7 @@ def test_forward_backward_matches_the_backend(service, loss_fn):
 
 
 def test_optim_step_changes_the_weights(service):
-    client = service.create_lora_training_client(base_model=MODEL)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
     d = datum("cross_entropy")
     before = logprobs(client, d)
     client.forward_backward([d], "cross_entropy").result()
@@ -92,8 +93,8 @@ def test_optim_step_changes_the_weights(service):
 
 
 def test_sampling_is_deterministic_under_a_seed_and_returns_logprobs(service):
-    client = service.create_lora_training_client(base_model=MODEL)
-    sampler = client.save_weights_and_get_sampling_client()
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
+    sampler = tinker_sdk.made(client.save_weights_and_get_sampling_client())
     prompt = types.ModelInput.from_ints(PROMPT)
     params = types.SamplingParams(max_tokens=8, seed=1234, temperature=1.0)
     first = sampler.sample(prompt, num_samples=3, sampling_params=params).result()
@@ -112,8 +113,8 @@ def test_sampling_is_deterministic_under_a_seed_and_returns_logprobs(service):
 
 
 def test_base_model_sampler_shares_the_initial_weights(service):
-    client = service.create_lora_training_client(base_model=MODEL)
-    base = service.create_sampling_client(base_model=MODEL)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
+    base = tinker_sdk.made(service.create_sampling_client(base_model=MODEL))
     computed = base.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()
     assert computed[1:] == pytest.approx(logprobs(client, datum("cross_entropy")), abs=1e-4)
 
@@ -123,7 +124,7 @@ def test_checkpoints_survive_a_restart_and_can_be_deleted(tmp_path, request):
     with LocalTinkerServer(state_dir=tmp_path) as first:
         service = tinker.ServiceClient(base_url=first.base_url, api_key=first.api_key)
         request.addfinalizer(functools.partial(close_session, service))
-        client = service.create_lora_training_client(base_model=MODEL)
+        client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
         client.forward_backward([d], "cross_entropy").result()
         client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         state = client.save_state("step-1").result().path
@@ -141,13 +142,13 @@ def test_checkpoints_survive_a_restart_and_can_be_deleted(tmp_path, request):
     with LocalTinkerServer(state_dir=tmp_path) as second:
         service = tinker.ServiceClient(base_url=second.base_url, api_key=second.api_key)
         request.addfinalizer(functools.partial(close_session, service))
-        resumed = service.create_training_client_from_state_with_optimizer(state)
+        resumed = tinker_sdk.made(service.create_training_client_from_state_with_optimizer(state))
         assert logprobs(resumed, d) == pytest.approx(trained, abs=1e-6)
         # the optimizer moments came back too: the next step is the one the first server took
         resumed.forward_backward([d], "cross_entropy").result()
         resumed.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         assert logprobs(resumed, d) == pytest.approx(stepped, abs=1e-5)
-        sampler = service.create_sampling_client(model_path=weights)
+        sampler = tinker_sdk.made(service.create_sampling_client(model_path=weights))
         computed = sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()
         assert computed[1:] == pytest.approx(trained, abs=1e-4)
 
@@ -159,11 +160,11 @@ def test_checkpoints_survive_a_restart_and_can_be_deleted(tmp_path, request):
         with pytest.raises(tinker.NotFoundError):
             rest.delete_checkpoint_from_tinker_path(weights).result()
         with pytest.raises(tinker.NotFoundError):
-            service.create_sampling_client(model_path=weights)
+            tinker_sdk.made(service.create_sampling_client(model_path=weights))
 
 
 def test_bad_requests_get_the_sdk_error_without_retries(service, monkeypatch):
-    client = service.create_lora_training_client(base_model=MODEL)
+    client = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
     # Every request the SDK sends from here on, by its last path segment (the SDK sends on its own thread).
     sent: list[str] = []
     send = httpx.AsyncClient.send
@@ -178,11 +179,12 @@ def test_bad_requests_get_the_sdk_error_without_retries(service, monkeypatch):
     with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
         client.forward_backward([datum("cross_entropy", [1, 2, 99999])], "cross_entropy").result()
     with pytest.raises(tinker.NotFoundError, match=r"unknown base model 'platoon/nothing'"):
-        service.create_lora_training_client(base_model="platoon/nothing")
+        tinker_sdk.made(service.create_lora_training_client(base_model="platoon/nothing"))
     with pytest.raises(tinker.NotFoundError):
-        service.create_sampling_client(model_path=f"tinker://{client.model_id}/sampler_weights/absent")
-    # each bad request was sent once: its error is one the SDK does not retry (polls of a future aside)
-    submitted = [name for name in sent if name != "retrieve_future"]
+        absent = f"tinker://{client.model_id}/sampler_weights/absent"
+        tinker_sdk.made(service.create_sampling_client(model_path=absent))
+    # each bad request was sent once: its error is one the SDK does not retry (polls of a future and heartbeats aside)
+    submitted = [name for name in sent if name not in ("retrieve_future", "session_heartbeat")]
     assert submitted == ["forward_backward", "forward_backward", "create_model", "create_sampling_session"]
     # the model still works after its bad requests
     assert logprobs(client, datum("cross_entropy"))

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from platoon.envs.resolve import resolve_service
+from platoon.gateway import tinker_sdk
 from platoon.gateway.core import ModelGateway
 from platoon.rollouts.one_rollout import run_member
 from platoon.rollouts.workers import RolloutWorkers
@@ -137,7 +138,7 @@ def test_a_worker_follows_the_binding_and_reports_the_oldest_version_it_sampled(
     forked.binding_path.write_bytes(b"not a binding")  # a torn publication: the worker keeps version 1 ...
     loop.run_until_complete(asyncio.sleep(0.05))
     forked.publish(
-        service_client.create_sampling_client(base_model=MODEL), 2
+        tinker_sdk.made(service_client.create_sampling_client(base_model=MODEL)), 2
     )  # ... and then follows version 2
     (tmp_path / "go").write_text("")
     outcome = loop.run_until_complete(running)

@@ -173,4 +173,5 @@ def test_session_stubs_and_0_38_bootstrap_answer(fake):
     assert post(fake, "session_heartbeat", {"session_id": session}).json() == {"type": "session_heartbeat"}
     assert post(fake, "telemetry", {"events": []}).json() == {"status": "accepted"}
     assert post(fake, "client/config", {"sdk_version": "0.38.0"}).json()["pjwt_auth_enabled"] is False
-    assert post(fake, "client/dynamic_config", {}).json()["sample_cancel_enabled"] is False
+    # an abandoned sample is cancelled on the server (tests/core/local_server/test_inflight.py)
+    assert post(fake, "client/dynamic_config", {}).json()["sample_cancel_enabled"] is True

@@ -235,6 +235,12 @@ class TrainConfig(ConfigModel):
     max_staleness: Int | None = Field(
         None, ge=0, description="policy versions a group may lag; None = unbounded"
     )
+    sampling_client_kind: Literal["snapshot", "inflight"] = Field(
+        "snapshot",
+        description="snapshot (the service's default): each policy version gets a sampler of fixed weights; "
+        "inflight: running rollouts keep their sampling session and move to new weights as each step publishes "
+        "them (needs max_staleness above 0 or unset, and a Tinker SDK with in-flight sampling)",
+    )
     optimizer: AdamParams = Field(default_factory=AdamParams, description="Adam parameters")
     loss_fn: str = Field(
         "cispo",
@@ -330,6 +336,11 @@ class TrainConfig(ConfigModel):
         elif named:
             self.label_by = next(iter(named.values()))
 
+        if self.sampling_client_kind == "inflight" and self.max_staleness == 0:
+            problems.append(
+                "sampling_client_kind inflight needs max_staleness above 0 (or unset): with 0 every rollout ends "
+                "before the weights change, so there is nothing in flight to update"
+            )
         size = self.workflow_config.group_size
         groups = self.num_concurrent_rollout_workflow_workers
         if groups is not None:

@@ -317,6 +317,8 @@ class RolloutRecorder:
     config_sampling: dict[str, Any] = field(default_factory=dict)
     agents: list[AgentRecord] = field(default_factory=list)
     interactions: dict[str, Interaction] = field(default_factory=dict)
+    #: the rollout's own sampler, when the gateway's binds one per rollout (in-flight sampling); else the gateway's
+    sampler: Any = None
     _settings: dict[str, _AgentSettings] = field(default_factory=dict, repr=False)
 
     def root(self) -> AgentRecord:
@@ -434,6 +436,9 @@ class ModelGateway:
         rollout = RolloutRecorder(
             rollout_id, judges=judges, sampling_precedence=sampling_precedence, config_sampling=config
         )
+        # An in-flight sampler binds the rollout to the client it starts with, whoever makes its calls later.
+        bind = getattr(self.sampler, "for_rollout", None)
+        rollout.sampler = bind() if callable(bind) else None
         self._rollouts[rollout_id] = rollout
         return rollout
 
@@ -642,7 +647,10 @@ class ModelGateway:
             with rollout_progress.bounded_wait(self.sample_timeout_seconds):
                 async with asyncio.timeout(self.sample_timeout_seconds):
                     response = await tinker_sdk.sample(
-                        self.sampler, prompt=model_input, num_samples=1, sampling_params=sampling_params
+                        rollout.sampler or self.sampler,
+                        prompt=model_input,
+                        num_samples=1,
+                        sampling_params=sampling_params,
                     )
             rollout_progress.note()
             sequences = response.sequences

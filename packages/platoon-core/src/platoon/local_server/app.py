@@ -27,6 +27,7 @@ from platoon.local_server import checkpoints as ckpt
 from platoon.local_server import wire_proto
 from platoon.local_server.backend import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
+from platoon.local_server.inflight import InflightSampler, InflightTarget, SampleVersions
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 from platoon.local_server.losses import LOSS_INPUT_KEYS, LOSS_NAMES, REQUIRED_INPUTS
 from platoon.local_server.stability import StabilityStore
@@ -140,12 +141,12 @@ class TrainingRun:
 
 @dataclass
 class Sampler:
-    """A sampling session: a frozen copy of some weights."""
+    """A sampling session: a frozen copy of some weights, or a training model's in-flight target."""
 
     sampler_id: str
     base_model: str
     model_path: str | None
-    backend: Backend
+    backend: Backend | InflightSampler
 
 
 @dataclass
@@ -167,6 +168,10 @@ class ServerState:
     samplers: dict[str, Sampler] = field(default_factory=dict)
     #: what samples with `record_stability_info` drew, for stable_reinforce
     stability: StabilityStore = field(default_factory=StabilityStore)
+    #: each training model's in-flight weights target, by model id
+    inflight: dict[str, InflightTarget] = field(default_factory=dict)
+    #: the weights versions in-flight samples ran on, by sequence id
+    sample_versions: SampleVersions = field(default_factory=SampleVersions)
     checkpoints: ckpt.CheckpointStore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -459,9 +464,12 @@ class Operations:
         *,
         model_id: str | None,
         keys: list[Any],
+        cancellable: bool = False,
     ) -> dict[str, Any]:
         try:
-            record, _ = self.state.futures.submit(lane, fn, model_id=model_id, keys=keys)
+            record, _ = self.state.futures.submit(
+                lane, fn, model_id=model_id, keys=keys, cancellable=cancellable
+            )
         except RuntimeError as exc:  # stopping
             raise HTTPError(503, str(exc)) from None
         return record.body()
@@ -656,9 +664,15 @@ class Operations:
             backend = run.backend
             assert backend is not None
             if name is None:
-                # Unnamed: a sampling session on a frozen copy; the SDK asserts `path` is null.
+                # Unnamed: a sampling session on a frozen copy, or on the in-flight target; the SDK asserts `path`
+                # is null.
                 sampler_id = _sampler_id(state, run.session_id, seq)
-                state.samplers[sampler_id] = Sampler(sampler_id, run.base_model, None, backend.sampler())
+                weights = backend.sampler()
+                if body.get("kind") == "inflight":
+                    sampling: Backend | InflightSampler = _publish_inflight(state, run.model_id, weights)
+                else:
+                    sampling = weights
+                state.samplers[sampler_id] = Sampler(sampler_id, run.base_model, None, sampling)
                 return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler_id}
             ref = ckpt.CheckpointRef(run=run.model_id, kind="sampler_weights", name=name)
             state.checkpoints.save(
@@ -842,17 +856,27 @@ class Operations:
             return {"type": "sample", **out}
 
         # No de-duplication on seq_id: an unpickled sampling client in another process restarts its counter on the
-        # same session; only the HTTP retry's idempotency key marks a true duplicate.
+        # same session; only the HTTP retry's idempotency key marks a true duplicate. A sample can be cancelled.
         try:
             record, _ = self.state.futures.submit(
                 "sample",
                 job,
                 keys=[_idem("asample", idempotency)],
                 extra={"sample_sequence_ids": sequence_ids},
+                cancellable=True,
             )
         except RuntimeError as exc:  # stopping
             raise HTTPError(503, str(exc)) from None
+        # an in-flight sample's weights versions are kept by its request: each of its sequence ids names it
+        self.state.sample_versions.name(record.request_id, sequence_ids)
         return record.body()
+
+    def sample_versions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """platoon's own route: the weights versions in-flight samples ran on, by the sequence ids they answered."""
+        ids = _require(body, "sequence_ids", list)
+        if not all(isinstance(item, str) for item in ids):
+            raise HTTPError(400, "sequence_ids must be a list of strings")
+        return {"versions": self.state.sample_versions.lookup(ids)}
 
     # REST
 
@@ -905,6 +929,14 @@ class Operations:
 
 def _idem(op: str, key: str | None) -> tuple[str, str, str] | None:
     return ("idem", op, key) if key else None
+
+
+def _publish_inflight(state: ServerState, model_id: str, weights: Backend) -> InflightSampler:
+    """A `kind: inflight` save: `weights` become the training model's in-flight target (existing in-flight sessions
+    sample them from their next request on), and a new session on that target."""
+    target = state.inflight.setdefault(model_id, InflightTarget())
+    target.publish(weights)
+    return InflightSampler(target, state.sample_versions)
 
 
 def _checked_name(name: Any) -> str:
@@ -1088,12 +1120,22 @@ def build_app(state: ServerState) -> Starlette:
     async def dynamic_config(request: Request) -> Any:
         return {
             "refresh_interval_sec": 300,
-            "sample_cancel_enabled": False,
+            # an abandoned sample (a dropped straggler's) is cancelled here, and its generation stops
+            "sample_cancel_enabled": True,
             "sample_cancel_max_batch_size": 64,
         }
 
     async def null(request: Request) -> Any:
         return JSON(None)
+
+    async def cancel_future(request: Request) -> Any:
+        # The SDK sends it for an abandoned sample and ignores the answer; an unknown or finished id is no error.
+        body = await parse(request)
+        state.futures.cancel(_require(body, "request_id", str))
+        return JSON(None)
+
+    async def sample_versions(request: Request) -> Any:
+        return ops.sample_versions(await parse(request))
 
     def submission(op: Callable[[dict[str, Any], str | None], dict[str, Any]]) -> Handler:
         async def handler(request: Request) -> Any:
@@ -1173,7 +1215,8 @@ def build_app(state: ServerState) -> Starlette:
         route("/telemetry", telemetry),
         route("/client/config", client_config),
         route("/client/dynamic_config", dynamic_config),
-        route("/cancel_future", null),
+        route("/cancel_future", cancel_future),
+        route("/platoon/sample_versions", sample_versions),
         route("/sessions/{session_id}/finish", null),
         route("/create_model", submission(ops.create_model)),
         route("/get_info", get_info),

@@ -2,6 +2,8 @@
 
 Every operation the SDK polls for runs on a lane (one worker thread per training model, one for
 sampling), in the order it was submitted; its answer is a result body or `{"error", "category"}`, never an HTTP 500.
+A cancellable operation (a sample) that `cancel` reaches is skipped while queued, or stopped where it next asks
+`raise_if_cancelled`; the store keeps the ids it cancelled.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import uuid
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from platoon.local_server.inflight import SampleCancelled, cancellable
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +65,20 @@ class FutureRecord:
     keys: tuple[Hashable, ...] = ()
     #: more fields of the submission's answer (a sample's `sample_sequence_ids`), the same for a retried submission
     extra: dict[str, Any] = field(default_factory=dict)
+    #: whether `FutureStore.cancel` may stop it (only samples: the SDK cancels nothing else)
+    cancellable: bool = False
+    #: queued, running, done or cancelled
+    state: str = "queued"
+    cancel_flag: threading.Event = field(default_factory=threading.Event)
 
     def body(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "model_id": self.model_id, **self.extra}
 
 
 _STOP = object()
+
+#: the answer of a cancelled request (its client stopped waiting for it)
+CANCELLED_BODY: dict[str, Any] = {"error": "the request was cancelled", "category": "user"}
 
 
 def _resolve(record: FutureRecord, body: dict[str, Any]) -> None:
@@ -105,11 +117,23 @@ class Lane:
             record, fn, on_done = item
             if record.future.done():  # failed by close() while queued
                 continue
+            if record.cancel_flag.is_set():  # cancelled while queued: the engine never sees it
+                record.state = "cancelled"
+                _resolve(record, CANCELLED_BODY)
+                on_done()
+                continue
+            record.state = "running"
             try:
-                result = fn()
+                with cancellable(record.request_id, record.cancel_flag):
+                    result = fn()
+                record.state = "done"
+            except SampleCancelled:
+                record.state = "cancelled"
+                result = CANCELLED_BODY
             except (
                 BaseException
             ) as exc:  # an operation's failure is the client's answer, not the worker's end
+                record.state = "done"
                 if not isinstance(exc, USER_ERRORS):
                     logger.exception("local Tinker server: %s failed", record.request_id)
                 result = error_body(exc)
@@ -133,6 +157,8 @@ class FutureStore:
         self._by_key: dict[Hashable, FutureRecord] = {}
         self._lanes: dict[str, Lane] = {}
         self._closed = False
+        #: the ids of the requests `cancel` stopped, queued or running, in the order it did
+        self.cancelled: list[str] = []
 
     def submit(
         self,
@@ -142,6 +168,7 @@ class FutureStore:
         model_id: str | None = None,
         keys: Iterable[Hashable | None] = (),
         extra: dict[str, Any] | None = None,
+        cancellable: bool = False,
     ) -> tuple[FutureRecord, bool]:
         """Enqueue `fn` on `lane` (before the submission is answered, which keeps per-model order); `extra` joins the
         record's answer.
@@ -158,7 +185,11 @@ class FutureStore:
                 if existing is not None:
                     return existing, False
             record = FutureRecord(
-                request_id=f"req-{uuid.uuid4().hex}", model_id=model_id, keys=wanted, extra=dict(extra or {})
+                request_id=f"req-{uuid.uuid4().hex}",
+                model_id=model_id,
+                keys=wanted,
+                extra=dict(extra or {}),
+                cancellable=cancellable,
             )
             self._records[record.request_id] = record
             for key in wanted:
@@ -192,6 +223,30 @@ class FutureStore:
         if not done:
             return 408, {"queue_state": "active", "queue_state_reason": None}
         return 200, record.future.result()
+
+    def cancel(self, request_id: str) -> str | None:
+        """Stop a cancellable request that has not finished; returns its state (None for an unknown id)."""
+        with self._lock:
+            record = self._records.get(request_id)
+            if record is None:
+                return None
+            if (
+                record.cancellable
+                and record.state in ("queued", "running")
+                and not record.cancel_flag.is_set()
+            ):
+                record.cancel_flag.set()
+                self.cancelled.append(request_id)
+            return record.state
+
+    def busy_samples(self) -> list[str]:
+        """The cancellable requests (samples) queued or running now."""
+        with self._lock:
+            return [
+                r.request_id
+                for r in self._records.values()
+                if r.cancellable and r.state in ("queued", "running")
+            ]
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from platoon.local_server.inflight import raise_if_cancelled
+
 if TYPE_CHECKING:
     import torch
 
@@ -135,7 +137,8 @@ def decode(
     """Sample `num_samples` continuations of one prompt with a shared, batched KV cache.
 
     The prompt is run once at batch size 1 (its logits are handed to `prompt_logits` for prompt logprobs) and the
-    cache is then repeated for the samples. Finished samples keep decoding in the batch but record nothing.
+    cache is then repeated for the samples. Finished samples keep decoding in the batch but record nothing. A
+    cancelled request (`/cancel_future`) stops before its next token.
     """
     import torch
 
@@ -168,6 +171,7 @@ def decode(
     logits = out.logits[:, -1].expand(num_samples, -1)
     open_rows = list(range(num_samples))
     for step in range(max_tokens):
+        raise_if_cancelled()
         tokens, logprobs = pick(logits, params, generator)
         token_list, logprob_list = tokens.tolist(), logprobs.tolist()
         still_open = []

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from platoon.config.environments import EnvironmentConfig
     from platoon.config_defs import RolloutConfig
     from platoon.gateway.records import Interaction
+    from platoon.rollouts.inflight import SampledCall
     from platoon.task import Task
     from platoon.trajectory import TrajectoryCollection
 
@@ -83,7 +84,8 @@ class MemberOutcome:
     `disposition`: `completed` or `no_trajectories` / `error` from the body, or one of the worker and straggler
     dispositions (`straggler_killed`, `hard_timeout`, `worker_crashed`, `rollout_worker_oom`,
     `worker_launch_failed`). `status` is the root's outcome status (`none` without a root). `version` is the policy
-    version its samples came from: the datums' `checkpoint_version`.
+    version its samples came from: the datums' `checkpoint_version` (with in-flight sampling the oldest of
+    `versions`, every version its samples ran on, or may have: `sampled` holds each sample's range).
     """
 
     collection: TrajectoryCollection | None
@@ -96,6 +98,10 @@ class MemberOutcome:
     error: str | None = None
     #: per-member scalars recorded into the step's metrics (e.g. `rollout_worker_*` in process mode)
     telemetry: dict[str, float] = field(default_factory=dict)
+    #: in-flight sampling: every policy version its samples ran on (or may have), oldest first
+    versions: tuple[int, ...] = ()
+    #: in-flight sampling: each sample's range of versions and sequence ids, as the rollout recorded them
+    sampled: tuple[SampledCall, ...] = ()
 
     @property
     def observed(self) -> bool:

@@ -19,7 +19,14 @@ from platoon.renderers.tokenizers import (
     tokenizer_available_offline,
 )
 
-__all__ = ["NEWEST_SDK", "local_model_problem", "loss_fn_problem", "sdk_loss_fns", "sdk_version"]
+__all__ = [
+    "NEWEST_SDK",
+    "local_model_problem",
+    "loss_fn_problem",
+    "sampling_client_kind_problem",
+    "sdk_loss_fns",
+    "sdk_version",
+]
 
 #: the newest Tinker SDK release platoon allows (`tinker>=0.16.1,<0.39`)
 NEWEST_SDK = "0.38"
@@ -89,6 +96,25 @@ def loss_fn_problem(loss_fn: str, *, local: bool, where: str = "train.loss_fn") 
 def _did_you_mean(name: str, known: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
+def sampling_client_kind_problem(kind: str, *, where: str = "train.sampling_client_kind") -> str | None:
+    """The refusal of in-flight sampling where the installed Tinker SDK cannot ask for it (0.16.1 has no `kind`
+    parameter); None for snapshot samplers, which every SDK has."""
+    if kind != "inflight":
+        return None
+    import inspect
+    from importlib.metadata import version
+
+    import tinker  # only a config that asks for in-flight sampling pays for the import
+
+    save = tinker.TrainingClient.save_weights_and_get_sampling_client
+    if "kind" in inspect.signature(save).parameters:
+        return None
+    return (
+        f"{where}: inflight needs a Tinker SDK with in-flight sampling clients (0.38 has them); this environment "
+        f"has tinker {version('tinker')}: upgrade it (pip install 'tinker>=0.38,<0.39'), or leave {where} at snapshot"
+    )
 
 
 def _hub_offline() -> bool:

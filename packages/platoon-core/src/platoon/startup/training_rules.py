@@ -9,7 +9,7 @@ from platoon.config.training import MAX_ROLLOUTS_PER_STEP
 from platoon.config_defs import yaml_scalar
 from platoon.gateway.tinker_service import uses_local_server
 from platoon.request_limits import gateway_limit_problems
-from platoon.startup.tinker import local_model_problem, loss_fn_problem
+from platoon.startup.tinker import local_model_problem, loss_fn_problem, sampling_client_kind_problem
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
@@ -53,9 +53,13 @@ def _size_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 
 
 def _service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """A loss function the service does not compute; on the local server, a model it cannot serve."""
+    """A loss function the service does not compute; on the local server, a model it cannot serve; a sampling
+    client the SDK cannot ask for."""
     local = uses_local_server(config.tinker_base_url)
-    problems = [loss_fn_problem(config.train.loss_fn, local=local)]
+    problems = [
+        loss_fn_problem(config.train.loss_fn, local=local),
+        sampling_client_kind_problem(config.train.sampling_client_kind),
+    ]
     if local:
         problems.append(local_model_problem(config.train.model_name))
     return [problem for problem in problems if problem is not None]

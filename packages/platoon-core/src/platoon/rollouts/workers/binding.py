@@ -1,6 +1,8 @@
 """The model binding: the trainer publishes its sampling client and policy version to
 `model_binding.pkl`; a worker's `FollowingSampler` samples from the newest one it has read and remembers every
-version it actually sampled, so the member's version is the oldest of them.
+version it actually sampled, so the member's version is the oldest of them. With in-flight sampling the worker keeps
+the client its rollout started with (the service moves it to new weights) and records each sample's range of
+versions, up to the `newest` version the trainer announced (before each publication) when the sample completed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from platoon.gateway import tinker_sdk
+from platoon.rollouts.inflight import SampledCall, record_sample
 from platoon.rollouts.workers.ipc import PROTOCOL_VERSION, write_private
 
 __all__ = ["FollowingSampler", "binding_blob", "load_binding", "publish_binding"]
@@ -21,14 +24,27 @@ __all__ = ["FollowingSampler", "binding_blob", "load_binding", "publish_binding"
 log = logging.getLogger(__name__)
 
 
-def binding_blob(sampler: Any, version: int) -> bytes:
-    """The pickled binding: the Tinker SDK pickles a `SamplingClient` as its session, sampler id, URL and key."""
-    return pickle.dumps({"protocol": PROTOCOL_VERSION, "version": int(version), "sampler": sampler})
+def binding_blob(sampler: Any, version: int, *, newest: int | None = None, inflight: bool = False) -> bytes:
+    """The pickled binding: the Tinker SDK pickles a `SamplingClient` as its session, sampler id, URL and key.
+    `inflight`: the client is an in-flight one; `newest`: the newest version that may be live under it."""
+    payload: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "version": int(version)}
+    if inflight:
+        # The client pickled apart: a worker reads the newest version after every sample without unpickling it.
+        payload.update(
+            inflight=True,
+            newest=int(version if newest is None else newest),
+            sampler_pickle=pickle.dumps(sampler),
+        )
+    else:
+        payload["sampler"] = sampler
+    return pickle.dumps(payload)
 
 
-def publish_binding(path: Path, sampler: Any, version: int) -> bytes:
+def publish_binding(
+    path: Path, sampler: Any, version: int, *, newest: int | None = None, inflight: bool = False
+) -> bytes:
     """Write the binding atomically (0600); returns the blob, which requests carry as their bootstrap copy."""
-    blob = binding_blob(sampler, version)
+    blob = binding_blob(sampler, version, newest=newest, inflight=inflight)
     write_private(path, blob)
     return blob
 
@@ -39,9 +55,18 @@ def load_binding(blob: bytes) -> tuple[Any, int]:
     if not isinstance(payload, dict) or payload.get("protocol") != PROTOCOL_VERSION:
         raise ValueError("not a model binding of worker protocol 2")
     version = payload.get("version")
+    if isinstance(version, int) and isinstance(payload.get("sampler_pickle"), bytes):
+        return pickle.loads(payload["sampler_pickle"]), version
     if not isinstance(version, int) or "sampler" not in payload:
         raise ValueError("the model binding has no sampler or version")
     return payload["sampler"], version
+
+
+def binding_newest(blob: bytes) -> int | None:
+    """The newest version an in-flight binding announces; None for a snapshot binding."""
+    payload = pickle.loads(blob)
+    newest = payload.get("newest") if isinstance(payload, dict) and payload.get("inflight") else None
+    return newest if isinstance(newest, int) else None
 
 
 class FollowingSampler:
@@ -66,6 +91,10 @@ class FollowingSampler:
         self._seen: tuple[int, int, int] | None = None
         self._sampled: set[int] = set()
         self.reloads = 0
+        #: in-flight: the newest version announced (None: snapshot samplers, swapped on each publication)
+        self.newest: int | None = None
+        #: in-flight: every sample's range of versions and sequence ids
+        self.calls: list[SampledCall] = []
 
     @property
     def version(self) -> int:
@@ -80,10 +109,14 @@ class FollowingSampler:
         """The oldest version a sample came from; the current version when nothing was sampled."""
         return min(self._sampled) if self._sampled else self._version
 
-    def refresh(self) -> None:
-        """Reload the binding if the file changed and the poll interval has passed."""
+    def follow_inflight(self, newest: int | None) -> None:
+        """Keep the current client for good (an in-flight one) and record samples' versions up to `newest`."""
+        self.newest = newest
+
+    def refresh(self, *, now_or_never: bool = False) -> None:
+        """Reload the binding if the file changed and the poll interval has passed (`now_or_never`: at once)."""
         now = self._clock()
-        if now < self._next_check:
+        if now < self._next_check and not now_or_never:
             return
         self._next_check = now + self._poll
         try:
@@ -96,7 +129,11 @@ class FollowingSampler:
         self._seen = key
         try:
             with open(self._path, "rb") as handle:
-                client, version = load_binding(handle.read())
+                blob = handle.read()
+            if self.newest is not None:  # in-flight: the client stays; only the newest version moves
+                self.newest = max(self.newest, binding_newest(blob) or self.newest)
+                return
+            client, version = load_binding(blob)
         except Exception as exc:  # a corrupt or foreign file keeps the previous client
             log.warning(
                 "the published sampling client is unreadable (%s: %s); keeping version %d",
@@ -116,6 +153,9 @@ class FollowingSampler:
         client, version = self._client, self._version
         response = await tinker_sdk.sample(client, *args, **kwargs)
         self._sampled.add(version)
+        if self.newest is not None:
+            self.refresh(now_or_never=True)  # the newest version announced by the time the sample came back
+            record_sample(response, version, self.newest, self.calls)
         return response
 
     def __getattr__(self, name: str) -> Any:

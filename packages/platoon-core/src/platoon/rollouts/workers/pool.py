@@ -238,10 +238,15 @@ class RolloutWorkers:
             async with self._server_lock:
                 await self._start_server()
 
-    def publish(self, sampler: Any, version: int) -> None:
-        """Publish the sampling client workers sample from; the first publication failing is fatal."""
+    def publish(
+        self, sampler: Any, version: int, *, newest: int | None = None, inflight: bool = False
+    ) -> None:
+        """Publish the sampling client workers sample from; the first publication failing is fatal. `inflight`:
+        an in-flight client, which running rollouts keep; `newest` the newest version that may be live under it."""
         try:
-            self._blob = publish_binding(self.binding_path, sampler, version)
+            self._blob = publish_binding(
+                self.binding_path, sampler, version, newest=newest, inflight=inflight
+            )
         except RuntimeError:
             raise
         except Exception as exc:

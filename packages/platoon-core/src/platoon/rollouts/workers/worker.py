@@ -34,7 +34,7 @@ from platoon.renderers.base import get_renderer
 from platoon.renderers.tokenizers import get_tokenizer
 from platoon.rollouts.one_rollout import MemberOutcome, run_member
 from platoon.rollouts.workers import ipc
-from platoon.rollouts.workers.binding import FollowingSampler, load_binding
+from platoon.rollouts.workers.binding import FollowingSampler, binding_newest, load_binding
 from platoon.rollouts.workers.ipc import WorkerRequest
 from platoon.rollouts.workers.response_patch import patch_response_models, response_patch_verified
 from platoon.rollouts.workers.startup import (
@@ -351,6 +351,8 @@ class Worker:
 
     def write_response(self, outcome: Any) -> None:
         sampler = self.sampler
+        if sampler is not None and sampler.calls:  # in-flight: what each sample may have run on
+            outcome.sampled = tuple(sampler.calls)
         response = ipc.WorkerResponse(
             protocol=ipc.PROTOCOL_VERSION,
             request_id=self.request.request_id,
@@ -409,6 +411,8 @@ class Worker:
         self.sampler = FollowingSampler(
             spec.path, client=client, version=version, poll_seconds=spec.poll_seconds
         )
+        # in-flight: the rollout keeps this client; new weights come to it
+        self.sampler.follow_inflight(binding_newest(spec.bootstrap))
         self.gateway = ModelGateway(
             self.sampler,
             renderer,

@@ -31,6 +31,7 @@ from platoon.gateway.core import ModelGateway
 from platoon.gateway.default import default_policy
 from platoon.gateway.tinker_service import close_session
 from platoon.heap import freeze_loaded_heap
+from platoon.rollouts.inflight import InflightSampler, recording_samples
 from platoon.rollouts.one_rollout import FileWriter, MemberOutcome, MemberRequest, run_member
 from platoon.rollouts.workers import RolloutWorkers
 from platoon.train.tinker import evaluation
@@ -39,6 +40,7 @@ from platoon.train.tinker.attempt_log import AttemptLog, ResumePlan, datum_diges
 from platoon.train.tinker.batch_stats import BatchStats, infra_counts, infra_reason
 from platoon.train.tinker.checkpoints import CheckpointLog, checkpoint_due, checkpoint_name
 from platoon.train.tinker.heartbeat import doing, say, started_training
+from platoon.train.tinker.inflight import settle_versions
 from platoon.train.tinker.metrics_log import MetricsLog
 from platoon.train.tinker.microbatches import action_tokens, optim_metrics, prepare_microbatch
 from platoon.train.tinker.policy import PolicyHandle
@@ -277,6 +279,10 @@ class Trainer:
             }
         )
         self.checkpoints = CheckpointLog(run_dir)
+        #: in-flight sampling: rollouts keep their client while each step publishes new weights under it
+        self.inflight = train.sampling_client_kind == "inflight"
+        #: the policy version of each in-flight publication of this start, in order (the service's 1st, 2nd, ...)
+        self._inflight_versions: list[int] = []
         self.version = resume.policy_version if resume is not None else 0
         self.optimizer_steps = resume.optimizer_steps if resume is not None else 0
         self.train_step = self.start_batch
@@ -436,8 +442,10 @@ class Trainer:
         doing("saving the launch checkpoint")
         # Launch checkpoint: the first sampler samples the saved starting (or resumed) weights.
         sampler = await self._save("launch", self.start_batch)
+        if self.inflight:  # rollouts sample the in-flight weights instead, which each step moves
+            sampler = await self._publish_inflight()
         publish = self._workers.publish if self._workers is not None else None
-        self.policy = PolicyHandle(sampler, self.version, publish=publish)
+        self.policy = PolicyHandle(sampler, self.version, publish=publish, inflight=self.inflight)
         served = default_policy()
         if served is not None:
             # platoon.testing.serve_policy: in-process rollouts sample the served (scripted) policy; training
@@ -450,8 +458,11 @@ class Trainer:
             )
             self._served = True
         else:
+            policy = self.policy
             self.gateway = ModelGateway(
-                sampler,
+                InflightSampler(lambda: (policy.sampler, policy.version), lambda: policy.newest)
+                if self.inflight
+                else sampler,
                 self.renderer,
                 model_name=train.model_name,
                 context_window_length=train.context_window_length,
@@ -547,6 +558,16 @@ class Trainer:
         if self.config.train.loss_fn == "stable_reinforce":
             return {"record_stability_info": True}
         return {}
+
+    async def _publish_inflight(self) -> Any:
+        """Put the trained weights on the in-flight target (rollouts' clients follow) and get a client of it for
+        the rollouts that start from now on."""
+        async with self.watchdog.keep_alive():
+            sampler = await tinker_sdk.call(
+                self.client, "save_weights_and_get_sampling_client", kind="inflight", **self._sampler_options()
+            )
+        self._inflight_versions.append(self.version)
+        return sampler
 
     async def _save(self, kind: str, batch: int, *, before_record: Callable[[], None] | None = None) -> Any:
         """A full checkpoint (state, then sampler weights, then its `checkpoints.jsonl` row with the task order's
@@ -689,7 +710,7 @@ class Trainer:
 
     async def _member(self, row: Row, task: Task, index: int, on_ready: Any) -> MemberOutcome:
 
-        with self.policy.sampling() as version:
+        with self.policy.sampling() as version, recording_samples() as samples:
             # No files of its own: its events join the version's one event file, written here (from a worker's
             # outcome too), so a step writes one file however many rollouts it runs.
             request = MemberRequest(
@@ -711,13 +732,24 @@ class Trainer:
                 outcome = await run_member(
                     request, service=self.services[row.pool], gateway=self.gateway, version=lambda: version
                 )
+        if self.inflight:
+            # what the rollout actually sampled decides its version (staleness, checkpoint_version)
+            await settle_versions(
+                outcome,
+                outcome.sampled or tuple(samples.calls),
+                self._inflight_versions,
+                base_url=self.base_url,
+                api_key=self.api_key,
+            )
         events = scope_event_file(self.run_dir / "rollouts" / "train" / str(version), "train", version)
-        context = {
+        context: dict[str, Any] = {
             "scope": "train",
             "training_step": row.batch + 1,
             "policy_version": outcome.version,
             "label": row.label,
         }
+        if self.inflight:
+            context["policy_versions"] = list(outcome.versions)
         self._files.append_events(events, row.task_id, outcome, context)
         return outcome
 
@@ -1072,7 +1104,12 @@ class Trainer:
         )
         if applied:
             self.version += 1
-            if kind is not None:
+            if self.inflight:
+                self.policy.announce(self.version)  # before the weights go live under running rollouts
+                if kind is not None:
+                    await self._save(kind, done, before_record=log_step)
+                sampler = await self._publish_inflight()
+            elif kind is not None:
                 sampler = await self._save(kind, done, before_record=log_step)
             else:
                 async with self.watchdog.keep_alive():
@@ -1080,7 +1117,7 @@ class Trainer:
                         self.client, "save_weights_and_get_sampling_client", **self._sampler_options()
                     )
             self.policy.update(sampler, advanced=True)
-            if not self._served:
+            if not self._served and not self.inflight:  # the in-flight sampler reads the policy itself
                 self.gateway.sampler = sampler
         causes = set(failures)
         cause = causes.pop() if not applied and len(causes) == 1 else None

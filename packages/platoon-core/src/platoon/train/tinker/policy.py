@@ -3,7 +3,9 @@ running rollouts still sample (which `checkpoint.keep_recovery` must not prune),
 sampler to rollout workers in process isolation.
 
 The version counts batches that applied at least one optimizer step; a step whose objective was zero keeps it, so
-it does not age other rollouts.
+it does not age other rollouts. With in-flight sampling the sampler is the newest in-flight client (running rollouts
+keep theirs, which the service moves to new weights) and `newest` is announced before each publication, so a sample
+that completes while new weights go live counts them among the versions it may have run on.
 """
 
 from __future__ import annotations
@@ -27,20 +29,41 @@ class PolicyHandle:
     """
 
     def __init__(
-        self, sampler: Any, version: int, *, publish: Callable[[Any, int], None] | None = None
+        self,
+        sampler: Any,
+        version: int,
+        *,
+        publish: Callable[..., None] | None = None,
+        inflight: bool = False,
     ) -> None:
         self.sampler = sampler
         self.version = version
+        #: the newest version whose weights may be live (in-flight: raised before each publication)
+        self.newest = version
+        self.inflight = inflight
         self._publish = publish
         self._sampling: Counter[int] = Counter()
         if publish is not None:
-            publish(sampler, version)
+            self._send()
+
+    def _send(self) -> None:
+        assert self._publish is not None
+        if self.inflight:
+            self._publish(self.sampler, self.version, newest=self.newest, inflight=True)
+        else:
+            self._publish(self.sampler, self.version)
+
+    def announce(self, version: int) -> None:
+        """In-flight: weights of `version` are about to go live under the clients rollouts already hold."""
+        self.newest = max(self.newest, version)
+        self.republish()
 
     def update(self, sampler: Any, *, advanced: bool) -> None:
         """Make `sampler` the current one; `advanced` (the batch applied an optimizer step) bumps the version."""
         if advanced:
             self.version += 1
         self.sampler = sampler
+        self.newest = max(self.newest, self.version)
         self.republish()
 
     def republish(self) -> None:
@@ -48,7 +71,7 @@ class PolicyHandle:
         if self._publish is None:
             return
         try:
-            self._publish(self.sampler, self.version)
+            self._send()
         except Exception as exc:  # the workers keep following the previous binding
             log.warning("publishing policy version %d to the rollout workers failed: %s", self.version, exc)
 
@@ -65,5 +88,8 @@ class PolicyHandle:
                 del self._sampling[version]
 
     def versions_in_use(self) -> list[int]:
-        """The versions running rollouts sample, and the current one."""
+        """The versions running rollouts sample, and the current one (in-flight: only the current one, as no
+        rollout samples a saved checkpoint)."""
+        if self.inflight:
+            return [self.version]
         return sorted({self.version, *self._sampling})

@@ -564,7 +564,10 @@ class Trainer:
         the rollouts that start from now on."""
         async with self.watchdog.keep_alive():
             sampler = await tinker_sdk.call(
-                self.client, "save_weights_and_get_sampling_client", kind="inflight", **self._sampler_options()
+                self.client,
+                "save_weights_and_get_sampling_client",
+                kind="inflight",
+                **self._sampler_options(),
             )
         self._inflight_versions.append(self.version)
         return sampler

@@ -164,7 +164,7 @@ def test_the_sdk_extras_take_the_tested_versions_as_lower_bounds(dist_dir):
         Requirement(line) for line in _wheel_metadata("platoon-core", dist_dir).get_all("Requires-Dist")
     ]
     bounds = {r.name: str(r.specifier) for r in requires if r.name in {"tinker", "openreward"}}
-    assert bounds == {"tinker": "<0.17,>=0.16.1", "openreward": "<0.2,>=0.1.167"}
+    assert bounds == {"tinker": "<0.39,>=0.16.1", "openreward": "<0.2,>=0.1.167"}
 
 
 def _imported_top_levels(source_dir: Path) -> set[str]:

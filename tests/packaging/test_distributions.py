@@ -50,7 +50,8 @@ def test_the_tinker_extra_has_no_torch_and_no_cookbook():
     local = {
         r.name for r in _requirements("platoon-core") if r.marker and r.marker.evaluate({"extra": "local"})
     }
-    assert local == {"torch", "transformers", "tokenizers"}
+    # protobuf and zstandard: the local server speaks SDK 0.25+'s protobuf wire (zstd-compressed bodies)
+    assert local == {"torch", "transformers", "tokenizers", "protobuf", "zstandard"}
 
 
 @pytest.mark.parametrize(("dist", "module"), sorted(PACKAGES.items()))

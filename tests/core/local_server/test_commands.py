@@ -14,6 +14,7 @@ import pytest
 
 from platoon.gateway import tinker_sdk
 from platoon.local_server.process import default_state_dir, start_local_server_process
+from platoon.local_server.losses import LOSS_NAMES
 
 
 def test_tinker_serve_answers_until_interrupted(tmp_path):
@@ -48,7 +49,15 @@ def test_tinker_serve_answers_until_interrupted(tmp_path):
             f"{base_url}/api/v1/get_server_capabilities", headers=headers, timeout=10
         ).json()
         assert capabilities == {
-            "supported_models": [{"model_name": "platoon/toy", "trainable": True, "sampleable": True}]
+            "supported_models": [
+                {
+                    "model_name": "platoon/toy",
+                    "max_context_length": 32768,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            ],
+            "supported_loss_fns": list(LOSS_NAMES),
         }
         assert [child.stderr.readline() for _ in range(4)] == [
             f"platoon: local Tinker server for platoon/toy at {base_url}\n",

@@ -259,3 +259,32 @@ def test_no_example_default_or_doc_names_a_model_hosted_tinker_retired():
                         if model in line
                     ]
     assert named == []
+
+
+def test_stable_reinforce_is_not_probed_where_the_service_lists_no_losses(server):
+    """A one-token probe cannot name sequences the service sampled, so a stable_reinforce probe is refused whether or
+    not the service computes the loss (the local server refuses it so): the start leaves that loss unprobed."""
+    from types import SimpleNamespace
+
+    from platoon.gateway.tinker_service import close_session
+    from platoon.startup.capabilities import Capabilities, TrainingServiceCheck, loss_probe_problem
+
+    service, client = _training_client(server)
+    try:
+        if "stable_reinforce" in _sdk_losses():
+            made_up = asyncio.run(loss_probe_problem(client, "stable_reinforce", None, who="the service"))
+            assert made_up is not None and "refused a forward with the loss 'stable_reinforce'" in made_up
+        train = SimpleNamespace(loss_fn="stable_reinforce", loss_fn_config=None)
+        check = TrainingServiceCheck(SimpleNamespace(train=train, tinker_base_url=server.base_url))  # type: ignore[arg-type]
+        check.capabilities = Capabilities(
+            models=(), loss_fns=None
+        )  # as hosted Tinker answers: no losses listed
+        asyncio.run(check.with_training_client(client, server.base_url))  # no refusal
+    finally:
+        close_session(service)
+
+
+def _sdk_losses() -> tuple[str, ...]:
+    from platoon.startup.tinker import sdk_loss_fns
+
+    return sdk_loss_fns()

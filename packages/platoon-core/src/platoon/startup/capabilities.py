@@ -171,6 +171,12 @@ def capability_problems(
     return problems
 
 
+#: losses a one-token probe cannot ask about: a `stable_reinforce` datum must name sequences the service sampled
+#: (its provenance), so a made-up one is refused whether or not the service computes the loss. The installed SDK's
+#: loss list (checked before) is all that is known of them until the first update.
+UNPROBED_LOSS_FNS = frozenset({"stable_reinforce"})
+
+
 def _probe_datum(loss_fn: str) -> Any:
     """One datum of one token for `loss_fn`, with every input the trainer sends (zero advantages and weights: it
     would change nothing even if it were trained)."""
@@ -300,6 +306,8 @@ class TrainingServiceCheck:
         if self.capabilities is not None and self.capabilities.loss_fns is not None:
             return
         train = self.config.train
+        if train.loss_fn in UNPROBED_LOSS_FNS:
+            return
         problem = await loss_probe_problem(
             client, train.loss_fn, train.loss_fn_config, who=self._who(base_url)
         )

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from platoon.gateway import tinker_sdk
-from platoon.local_server.process import default_state_dir, start_local_server_process
 from platoon.local_server.losses import LOSS_NAMES
+from platoon.local_server.process import default_state_dir, start_local_server_process
 
 
 def test_tinker_serve_answers_until_interrupted(tmp_path):

@@ -10,6 +10,7 @@ submissions, `forward_backward`, `optim_step`, `save_state`, `save_weights_for_s
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ __all__ = [
     "call",
     "checkpoint_deleter",
     "futures_sdk",
+    "installed_release",
     "made",
     "rest_client",
     "sample",
@@ -29,13 +31,19 @@ __all__ = [
 FUTURES_SDK = (0, 38)
 
 
+def installed_release() -> str | None:
+    """The installed Tinker SDK's version string (read from its metadata: nothing is imported), None without one."""
+    try:
+        return importlib.metadata.version("tinker")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 @functools.cache
 def sdk_version() -> tuple[int, ...]:
-    """The installed SDK's release as numbers: `0.38.0` -> (0, 38, 0)."""
-    import tinker
-
+    """The installed SDK's release as numbers: `0.38.0` -> (0, 38, 0); () without an SDK."""
     numbers = []
-    for part in tinker.__version__.split(".")[:3]:
+    for part in (installed_release() or "").split(".")[:3]:
         digits = "".join(c for c in part if c.isdigit())  # "0rc1" -> 0
         numbers.append(int(digits or 0))
     return tuple(numbers)

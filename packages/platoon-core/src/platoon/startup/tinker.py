@@ -7,11 +7,11 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-import importlib.metadata
 import importlib.util
 from pathlib import Path
 
 from platoon.config.tinker import SDK_LOSS_FNS
+from platoon.gateway.tinker_sdk import installed_release
 from platoon.local_server.losses import LOSS_NAMES
 from platoon.renderers.tokenizers import (
     cached_hub_tokenizers,
@@ -25,19 +25,10 @@ __all__ = [
     "loss_fn_problem",
     "sampling_client_kind_problem",
     "sdk_loss_fns",
-    "sdk_version",
 ]
 
 #: the newest Tinker SDK release platoon allows (`tinker>=0.16.1,<0.39`)
 NEWEST_SDK = "0.38"
-
-
-def sdk_version() -> str | None:
-    """The installed Tinker SDK's version, None without one."""
-    try:
-        return importlib.metadata.version("tinker")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 @functools.cache
@@ -81,7 +72,7 @@ def loss_fn_problem(loss_fn: str, *, local: bool, where: str = "train.loss_fn") 
             f"computes {', '.join(LOSS_NAMES)}"
         )
     if loss_fn not in known:
-        version = sdk_version()
+        version = installed_release()
         who = f"the installed Tinker SDK (tinker {version})" if version else "the Tinker SDK"
         # platoon allows SDKs up to 0.38: an older one may lack a loss a newer one has
         newest = version is not None and version.startswith(NEWEST_SDK)
@@ -104,7 +95,6 @@ def sampling_client_kind_problem(kind: str, *, where: str = "train.sampling_clie
     if kind != "inflight":
         return None
     import inspect
-    from importlib.metadata import version
 
     import tinker  # only a config that asks for in-flight sampling pays for the import
 
@@ -113,7 +103,7 @@ def sampling_client_kind_problem(kind: str, *, where: str = "train.sampling_clie
         return None
     return (
         f"{where}: inflight needs a Tinker SDK with in-flight sampling clients (0.38 has them); this environment "
-        f"has tinker {version('tinker')}: upgrade it (pip install 'tinker>=0.38,<0.39'), or leave {where} at snapshot"
+        f"has tinker {installed_release()}: upgrade it (pip install 'tinker>=0.38,<0.39'), or leave {where} at snapshot"
     )
 
 

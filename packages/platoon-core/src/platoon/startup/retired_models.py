@@ -37,7 +37,9 @@ RETIRED_MODELS: dict[str, Retired] = {
     "Qwen/Qwen3-30B-A3B-Instruct-2507": Retired("Qwen/Qwen3.6-35B-A3B", note="in non-thinking mode"),
     "Qwen/Qwen3-VL-30B-A3B-Instruct": Retired("Qwen/Qwen3.6-35B-A3B"),
     # the cookbook's migration off the 2026-06-12 update
-    "Qwen/Qwen3-4B-Instruct-2507": Retired("Qwen/Qwen3.5-4B", note="in non-thinking mode: qwen3_5_disable_thinking"),
+    "Qwen/Qwen3-4B-Instruct-2507": Retired(
+        "Qwen/Qwen3.5-4B", note="in non-thinking mode: qwen3_5_disable_thinking"
+    ),
     "Qwen/Qwen3-8B-Base": Retired("Qwen/Qwen3.5-9B-Base"),
     "Qwen/Qwen3-VL-235B-A22B-Instruct": Retired("Qwen/Qwen3.5-397B-A17B"),
     "meta-llama/Llama-3.1-8B-Instruct": Retired("Qwen/Qwen3.5-9B"),
@@ -62,7 +64,9 @@ def retired(model: str) -> str | None:
     found = RETIRED_MODELS.get(model)
     if found is None:
         return None
-    when = f"retired it on {found.on}" if found.on else "no longer serves it (not in its lineup of 2026-07-25)"
+    when = (
+        f"retired it on {found.on}" if found.on else "no longer serves it (not in its lineup of 2026-07-25)"
+    )
     if found.replacement is None:
         return f"hosted Tinker {when}"
     note = f" ({found.note})" if found.note else ""

@@ -173,8 +173,59 @@ _COLLECTION_INDEX: dict[str, int] = {}
 _GUARANTEES: dict[str, dict[str, object]] = {}
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The torch engine's tests
+#
+# The dev environment has no torch (the local server's default engine is numpy's): a test marked `torch_engine` is
+# deselected there, not skipped, so the main run reports no skip CI could have run; .ci/run runs them in the
+# torch-engine group's environment.
+
+TORCH_ENGINE_COMMAND = (
+    "UV_PROJECT_ENVIRONMENT=.venv-torch uv sync --frozen --all-packages --group torch-engine && "
+    "UV_PROJECT_ENVIRONMENT=.venv-torch uv run --frozen --all-packages --group torch-engine pytest -m torch_engine"
+)
+_TORCH_ENGINE_DESELECTED = pytest.StashKey[int]()
+
+
+def _torch_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _deselect_torch_engine_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _torch_installed():
+        return
+    deselected = [item for item in items if item.get_closest_marker("torch_engine") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker("torch_engine") is None]
+    config.stash[_TORCH_ENGINE_DESELECTED] = len(deselected)
+    # an xdist worker's count reaches the controller, which prints the summary, through its workeroutput
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["torch_engine_deselected"] = len(deselected)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    reported = getattr(node, "workeroutput", {}).get("torch_engine_deselected", 0)
+    config = node.config
+    config.stash[_TORCH_ENGINE_DESELECTED] = max(config.stash.get(_TORCH_ENGINE_DESELECTED, 0), reported)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    deselected = config.stash.get(_TORCH_ENGINE_DESELECTED, 0)
+    if deselected:
+        terminalreporter.write_line(
+            f"deselected {deselected} torch_engine test(s): torch is not installed here; run them with "
+            f"{TORCH_ENGINE_COMMAND}"
+        )
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_torch_engine_tests(config, items)
     for index, item in enumerate(items):
         _COLLECTION_INDEX[item.nodeid] = index
         if _FAULTS_DIR in Path(str(item.path)).parents and item.get_closest_marker("guarantee") is None:

@@ -31,18 +31,19 @@ def test_meta_package_depends_on_the_product_and_forwards_its_extras():
             for r in requirements
             if r.marker and r.marker.evaluate({"extra": extra})
         }
-        for extra in ("tinker", "ors", "hpc", "local")
+        for extra in ("tinker", "ors", "hpc", "local", "local-torch")
     }
     assert forwarded == {
         "tinker": {"platoon-core[tinker]"},
         "ors": {"platoon-core[ors]"},
         "hpc": {"platoon-sandbox[hpc]"},
         "local": {"platoon-core[local]"},
+        "local-torch": {"platoon-core[local-torch]"},
     }
     assert metadata.version("platoon") == metadata.version("platoon-core") == "0.2.0"
 
 
-def test_the_tinker_extra_has_no_torch_and_no_cookbook():
+def test_only_the_local_torch_extra_brings_torch_and_none_the_cookbook():
     tinker = {
         r.name for r in _requirements("platoon-core") if r.marker and r.marker.evaluate({"extra": "tinker"})
     }
@@ -50,8 +51,15 @@ def test_the_tinker_extra_has_no_torch_and_no_cookbook():
     local = {
         r.name for r in _requirements("platoon-core") if r.marker and r.marker.evaluate({"extra": "local"})
     }
-    # protobuf and zstandard: the local server speaks SDK 0.25+'s protobuf wire (zstd-compressed bodies)
-    assert local == {"torch", "transformers", "tokenizers", "protobuf", "zstandard"}
+    # the numpy engine, its safetensors checkpoints, the toy tokenizer; protobuf and zstandard: the local server
+    # speaks SDK 0.25+'s protobuf wire (zstd-compressed bodies)
+    assert local == {"numpy", "safetensors", "tokenizers", "protobuf", "zstandard"}
+    local_torch = {
+        r.name
+        for r in _requirements("platoon-core")
+        if r.marker and r.marker.evaluate({"extra": "local-torch"})
+    }
+    assert local_torch == local | {"torch", "transformers"}
 
 
 @pytest.mark.parametrize(("dist", "module"), sorted(PACKAGES.items()))

@@ -4,7 +4,9 @@ on), and leaves no Tinker SDK session heartbeating after it."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -176,56 +178,126 @@ _GUARANTEES: dict[str, dict[str, object]] = {}
 # ---------------------------------------------------------------------------------------------------------------
 # The torch engine's tests
 #
-# The dev environment has no torch (the local server's default engine is numpy's): a test marked `torch_engine` is
-# deselected there, not skipped, so the main run reports no skip CI could have run; .ci/run runs them in the
-# torch-engine group's environment.
+# The dev environment has no torch (the local server's default engine is numpy's). A torch_engine test is one marked
+# so (`@pytest.mark.torch_engine`, or `pytestmark` of its module), one whose function asks for torch
+# (`pytest.importorskip("torch")`), or any test of a module that needs torch to import (a module-level `import torch`
+# or `pytest.importorskip("torch")`). Where torch is missing they are deselected, and such modules not collected,
+# rather than skipped or failed, so the main run reports no skip CI could have run; the summary says how many and how
+# to run them. Where torch is installed they carry the marker, so `-m torch_engine` picks them (.ci/run does, in the
+# torch-engine group's environment).
 
 TORCH_ENGINE_COMMAND = (
     "UV_PROJECT_ENVIRONMENT=.venv-torch uv sync --frozen --all-packages --group torch-engine && "
     "UV_PROJECT_ENVIRONMENT=.venv-torch uv run --frozen --all-packages --group torch-engine pytest -m torch_engine"
 )
-_TORCH_ENGINE_DESELECTED = pytest.StashKey[int]()
+_TORCH_ENGINE_LEFT_OUT = pytest.StashKey[dict[str, int]]()
 
 
+@functools.cache
 def _torch_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None
 
 
-def _deselect_torch_engine_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _torch_installed():
-        return
-    deselected = [item for item in items if item.get_closest_marker("torch_engine") is not None]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item.get_closest_marker("torch_engine") is None]
-    config.stash[_TORCH_ENGINE_DESELECTED] = len(deselected)
-    # an xdist worker's count reaches the controller, which prints the summary, through its workeroutput
-    workeroutput = getattr(config, "workeroutput", None)
-    if workeroutput is not None:
-        workeroutput["torch_engine_deselected"] = len(deselected)
+def _asks_for_torch(node: ast.AST) -> bool:
+    """`import torch`, `from torch... import`, `pytest.importorskip("torch")`, or a `torch_engine` mark."""
+    if isinstance(node, ast.Import):
+        return any(alias.name.partition(".")[0] == "torch" for alias in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and (node.module or "").partition(".")[0] == "torch"
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "importorskip"
+    ):
+        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "torch"
+    return isinstance(node, ast.Attribute) and node.attr == "torch_engine"
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    reported = getattr(node, "workeroutput", {}).get("torch_engine_deselected", 0)
-    config = node.config
-    config.stash[_TORCH_ENGINE_DESELECTED] = max(config.stash.get(_TORCH_ENGINE_DESELECTED, 0), reported)
+@functools.cache
+def _torch_needs(path: Path) -> tuple[bool, frozenset[str]]:
+    """(whether the test module needs torch as a whole, the names of its test functions that ask for it)."""
+    source = path.read_text(encoding="utf-8")
+    if "torch" not in source:
+        return False, frozenset()
+    tree = ast.parse(source, str(path))
+    functions: set[str] = set()
+    whole = False
+    for statement in tree.body:
+        bodies = statement.body if isinstance(statement, ast.ClassDef) else [statement]
+        for node in bodies:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if any(_asks_for_torch(inner) for inner in ast.walk(node)):
+                    functions.add(node.name)
+            elif isinstance(node, ast.Import | ast.ImportFrom | ast.Assign | ast.Expr):
+                # a module-level import or importorskip of torch, or `pytestmark = ...torch_engine...`
+                whole = whole or any(_asks_for_torch(inner) for inner in ast.walk(node))
+    return whole, frozenset(functions)
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    deselected = config.stash.get(_TORCH_ENGINE_DESELECTED, 0)
-    if deselected:
-        terminalreporter.write_line(
-            f"deselected {deselected} torch_engine test(s): torch is not installed here; run them with "
-            f"{TORCH_ENGINE_COMMAND}"
-        )
+def _left_out(config: pytest.Config) -> dict[str, int]:
+    return config.stash.setdefault(_TORCH_ENGINE_LEFT_OUT, {"tests": 0, "modules": 0})
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if (
+        collection_path.suffix == ".py"
+        and collection_path.name.startswith("test_")
+        and not _torch_installed()
+        and _torch_needs(collection_path)[0]
+    ):
+        _left_out(config)["modules"] += 1
+        return True
+    return None
+
+
+class _TorchEngineTests:
+    """Marks the torch_engine tests before `-m` selects (hence a plugin of its own, tryfirst), and deselects them
+    where torch is missing."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        for item in items:
+            if Path(str(item.path)).suffix != ".py":
+                continue
+            whole, functions = _torch_needs(Path(str(item.path)))
+            if whole or getattr(item, "originalname", item.name) in functions:
+                item.add_marker("torch_engine")
+        left_out = _left_out(config)
+        if not _torch_installed():
+            deselected = [item for item in items if item.get_closest_marker("torch_engine") is not None]
+            if deselected:
+                config.hook.pytest_deselected(items=deselected)
+                items[:] = [item for item in items if item.get_closest_marker("torch_engine") is None]
+            left_out["tests"] = len(deselected)
+        # an xdist worker's counts reach the controller, which prints the summary, through its workeroutput
+        workeroutput = getattr(config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput["torch_engine_left_out"] = dict(left_out)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        reported = getattr(node, "workeroutput", {}).get("torch_engine_left_out", {})
+        left_out = _left_out(node.config)
+        for key, count in reported.items():
+            left_out[key] = max(left_out[key], count)  # every worker collects the same tests
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        left_out = _left_out(config)
+        if left_out["tests"] or left_out["modules"]:
+            terminalreporter.write_line(
+                f"deselected {left_out['tests']} torch_engine test(s) and {left_out['modules']} module(s) that "
+                f"need torch: torch is not installed here; run them with {TORCH_ENGINE_COMMAND}"
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_TorchEngineTests(), "platoon-torch-engine-tests")
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _deselect_torch_engine_tests(config, items)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for index, item in enumerate(items):
         _COLLECTION_INDEX[item.nodeid] = index
         if _FAULTS_DIR in Path(str(item.path)).parents and item.get_closest_marker("guarantee") is None:

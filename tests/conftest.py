@@ -179,9 +179,9 @@ _GUARANTEES: dict[str, dict[str, object]] = {}
 # The torch engine's tests
 #
 # The dev environment has no torch (the local server's default engine is numpy's). A torch_engine test is one marked
-# so (`@pytest.mark.torch_engine`, or `pytestmark` of its module), one whose function asks for torch
-# (`pytest.importorskip("torch")`), or any test of a module that needs torch to import (a module-level `import torch`
-# or `pytest.importorskip("torch")`). Where torch is missing they are deselected, and such modules not collected,
+# so (`@pytest.mark.torch_engine`, `pytestmark` of its module, `pytest.param(..., marks=...)`), one whose function or
+# fixture asks for torch (`pytest.importorskip("torch")`; of a parametrized fixture, the parameter "torch"), or any
+# test of a module that needs torch to import (a module-level `import torch` or `pytest.importorskip("torch")`). Where torch is missing they are deselected, and such modules not collected,
 # rather than skipped or failed, so the main run reports no skip CI could have run; the summary says how many and how
 # to run them. Where torch is installed they carry the marker, so `-m torch_engine` picks them (.ci/run does, in the
 # torch-engine group's environment).
@@ -191,6 +191,7 @@ TORCH_ENGINE_COMMAND = (
     "UV_PROJECT_ENVIRONMENT=.venv-torch uv run --frozen --all-packages --group torch-engine pytest -m torch_engine"
 )
 _TORCH_ENGINE_LEFT_OUT = pytest.StashKey[dict[str, int]]()
+TESTS_ROOT = Path(__file__).resolve().parent
 
 
 @functools.cache
@@ -215,25 +216,50 @@ def _asks_for_torch(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "torch_engine"
 
 
+def _is_fixture(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(
+        isinstance(target := (d.func if isinstance(d, ast.Call) else d), ast.Attribute | ast.Name)
+        and (target.attr if isinstance(target, ast.Attribute) else target.id) == "fixture"
+        for d in function.decorator_list
+    )
+
+
 @functools.cache
-def _torch_needs(path: Path) -> tuple[bool, frozenset[str]]:
-    """(whether the test module needs torch as a whole, the names of its test functions that ask for it)."""
+def _torch_needs(path: Path) -> tuple[bool, frozenset[str], frozenset[str]]:
+    """(whether the module needs torch as a whole, its test functions that ask for torch, its fixtures that do)."""
     source = path.read_text(encoding="utf-8")
     if "torch" not in source:
-        return False, frozenset()
+        return False, frozenset(), frozenset()
     tree = ast.parse(source, str(path))
     functions: set[str] = set()
+    fixtures: set[str] = set()
     whole = False
     for statement in tree.body:
         bodies = statement.body if isinstance(statement, ast.ClassDef) else [statement]
         for node in bodies:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 if any(_asks_for_torch(inner) for inner in ast.walk(node)):
-                    functions.add(node.name)
+                    (fixtures if _is_fixture(node) else functions).add(node.name)
             elif isinstance(node, ast.Import | ast.ImportFrom | ast.Assign | ast.Expr):
                 # a module-level import or importorskip of torch, or `pytestmark = ...torch_engine...`
                 whole = whole or any(_asks_for_torch(inner) for inner in ast.walk(node))
-    return whole, frozenset(functions)
+    return whole, frozenset(functions), frozenset(fixtures)
+
+
+def _needs_torch(item: pytest.Item) -> bool:
+    """Whether the item's module or function asks for torch, or a fixture of its module or of a conftest above it
+    does: a parametrized one only for the parameter `"torch"` (an engine fixture's `params=["numpy", "torch"]`)."""
+    path = Path(str(item.path))
+    whole, functions, _ = _torch_needs(path)
+    if whole or getattr(item, "originalname", item.name) in functions:
+        return True
+    fixture_files = [path, *(d / "conftest.py" for d in path.parents if TESTS_ROOT in (d, *d.parents))]
+    asking = set().union(*(_torch_needs(f)[2] for f in fixture_files if f.is_file()))
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(
+        name in asking and (name not in params or params[name] == "torch")
+        for name in getattr(item, "fixturenames", ())
+    )
 
 
 def _left_out(config: pytest.Config) -> dict[str, int]:
@@ -259,10 +285,7 @@ class _TorchEngineTests:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         for item in items:
-            if Path(str(item.path)).suffix != ".py":
-                continue
-            whole, functions = _torch_needs(Path(str(item.path)))
-            if whole or getattr(item, "originalname", item.name) in functions:
+            if Path(str(item.path)).suffix == ".py" and _needs_torch(item):
                 item.add_marker("torch_engine")
         left_out = _left_out(config)
         if not _torch_installed():

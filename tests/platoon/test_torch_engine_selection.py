@@ -16,8 +16,8 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 def _suite(tmp_path: Path) -> Path:
-    """The suite's root conftest beside the three ways a test needs torch and one plain test, and a plugin that
-    makes `torch` unimportable (as on a machine without it) whether or not this environment has it."""
+    """The suite's root conftest beside the ways a test needs torch (a mark, an importorskip in the test, in one
+    parameter of a fixture, at a module's import) and a plain test, and a plugin that makes `torch` unimportable (as on a machine without it) whether or not this environment has it."""
     (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
     (tmp_path / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\naddopts = ["--strict-markers"]\nmarkers = ["torch_engine: needs torch"]\n'
@@ -38,6 +38,15 @@ def _suite(tmp_path: Path) -> Path:
 
             def test_plain():
                 assert True
+
+            @pytest.fixture(params=["numpy", "torch"])
+            def engine(request):
+                if request.param == "torch":
+                    pytest.importorskip("torch")
+                return request.param
+
+            def test_engine(engine):
+                assert engine in ("numpy", "torch")
             """
         )
     )
@@ -62,10 +71,10 @@ def _pytest(suite: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_without_torch_they_are_deselected_with_one_line_saying_how_to_run_them(tmp_path, workers):
     result = _pytest(_suite(tmp_path), "-q", "-p", "hide_torch", *workers)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed" in result.stdout and "skipped" not in result.stdout
+    assert "2 passed" in result.stdout and "skipped" not in result.stdout  # test_plain, test_engine[numpy]
     lines = [line for line in result.stdout.splitlines() if line.startswith("deselected ")]
     assert len(lines) == 1, result.stdout
-    assert lines[0].startswith("deselected 2 torch_engine test(s) and 1 module(s) that need torch")
+    assert lines[0].startswith("deselected 3 torch_engine test(s) and 1 module(s) that need torch")
     assert "--group torch-engine" in lines[0] and "pytest -m torch_engine" in lines[0]
 
 
@@ -78,7 +87,8 @@ def test_with_torch_the_marker_picks_exactly_them(tmp_path):
     passed = sorted(line.split()[0] for line in result.stdout.splitlines() if " PASSED" in line)
     assert passed == [
         "test_sample.py::test_asks_for_torch",
+        "test_sample.py::test_engine[torch]",
         "test_sample.py::test_marked",
         "test_whole_module.py::test_tensor",
     ]
-    assert "1 deselected" in result.stdout.splitlines()[-1]  # test_plain
+    assert "2 deselected" in result.stdout.splitlines()[-1]  # test_plain, test_engine[numpy]

@@ -202,7 +202,9 @@ class ModelBackend:
                 grads.append(grad)
             return grads
 
-        with self._lock:
+        # An extreme input (a logprob of -1e30) overflows to an infinite loss or gradient: the optimizer step refuses
+        # that in one line, so numpy's warnings would only add noise to the server's output.
+        with self._lock, np.errstate(over="ignore", invalid="ignore"):
             if backward:
                 logprobs = self.engine.logprobs_backward(sequences, targets, loss_grad)
             else:
@@ -253,7 +255,7 @@ class ModelBackend:
             raise ValueError(f"AdamW hyperparameters must be finite numbers, got {params}")
         if params["learning_rate"] < 0:
             raise ValueError(f"learning_rate must be >= 0, got {params['learning_rate']}")
-        with self._lock:
+        with self._lock, np.errstate(over="ignore", invalid="ignore"):
             norm = self.engine.optimizer_step(AdamParams(**params))
         return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": params["learning_rate"]}}
 

@@ -249,7 +249,8 @@ class TorchEngine:
 
 
 def _numpy(tensor: Any) -> np.ndarray:
-    return np.asarray(tensor.detach().float().cpu().numpy(), dtype=np.float32)
+    # A copy: a CPU tensor's numpy view would change with the weights.
+    return np.array(tensor.detach().float().cpu().numpy(), dtype=np.float32, copy=True)
 
 
 def _cache_kwarg(model: Any) -> str:

@@ -47,6 +47,7 @@ def serve(
         str,
         typer.Option(
             click_type=click.Choice(ENGINE_NAMES),
+            metavar="numpy|torch",
             help="What runs the model: numpy, or torch (the local-torch extra; for a GPU).",
         ),
     ] = DEFAULT_ENGINE,

@@ -6,13 +6,23 @@ ends its process once the server has stopped (`exit_process`), even when `main([
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated
 
-import click
 import typer
 
-from platoon.local_server import DEFAULT_ENGINE, DEFAULT_MAX_BODY_BYTES, ENGINE_NAMES
+from platoon.local_server import DEFAULT_ENGINE, DEFAULT_MAX_BODY_BYTES
 from platoon.request_limits import DEFAULT_MAX_JSON_DEPTH
+
+
+class EngineName(enum.StrEnum):
+    """The engines `--engine` takes (`platoon.local_server.ENGINE_NAMES`): typer refuses any other as bad usage."""
+
+    numpy = "numpy"
+    torch = "torch"
+
+
+DEFAULT_ENGINE_NAME = EngineName(DEFAULT_ENGINE)
 
 
 def serve(
@@ -44,13 +54,12 @@ def serve(
         int, typer.Option(min=1, help="How deeply a request's JSON may nest (400 past it).")
     ] = DEFAULT_MAX_JSON_DEPTH,
     engine: Annotated[
-        str,
+        EngineName,
         typer.Option(
-            click_type=click.Choice(ENGINE_NAMES),
             metavar="numpy|torch",
             help="What runs the model: numpy, or torch (the local-torch extra; for a GPU).",
         ),
-    ] = DEFAULT_ENGINE,
+    ] = DEFAULT_ENGINE_NAME,
 ) -> int:
     """Run the local Tinker-compatible training server until interrupted; prints the TINKER_BASE_URL and the
     TINKER_API_KEY to use."""
@@ -58,7 +67,7 @@ def serve(
     from platoon.local_server.process import check_listening, exit_process, serve_foreground
 
     check_listening(host, api_key)
-    require_engine(engine, where="--engine")
+    require_engine(engine.value, where="--engine")
 
     status = serve_foreground(
         host=host,
@@ -68,7 +77,7 @@ def serve(
         api_key=api_key,
         max_body_bytes=max_body_mib << 20,
         max_json_depth=max_json_depth,
-        engine=engine,
+        engine=engine.value,
     )
     # The process ends here, as the child server's does: an interpreter exit with torch loaded (or half loaded by
     # the warm-up) can take a minute on a busy machine, and a Ctrl-C must stop the server promptly.

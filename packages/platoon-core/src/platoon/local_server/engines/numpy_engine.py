@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from platoon.local_server import qwen3_numpy
-from platoon.local_server.engines import AdamParams, LossGradient, NonFiniteGradient
+from platoon.local_server.engines.base import AdamParams, LossGradient, NonFiniteGradient
 
 __all__ = ["NumpyEngine", "build", "warm_up"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from platoon.local_server.engines import MISSING_TORCH, AdamParams, LossGradient, NonFiniteGradient
+from platoon.local_server.engines.base import MISSING_TORCH, AdamParams, LossGradient, NonFiniteGradient
 
 if TYPE_CHECKING:
     from platoon.local_server.qwen3_numpy import Qwen3Dims

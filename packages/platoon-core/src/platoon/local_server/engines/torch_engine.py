@@ -50,6 +50,8 @@ def build(dims: Qwen3Dims, weights: dict[str, np.ndarray]) -> TorchEngine:
     torch = import_torch()
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    # transformers 4 reads `rope_theta`; 5 takes it as the old spelling of `rope_parameters`
+    rope: dict[str, Any] = {"rope_theta": dims.rope_theta}
     config = Qwen3Config(
         vocab_size=dims.vocab_size,
         hidden_size=dims.hidden_size,
@@ -59,10 +61,10 @@ def build(dims: Qwen3Dims, weights: dict[str, np.ndarray]) -> TorchEngine:
         head_dim=dims.head_dim,
         intermediate_size=dims.intermediate_size,
         rms_norm_eps=dims.rms_norm_eps,
-        rope_theta=dims.rope_theta,
         max_position_embeddings=dims.max_position_embeddings,
         pad_token_id=dims.pad_token_id,
         tie_word_embeddings=True,
+        **rope,
     )
     config._attn_implementation = "sdpa"
     # Its own random initialisation is overwritten at once by the shared initial weights.

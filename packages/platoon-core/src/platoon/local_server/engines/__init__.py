@@ -8,7 +8,6 @@ checkpoint format serves both. Losses and sampling live above the engines (`loss
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
@@ -65,22 +64,16 @@ def require_engine(name: str, *, where: str = "local_server.engine") -> None:
         raise ConfigError(problem)
 
 
-#: held while an engine's modules are imported: a request arriving during the warm-up waits for it instead of
-#: importing the same modules from a second thread (half-initialised modules across threads)
-_IMPORTING = threading.Lock()
-
-
 def import_engine(name: str) -> Any:
     """The engine's module (`build(dims, weights)`), imported once; a missing torch is one line naming the extra."""
     require_engine(name)
-    with _IMPORTING:
-        if name == "torch":
-            from platoon.local_server.engines import torch_engine
+    if name == "torch":
+        from platoon.local_server.engines import torch_engine
 
-            return torch_engine
-        from platoon.local_server.engines import numpy_engine
+        return torch_engine
+    from platoon.local_server.engines import numpy_engine
 
-        return numpy_engine
+    return numpy_engine
 
 
 def build_engine(name: str, dims: Qwen3Dims, weights: dict[str, np.ndarray]) -> Engine:

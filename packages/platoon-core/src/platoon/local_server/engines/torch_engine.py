@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +23,29 @@ if TYPE_CHECKING:
 __all__ = ["TorchEngine", "build", "import_torch", "warm_up"]
 
 
+#: held while torch and the model's classes are imported: a request arriving during the warm-up waits for it
+#: instead of importing the same modules from a second thread (half-initialised modules across threads)
+_IMPORTING = threading.Lock()
+
+
 def import_torch() -> Any:
     """torch, with the thread count set once for a small model; a missing torch is one line naming the extra."""
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ImportError(MISSING_TORCH) from None
+    with _IMPORTING:
+        try:
+            import torch
+            import transformers  # noqa: F401
+        except ImportError:
+            raise ImportError(MISSING_TORCH) from None
     _configure_threads(torch)
     return torch
+
+
+def _model_classes() -> tuple[Any, Any]:
+    """transformers' Qwen3 config and model classes (their import is most of a first build)."""
+    import_torch()
+    with _IMPORTING:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    return Qwen3Config, Qwen3ForCausalLM
 
 
 @functools.cache
@@ -42,14 +57,12 @@ def _configure_threads(torch: Any) -> None:
 
 def warm_up() -> None:
     """Import torch and transformers' Qwen3 classes (most of a first build's time)."""
-    import_torch()
-    from transformers import Qwen3ForCausalLM  # noqa: F401
+    _model_classes()
 
 
 def build(dims: Qwen3Dims, weights: dict[str, np.ndarray]) -> TorchEngine:
     torch = import_torch()
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
+    Qwen3Config, Qwen3ForCausalLM = _model_classes()
     # transformers 4 reads `rope_theta`; 5 takes it as the old spelling of `rope_parameters`
     rope: dict[str, Any] = {"rope_theta": dims.rope_theta}
     config = Qwen3Config(

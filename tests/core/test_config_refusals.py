@@ -5,11 +5,15 @@ validate` and `platoon train` refuse each the same way, with exit 78 and one lin
 
 from __future__ import annotations
 
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from platoon.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture
@@ -268,3 +272,25 @@ def test_the_oldest_sdks_loss_functions_are_a_part_of_the_installed_sdks():
     from platoon.config.tinker import SDK_LOSS_FNS
 
     assert set(SDK_LOSS_FNS) <= set(typing.get_args(LossFnType))
+
+
+TORCH_ENGINE_MISSING = (
+    "local_server.engine: the local server's torch engine needs torch and transformers, which are not installed: "
+    "pip install 'platoon-core[local-torch]' (or use the numpy engine)"
+)
+
+
+def test_the_torch_engine_without_torch_is_refused_naming_the_extra(configs, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # as on a machine without torch
+    configs(run=LOCAL_RUN)
+    assert refusal(capsys, "local_server.engine=torch") == ([TORCH_ENGINE_MISSING], [TORCH_ENGINE_MISSING])
+    # the default engine needs no torch
+    assert main(["config", "validate", "run.yaml"]) == 0, capsys.readouterr().out
+
+
+def test_an_evaluation_on_the_torch_engine_without_torch_is_refused_by_validate(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    evaluation = str(EXAMPLES / "bandit" / "eval.yaml")
+    assert main(["config", "validate", evaluation, "local_server.engine=torch"]) == 78
+    assert [line.strip() for line in capsys.readouterr().out.splitlines()[1:]] == [TORCH_ENGINE_MISSING]
+    assert main(["config", "validate", evaluation, "local_server.engine=numpy"]) == 0

@@ -1,4 +1,5 @@
-"""`platoon tinker serve`, the child-process server, the state directory default and the missing-torch error."""
+"""`platoon tinker serve`, the child-process server, the state directory default, the numpy engine without torch
+and the torch engine's missing-torch error."""
 
 from __future__ import annotations
 
@@ -202,34 +203,92 @@ def test_state_dir_defaults_to_the_site_cache(tmp_path, monkeypatch):
     assert default_state_dir() == tmp_path / "cache" / "local-tinker"
 
 
-def test_missing_torch_is_one_line(run_python_no_torch):
+def test_the_torch_engine_without_torch_is_one_line_naming_the_extra(run_python_no_torch):
     result = run_python_no_torch(
         """
+        from platoon.errors import ConfigError
         from platoon.testing import local_tinker_server
         try:
-            with local_tinker_server():
+            with local_tinker_server(engine="torch"):
                 pass
-        except ImportError as exc:
-            print(exc)
+        except ConfigError as exc:
+            print(exc, exc.exit_code)
         from platoon.cli import main
-        raise SystemExit(main(["tinker", "serve"]))
+        raise SystemExit(main(["tinker", "serve", "--engine", "torch"]))
         """
     )
-    assert result.returncode == 1
-    line = "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon-core[local]'"
-    assert result.stdout == line + "\n"
-    assert result.stderr == f"platoon: {line}\n"
+    missing = (
+        "the local server's torch engine needs torch and transformers, which are not installed: "
+        "pip install 'platoon-core[local-torch]' (or use the numpy engine)"
+    )
+    assert result.returncode == 78
+    assert result.stdout == f"the local server's engine: {missing} 78\n"
+    assert result.stderr == f"platoon: --engine: {missing}\n"
+
+
+def test_the_numpy_engine_trains_samples_and_checkpoints_without_torch(run_python_no_torch, tmp_path):
+    """The default engine through the real SDK, in a process where torch and transformers cannot be imported."""
+    result = run_python_no_torch(
+        f"""
+        import tinker
+        from tinker import types
+
+        from platoon.gateway.tinker_service import close_session
+        from platoon.testing import local_tinker_server
+
+        tokens = [257, *b"user\\nPick a letter.", 258, 10, 257, *b"assistant\\n", 66]
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={{"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)}},
+        )
+        with local_tinker_server(state_dir={str(tmp_path)!r}) as server:
+            client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+            training = client.create_lora_training_client(base_model="platoon/toy", rank=8)
+            losses = []
+            for _ in range(3):
+                out = training.forward_backward([datum], "cross_entropy").result()
+                losses.append(out.metrics["loss:sum"])
+                training.optim_step(types.AdamParams(learning_rate=0.01)).result()
+            state = training.save_state("after-3").result().path
+            sampler = training.save_weights_and_get_sampling_client("sampler-3")
+            sampled = sampler.sample(
+                types.ModelInput.from_ints(tokens[:-1]), 2, types.SamplingParams(max_tokens=4, seed=1)
+            ).result()
+            resumed = client.create_training_client_from_state_with_optimizer(state)
+            again = resumed.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
+            close_session(client)
+        import sys
+        print(losses[0] > losses[1] > losses[2], abs(again - losses[2]) < abs(losses[2] - losses[1]))
+        print([len(s.tokens) for s in sampled.sequences], state.startswith("tinker://"))
+        print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["True True", "[4, 4] True", "[]"]
 
 
 def _run_python_no_torch(code: str) -> subprocess.CompletedProcess[str]:
-    # `sys.modules["torch"] = None` makes every `import torch` raise ImportError, as on a machine without it.
-    prelude = "import sys\nsys.modules['torch'] = None\n"
+    # A finder ahead of every other that refuses torch and transformers: every import of them fails, and looking
+    # them up finds nothing, as on a machine without them.
+    prelude = textwrap.dedent(
+        """
+        import sys
+
+        class RefuseTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in ("torch", "transformers"):
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+                return None
+
+        sys.meta_path.insert(0, RefuseTorch())
+        """
+    )
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         capture_output=True,
         text=True,
-        timeout=120,
-        env={**os.environ, "TINKER_TELEMETRY": "0"},
+        timeout=300,
+        env={**os.environ, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"},
     )
 
 

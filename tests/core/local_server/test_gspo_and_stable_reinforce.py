@@ -1,5 +1,6 @@
-"""gspo and stable_reinforce on the local server: the loss math by hand on small tensors, the backend against a
-direct computation, and the stability records (sequence ids, recording, refusals) over HTTP.
+"""gspo and stable_reinforce on the local server: the loss math and its gradient by hand on small arrays, the torch
+engine against a direct autograd computation, and the stability records (sequence ids, recording, refusals) over
+HTTP.
 
 The math follows Tinker's GSPO page (GSPO-token) and, for stable_reinforce, the local server's documented stand-in
 (docs/training.md, "Loss functions"): hosted Tinker does not publish that objective.
@@ -13,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
-import torch
 
 from platoon.local_server import LocalTinkerServer
 from platoon.local_server.backend import ModelBackend
@@ -25,16 +26,15 @@ MODEL = "platoon/toy"
 PROMPT = [72, 105, 44, 32, 119, 111, 114, 108, 100]
 
 
-def _t(values: list[float]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32)
+def _t(values: list[float]) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
 
 
 def _loss_and_grad(fn: Any, lp: list[float], inputs: dict[str, list[float]], config: dict[str, float]):
-    trained = _t(lp).requires_grad_(True)
-    loss = fn(trained, {key: _t(value) for key, value in inputs.items()}, config)
-    loss.sum().backward()
-    assert trained.grad is not None
-    return loss.detach().tolist(), trained.grad.tolist()
+    """A loss's elementwise values and its gradient with respect to the logprobs, as the engines backpropagate it."""
+    loss, grad = fn(_t(lp), {key: _t(value) for key, value in inputs.items()}, config)
+    assert loss.shape == grad.shape == (len(lp),)
+    return loss.tolist(), grad.tolist()
 
 
 # -- gspo: the sequence's ratio, clipped as one -----------------------------------------------------------------
@@ -116,22 +116,40 @@ def _td(values: list[Any], dtype: str) -> dict[str, Any]:
     return {"data": values, "dtype": dtype, "shape": [len(values)]}
 
 
-def _direct(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    logits = model(input_ids=torch.tensor([tokens[:-1]])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
+def _torch_gspo(lp: Any, inputs: dict[str, Any], config: dict[str, float]) -> Any:
+    """GSPO-token written with torch's autograd (the sequence ratio detached, each token's own logprob live)."""
+    import torch
+
+    low, high = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
+    marked = inputs["sequence_ratio_mask"] != 0
+    sequence_log_ratio = (lp.detach() - inputs["logprobs"])[marked].mean()
+    ratio = torch.exp(sequence_log_ratio + lp - lp.detach())
+    advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+
+
+def _torch_stable_reinforce(lp: Any, inputs: dict[str, Any], config: dict[str, float]) -> Any:
+    import torch
+
+    drift = lp - inputs[RECORDED_LOGPROBS]
+    weight = torch.exp(torch.clamp(drift.detach(), max=0.0))
+    reinforce = -(weight * lp * inputs["advantages"])
+    return inputs[RECORDED_MASK] * (reinforce + 0.5 * config.get("kl_coeff", 0.0) * drift * drift)
 
 
 @pytest.mark.parametrize("loss_fn", ["gspo", "stable_reinforce"])
-def test_backend_losses_and_gradients_match_a_direct_computation(loss_fn: str) -> None:
-    backend = ModelBackend.create(MODEL)
-    reference = copy.deepcopy(backend.model)
-    gen = torch.Generator().manual_seed(3)
-    tokens = torch.randint(0, 265, (17,), generator=gen).tolist()
+def test_the_torch_engine_s_losses_and_gradients_match_a_direct_autograd_computation(loss_fn: str) -> None:
+    torch = pytest.importorskip("torch")
+    backend = ModelBackend.create(MODEL, engine="torch")
+    model = backend.engine.model  # type: ignore[attr-defined]
+    reference = copy.deepcopy(model)
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 265, 17).tolist()
     n = len(tokens) - 1
-    sampled = (-5.6 + 0.4 * torch.randn(n, generator=gen)).tolist()
+    sampled = (-5.6 + 0.4 * rng.standard_normal(n)).tolist()
     values = {
         "logprobs": sampled,
-        "advantages": torch.randn(n, generator=gen).tolist(),
+        "advantages": rng.standard_normal(n).tolist(),
         "sequence_ratio_mask": [0.0] * 4 + [1.0] * (n - 4),
         RECORDED_LOGPROBS: sampled,
         RECORDED_MASK: [0.0] * 4 + [1.0] * (n - 4),
@@ -145,13 +163,14 @@ def test_backend_losses_and_gradients_match_a_direct_computation(loss_fn: str) -
 
     out = backend.forward_backward([datum], loss_fn, config)
 
-    lp = _direct(reference, tokens)
-    fn = gspo if loss_fn == "gspo" else stable_reinforce
+    logits = reference(input_ids=torch.tensor([tokens[:-1]])).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
+    fn = _torch_gspo if loss_fn == "gspo" else _torch_stable_reinforce
     want = fn(lp, {key: torch.tensor(value) for key, value in values.items()}, config).sum()
     want.backward()
     assert out["metrics"]["loss:sum"] == pytest.approx(want.item(), rel=1e-5, abs=1e-5)
     for (name, got), (_, expected) in zip(
-        backend.model.named_parameters(), reference.named_parameters(), strict=True
+        model.named_parameters(), reference.named_parameters(), strict=True
     ):
         assert got.grad is not None and expected.grad is not None
         torch.testing.assert_close(got.grad, expected.grad, atol=1e-5, rtol=1e-4, msg=name)

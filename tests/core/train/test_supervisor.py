@@ -227,7 +227,6 @@ EXAMPLE = REPO / "examples" / "bandit" / "train.yaml"
 
 @pytest.mark.slow
 def test_platoon_train_supervises_the_bandit_example_to_the_end(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("torch")
     from platoon.cli import main
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)

@@ -1,16 +1,22 @@
-"""The Tinker settings training and evaluation configs share: which service (`tinker_base_url`) and the form of a
-checkpoint path (`tinker://<run>/<weights|sampler_weights>/<name>`), checked where the config is read. What a run
-refuses of the service before it starts is `platoon.startup.tinker`'s.
+"""The Tinker settings training and evaluation configs share: which service (`tinker_base_url`), the embedded local
+server's engine (`local_server`) and the form of a checkpoint path (`tinker://<run>/<weights|sampler_weights>/<name>`),
+checked where the config is read. What a run refuses of the service before it starts is `platoon.startup.tinker`'s.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 from urllib.parse import urlsplit
+
+from pydantic import Field
+
+from platoon.config_defs import ConfigModel
 
 __all__ = [
     "CHECKPOINT_KINDS",
     "SDK_LOSS_FNS",
+    "LocalServerConfig",
     "check_checkpoint_path",
     "check_tinker_base_url",
 ]
@@ -48,3 +54,12 @@ def check_checkpoint_path(value: str | None) -> str | None:
             "of the training run's checkpoints.jsonl), or leave it unset for the base model"
         )
     return value
+
+
+class LocalServerConfig(ConfigModel):
+    """The local Tinker-compatible server a command starts for `tinker_base_url: local`."""
+
+    engine: Literal["numpy", "torch"] = Field(
+        "numpy",
+        description="what runs the model: numpy (no torch needed), or torch (the local-torch extra; for a GPU)",
+    )

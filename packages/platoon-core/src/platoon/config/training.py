@@ -9,7 +9,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from platoon.config.environments import EnvironmentList
-from platoon.config.tinker import check_tinker_base_url
+from platoon.config.tinker import LocalServerConfig, check_tinker_base_url
 from platoon.config_defs import (
     Bool,
     ConfigModel,
@@ -562,6 +562,9 @@ class PlatoonTinkerRLTrainerConfig(ConfigModel):
     tinker_base_url: str | None = Field(
         None,
         description="the Tinker service; None = $TINKER_BASE_URL, else hosted Tinker; `local` = local server",
+    )
+    local_server: LocalServerConfig = Field(
+        default_factory=LocalServerConfig, description="the local server `tinker_base_url: local` starts"
     )
     environments: EnvironmentList = Field(default_factory=list, description="the environment entries")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpoints")

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from platoon.config.environments import EnvironmentList
-from platoon.config.tinker import check_checkpoint_path, check_tinker_base_url
+from platoon.config.tinker import LocalServerConfig, check_checkpoint_path, check_tinker_base_url
 from platoon.config_defs import Bool, ConfigModel, Float, Int, RolloutConfig, raise_problems
 
 __all__ = ["EvalWorkflowConfig", "HostedConfig", "InferenceConfig", "PlatoonEvalConfig", "PricingConfig"]
@@ -220,6 +220,9 @@ class PlatoonEvalConfig(ConfigModel):
     tinker_base_url: str | None = Field(
         None,
         description="the Tinker service; None = $TINKER_BASE_URL, else hosted Tinker; `local` = local server",
+    )
+    local_server: LocalServerConfig = Field(
+        default_factory=LocalServerConfig, description="the local server `tinker_base_url: local` starts"
     )
     environments: EnvironmentList = Field(default_factory=list, description="the environment entries")
     split: str = Field(

@@ -29,6 +29,7 @@ from platoon.gateway.tinker_service import (
     withheld_from_environment,
 )
 from platoon.gateway.watch import CallWatch, WatchedHosted, WatchedSampler
+from platoon.local_server.engines import DEFAULT_ENGINE
 from platoon.local_server.process import start_local_server_process
 from platoon.renderers import get_renderer, get_tokenizer
 from platoon.rollouts.records import tool_call_parsing_record
@@ -100,6 +101,8 @@ class PolicySpec:
     base_url: str | None = None
     hosted: HostedConfig | None = None
     judges: bool = True
+    #: the engine of the local server `base_url: local` starts (`local_server.engine`)
+    local_engine: str = DEFAULT_ENGINE
 
     @classmethod
     def of_eval(cls, config: PlatoonEvalConfig) -> PolicySpec:
@@ -119,6 +122,7 @@ class PolicySpec:
             base_url=config.tinker_base_url,
             hosted=inference.hosted,
             judges=inference.judges,
+            local_engine=config.local_server.engine,
         )
 
     @classmethod
@@ -132,6 +136,7 @@ class PolicySpec:
             context_window_length=train.context_window_length,
             sample_timeout_seconds=train.sample_timeout_seconds,
             base_url=config.tinker_base_url,
+            local_engine=config.local_server.engine,
         )
 
     @property
@@ -289,7 +294,7 @@ class EarlyLocalServer:
     so whoever started it stops it again on the way out of a start that failed before the policy opened.
     """
 
-    def __init__(self, model: str, say: Any = None) -> None:
+    def __init__(self, model: str, say: Any = None, *, engine: str = DEFAULT_ENGINE) -> None:
         import asyncio
         import functools
 
@@ -298,7 +303,9 @@ class EarlyLocalServer:
         # Submitted to a thread now (a coroutine would wait for the event loop, which the caller's synchronous
         # imports hold); the thread only waits for the child's URL line.
         loop = asyncio.get_running_loop()
-        self._start = loop.run_in_executor(None, functools.partial(start_local_server_process, model=model))
+        self._start = loop.run_in_executor(
+            None, functools.partial(start_local_server_process, model=model, engine=engine)
+        )
         self._stopped = False
 
     @classmethod
@@ -311,7 +318,7 @@ class EarlyLocalServer:
             return None
         if in_process and default_policy() is not None:
             return None
-        return cls(spec.model, say)
+        return cls(spec.model, say, engine=spec.local_engine)
 
     async def connection(self) -> tuple[str, str]:
         """The server's base URL and the key it issued for this command, once it listens (its failure to start is
@@ -402,7 +409,7 @@ async def open_policy(
     try:
         if uses_local_server(spec.base_url):
             if local_server is None:
-                local_server = EarlyLocalServer(spec.model, say)
+                local_server = EarlyLocalServer(spec.model, say, engine=spec.local_engine)
             base_url, api_key = await local_server.connection()
         assert api_key is not None  # checked above, or the local server's own
         sampler = await _sampling_client(spec, base_url, api_key, refused_key_error)

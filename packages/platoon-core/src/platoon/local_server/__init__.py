@@ -2,7 +2,8 @@
 
 `local_tinker_server()` runs it in a thread of this process; `process.start_local_server_process` runs it in a
 child process; `platoon tinker serve` runs it in the foreground. Each server takes one API key, issued when it is
-made (`issue_api_key`) unless one is given, and refuses every other. torch and uvicorn are imported when it starts.
+made (`issue_api_key`) unless one is given, and refuses every other. Its model runs on an engine chosen by name
+(`engines`: `numpy`, the default, or `torch`); the engine and uvicorn are imported when it starts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError, PlatoonError
-from platoon.extras import installed
+from platoon.local_server.engines import DEFAULT_ENGINE, ENGINE_NAMES, require_engine
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES
 from platoon.request_limits import BodyCap
 
@@ -29,9 +30,10 @@ if TYPE_CHECKING:
     from platoon.local_server.app import BackendFactory, ServerState
 
 __all__ = [
+    "DEFAULT_ENGINE",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MODEL",
-    "LocalServerUnavailable",
+    "ENGINE_NAMES",
     "LocalTinkerServer",
     "check_api_key",
     "is_loopback",
@@ -47,11 +49,6 @@ MIN_KEY_CHARS = 16
 _KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 #: the largest request line and headers uvicorn's h11 reads (a larger head is answered 400)
 MAX_HEADER_BYTES = 16 << 10
-MISSING_TORCH = "the local Tinker-compatible server needs torch, which is not installed: pip install 'platoon-core[local]'"
-
-
-class LocalServerUnavailable(PlatoonError, ImportError):
-    """The local server's dependencies are missing; the message is one line naming the extra to install."""
 
 
 def issue_api_key() -> str:
@@ -83,20 +80,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def require_torch() -> None:
-    """Raise the one-line `LocalServerUnavailable` when torch is not installed.
+def default_backend_factory(engine: str = DEFAULT_ENGINE) -> BackendFactory:
+    """`ModelBackend.create` on the engine named `engine`; an engine that cannot start is a ConfigError (exit 78)
+    naming the extra to install."""
+    import functools
 
-    Only the module is looked up: importing torch takes seconds, and the backend imports it on the first model.
-    """
-    if not installed("torch"):
-        raise LocalServerUnavailable(MISSING_TORCH)
-
-
-def default_backend_factory() -> BackendFactory:
-    require_torch()
+    require_engine(engine, where="the local server's engine")
     from platoon.local_server.backend import ModelBackend
 
-    return ModelBackend.create
+    return functools.partial(ModelBackend.create, engine=engine)
 
 
 class LocalTinkerServer:
@@ -105,7 +97,8 @@ class LocalTinkerServer:
 
     `base_url` and `api_key` are what `tinker.ServiceClient(base_url=..., api_key=...)` takes: the key is the one
     given, else a fresh one (`issue_api_key`), and the server refuses every other (401). `state_dir` holds the
-    checkpoints (a temporary directory, removed on stop, when not given). `max_body_bytes` (64 MiB) and
+    checkpoints (a temporary directory, removed on stop, when not given). `engine` names what runs the model
+    (`numpy`, the default, or `torch`). `max_body_bytes` (64 MiB) and
     `body_idle_seconds` (30 s) bound what one request body may take (413 and 408 past them), `max_json_depth`
     (64) how deeply its JSON may nest (400 past it).
     """
@@ -123,8 +116,10 @@ class LocalTinkerServer:
         max_body_bytes: int | None = None,
         body_idle_seconds: float | None = None,
         max_json_depth: int | None = None,
+        engine: str = DEFAULT_ENGINE,
     ) -> None:
         self.model = model
+        self.engine = engine
         self.host = host
         self.port = port
         self.api_key = issue_api_key() if api_key is None else check_api_key(api_key)
@@ -162,7 +157,7 @@ class LocalTinkerServer:
         """Bind the port, start serving, and return once the server answers."""
         if self._server is not None:
             return self
-        factory = self._backend_factory or default_backend_factory()
+        factory = self._backend_factory or default_backend_factory(self.engine)
         import uvicorn
 
         from platoon.local_server.app import ServerState, build_app
@@ -249,9 +244,12 @@ def local_tinker_server(
     port: int = 0,
     state_dir: str | os.PathLike[str] | None = None,
     backend_factory: Callable[..., Any] | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> Iterator[LocalTinkerServer]:
-    """Run a local Tinker server in a thread of this process for the `with` block."""
-    server = LocalTinkerServer(model=model, port=port, state_dir=state_dir, backend_factory=backend_factory)
+    """Run a local Tinker server in a thread of this process for the `with` block, its model on `engine`."""
+    server = LocalTinkerServer(
+        model=model, port=port, state_dir=state_dir, backend_factory=backend_factory, engine=engine
+    )
     server.start()
     try:
         yield server

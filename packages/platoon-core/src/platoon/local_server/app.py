@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.local_server import checkpoints as ckpt
 from platoon.local_server import wire_proto
-from platoon.local_server.backend import ModelShape
+from platoon.local_server.engines import ModelShape
 from platoon.local_server.futures import FutureStore, UserError
 from platoon.local_server.inflight import InflightSampler, InflightTarget, SampleVersions
 from platoon.local_server.limits import DEFAULT_MAX_BODY_BYTES

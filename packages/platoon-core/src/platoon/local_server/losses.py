@@ -1,8 +1,9 @@
 """The local server's built-in Tinker losses: cross_entropy, importance_sampling, ppo, cispo, gspo and
 stable_reinforce.
 
-Each loss maps one datum's training logprobs and its `loss_fn_inputs` to an elementwise loss whose sum is the
-datum's loss; the server sums over datums (clients normalise advantages themselves). stable_reinforce also reads the
+Each loss maps one datum's training logprobs and its `loss_fn_inputs` (numpy arrays) to an elementwise loss whose sum
+is the datum's loss, and to that loss's gradient with respect to the logprobs, which every engine backpropagates the
+same way; the server sums over datums (clients normalise advantages themselves). stable_reinforce also reads the
 sampler's own logprobs, which the server recorded when it sampled (`platoon.local_server.stability`).
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
 #: the service's clip thresholds for ppo and cispo when `loss_fn_config` leaves them out (gspo takes the same)
 DEFAULT_CLIP_LOW = 0.8
@@ -41,7 +42,10 @@ NEEDS_STABILITY_RECORDS = frozenset({"stable_reinforce"})
 #: every loss the local server computes, in one place (the HTTP layer and platoon's start checks read it)
 LOSS_NAMES: tuple[str, ...] = tuple(REQUIRED_INPUTS)
 
-LossFn = Callable[["torch.Tensor", Mapping[str, "torch.Tensor"], Mapping[str, float]], "torch.Tensor"]
+#: (one datum's logprobs, its loss_fn_inputs, loss_fn_config) -> (elementwise loss, d loss / d logprobs)
+LossFn = Callable[
+    ["np.ndarray", Mapping[str, "np.ndarray"], Mapping[str, float]], tuple["np.ndarray", "np.ndarray"]
+]
 
 
 def _clip(config: Mapping[str, float]) -> tuple[float, float]:
@@ -54,63 +58,87 @@ def _clip(config: Mapping[str, float]) -> tuple[float, float]:
 
 
 def cross_entropy(
-    lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]
-) -> torch.Tensor:
+    lp: np.ndarray, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
     # A missing `weights` counts every target (the SDK's custom-loss forward sends explicit zeros instead).
     weights = inputs.get("weights")
-    return -lp if weights is None else -(lp * weights)
+    if weights is None:
+        weights = np.ones_like(lp)
+    return -(lp * weights), -weights
 
 
-def _ratio(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    import torch
+def _ratio(lp: np.ndarray, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    import numpy as np
 
-    return torch.exp(lp - inputs["logprobs"])
+    return np.exp(lp - inputs["logprobs"])
 
 
 def importance_sampling(
-    lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]
-) -> torch.Tensor:
-    return -(_ratio(lp, inputs) * inputs["advantages"])
+    lp: np.ndarray, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    weighted = _ratio(lp, inputs) * inputs["advantages"]
+    return -weighted, -weighted
 
 
-def ppo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]) -> torch.Tensor:
-    import torch
+def _clipped_objective(
+    ratio: np.ndarray, advantages: np.ndarray, low: float, high: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """PPO's `-min(r A, clip(r) A)` and its gradient with respect to log r.
 
+    The gradient flows through the unclipped term where it is the smaller (or they tie: inside the clip range they
+    are equal and clip passes the gradient), and not at all where the clipped term is smaller (clip is flat there).
+    """
+    import numpy as np
+
+    unclipped = ratio * advantages
+    clipped = np.clip(ratio, low, high) * advantages
+    return -np.minimum(unclipped, clipped), -np.where(unclipped <= clipped, unclipped, 0.0).astype(
+        ratio.dtype
+    )
+
+
+def ppo(
+    lp: np.ndarray, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
     low, high = _clip(config)
-    ratio = _ratio(lp, inputs)
-    advantages = inputs["advantages"]
-    return -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+    return _clipped_objective(_ratio(lp, inputs), inputs["advantages"], low, high)
 
 
-def cispo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]) -> torch.Tensor:
-    import torch
+def cispo(
+    lp: np.ndarray, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
 
     low, high = _clip(config)
     # The clipped ratio is a constant weight: the gradient flows through lp alone (REINFORCE with IS weights).
-    weight = torch.clamp(_ratio(lp, inputs), low, high).detach()
-    return -(weight * lp * inputs["advantages"])
+    weight = np.clip(_ratio(lp, inputs), low, high) * inputs["advantages"]
+    return -(weight * lp), -weight
 
 
-def gspo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]) -> torch.Tensor:
+def gspo(
+    lp: np.ndarray, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
     """GSPO-token (Zheng et al. 2025, as Tinker's GSPO page writes it): every token carries the sequence's ratio,
     the geometric mean of the token ratios over `sequence_ratio_mask`, with its own logprob's gradient; then PPO's
     clipped objective on that ratio."""
-    import torch
+    import numpy as np
 
     low, high = _clip(config)
     mask = inputs.get("sequence_ratio_mask")
-    marked = torch.ones_like(lp, dtype=torch.bool) if mask is None else mask != 0
-    token_log_ratios = (lp.detach() - inputs["logprobs"])[marked]
+    marked = np.ones(lp.shape, dtype=bool) if mask is None else mask != 0
+    token_log_ratios = (lp - inputs["logprobs"])[marked]
     # No marked token leaves nothing to compare: the sequence counts as on-policy (ratio 1).
-    sequence_log_ratio = token_log_ratios.mean() if token_log_ratios.numel() else torch.zeros(())
-    ratio = torch.exp(sequence_log_ratio + lp - lp.detach())
-    advantages = inputs["advantages"]
-    return -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+    sequence_log_ratio = token_log_ratios.mean(dtype=np.float32) if token_log_ratios.size else np.float32(0.0)
+    # Each token's ratio has the sequence's value, and d ratio / d lp = ratio through its own logprob.
+    ratio = np.full(lp.shape, np.exp(sequence_log_ratio), dtype=np.float32)
+    return _clipped_objective(ratio, inputs["advantages"], low, high)
 
 
 def stable_reinforce(
-    lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]
-) -> torch.Tensor:
+    lp: np.ndarray, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
     """The local server's stand-in for hosted Tinker's StableReinforce, whose objective is not published.
 
     On each token whose sampled sequence the server recorded: REINFORCE weighted by the truncated importance ratio
@@ -118,16 +146,15 @@ def stable_reinforce(
     `kl_coeff` x (log p - log q)^2 / 2, which pulls the trained policy back towards what was sampled. Tokens without
     a record (prompts) add nothing.
     """
-    import torch
+    import numpy as np
 
     kl_coeff = float(config.get("kl_coeff", DEFAULT_KL_COEFF))
-    recorded = inputs[RECORDED_LOGPROBS]
     has_record = inputs[RECORDED_MASK]
-    drift = lp - recorded
+    drift = lp - inputs[RECORDED_LOGPROBS]
     # Truncated at 1: a token the trained policy now likes more than the sampler did is not up-weighted.
-    weight = torch.exp(torch.clamp(drift.detach(), max=0.0))
-    reinforce = -(weight * lp * inputs["advantages"])
-    return has_record * (reinforce + 0.5 * kl_coeff * drift * drift)
+    weight = np.exp(np.minimum(drift, 0.0)) * inputs["advantages"]
+    loss = has_record * (-(weight * lp) + 0.5 * kl_coeff * drift * drift)
+    return loss, has_record * (-weight + kl_coeff * drift)
 
 
 LOSSES: dict[str, LossFn] = {

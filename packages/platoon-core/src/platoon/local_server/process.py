@@ -26,16 +26,18 @@ from platoon.config.site import default_cache_root, load_site
 from platoon.console import write_stderr
 from platoon.errors import ConfigError, PlatoonError
 from platoon.local_server import (
+    DEFAULT_ENGINE,
     DEFAULT_MODEL,
+    ENGINE_NAMES,
     LocalTinkerServer,
     check_api_key,
     is_loopback,
     issue_api_key,
-    require_torch,
 )
-from platoon.local_server.backend import warm_up
+from platoon.local_server.engines import require_engine, warm_up
 
-#: seconds the parent waits for the child's base URL (importing torch and transformers takes a while)
+#: seconds the parent waits for the child's base URL (importing torch and transformers, on that engine, takes a
+#: while)
 START_TIMEOUT = 180.0
 #: how often a start looks whether its caller asked to stop
 _STOP_POLL_SECONDS = 0.2
@@ -56,8 +58,9 @@ class LocalServerChild:
     """The local server in a child process, started at once and waited for later, so the caller's own start-up
     (listing tasks, importing the SDK) overlaps the child's (importing torch, building the model).
 
-    The child takes only `api_key`, issued here. It prints its base URL as soon as it listens, then imports torch
-    and the model's classes in the background (`--warm`), so the first `create_model` does not pay for them.
+    The child takes only `api_key`, issued here, and runs its model on `engine`. It prints its base URL as soon as
+    it listens, then imports the engine (torch and the model's classes, for `torch`) in the background (`--warm`),
+    so the first `create_model` does not pay for them.
     `url()` waits for the base URL;
     `stop()` ends the child and waits. `on_exit(returncode)` (settable until `url()` is called) is called from a
     watcher thread as soon as the child exits after it gave its URL and without `stop()` having asked it to
@@ -71,8 +74,9 @@ class LocalServerChild:
         state_dir: str | os.PathLike[str] | None = None,
         on_exit: Callable[[int], None] | None = None,
         warm: bool = True,
+        engine: str = DEFAULT_ENGINE,
     ) -> None:
-        require_torch()  # the one-line error here, not a child's traceback
+        require_engine(engine)  # the one-line error here, not a child's traceback
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
         command = [
             sys.executable,
@@ -84,6 +88,8 @@ class LocalServerChild:
             str(directory),
             "--exit-on-stdin-eof",
             "--key-from-stdin",
+            "--engine",
+            engine,
         ]
         if warm:
             command.append("--warm")
@@ -186,15 +192,16 @@ def start_local_server_process(
     timeout: float = START_TIMEOUT,
     on_exit: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> tuple[str, str, Callable[[], None]]:
     """Start the server in a child process and wait for it; returns its base URL, the API key it issued for this
     command, and a `stop()` that ends it and waits (`LocalServerChild` starts it without waiting).
 
     `on_exit(returncode)` is called (from a watcher thread) as soon as the child exits without `stop()` having
     asked it to (killed, crashed). `should_stop()` is polled while the child starts: when it says so, the child is
-    stopped and `StartAbandoned` raised.
+    stopped and `StartAbandoned` raised. `engine` names what runs the model.
     """
-    child = LocalServerChild(model=model, state_dir=state_dir, on_exit=on_exit)
+    child = LocalServerChild(model=model, state_dir=state_dir, on_exit=on_exit, engine=engine)
     return child.url(timeout=timeout, should_stop=should_stop), child.api_key, child.stop
 
 
@@ -257,12 +264,14 @@ def serve_foreground(
     max_json_depth: int | None = None,
     exit_on_stdin_eof: bool = False,
     warm: bool = True,
+    engine: str = DEFAULT_ENGINE,
 ) -> int:
     """Serve until interrupted (Ctrl-C, SIGTERM, or stdin closing when asked); the base URL goes to stdout, then
     the key the server issued (a key given as `api_key` is not repeated).
 
-    A `host` other than loopback needs an `api_key` (`check_listening`). `warm`: once it listens, import torch and build `model`'s tokenizer in the background, so the first
-    `create_model` finds them ready (a request that needs them meanwhile waits for the warm-up).
+    A `host` other than loopback needs an `api_key` (`check_listening`); the model runs on `engine`. `warm`: once
+    it listens, import the engine and build `model`'s tokenizer in the background, so the first `create_model` finds
+    them ready (a request that needs them meanwhile waits for the warm-up).
     """
     check_listening(host, api_key)
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -275,6 +284,7 @@ def serve_foreground(
         api_key=api_key,
         max_body_bytes=max_body_bytes,
         max_json_depth=max_json_depth,
+        engine=engine,
     )
     server.start()
     done = threading.Event()
@@ -287,7 +297,9 @@ def serve_foreground(
 
         threading.Thread(target=watch_stdin, daemon=True).start()
     if warm:
-        threading.Thread(target=warm_up, args=(model,), name="local-tinker-warm-up", daemon=True).start()
+        threading.Thread(
+            target=warm_up, args=(model, engine), name="local-tinker-warm-up", daemon=True
+        ).start()
     try:
         print(server.base_url, flush=True)
         if api_key is None:
@@ -338,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--exit-on-stdin-eof", action="store_true")
     parser.add_argument("--key-from-stdin", action="store_true", help="the API key is stdin's first line")
-    parser.add_argument("--warm", action="store_true", help="import torch and the model's classes at once")
+    parser.add_argument("--warm", action="store_true", help="import the engine and the tokenizer at once")
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default=DEFAULT_ENGINE)
     args = parser.parse_args(argv)
     try:
         api_key = None
@@ -354,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             api_key=api_key,
             exit_on_stdin_eof=args.exit_on_stdin_eof,
             warm=args.warm,
+            engine=args.engine,
         )
     except PlatoonError as exc:
         print(f"platoon: {exc}", file=sys.stderr, flush=True)

@@ -1,4 +1,5 @@
-"""Sampling for the local server: a batched KV-cache decode loop with temperature, top-k, top-p, seed and stops.
+"""Sampling for the local server: a batched KV-cache decode loop with temperature, top-k, top-p, seed and stops,
+in numpy over any engine's prefill and step, so one seed gives the same tokens on every engine whose logits agree.
 
 Returned logprobs are those of the distribution actually sampled from (`log_softmax(logits / T)` after the top-k
 and top-p masks), so on-policy importance ratios are 1 at temperature 1.
@@ -6,15 +7,16 @@ and top-p masks), so on-policy importance ratios are 1 at temperature 1.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from platoon.local_server.inflight import raise_if_cancelled
 
 if TYPE_CHECKING:
-    import torch
+    from platoon.local_server.engines import Engine
 
 #: below this temperature sampling is greedy (the distribution is a point mass, logprob 0)
 GREEDY_TEMPERATURE = 1e-5
@@ -77,39 +79,48 @@ def _default(params: dict[str, Any], key: str, default: float) -> Any:
     return default if value is None else value
 
 
-def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def sampling_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Log-probabilities of the sampling distribution for rows of raw logits: temperature, then top-k, top-p."""
-    import torch
-
-    scaled = logits.float() / params.temperature
+    scaled = np.asarray(logits, dtype=np.float32) / np.float32(params.temperature)
     vocab = scaled.shape[-1]
     if 0 < params.top_k < vocab:
-        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        kth = -np.partition(-scaled, params.top_k - 1, axis=-1)[..., params.top_k - 1 : params.top_k]
+        scaled = np.where(scaled < kth, -np.inf, scaled).astype(np.float32)
     if params.top_p < 1.0:
-        probs = torch.softmax(scaled, dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        probs = _softmax(scaled)
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
         # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is below top_p
         # (so the most likely token always stays).
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(scaled, dim=-1)
+        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
+        drop = np.empty_like(before, dtype=bool)
+        np.put_along_axis(drop, order, before >= params.top_p, axis=-1)
+        scaled = np.where(drop, -np.inf, scaled).astype(np.float32)
+    return _log_softmax(scaled)
+
+
+def _log_softmax(values: np.ndarray) -> np.ndarray:
+    shifted = values - values.max(axis=-1, keepdims=True)
+    return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    return np.exp(_log_softmax(values))
 
 
 def pick(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """One token per row and its logprob under the sampling distribution."""
-    import torch
-
     if params.temperature < GREEDY_TEMPERATURE:
-        tokens = torch.argmax(logits, dim=-1)
-        return tokens, torch.zeros(tokens.shape, dtype=torch.float32)
+        tokens = np.argmax(logits, axis=-1)
+        return tokens, np.zeros(tokens.shape, dtype=np.float32)
     logprobs = sampling_logprobs(logits, params)
-    tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    # Inverse transform sampling, one uniform draw per row: a token of probability 0 is never picked.
+    cumulative = np.cumsum(np.exp(logprobs.astype(np.float64)), axis=-1)
+    draws = rng.random(len(logprobs)) * cumulative[:, -1]
+    tokens = np.minimum((cumulative <= draws[:, None]).sum(axis=-1), logprobs.shape[-1] - 1)
+    return tokens, np.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
 
 
 @dataclass
@@ -125,14 +136,14 @@ class Sequence:
 
 
 def decode(
-    model: Any,
+    engine: Engine,
     prompt_tokens: list[int],
     *,
     num_samples: int,
     params: SamplingParams,
     max_context: int,
     decode_text: Callable[[list[int]], str],
-    prompt_logits: Callable[[torch.Tensor], None] | None = None,
+    prompt_logits: Callable[[np.ndarray], None] | None = None,
 ) -> list[Sequence]:
     """Sample `num_samples` continuations of one prompt with a shared, batched KV cache.
 
@@ -140,8 +151,6 @@ def decode(
     cache is then repeated for the samples. Finished samples keep decoding in the batch but record nothing. A
     cancelled request (`/cancel_future`) stops before its next token.
     """
-    import torch
-
     if not prompt_tokens:
         raise ValueError("the prompt is empty: sampling needs at least one prompt token")
     if num_samples < 1:
@@ -152,27 +161,20 @@ def decode(
             f"the prompt has {len(prompt_tokens)} tokens, over the model's context of {max_context}"
         )
     max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-    generator = torch.Generator()
-    if params.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(params.seed)
+    rng = np.random.default_rng(params.seed)
 
     sequences = [Sequence() for _ in range(num_samples)]
-    cache_kwarg = _cache_kwarg(model)
-    out = model(input_ids=torch.tensor([prompt_tokens]), use_cache=True)
+    logits, cache = engine.prefill(prompt_tokens)
     if prompt_logits is not None:
-        prompt_logits(out.logits[0])
+        prompt_logits(logits)
     if max_tokens == 0:
         return sequences
-    cache = _output_cache(out)
-    if num_samples > 1:
-        cache.batch_repeat_interleave(num_samples)
-    logits = out.logits[:, -1].expand(num_samples, -1)
+    cache = engine.repeat(cache, num_samples)
+    next_logits = np.repeat(logits[-1:], num_samples, axis=0)
     open_rows = list(range(num_samples))
     for step in range(max_tokens):
         raise_if_cancelled()
-        tokens, logprobs = pick(logits, params, generator)
+        tokens, logprobs = pick(next_logits, params, rng)
         token_list, logprob_list = tokens.tolist(), logprobs.tolist()
         still_open = []
         for row in open_rows:
@@ -188,20 +190,8 @@ def decode(
         open_rows = still_open
         if not open_rows or step == max_tokens - 1:
             break
-        out = model(input_ids=tokens[:, None], use_cache=True, **{cache_kwarg: cache})
-        cache = _output_cache(out)
-        logits = out.logits[:, -1]
+        next_logits, cache = engine.step(cache, tokens)
     return sequences
-
-
-def _cache_kwarg(model: Any) -> str:
-    # transformers 5.x renamed `past_key_values` to `cache` (the old name warns); 4.x knows only the old one.
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _output_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return out.past_key_values if cache is None else cache
 
 
 def _ends_with_stop(

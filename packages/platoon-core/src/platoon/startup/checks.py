@@ -17,6 +17,7 @@ from platoon.config.environments import check_environments_defined, check_mixtur
 from platoon.envs.ors.remote import mixture_problems
 from platoon.episode.rollout import Route
 from platoon.errors import ExtensionError
+from platoon.gateway.tinker_service import uses_local_server
 from platoon.harness.function import FunctionHarness
 from platoon.harness.registry import get_harness
 from platoon.harness.spec import HarnessSpec, option_problems
@@ -26,6 +27,7 @@ from platoon.renderers.base import renderer_names
 from platoon.request_limits import gateway_limit_problems
 from platoon.rollouts.records import writable_dir_problem
 from platoon.sandbox_runs import provider_problems
+from platoon.startup.tinker import local_engine_problem
 from platoon.startup.training_rules import training_problems
 
 #: the workflow and rollouts core provides itself (they arrive with the trainer): nothing to look up
@@ -47,6 +49,10 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
         problems += training_problems(config)  # the gateway's limits among them
     else:
         problems += gateway_limit_problems()
+        # A Tinker policy (no hosted model) samples the local server the config names.
+        if config.inference.hosted is None and uses_local_server(config.tinker_base_url):
+            engine = local_engine_problem(config.local_server.engine)
+            problems += [engine] if engine is not None else []
     return problems
 
 

@@ -1,5 +1,6 @@
 """What a run refuses of its Tinker service before any service starts: a loss function the installed Tinker SDK
-does not know or the local server does not compute, a base model the local server cannot serve.
+does not know or the local server does not compute, a base model the local server cannot serve, a local server
+engine that cannot start here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from platoon.config.tinker import SDK_LOSS_FNS
 from platoon.gateway.tinker_sdk import installed_release
+from platoon.local_server.engines import engine_problem
 from platoon.local_server.losses import LOSS_NAMES
 from platoon.renderers.tokenizers import (
     cached_hub_tokenizers,
@@ -21,6 +23,7 @@ from platoon.renderers.tokenizers import (
 
 __all__ = [
     "NEWEST_SDK",
+    "local_engine_problem",
     "local_model_problem",
     "loss_fn_problem",
     "sampling_client_kind_problem",
@@ -141,3 +144,9 @@ def local_model_problem(model: str, *, where: str = "train.model_name") -> str |
         f"{where}: the local server cannot serve {model!r}{hint}: {reason}; it serves {', '.join(served)}, a model "
         "directory, or a Hugging Face model whose tokenizer `platoon prepare CONFIG` fetched"
     )
+
+
+def local_engine_problem(engine: str) -> str | None:
+    """The refusal of a local server engine whose packages are not installed (torch without torch), naming the
+    extra that installs them; None when it can start."""
+    return engine_problem(engine, where="local_server.engine")

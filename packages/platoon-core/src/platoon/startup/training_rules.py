@@ -9,7 +9,12 @@ from platoon.config.training import MAX_ROLLOUTS_PER_STEP
 from platoon.config_defs import yaml_scalar
 from platoon.gateway.tinker_service import uses_local_server
 from platoon.request_limits import gateway_limit_problems
-from platoon.startup.tinker import local_model_problem, loss_fn_problem, sampling_client_kind_problem
+from platoon.startup.tinker import (
+    local_engine_problem,
+    local_model_problem,
+    loss_fn_problem,
+    sampling_client_kind_problem,
+)
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
@@ -53,8 +58,8 @@ def _size_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 
 
 def _service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
-    """A loss function the service does not compute; on the local server, a model it cannot serve; a sampling
-    client the SDK cannot ask for."""
+    """A loss function the service does not compute; on the local server, a model it cannot serve or an engine
+    that cannot start; a sampling client the SDK cannot ask for."""
     local = uses_local_server(config.tinker_base_url)
     problems = [
         loss_fn_problem(config.train.loss_fn, local=local),
@@ -62,4 +67,5 @@ def _service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     ]
     if local:
         problems.append(local_model_problem(config.train.model_name))
+        problems.append(local_engine_problem(config.local_server.engine))
     return [problem for problem in problems if problem is not None]

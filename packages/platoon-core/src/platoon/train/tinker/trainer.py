@@ -80,7 +80,7 @@ class Preflight:
 def start_local_server(config: PlatoonTinkerRLTrainerConfig) -> LocalServerChild:
     """The local Tinker-compatible server's child for the run's model, started now."""
     say(f"starting the local Tinker-compatible server for {config.train.model_name}")
-    return process.LocalServerChild(model=config.train.model_name)
+    return process.LocalServerChild(model=config.train.model_name, engine=config.local_server.engine)
 
 
 def _write_records(run_dir: Path, config: PlatoonTinkerRLTrainerConfig, loaded: LoadedConfig | None) -> None:

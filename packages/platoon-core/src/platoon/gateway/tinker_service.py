@@ -181,10 +181,11 @@ def missing_client_config_error(exc: BaseException, *, base_url: str | None = No
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        request = getattr(current, "request", None)
-        path = getattr(getattr(request, "url", None), "path", None)
-        if getattr(current, "status_code", None) == 404 and str(path).endswith(CLIENT_CONFIG_PATH):
-            origin = _origin(request.url) or (_origin(base_url) if base_url else None)
+        url = getattr(getattr(current, "request", None), "url", None)
+        if getattr(current, "status_code", None) == 404 and str(getattr(url, "path", "")).endswith(
+            CLIENT_CONFIG_PATH
+        ):
+            origin = _origin(url) or (_origin(base_url) if base_url else None)
             break
         current = current.__cause__ or current.__context__
     else:

@@ -75,7 +75,7 @@ def test_each_rao_arm_evaluates_the_first_100_val_tasks(arm: str) -> None:
 def test_the_rao_settings_are_the_research_codes() -> None:
     config = _resolved("recipes/rao/single.yaml")
     train, workflow = config.train, config.train.workflow_config
-    assert (train.model_name, train.renderer_name) == ("Qwen/Qwen3-4B-Instruct-2507", "qwen3_instruct")
+    assert (train.model_name, train.renderer_name) == ("Qwen/Qwen3.5-4B", "qwen3_5_disable_thinking")
     assert (train.batch_size, workflow.group_size) == (16, 8)
     assert (train.max_training_steps, train.num_epochs, train.context_window_length) == (100, 30, 8192)
     assert (train.lora_rank, train.loss_fn) == (32, "cispo")

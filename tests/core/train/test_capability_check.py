@@ -239,13 +239,13 @@ def test_no_example_default_or_doc_names_a_model_hosted_tinker_retired():
     from platoon.startup.retired_models import RETIRED_MODELS
 
     places = [REPO / "README.md", *(REPO / folder for folder in ("docs", "examples", "recipes"))]
-    places += [path / "src" for path in (REPO / "packages").iterdir()]
+    places += list((REPO / "packages").iterdir())  # each package's code, configs and README
     named = []
     for place in places:
         files = (
             [place]
             if place.is_file()
-            else [p for p in place.rglob("*") if p.suffix in (".md", ".yaml", ".py")]
+            else [p for p in place.rglob("*") if p.suffix in (".md", ".yaml", ".toml", ".py")]
         )
         for path in files:
             if path.name == "retired_models.py":
@@ -288,3 +288,14 @@ def _sdk_losses() -> tuple[str, ...]:
     from platoon.startup.tinker import sdk_loss_fns
 
     return sdk_loss_fns()
+
+
+def test_a_retired_model_names_the_replacement_only_where_a_source_gives_one():
+    from platoon.startup.retired_models import retired
+
+    assert retired("Qwen/Qwen3-4B-Instruct-2507") == (
+        "hosted Tinker retired it on 2026-06-12 and recommends Qwen/Qwen3.5-4B (in non-thinking mode: "
+        "qwen3_5_disable_thinking)"
+    )
+    assert retired("Qwen/Qwen3-32B") == "hosted Tinker no longer serves it (not in its lineup of 2026-07-25)"
+    assert retired("Qwen/Qwen3-8B") is None  # still served

@@ -484,7 +484,7 @@ def load_tokenizer(kind: str, directory: str | os.PathLike[str]) -> Any:
     names = {
         "qwen3": "Qwen/Qwen3-8B",
         "qwen3_hf": "Qwen/Qwen3-8B",
-        "llama3": "meta-llama/Llama-3.1-8B-Instruct",
+        "llama3": "meta-llama/Llama-3.1-8B-Instruct",  # its tokenizer: hosted Tinker retired the model itself
         "deepseek_v3": "deepseek-ai/DeepSeek-V3.1",
         "gpt_oss": "openai/gpt-oss-20b",
     }

@@ -4,6 +4,8 @@ test_qwen3_numpy_vs_torch.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -173,9 +175,11 @@ def test_step_refuses_a_token_count_other_than_the_cache_batch() -> None:
     ],
     ids=["missing", "wrong-shape", "unexpected", "untied-head"],
 )
-def test_bad_weights_are_refused_naming_the_key(edit: object, message: str) -> None:
+def test_bad_weights_are_refused_naming_the_key(
+    edit: Callable[[dict[str, np.ndarray]], object], message: str
+) -> None:
     weights = initial_weights(TINY, 0)
-    edit(weights)  # type: ignore[operator]
+    edit(weights)
     with pytest.raises(ValueError, match=message):
         Qwen3Numpy(TINY, weights)
 

@@ -3,8 +3,10 @@
 The local server's numpy engine trains its toy model with this module, so the default environment needs no torch.
 It computes what `transformers.Qwen3ForCausalLM` computes (tied embeddings, RMSNorm, q/k norms per head before
 RoPE, grouped-query causal attention, SwiGLU, no biases) with the same weight names and shapes, so a state dict
-moves between the two unchanged. Everything is float32 and every matrix product goes through BLAS via `@`;
-tokens are never looped over in Python, and heads are batched.
+moves between the two unchanged. Everything is float32 (float64 only for gradient checks), every matrix product
+goes through BLAS via `@` with BLAS's own thread count, tokens are never looped over in Python, and heads are
+batched. Attention builds the full (length x length) scores, as transformers' eager attention does: fine for the
+toy model's sequences of hundreds of tokens.
 """
 
 from __future__ import annotations
@@ -284,7 +286,8 @@ class Qwen3Numpy:
     """A Qwen3ForCausalLM with tied embeddings over a dict of numpy weights, with gradients.
 
     `weights` holds the caller's arrays (converted only where the dtype differs), so an optimizer that updates them
-    in place updates the model. `dtype` float64 is for gradient checks; the server uses float32.
+    in place updates the model (training needs them writable). `dtype` float64 is for gradient checks; the server
+    uses float32. Not thread-safe: gradients accumulate in place, so a caller serialises its calls.
     """
 
     def __init__(
@@ -294,10 +297,10 @@ class Qwen3Numpy:
         self.dtype = np.dtype(dtype)
         self.weights = _checked_weights(dims, weights, self.dtype)
         self.grads: dict[str, Array] = {name: np.zeros_like(w) for name, w in self.weights.items()}
-        half = dims.head_dim // 2
+        # RoPE's inverse frequencies, computed as transformers computes them (in the model's dtype)
         self._inv_freq = (
             1.0 / (dims.rope_theta ** (np.arange(0, dims.head_dim, 2, dtype=self.dtype) / dims.head_dim))
-        ).astype(self.dtype)[:half]
+        ).astype(self.dtype)
 
     def zero_grad(self) -> None:
         """Reset every gradient to zero (in place)."""

@@ -293,7 +293,7 @@ class Qwen3Numpy:
 
     #: the most memory one block of attention scores takes; longer sequences are attended a block of queries at a
     #: time (a training batch of the toy model's usual lengths is one block)
-    attention_block_bytes = 64 << 20
+    attention_block_bytes = 4 << 20
 
     def __init__(
         self, dims: Qwen3Dims, weights: Mapping[str, Any], *, dtype: npt.DTypeLike = np.float32
@@ -531,14 +531,17 @@ class Qwen3Numpy:
         return range(0, rows, max(1, self.attention_block_bytes // row_bytes))
 
     def _scores(self, queries: Array, keys: Array, start: int, first: int, stop: int) -> Array:
-        """Scaled, causally masked scores of query rows first..stop-1 against every key: row r is the query of
-        position start + r // groups, which sees the keys up to it (-inf beyond, a softmax weight of exactly 0)."""
-        scores = queries[:, :, first:stop] @ keys.swapaxes(-1, -2)
-        scores *= scores.dtype.type(self.dims.head_dim**-0.5)
-        positions = start + np.arange(first, stop) // self.dims.groups
-        if positions[0] + 1 < keys.shape[2]:  # else every row sees every key (a decoding step)
-            future = np.arange(keys.shape[2])[None, :] > positions[:, None]
-            scores += np.where(future, -np.inf, 0.0).astype(scores.dtype)
+        """Scaled, causally masked scores of query rows first..stop-1 against the keys the last of them sees (the
+        result's width): row r is the query of position start + r // groups, which sees the keys up to it (-inf
+        beyond, a softmax weight of exactly 0)."""
+        groups = self.dims.groups
+        lowest, highest = start + first // groups, start + (stop - 1) // groups
+        scale = queries.dtype.type(self.dims.head_dim**-0.5)
+        scores = (queries[:, :, first:stop] * scale) @ keys[:, :, : highest + 1].swapaxes(-1, -2)
+        if highest > lowest:  # only the keys lowest+1 .. highest are hidden from some row
+            positions = start + np.arange(first, stop) // groups
+            future = np.arange(lowest, highest + 1)[None, :] > positions[:, None]
+            scores[..., lowest:] += np.where(future, -np.inf, 0.0).astype(scores.dtype)
         return scores
 
     def _attention(self, queries: Array, keys: Array, values: Array, start: int) -> tuple[Array, Array]:
@@ -553,10 +556,10 @@ class Qwen3Numpy:
             scores = self._scores(queries, keys, start, first, stop)
             top = scores.max(axis=-1, keepdims=True)
             scores -= top
-            probs = np.exp(scores, out=scores)
-            total = probs.sum(axis=-1, keepdims=True)
-            probs /= total
-            out[:, :, first:stop] = probs @ values
+            weights = np.exp(scores, out=scores)
+            total = weights.sum(axis=-1, keepdims=True)
+            # normalise the (rows, head_dim) output rather than the (rows, keys) weights: fewer elements
+            out[:, :, first:stop] = (weights @ values[:, :, : weights.shape[-1]]) / total
             logsumexp[:, :, first:stop] = (top + np.log(total))[..., 0]
         return out, logsumexp
 
@@ -573,16 +576,17 @@ class Qwen3Numpy:
         for first in blocks:
             stop = min(first + blocks.step, queries.shape[2])
             probs = self._scores(queries, keys, 0, first, stop)
+            seen = probs.shape[-1]
             probs -= t.logsumexp[:, :, first:stop, None]
             np.exp(probs, out=probs)
             grad_block = grad_out[:, :, first:stop]
-            grad_values += probs.swapaxes(-1, -2) @ grad_block
-            grad_scores = grad_block @ values.swapaxes(-1, -2)
+            grad_values[:, :, :seen] += probs.swapaxes(-1, -2) @ grad_block
+            grad_scores = grad_block @ values[:, :, :seen].swapaxes(-1, -2)
             grad_scores -= row_dots[:, :, first:stop, None]
             grad_scores *= probs
             grad_scores *= scale
-            grad_queries[:, :, first:stop] = grad_scores @ keys
-            grad_keys += grad_scores.swapaxes(-1, -2) @ queries[:, :, first:stop]
+            grad_queries[:, :, first:stop] = grad_scores @ keys[:, :, :seen]
+            grad_keys[:, :, :seen] += grad_scores.swapaxes(-1, -2) @ queries[:, :, first:stop]
         return grad_queries, grad_keys, grad_values
 
     def _backward(self, grad_hidden: Array, tape: _Tape) -> None:

@@ -670,8 +670,8 @@ class Qwen3Numpy:
         grad_qkv = np.empty((batch * length, q_width + 2 * kv_width), dtype=grad_x.dtype)
         grad_qkv[:, :q_width] = grad_q.reshape(batch * length, q_width)
         grad_qkv[:, q_width : q_width + kv_width] = grad_k.reshape(batch * length, kv_width)
-        grad_qkv[:, q_width + kv_width :].reshape(batch, length, kv_heads, head_dim)[...] = (
-            grad_values.transpose(0, 2, 1, 3)
+        grad_qkv[:, q_width + kv_width :] = grad_values.transpose(0, 2, 1, 3).reshape(
+            batch * length, kv_width
         )
         qkv_grad = grad_qkv.T @ t.normed_in
         g[prefix + "self_attn.q_proj.weight"] += qkv_grad[:q_width]

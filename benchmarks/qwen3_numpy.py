@@ -33,14 +33,18 @@ BATCH, LENGTH = 16, 64
 SAMPLES, NEW_TOKENS, PROMPT_LENGTH = 8, 64, 50
 
 
-def median_ms(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm-up: first-call allocations, lazy imports
-    times = []
+def interleaved_ms(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Each run's times in ms, the runs taking turns (after one warm-up each) so that a change in the machine's
+    load reaches all of them alike."""
+    for run in runs.values():
+        run()  # first-call allocations, lazy imports
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return times
 
 
 def main() -> None:
@@ -82,12 +86,10 @@ def main() -> None:
     def numpy_adamw() -> None:
         optimizer.step(model.weights, model.grads, **hyper)
 
-    rows = {
-        "numpy": (
-            median_ms(numpy_train, args.repeats),
-            median_ms(numpy_decode, args.repeats),
-            median_ms(numpy_adamw, args.repeats),
-        ),
+    runs: dict[str, Callable[[], object]] = {
+        "numpy train": numpy_train,
+        "numpy decode": numpy_decode,
+        "numpy adamw": numpy_adamw,
     }
     try:
         import torch
@@ -131,18 +133,18 @@ def main() -> None:
         def torch_adamw() -> None:
             torch_optimizer.step()
 
-        reference.train()
-        train_ms = median_ms(torch_train, args.repeats)
-        adamw_ms = median_ms(torch_adamw, args.repeats)  # the gradients torch_train left
-        reference.eval()
-        rows[f"torch ({args.torch_threads} threads)"] = (
-            train_ms,
-            median_ms(torch_decode, args.repeats),
-            adamw_ms,
-        )
-    print(f"{'engine':<22} {'train 16x64 ms':>15} {'decode 8x64 ms':>15} {'adamw ms':>10}")
-    for name, (train_ms, decode_ms, step_ms) in rows.items():
-        print(f"{name:<22} {train_ms:>15.1f} {decode_ms:>15.1f} {step_ms:>10.1f}")
+        torch_name = f"torch ({args.torch_threads} threads)"
+        runs |= {
+            f"{torch_name} train": lambda: (reference.train(), torch_train()),
+            f"{torch_name} decode": lambda: (reference.eval(), torch_decode()),
+            f"{torch_name} adamw": torch_adamw,
+        }
+    times = interleaved_ms(runs, args.repeats)
+    print(f"median (min) of {args.repeats} runs, in ms")
+    print(f"{'engine':<22} {'train 16x64':>15} {'decode 8x64':>15} {'adamw':>15}")
+    for engine in dict.fromkeys(name.rpartition(" ")[0] for name in runs):
+        cells = [times[f"{engine} {part}"] for part in ("train", "decode", "adamw")]
+        print(f"{engine:<22}" + "".join(f"{statistics.median(t):>8.1f} ({min(t):>5.1f})" for t in cells))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -534,9 +534,8 @@ def check_server_checkpoints(report: Report, url: str, final: dict[str, object])
 
 
 def sampler_weights_path(path: str) -> str:
-    """`tinker://<model>/sampler_weights/<name>`: hosted Tinker's spelling of a sampler checkpoint, which skyrl-tx
-    also accepts. skyrl-tx's save_weights_for_sampler answers `tinker://<model>/<name>`, which platoon records as
-    it is but `platoon eval` refuses as a model_path."""
+    """`tinker://<model>/sampler_weights/<name>`: how skyrl-tx's checkpoint listing spells a sampler checkpoint, whose
+    save_weights_for_sampler answers `tinker://<model>/<name>` (which platoon records as it is)."""
     parts = path.removeprefix("tinker://").split("/")
     if len(parts) == 2:
         return f"tinker://{parts[0]}/sampler_weights/{parts[1]}"
@@ -677,11 +676,9 @@ def run_checks(args: argparse.Namespace, workdir: Path, report: Report) -> int:
 
         if final is not None:
             check_server_checkpoints(report, url, final)
-            sampler_path = sampler_weights_path(str(final["sampler_path"]))
-            if sampler_path != final["sampler_path"]:
-                report.note(
-                    f"skyrl-tx answered sampler path {final['sampler_path']}; platoon eval gets {sampler_path}"
-                )
+            # the sampler path as skyrl-tx answered it (and platoon recorded it), short form and all
+            sampler_path = str(final["sampler_path"])
+            report.note(f"skyrl-tx answered sampler path {sampler_path}; platoon eval gets it as it is")
             section("platoon eval of the last checkpoint")
             eval_dir = workdir / "eval"
             shutil.rmtree(eval_dir, ignore_errors=True)

@@ -81,6 +81,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             close_session(service)
 
 
+def _rest(served: Served) -> Any:
+    """A REST client of the issued key, in the form platoon makes it on the installed SDK."""
+    return tinker_sdk.rest_client(
+        served.service, api_key=served.server.api_key, base_url=served.server.base_url
+    )
+
+
 def operations(served: Served) -> dict[str, tuple[str, str, dict[str, Any] | None]]:
     """What an intruder would send, shaped as the SDK sends it: (method, path, JSON body)."""
     model_id = served.training.model_id
@@ -134,7 +141,7 @@ def test_a_key_the_server_did_not_issue_is_refused_on_every_operation(served, ke
         assert message.startswith(expected), (name, message)
     assert CountingBackend.calls == [], "a refused request reached the model"
     # the checkpoint is still there, and nothing was saved under the intruder's name
-    rest = served.service.create_rest_client()
+    rest = _rest(served)
     saved = [c.checkpoint_id for c in rest.list_checkpoints(served.run_id).result().checkpoints]
     assert saved == ["weights/kept"]
 
@@ -150,14 +157,14 @@ def test_the_sdk_reports_a_refused_key_in_one_line(served):
 
 def test_the_issued_key_samples_trains_saves_loads_and_deletes(served):
     CountingBackend.calls.clear()
-    training, rest = served.training, served.service.create_rest_client()
+    training, rest = served.training, _rest(served)
     sampler = tinker_sdk.made(served.service.create_sampling_client(base_model=MODEL))
     prompt = types.ModelInput.from_ints([72, 105])
     sampled = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).result()
     assert len(sampled.sequences[0].tokens) <= 3
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     extra = training.save_state("extra").result().path
-    training.load_state(extra).result()
+    tinker_sdk.made(served.service.create_training_client_from_state(extra))
     rest.delete_checkpoint_from_tinker_path(extra).result()
     assert CountingBackend.calls == ["sample", "optim_step", "save", "load"]
     saved = [c.checkpoint_id for c in rest.list_checkpoints(served.run_id).result().checkpoints]

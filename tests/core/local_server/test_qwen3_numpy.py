@@ -49,8 +49,12 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def test_the_backward_matches_central_finite_differences_for_every_weight() -> None:
+@pytest.mark.parametrize(
+    "block_bytes", [Qwen3Numpy.attention_block_bytes, 1], ids=["one-block", "row-blocks"]
+)
+def test_the_backward_matches_central_finite_differences_for_every_weight(block_bytes: int) -> None:
     model = Qwen3Numpy(TINY, lively_weights(TINY, 0), dtype=np.float64)
+    model.attention_block_bytes = block_bytes  # 1: attention runs one query row at a time
     rng = np.random.default_rng(2)
     # lengths differ, so the padded batch is part of what is checked
     sequences = [rng.integers(0, 11, n).tolist() for n in (5, 3, 7)]
@@ -113,6 +117,25 @@ def test_a_padded_batch_gives_each_sequence_its_own_logprobs() -> None:
     for seq, target, batched in zip(sequences, targets, together, strict=True):
         (alone,) = model.logprobs([seq], [target])
         np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_in_blocks_of_query_rows_gives_the_same_results() -> None:
+    whole = Qwen3Numpy(TINY, lively_weights(TINY, 3))
+    blocked = Qwen3Numpy(TINY, lively_weights(TINY, 3))
+    blocked.attention_block_bytes = 3 * 4 * 40  # three rows of 40 keys at a time
+    rng = np.random.default_rng(8)
+    sequences = [rng.integers(0, 11, n).tolist() for n in (40, 23)]
+    targets = [rng.integers(0, 11, len(seq)) for seq in sequences]
+    coefficients = [rng.standard_normal(len(seq)).astype(np.float32) for seq in sequences]
+    for ours, theirs in zip(
+        blocked.logprobs_backward(sequences, targets, lambda lp: coefficients),
+        whole.logprobs_backward(sequences, targets, lambda lp: coefficients),
+        strict=True,
+    ):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    for name, grad in whole.grads.items():
+        np.testing.assert_allclose(blocked.grads[name], grad, rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(blocked.prefill(sequences[0])[0], whole.prefill(sequences[0])[0], atol=1e-5)
 
 
 def test_logprobs_are_the_log_softmax_of_the_prefill_logits() -> None:

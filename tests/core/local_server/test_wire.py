@@ -19,6 +19,7 @@ import zstandard
 from fake_backend import BigramBackend
 from tinker import types
 
+from platoon.gateway import tinker_sdk
 from platoon.local_server import LocalTinkerServer, wire_proto
 from platoon.local_server.backend import ModelBackend
 
@@ -29,11 +30,6 @@ SDK_SPEAKS_PROTO = importlib.util.find_spec("tinker.proto") is not None
 PROTO = wire_proto.PROTO_MEDIA_TYPE
 #: a hang guard only
 TIMEOUT = 60
-
-
-def ready(client: Any) -> Any:
-    """The client itself: SDK 0.38 hands out a future of it (0.16 the client)."""
-    return client if isinstance(client, tinker.TrainingClient | tinker.SamplingClient) else client.result()
 
 
 def datum(tokens: list[int] = PROMPT) -> types.Datum:
@@ -80,7 +76,7 @@ def test_the_sdk_trains_samples_and_saves_on_its_own_wire(server, monkeypatch):
     reference = ModelBackend.create(MODEL)
     service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
     try:
-        training = ready(service.create_lora_training_client(base_model=MODEL))
+        training = tinker_sdk.made(service.create_lora_training_client(base_model=MODEL))
         before = training.forward([d], "cross_entropy").result()
         expected = reference.forward([as_json(d)], "cross_entropy", None)
         assert before.loss_fn_outputs[0]["logprobs"].data == pytest.approx(
@@ -93,7 +89,7 @@ def test_the_sdk_trains_samples_and_saves_on_its_own_wire(server, monkeypatch):
         assert sum(after) > sum(before.loss_fn_outputs[0]["logprobs"].data) + 1e-3  # the step made d likelier
         state = training.save_state("wire").result().path
         weights = training.save_weights_for_sampler("wire").result().path
-        sampler = training.save_weights_and_get_sampling_client()
+        sampler = tinker_sdk.made(training.save_weights_and_get_sampling_client())
 
         params = types.SamplingParams(max_tokens=5, seed=7, temperature=1.0)
         first, again = (
@@ -120,14 +116,15 @@ def test_the_sdk_trains_samples_and_saves_on_its_own_wire(server, monkeypatch):
         assert sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()[1:] == pytest.approx(
             after, abs=1e-4
         )
-        from_disk = ready(service.create_sampling_client(model_path=weights))
+        from_disk = tinker_sdk.made(service.create_sampling_client(model_path=weights))
         assert from_disk.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()[1:] == pytest.approx(
             after, abs=1e-4
         )
-        resumed = ready(service.create_training_client_from_state_with_optimizer(state))
+        resumed = tinker_sdk.made(service.create_training_client_from_state_with_optimizer(state))
         resumed_logprobs = resumed.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].data
         assert resumed_logprobs == pytest.approx(after, abs=1e-5)
-        listed = service.create_rest_client().list_checkpoints(training.model_id).result().checkpoints
+        rest = tinker_sdk.rest_client(service, api_key=server.api_key, base_url=server.base_url)
+        listed = rest.list_checkpoints(training.model_id).result().checkpoints
         assert {c.tinker_path for c in listed} == {state, weights}
     finally:
         service.holder.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -184,10 +185,41 @@ def _sdk_cancels_samples() -> bool:
     return hasattr(InternalClientHolder, "enqueue_cancel")
 
 
+def _hold_long_samples(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold every sample past its first token in the server's decode loop until the returned event is set, or until
+    the sample is cancelled: the straggler's sample can then neither finish before the test looks at it nor outrun
+    the cutoff, however fast the machine (the quick rollout asks for one token and is never held)."""
+    from platoon.local_server import inflight, sampling
+
+    released = threading.Event()
+    tokens: dict[str | None, int] = {}
+    check = inflight.raise_if_cancelled
+
+    def held() -> None:
+        check()
+        request = inflight.running_request()
+        tokens[request] = tokens.get(request, 0) + 1
+        while tokens[request] > 1 and not released.wait(0.01):
+            check()  # a cancel still stops it
+
+    monkeypatch.setattr(sampling, "raise_if_cancelled", held)
+    return released
+
+
 @pytest.mark.slow
-def test_a_dropped_stragglers_sample_is_cancelled_on_the_server(site, local_server, capsys):
+def test_a_dropped_stragglers_sample_is_cancelled_on_the_server(site, local_server, capsys, monkeypatch):
     """Run with each SDK of the lock: 0.38 cancels the straggler's sample and the server stops it; 0.16.1 has no
     cancel, so the request is abandoned and runs on."""
+    released = _hold_long_samples(monkeypatch)
+    try:
+        _check_straggler(site, local_server, capsys)
+    finally:
+        for request in local_server.state.futures.busy_samples():  # the abandoned sample stops with the test
+            local_server.state.futures.cancel(request)
+        released.set()
+
+
+def _check_straggler(site: Path, local_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
     harness(STRAGGLES)(_straggles)
     _started[0] = 0
     _quick_answered[0] = False
@@ -209,7 +241,7 @@ def test_a_dropped_stragglers_sample_is_cancelled_on_the_server(site, local_serv
     metrics = [json.loads(line) for line in (_run_dir(log_path) / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["train/straggler_cancelled"] == 1.0
     if not _sdk_cancels_samples():
-        assert futures.cancelled == []  # abandoned: the server was never told, and still generates it
+        assert futures.cancelled == []  # abandoned: the server was never told, and still generates it (held)
         assert len(futures.busy_samples()) == 1
         return
     # the server's own record: the straggler's sample was cancelled, and nothing runs on its engine any more

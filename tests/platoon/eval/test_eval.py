@@ -656,6 +656,45 @@ def test_a_placeholder_model_path_is_refused_before_any_service_starts(workdir, 
     )
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tinker://run-1/sampler_weights/final",
+        "tinker://run-1/weights/000012",
+        # skyrl-tx's sampler path: the model id and the name, no `sampler_weights/` segment
+        "tinker://4f0c2a9e/final",
+    ],
+)
+def test_a_checkpoint_path_the_service_answered_is_taken(workdir, write_config, capsys, path):
+    config = write_config(number_search_eval())
+    argv = [str(config), "tinker_base_url=local", f"inference.model_path={path}"]
+    assert main(["config", "validate", *argv]) == 0
+    assert capsys.readouterr().out.startswith("ok ")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tinker://run-1",
+        "tinker://run-1/sampler_weights",
+        "tinker://run-1/weights/",
+        "tinker://run-1/sampler_weights/final/extra",
+        "tinker://run-1/latest/final",
+        "tinker://<run>/<name>",
+        "run-1/sampler_weights/final",
+    ],
+)
+def test_a_path_that_names_no_checkpoint_is_refused_in_one_line(workdir, write_config, capsys, path):
+    config = write_config(number_search_eval())
+    assert main(["config", "validate", str(config), f"inference.model_path={path}"]) == 78
+    said = capsys.readouterr().out.splitlines()[1:]
+    assert said == [
+        f"  inference.model_path: ValueError: {path!r} is not a checkpoint path: write "
+        "tinker://<run>/sampler_weights/<name> (a sampler_path of the training run's checkpoints.jsonl), or leave "
+        "it unset for the base model"
+    ]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A hosted OpenAI-compatible model
 

@@ -1,6 +1,7 @@
 """The Tinker settings training and evaluation configs share: which service (`tinker_base_url`), the embedded local
-server's engine (`local_server`) and the form of a checkpoint path (`tinker://<run>/<weights|sampler_weights>/<name>`),
-checked where the config is read. What a run refuses of the service before it starts is `platoon.startup.tinker`'s.
+server's engine (`local_server`) and the form of a checkpoint path (`tinker://<run>/<weights|sampler_weights>/<name>`,
+or skyrl-tx's `tinker://<run>/<name>`), checked where the config is read. What a run refuses of the service before it
+starts is `platoon.startup.tinker`'s.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ __all__ = [
 SDK_LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
 #: the kinds of checkpoint a `tinker://` path names (the Tinker SDK parses the same two)
 CHECKPOINT_KINDS = ("weights", "sampler_weights")
-#: `tinker://<run>/<kind>/<name>`; `<`, `>` and spaces mark a placeholder copied from the docs, never a real path
-_CHECKPOINT_PATH = re.compile(r"tinker://[^/\s<>]+/(?:weights|sampler_weights)/[^/\s<>]+")
+#: `tinker://<run>/<kind>/<name>`, or skyrl-tx's sampler path `tinker://<run>/<name>` (the name alone: a kind
+#: without its name is refused); `<`, `>` and spaces mark a placeholder copied from the docs, never a real path
+_CHECKPOINT_PATH = re.compile(
+    r"tinker://[^/\s<>]+/(?:(?:weights|sampler_weights)/[^/\s<>]+|(?!(?:weights|sampler_weights)$)[^/\s<>]+)"
+)
 
 
 def check_tinker_base_url(value: str | None) -> str | None:
@@ -41,7 +45,8 @@ def check_tinker_base_url(value: str | None) -> str | None:
 
 
 def check_checkpoint_path(value: str | None) -> str | None:
-    """A checkpoint to sample: None (the base model) or `tinker://<run>/<weights|sampler_weights>/<name>`.
+    """A checkpoint to sample: None (the base model), `tinker://<run>/<weights|sampler_weights>/<name>`, or
+    `tinker://<run>/<name>`, the sampler path skyrl-tx answers (it has no `sampler_weights/` segment).
 
     Checked before any service starts: a placeholder such as `tinker://...` would otherwise fail only once the
     service answers that it has no such checkpoint.

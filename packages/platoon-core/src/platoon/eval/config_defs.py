@@ -130,7 +130,9 @@ class InferenceConfig(ConfigModel):
     model_name: str = Field(min_length=1, description="the model evaluated")
     renderer_name: str | None = Field(None, description="a named renderer; None = no Tinker policy")
     model_path: str | None = Field(
-        None, description="a `tinker://<run>/sampler_weights/<name>` checkpoint; None = the base model"
+        None,
+        description="a `tinker://<run>/sampler_weights/<name>` checkpoint (skyrl-tx: `tinker://<run>/<name>`); None "
+        "= the base model",
     )
     renderer_kwargs: dict[str, Any] = Field(default_factory=dict, description="set as renderer attributes")
     sample_timeout_seconds: Float | None = Field(

@@ -24,6 +24,7 @@ from platoon.gateway.tinker_service import (
     KEY_VARIABLE,
     check_tinker_key,
     close_session,
+    missing_client_config_error,
     refused_key_error,
     uses_local_server,
     withheld_from_environment,
@@ -448,7 +449,9 @@ async def _sampling_client(spec: PolicySpec, base_url: str | None, api_key: str,
         return await tinker_sdk.call(service, "create_sampling_client", base_model=spec.model)
     except Exception as exc:
         close_session(service)  # a session that opened but gave no sampler must not heartbeat on
-        error = refused(exc, base_url=base_url, what="a sampling client")
+        error = refused(exc, base_url=base_url, what="a sampling client") or missing_client_config_error(
+            exc, base_url=base_url
+        )
         if error is not None:
             raise error from None
         # The service's answer (an unknown checkpoint, an unreachable server) in one line, not a traceback.

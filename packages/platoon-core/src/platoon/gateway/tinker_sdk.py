@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = [
+    "asks_client_config",
     "call",
     "checkpoint_deleter",
     "futures_sdk",
@@ -29,6 +30,8 @@ __all__ = [
 
 #: the first SDK whose plain methods all return awaitable futures (and whose `_async` methods warn)
 FUTURES_SDK = (0, 38)
+#: the first SDK that asks the service's `/api/v1/client/config` before its first call, and fails without it
+CLIENT_CONFIG_SDK = (0, 25)
 
 
 def installed_release() -> str | None:
@@ -52,6 +55,11 @@ def sdk_version() -> tuple[int, ...]:
 def futures_sdk() -> bool:
     """Whether the installed SDK's plain methods return awaitable futures (0.38 and later)."""
     return sdk_version() >= FUTURES_SDK
+
+
+def asks_client_config() -> bool:
+    """Whether the installed SDK asks the service's `/api/v1/client/config` before its first call (0.25 on)."""
+    return sdk_version() >= CLIENT_CONFIG_SDK
 
 
 async def call(client: Any, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from platoon.errors import ConfigError
+from platoon.gateway.tinker_sdk import CLIENT_CONFIG_SDK, installed_release
 
 __all__ = [
     "KEY_PREFIX",
@@ -25,6 +26,7 @@ __all__ = [
     "TinkerKeyError",
     "check_tinker_key",
     "close_session",
+    "missing_client_config_error",
     "refused_key_error",
     "uses_local_server",
     "withheld_from_environment",
@@ -40,6 +42,8 @@ MISSING = (
 )
 MALFORMED = f"{KEY_VARIABLE} must start with {KEY_PREFIX}, as the Tinker client requires"
 REFUSED_CODES = (401, 403)
+#: the route SDKs from 0.25 on ask before their first call (feature flags); servers such as skyrl-tx 0.3.0 lack it
+CLIENT_CONFIG_PATH = "/api/v1/client/config"
 DETAIL_LIMIT = 300
 _KEYLIKE = re.compile(r"tml-[A-Za-z0-9._~+/=-]*")
 
@@ -167,6 +171,31 @@ def refused_key_error(
     return TinkerKeyError(
         f"{where} refused {KEY_VARIABLE}{asked} (HTTP {status}: {detail}): "
         f"set {KEY_VARIABLE} to a key that service accepts"
+    )
+
+
+def missing_client_config_error(exc: BaseException, *, base_url: str | None = None) -> ConfigError | None:
+    """The one-line refusal (exit 78) for a service that answered the SDK's client-config request 404 (`exc` or a
+    cause along its chain), else None: the SDK raises its bare `NotFoundError` there, before any other call."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        url = getattr(getattr(current, "request", None), "url", None)
+        if getattr(current, "status_code", None) == 404 and str(getattr(url, "path", "")).endswith(
+            CLIENT_CONFIG_PATH
+        ):
+            origin = _origin(url) or (_origin(base_url) if base_url else None)
+            break
+        current = current.__cause__ or current.__context__
+    else:
+        return None
+    where = f"the Tinker service at {origin}" if origin else "the Tinker service"
+    first = ".".join(str(part) for part in CLIENT_CONFIG_SDK)
+    return ConfigError(
+        f"{where} does not answer {CLIENT_CONFIG_PATH}, which Tinker SDKs from {first} on need (tinker "
+        f"{installed_release()} is installed): for this server install tinker<{first}, e.g. uv add "
+        f"'tinker>=0.16.1,<{first}'"
     )
 
 

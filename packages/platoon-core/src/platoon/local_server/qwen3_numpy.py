@@ -3,8 +3,10 @@
 The local server's numpy engine trains its toy model with this module, so the default environment needs no torch.
 It computes what `transformers.Qwen3ForCausalLM` computes (tied embeddings, RMSNorm, q/k norms per head before
 RoPE, grouped-query causal attention, SwiGLU, no biases) with the same weight names and shapes, so a state dict
-moves between the two unchanged. Everything is float32 and every matrix product goes through BLAS via `@`;
-tokens are never looped over in Python, and heads are batched.
+moves between the two unchanged. Everything is float32 (float64 only for gradient checks), every matrix product
+goes through BLAS via `@` with BLAS's own thread count, tokens are never looped over in Python, and heads are
+batched. Attention runs a block of query rows at a time and keeps only each row's logsumexp for the backward,
+which recomputes the probabilities, so a long sequence costs bounded memory.
 """
 
 from __future__ import annotations
@@ -206,7 +208,8 @@ class _LayerTape:
     queries: Array
     keys: Array
     values: Array
-    probs: Array
+    heads_out: Array
+    logsumexp: Array
     attended: Array
     normed_mid: Array
     mid_hat: Array
@@ -284,8 +287,13 @@ class Qwen3Numpy:
     """A Qwen3ForCausalLM with tied embeddings over a dict of numpy weights, with gradients.
 
     `weights` holds the caller's arrays (converted only where the dtype differs), so an optimizer that updates them
-    in place updates the model. `dtype` float64 is for gradient checks; the server uses float32.
+    in place updates the model (training needs them writable). `dtype` float64 is for gradient checks; the server
+    uses float32. Not thread-safe: gradients accumulate in place, so a caller serialises its calls.
     """
+
+    #: the most memory one block of attention scores takes; longer sequences are attended a block of queries at a
+    #: time (a training batch of the toy model's usual lengths is one block)
+    attention_block_bytes = 4 << 20
 
     def __init__(
         self, dims: Qwen3Dims, weights: Mapping[str, Any], *, dtype: npt.DTypeLike = np.float32
@@ -294,10 +302,10 @@ class Qwen3Numpy:
         self.dtype = np.dtype(dtype)
         self.weights = _checked_weights(dims, weights, self.dtype)
         self.grads: dict[str, Array] = {name: np.zeros_like(w) for name, w in self.weights.items()}
-        half = dims.head_dim // 2
+        # RoPE's inverse frequencies, computed as transformers computes them (in the model's dtype)
         self._inv_freq = (
             1.0 / (dims.rope_theta ** (np.arange(0, dims.head_dim, 2, dtype=self.dtype) / dims.head_dim))
-        ).astype(self.dtype)[:half]
+        ).astype(self.dtype)
 
     def zero_grad(self) -> None:
         """Reset every gradient to zero (in place)."""
@@ -402,12 +410,11 @@ class Qwen3Numpy:
         batch, length = tokens.shape
         dims = self.dims
         cos, sin = self._rotary(0, length)
-        mask = self._causal_mask(0, length)
         flat = tokens.reshape(-1)
         x = self.weights[EMBEDDING][flat]
         layer_tapes: list[_LayerTape] = []
         for i in range(dims.num_hidden_layers):
-            x, layer_tape = self._layer(i, x, batch, length, (cos, sin), mask, None, tape)
+            x, layer_tape = self._layer(i, x, batch, length, (cos, sin), None, tape)
             if layer_tape is not None:
                 layer_tapes.append(layer_tape)
         out, final_hat, final_inv = _rms_norm(x, self.weights[FINAL_NORM], dims.rms_norm_eps)
@@ -422,7 +429,6 @@ class Qwen3Numpy:
         batch: int,
         length: int,
         rotary: tuple[Array, Array],
-        mask: Array | None,
         cache: KVCache | None,
         tape: bool,
     ) -> tuple[Array, _LayerTape | None]:
@@ -456,12 +462,13 @@ class Qwen3Numpy:
         k, k_hat, k_inv = _rms_norm(k, w[prefix + "self_attn.k_norm.weight"], eps)
         q = _rope(q, cos, sin)
         k = _rope(k, cos, sin)
-        # Query head h reads key-value head h // groups: lay queries out as (batch, kv head, group*length,
-        # head_dim) so one batched matmul per kv head covers its whole group.
+        # Query head h reads key-value head h // groups: lay queries out as (batch, kv head, length*groups,
+        # head_dim), row p*groups + j the query of position p in the group's head j, so one batched matmul per kv
+        # head covers its whole group and a block of rows is a block of positions.
         queries = (
             q.reshape(batch, length, kv_heads, groups, head_dim)
-            .transpose(0, 2, 3, 1, 4)
-            .reshape(batch, kv_heads, groups * length, head_dim)
+            .transpose(0, 2, 1, 3, 4)
+            .reshape(batch, kv_heads, length * groups, head_dim)
         )
         new_keys = np.ascontiguousarray(k.transpose(0, 2, 1, 3))
         new_values = np.ascontiguousarray(v.transpose(0, 2, 1, 3))
@@ -475,17 +482,10 @@ class Qwen3Numpy:
         else:
             keys, values = new_keys, new_values
 
-        scores = queries @ keys.swapaxes(-1, -2)
-        scores *= scores.dtype.type(head_dim**-0.5)
-        if mask is not None:
-            scores += mask
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores, out=scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        heads_out, logsumexp = self._attention(queries, keys, values, start)
         attended = (
-            (probs @ values)
-            .reshape(batch, kv_heads, groups, length, head_dim)
-            .transpose(0, 3, 1, 2, 4)
+            heads_out.reshape(batch, kv_heads, length, groups, head_dim)
+            .transpose(0, 2, 1, 3, 4)
             .reshape(batch * length, heads * head_dim)
         )
         x = x + attended @ w[prefix + "self_attn.o_proj.weight"].T
@@ -512,7 +512,8 @@ class Qwen3Numpy:
             queries=queries,
             keys=keys,
             values=values,
-            probs=probs,
+            heads_out=heads_out,
+            logsumexp=logsumexp,
             attended=attended,
             normed_mid=normed_mid,
             mid_hat=mid_hat,
@@ -523,15 +524,70 @@ class Qwen3Numpy:
             product=product,
         )
 
-    def _causal_mask(self, start: int, length: int) -> Array | None:
-        """The additive mask of `length` new positions after `start` cached ones, for the scores' (groups*length,
-        start+length) layout: query row r sits at position start + r % length and sees the keys up to it (-inf
-        beyond, so their softmax weight is exactly 0). None for one new position, which sees every key."""
-        if length == 1:
-            return None
-        query_positions = start + np.arange(self.dims.groups * length) % length
-        future = np.arange(start + length)[None, :] > query_positions[:, None]
-        return np.where(future, -np.inf, 0.0).astype(self.dtype)
+    def _row_blocks(self, queries: Array, keys: Array) -> range:
+        """Starts of the blocks of query rows whose scores fit `attention_block_bytes` (at least one row)."""
+        batch, kv_heads, rows, _ = queries.shape
+        row_bytes = batch * kv_heads * keys.shape[2] * queries.itemsize
+        return range(0, rows, max(1, self.attention_block_bytes // row_bytes))
+
+    def _scores(self, queries: Array, keys: Array, start: int, first: int, stop: int) -> Array:
+        """Scaled, causally masked scores of query rows first..stop-1 against the keys the last of them sees (the
+        result's width): row r is the query of position start + r // groups, which sees the keys up to it (-inf
+        beyond, a softmax weight of exactly 0)."""
+        groups = self.dims.groups
+        lowest, highest = start + first // groups, start + (stop - 1) // groups
+        scale = queries.dtype.type(self.dims.head_dim**-0.5)
+        scores = (queries[:, :, first:stop] * scale) @ keys[:, :, : highest + 1].swapaxes(-1, -2)
+        if highest > lowest:  # only the keys lowest+1 .. highest are hidden from some row
+            positions = start + np.arange(first, stop) // groups
+            future = np.arange(lowest, highest + 1)[None, :] > positions[:, None]
+            scores[..., lowest:] += np.where(future, -np.inf, 0.0).astype(scores.dtype)
+        return scores
+
+    def _attention(self, queries: Array, keys: Array, values: Array, start: int) -> tuple[Array, Array]:
+        """Causal softmax attention of (batch, kv heads, rows, head_dim) queries over keys and values, a block of
+        rows at a time (memory stays bounded for long sequences); returns the outputs and each row's logsumexp,
+        from which the backward recomputes the probabilities instead of keeping them."""
+        out = np.empty_like(queries)
+        logsumexp = np.empty(queries.shape[:3], dtype=queries.dtype)
+        blocks = self._row_blocks(queries, keys)
+        for first in blocks:
+            stop = min(first + blocks.step, queries.shape[2])
+            scores = self._scores(queries, keys, start, first, stop)
+            top = scores.max(axis=-1, keepdims=True)
+            scores -= top
+            weights = np.exp(scores, out=scores)
+            total = weights.sum(axis=-1, keepdims=True)
+            # normalise the (rows, head_dim) output rather than the (rows, keys) weights: fewer elements
+            out[:, :, first:stop] = (weights @ values[:, :, : weights.shape[-1]]) / total
+            logsumexp[:, :, first:stop] = (top + np.log(total))[..., 0]
+        return out, logsumexp
+
+    def _attention_backward(self, grad_out: Array, t: _LayerTape) -> tuple[Array, Array, Array]:
+        """The gradients of `_attention`'s queries, keys and values (training runs start at position 0)."""
+        queries, keys, values = t.queries, t.keys, t.values
+        # softmax backward: dS = P * (dP - rowsum(dP * P)), and rowsum(dP * P) = rowsum(grad_out * out)
+        row_dots = np.einsum("...i,...i->...", grad_out, t.heads_out)
+        grad_queries = np.empty_like(queries)
+        grad_keys = np.zeros_like(keys)
+        grad_values = np.zeros_like(values)
+        scale = queries.dtype.type(self.dims.head_dim**-0.5)
+        blocks = self._row_blocks(queries, keys)
+        for first in blocks:
+            stop = min(first + blocks.step, queries.shape[2])
+            probs = self._scores(queries, keys, 0, first, stop)
+            seen = probs.shape[-1]
+            probs -= t.logsumexp[:, :, first:stop, None]
+            np.exp(probs, out=probs)
+            grad_block = grad_out[:, :, first:stop]
+            grad_values[:, :, :seen] += probs.swapaxes(-1, -2) @ grad_block
+            grad_scores = grad_block @ values[:, :, :seen].swapaxes(-1, -2)
+            grad_scores -= row_dots[:, :, first:stop, None]
+            grad_scores *= probs
+            grad_scores *= scale
+            grad_queries[:, :, first:stop] = grad_scores @ keys[:, :, :seen]
+            grad_keys[:, :, :seen] += grad_scores.swapaxes(-1, -2) @ queries[:, :, first:stop]
+        return grad_queries, grad_keys, grad_values
 
     def _backward(self, grad_hidden: Array, tape: _Tape) -> None:
         """Backpropagate d(loss)/d(final hidden) through the model, adding into `grads`."""
@@ -583,26 +639,20 @@ class Qwen3Numpy:
         g[prefix + "post_attention_layernorm.weight"] += norm_grad
         grad_x += grad_mid
 
-        # attention: x_mid = x_in + o_proj(softmax(q k^T * scale + mask) v)
+        # attention: x_mid = x_in + o_proj(softmax(q k^T * scale + causal mask) v)
         g[prefix + "self_attn.o_proj.weight"] += grad_x.T @ t.attended
-        grad_attended = (
+        grad_heads = (
             (grad_x @ w[prefix + "self_attn.o_proj.weight"])
             .reshape(batch, length, kv_heads, groups, head_dim)
-            .transpose(0, 2, 3, 1, 4)
-            .reshape(batch, kv_heads, groups * length, head_dim)
+            .transpose(0, 2, 1, 3, 4)
+            .reshape(batch, kv_heads, length * groups, head_dim)
         )
-        grad_values = t.probs.swapaxes(-1, -2) @ grad_attended
-        grad_scores = grad_attended @ t.values.swapaxes(-1, -2)
-        grad_scores -= np.einsum("...i,...i->...", grad_scores, t.probs)[..., None]
-        grad_scores *= t.probs
-        grad_scores *= grad_scores.dtype.type(head_dim**-0.5)
-        grad_queries = grad_scores @ t.keys
-        grad_keys = grad_scores.swapaxes(-1, -2) @ t.queries
-        del grad_scores
+        grad_queries, grad_keys, grad_values = self._attention_backward(grad_heads, t)
+        del grad_heads
 
         grad_q = _rope_backward(
-            grad_queries.reshape(batch, kv_heads, groups, length, head_dim)
-            .transpose(0, 3, 1, 2, 4)
+            grad_queries.reshape(batch, kv_heads, length, groups, head_dim)
+            .transpose(0, 2, 1, 3, 4)
             .reshape(batch, length, heads, head_dim),
             tape.cos,
             tape.sin,
@@ -620,8 +670,8 @@ class Qwen3Numpy:
         grad_qkv = np.empty((batch * length, q_width + 2 * kv_width), dtype=grad_x.dtype)
         grad_qkv[:, :q_width] = grad_q.reshape(batch * length, q_width)
         grad_qkv[:, q_width : q_width + kv_width] = grad_k.reshape(batch * length, kv_width)
-        grad_qkv[:, q_width + kv_width :].reshape(batch, length, kv_heads, head_dim)[...] = (
-            grad_values.transpose(0, 2, 1, 3)
+        grad_qkv[:, q_width + kv_width :] = grad_values.transpose(0, 2, 1, 3).reshape(
+            batch * length, kv_width
         )
         qkv_grad = grad_qkv.T @ t.normed_in
         g[prefix + "self_attn.q_proj.weight"] += qkv_grad[:q_width]
@@ -663,10 +713,9 @@ class Qwen3Numpy:
         self._check_ids(ids)
         cache.reserve(length)
         cos, sin = self._rotary(cache.length, length)
-        mask = self._causal_mask(cache.length, length)
         x = self.weights[EMBEDDING][ids.reshape(-1)]
         for i in range(self.dims.num_hidden_layers):
-            x, _ = self._layer(i, x, batch, length, (cos, sin), mask, cache, False)
+            x, _ = self._layer(i, x, batch, length, (cos, sin), cache, False)
         cache.length += length
         hidden, _, _ = _rms_norm(x, self.weights[FINAL_NORM], self.dims.rms_norm_eps)
         logits: Array = (hidden @ self.weights[EMBEDDING].T).reshape(batch, length, -1)

@@ -6,6 +6,8 @@ SDKs from 0.25 on); platoon's local server adds the loss functions it computes (
 that lists no losses is asked with a one-datum `forward` of the configured loss on the run's training client: it
 changes no weights, and a 4xx answer means the service would refuse every update. `platoon config validate` asks
 the same answer where it can reach the service (it creates no training client, so it cannot probe a loss).
+Where the installed SDK asks the service's client-config route before its first call (0.25 on), `config validate`
+and `platoon eval` ask it too, and a service without it (skyrl-tx 0.3.0) is refused naming the SDK to install.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
 from platoon.extras import installed
-from platoon.gateway.tinker_service import check_tinker_key, refused_key_error, uses_local_server
+from platoon.gateway.tinker_sdk import asks_client_config, installed_release
+from platoon.gateway.tinker_service import (
+    CLIENT_CONFIG_PATH,
+    check_tinker_key,
+    missing_client_config_error,
+    refused_key_error,
+    uses_local_server,
+)
 from platoon.startup.retired_models import retired
 
 if TYPE_CHECKING:
@@ -32,6 +41,7 @@ __all__ = [
     "TrainingServiceCheck",
     "ask_capabilities",
     "capability_problems",
+    "client_config_problem",
     "loss_probe_problem",
     "policy_problems",
     "service_name",
@@ -107,15 +117,7 @@ async def ask_capabilities(
     """The service's capabilities answer, asked with the SDK's own HTTP client (its default URL, headers and
     proxies). The SDK's typed answer drops the fields it does not know (the local server's `supported_loss_fns`),
     so the answer is read as JSON; a service without the route (404) answers no capabilities."""
-    from tinker._client import AsyncTinker
-
-    kwargs: dict[str, Any] = {"api_key": api_key, "max_retries": max_retries, "timeout": timeout}
-    if api_key is not None:
-        # the key also as the header older SDKs send it in (the trainer withholds TINKER_API_KEY from its env)
-        kwargs["default_headers"] = {"X-API-Key": api_key}
-    if base_url is not None:
-        kwargs["base_url"] = base_url
-    client = AsyncTinker(**kwargs)
+    client = _http_client(base_url, api_key, max_retries=max_retries, timeout=timeout)
     try:
         answer = await client.get(CAPABILITIES_PATH, cast_to=object)
     except Exception as exc:
@@ -125,6 +127,35 @@ async def ask_capabilities(
     finally:
         await client.close()
     return Capabilities.from_answer(answer)
+
+
+def _http_client(base_url: str | None, api_key: str | None, *, max_retries: int, timeout: float) -> Any:
+    """The SDK's own HTTP client of the service (its default URL, headers and proxies)."""
+    from tinker._client import AsyncTinker
+
+    kwargs: dict[str, Any] = {"api_key": api_key, "max_retries": max_retries, "timeout": timeout}
+    if api_key is not None:
+        # the key also as the header older SDKs send it in (the trainer withholds TINKER_API_KEY from its env)
+        kwargs["default_headers"] = {"X-API-Key": api_key}
+    if base_url is not None:
+        kwargs["base_url"] = base_url
+    return AsyncTinker(**kwargs)
+
+
+async def client_config_problem(base_url: str | None, api_key: str | None) -> str | None:
+    """The one-line refusal of a service that lacks the client-config route the installed SDK asks before its first
+    call (0.25 on; none is asked before), else None: `config validate` says what the start would meet."""
+    if not asks_client_config():
+        return None
+    client = _http_client(base_url, api_key, max_retries=0, timeout=VALIDATE_TIMEOUT_SECONDS)
+    try:
+        await client.post(CLIENT_CONFIG_PATH, body={"sdk_version": installed_release()}, cast_to=object)
+    except Exception as exc:  # anything but a missing route is left for the start to meet
+        missing = missing_client_config_error(exc, base_url=base_url)
+        return missing.problems[0] if missing is not None else None
+    finally:
+        await client.close()
+    return None
 
 
 def capability_problems(
@@ -326,6 +357,9 @@ def service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
     except ConfigError:  # the preflight said so already
         return []
     base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or None
+    missing_route = asyncio.run(client_config_problem(base_url, api_key))
+    if missing_route is not None:
+        return [missing_route]
     capabilities = asyncio.run(_answer_once(base_url, api_key))
     if capabilities is None:
         return []
@@ -342,9 +376,10 @@ def service_problems(config: PlatoonTinkerRLTrainerConfig) -> list[str]:
 
 async def policy_problems(spec: PolicySpec) -> list[str]:
     """An evaluation's capability check of the Tinker service its policy samples (`platoon eval` and `config
-    validate`; not the local server, not a hosted model): a base model the service does not serve or cannot
-    sample, a context window past the model's. A checkpoint (`inference.model_path`) is the service's to open."""
-    if spec.backend != "tinker" or spec.model_path is not None or uses_local_server(spec.base_url):
+    validate`; not the local server, not a hosted model): a service without the route the installed SDK asks
+    first, a base model the service does not serve or cannot sample, a context window past the model's. A
+    checkpoint (`inference.model_path`) is the service's to open."""
+    if spec.backend != "tinker" or uses_local_server(spec.base_url):
         return []
     if not installed("tinker"):
         return []
@@ -353,6 +388,11 @@ async def policy_problems(spec: PolicySpec) -> list[str]:
     except ConfigError:  # the key check says so
         return []
     base_url = spec.tinker_base_url()
+    missing_route = await client_config_problem(base_url, api_key)
+    if missing_route is not None:
+        return [missing_route]
+    if spec.model_path is not None:
+        return []
     capabilities = await _answer_once(base_url, api_key)
     if capabilities is None:
         return []

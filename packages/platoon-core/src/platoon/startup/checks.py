@@ -49,8 +49,11 @@ def run_problems(config: Any, *, kind: str) -> list[str]:
         problems += training_problems(config)  # the gateway's limits among them
     else:
         problems += gateway_limit_problems()
-        # A Tinker policy (no hosted model) samples the local server the config names.
-        if config.inference.hosted is None and uses_local_server(config.tinker_base_url):
+        # A Tinker policy (no hosted model) samples the local server the config names; `platoon rollout` checks a
+        # training config here too, which has no inference section.
+        inference = getattr(config, "inference", None)
+        hosted = inference.hosted if inference is not None else None
+        if hosted is None and uses_local_server(config.tinker_base_url):
             engine = local_engine_problem(config.local_server.engine)
             problems += [engine] if engine is not None else []
     return problems

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from platoon.gateway import tinker_sdk
-from platoon.gateway.tinker_service import refused_key_error
+from platoon.gateway.tinker_service import missing_client_config_error, refused_key_error
 from platoon.train.tinker.heartbeat import say
 
 if TYPE_CHECKING:
@@ -19,11 +19,14 @@ __all__ = ["call_service", "training_client"]
 
 
 async def call_service[T](what: str, base_url: str | None, make: Callable[[], Awaitable[T]]) -> T:
-    """Await `make()`; a 401/403 from the service becomes the one-line key refusal."""
+    """Await `make()`; a 401/403 from the service becomes the one-line key refusal, a service without the route
+    the installed SDK asks first the one-line refusal that names the SDK to install."""
     try:
         return await make()
     except Exception as exc:
-        refused = refused_key_error(exc, base_url=base_url, what=what)
+        refused = refused_key_error(exc, base_url=base_url, what=what) or missing_client_config_error(
+            exc, base_url=base_url
+        )
         if refused is not None:
             raise refused from None
         raise

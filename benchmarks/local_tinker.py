@@ -9,7 +9,8 @@ resident memory (VmHWM), for each engine, then the numpy/torch ratio against iss
 `--bandit` instead times `platoon train examples/bandit/train.yaml` end to end for each engine (wall time and the
 final step's mean reward); issue 41's target is the numpy run at most 1.3x the torch run.
 
-Both engines need the torch engine's environment (the dev environment has no torch):
+Without `--engine` it measures both engines where torch is installed, and the numpy engine alone (saying so) in the
+dev environment, which has no torch. Both, in the torch engine's environment:
 
     UV_PROJECT_ENVIRONMENT=.venv-torch uv sync --frozen --all-packages --group torch-engine
     UV_PROJECT_ENVIRONMENT=.venv-torch uv run --frozen --all-packages --group torch-engine \\
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import queue
@@ -235,6 +237,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="bandit runs per engine")
     args = parser.parse_args()
     engines = list(dict.fromkeys(args.engine or ENGINES))
+    if not args.engine and importlib.util.find_spec("torch") is None:
+        engines = ["numpy"]
+        print(
+            "torch is not installed here: measuring the numpy engine only (both engines: UV_PROJECT_ENVIRONMENT="
+            ".venv-torch uv run --frozen --all-packages --group torch-engine python benchmarks/local_tinker.py)"
+        )
 
     measured: dict[str, float] = {}
     if args.bandit:

@@ -253,6 +253,19 @@ def banner(
     return [*lines, f"checkpoints in {where}; Ctrl-C stops the server", url_line, key_line]
 
 
+#: the BLAS thread count the numpy engine's server runs with, unless the environment sets one: the toy model's
+#: matrices are too small for several threads to pay, and OpenBLAS's default (a thread per core, spinning) made a
+#: training step several times slower on a busy 2-core machine (benchmarks/qwen3_numpy.py, docs/local-server.md)
+NUMPY_ENGINE_BLAS_THREADS = "1"
+
+
+def limit_blas_threads() -> None:
+    """Give numpy's OpenBLAS `NUMPY_ENGINE_BLAS_THREADS` threads, where the user set no count and numpy is not yet
+    imported (OpenBLAS reads the variable once, when numpy loads it)."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", NUMPY_ENGINE_BLAS_THREADS)
+
+
 def serve_foreground(
     *,
     host: str = "127.0.0.1",
@@ -274,6 +287,8 @@ def serve_foreground(
     them ready (a request that needs them meanwhile waits for the warm-up).
     """
     check_listening(host, api_key)
+    if engine == "numpy":
+        limit_blas_threads()
     directory = Path(state_dir) if state_dir is not None else default_state_dir()
     directory.mkdir(parents=True, exist_ok=True)
     server = LocalTinkerServer(

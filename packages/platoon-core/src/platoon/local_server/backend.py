@@ -20,7 +20,7 @@ import numpy as np
 
 from platoon.local_server import losses, qwen3_numpy
 from platoon.local_server.engines import DEFAULT_ENGINE, AdamParams, Engine, ModelShape, build_engine
-from platoon.local_server.sampling import SamplingParams, decode
+from platoon.local_server.sampling import SamplingParams, decode, log_softmax
 from platoon.renderers.tokenizers import get_tokenizer
 from platoon.renderers.toy import TOY_MODEL_NAME, TOY_TOKENIZER_DIR
 
@@ -280,7 +280,7 @@ class ModelBackend:
             # Position i's logits predict token i+1; the first prompt token has no logprob.
             if not (prompt_logprobs or topk_prompt_logprobs > 0):
                 return
-            log_probs = _log_softmax(logits[:-1])
+            log_probs = log_softmax(np.asarray(logits[:-1], dtype=np.float32))
             if prompt_logprobs:
                 targets = np.asarray(prompt_tokens[1:], dtype=np.int64)
                 picked = np.take_along_axis(log_probs, targets[:, None], axis=-1)[:, 0]
@@ -360,8 +360,8 @@ class ModelBackend:
         if not weights_file.is_file():
             if (directory / OLD_WEIGHTS_FILE).is_file():
                 raise ValueError(
-                    f"the checkpoint at {path} is in the torch format of platoon before 0.2 ({OLD_WEIGHTS_FILE}), "
-                    "which this server does not read: train again from the base model (or load it with platoon 0.1)"
+                    f"the checkpoint at {path} is in the torch-only format ({OLD_WEIGHTS_FILE}) of local servers "
+                    "before the numpy engine, which this server does not read: train again from the base model"
                 )
             raise FileNotFoundError(f"no checkpoint at {path}")
         optimizer_file = directory / OPTIMIZER_FILE
@@ -380,12 +380,6 @@ class ModelBackend:
         """A checkpoint's `meta.json` (base model, engine, LoRA settings), for `weights_info`."""
         meta: dict[str, Any] = json.loads((Path(path) / META_FILE).read_text("utf-8"))
         return meta
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    values = np.asarray(logits, dtype=np.float32)
-    shifted = values - values.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 # -- wire helpers -----------------------------------------------------------------------------------------------

@@ -300,7 +300,7 @@ class Qwen3Numpy:
     ) -> None:
         self.dims = dims
         self.dtype = np.dtype(dtype)
-        self.weights = _checked_weights(dims, weights, self.dtype)
+        self.weights = checked_weights(dims, weights, self.dtype)
         self.grads: dict[str, Array] = {name: np.zeros_like(w) for name, w in self.weights.items()}
         # RoPE's inverse frequencies, computed as transformers computes them (in the model's dtype)
         self._inv_freq = (
@@ -736,7 +736,7 @@ def _target_logprobs(logits: Array, targets: Array, *, keep_probs: bool) -> tupl
     return picked, exps
 
 
-def _checked_weights(dims: Qwen3Dims, weights: Mapping[str, Any], dtype: np.dtype[Any]) -> dict[str, Array]:
+def checked_weights(dims: Qwen3Dims, weights: Mapping[str, Any], dtype: np.dtype[Any]) -> dict[str, Array]:
     """The weights as arrays of `dtype` (no copy when they already are), in `weight_shapes` order; a missing,
     unexpected or misshapen key is a ValueError naming it. A tied `lm_head.weight` must equal the embedding.
     """

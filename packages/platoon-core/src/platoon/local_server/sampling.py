@@ -96,16 +96,17 @@ def sampling_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         drop = np.empty_like(before, dtype=bool)
         np.put_along_axis(drop, order, before >= params.top_p, axis=-1)
         scaled = np.where(drop, -np.inf, scaled).astype(np.float32)
-    return _log_softmax(scaled)
+    return log_softmax(scaled)
 
 
-def _log_softmax(values: np.ndarray) -> np.ndarray:
+def log_softmax(values: np.ndarray) -> np.ndarray:
+    """log_softmax over the last axis, in float32."""
     shifted = values - values.max(axis=-1, keepdims=True)
     return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
 
 
 def _softmax(values: np.ndarray) -> np.ndarray:
-    return np.exp(_log_softmax(values))
+    return np.exp(log_softmax(values))
 
 
 def pick(

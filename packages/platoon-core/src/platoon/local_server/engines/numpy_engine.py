@@ -84,18 +84,9 @@ class NumpyEngine:
         return _own_copy(self.model.weights)
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
-        own = self.model.weights
-        missing = sorted(set(own) - set(weights))
-        unknown = sorted(set(weights) - set(own) - {"lm_head.weight"})
-        if missing or unknown:
-            raise ValueError(
-                f"the weights do not fit the model: missing {missing[:3]}, unknown {unknown[:3]}"
-            )
-        for name, current in own.items():
-            value = weights[name]
-            if value.shape != current.shape:
-                raise ValueError(f"weight {name} has shape {value.shape}, the model's is {current.shape}")
-            current[...] = value
+        checked = qwen3_numpy.checked_weights(self.dims, weights, np.dtype(np.float32))
+        for name, current in self.model.weights.items():
+            current[...] = checked[name]
         self.drop_gradient()
         self._optimizer = None
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from platoon.local_server.engines.base import MISSING_TORCH, AdamParams, LossGradient, NonFiniteGradient
+from platoon.local_server.qwen3_numpy import checked_weights
 
 if TYPE_CHECKING:
     from platoon.local_server.qwen3_numpy import Qwen3Dims
@@ -198,21 +199,10 @@ class TorchEngine:
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:
         torch = import_torch()
-        own = dict(self.model.named_parameters())
-        missing = sorted(set(own) - set(weights))
-        unknown = sorted(set(weights) - set(own) - {"lm_head.weight"})
-        if missing or unknown:
-            raise ValueError(
-                f"the weights do not fit the model: missing {missing[:3]}, unknown {unknown[:3]}"
-            )
+        checked = checked_weights(self.dims, weights, np.dtype(np.float32))
         with torch.no_grad():
-            for name, param in own.items():
-                value = weights[name]
-                if tuple(value.shape) != tuple(param.shape):
-                    raise ValueError(
-                        f"weight {name} has shape {value.shape}, the model's is {tuple(param.shape)}"
-                    )
-                param.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)))
+            for name, param in self.model.named_parameters():
+                param.copy_(torch.from_numpy(np.ascontiguousarray(checked[name])))
         self.drop_gradient()
         self._optimizer = None
 

@@ -1,6 +1,8 @@
 """`platoon train` on number search end to end: the quickstart example on the local Tinker-compatible server, with
-rollouts sampled in process from a scripted policy (`platoon.testing.serve_policy`) that plays binary search on
-some turns and guesses at random on others, so rewards differ within a group and every step trains.
+rollouts sampled in process from a scripted policy (`platoon.testing.serve_policy`) that, on a rollout's first turn,
+either gives up at once (an answer with no guess: reward 0) or starts a binary search, which always finds the number
+within the 11 turns allowed (reward 1). Each rollout picks at random, so a group of 8 has both rewards (and its step
+trains) unless all 8 pick alike, which happens to both groups of a step with odds of 1 in 16,384.
 
 The run takes steps, writes a checkpoint each step, evaluates at the configured steps, is killed with SIGKILL in
 the middle of a step, and resumes without losing a checkpoint or evaluating a step twice.
@@ -36,10 +38,12 @@ DRIVER = textwrap.dedent(
 
 
     def searcher(prompt: str) -> str:
-        """Half the turns a binary-search guess (replaying the feedback so far), half a random one in range."""
-        low, high = open_range(prompt, react_guesses(prompt))
-        guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
-        return "\\n" + tool_call("guess", {"number": guess})
+        """On a first turn, give up half the time; otherwise the binary-search guess (replaying the feedback)."""
+        guesses = react_guesses(prompt)
+        if not guesses and rng.random() < 0.5:
+            return "\\nI give up."
+        low, high = open_range(prompt, guesses)
+        return "\\n" + tool_call("guess", {"number": (low + high) // 2})
 
 
     with serve_policy(searcher):
@@ -62,7 +66,7 @@ def _argv(log_path: Path, steps: int) -> list[str]:
         "train.batch_size=2",
         "train.workflow_config.group_size=8",
         f"train.max_training_steps={steps}",
-        "train.workflow_config.rollout_config.max_steps=8",
+        "train.workflow_config.rollout_config.max_steps=11",  # 0..1024 in 11 halvings
         "checkpoint.every=1",
         "eval.every=2",
         "eval.workflow_config.group_size=1",
@@ -127,7 +131,7 @@ def test_number_search_trains_evaluates_and_resumes_after_sigkill(tmp_path: Path
 
     steps = [row for row in _rows(run / "metrics.jsonl") if "train/step" in row]
     assert sorted({row["step"] for row in steps}) == [1, 2, 3, 4, 5, 6]
-    # every step trained: the scripted policy's rewards differ within a group
+    # every step trained: the searchers that gave up and those that searched differ in reward
     assert all(row["train/batch/optimizer_updates"] == 1.0 for row in steps)
     assert any(0.0 < row["train/batch/task_reward/avg"] < 1.0 for row in steps)
     for row in steps:  # per group: the best of its 8 rollouts, their mean, the worst

@@ -4,6 +4,7 @@ test_qwen3_numpy_vs_torch.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -50,10 +51,18 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "block_bytes", [Qwen3Numpy.attention_block_bytes, 1], ids=["one-block", "row-blocks"]
+    ("block_bytes", "dims"),
+    [
+        (Qwen3Numpy.attention_block_bytes, TINY),
+        (1, TINY),
+        (Qwen3Numpy.attention_block_bytes, dataclasses.replace(TINY, tie_word_embeddings=False)),
+    ],
+    ids=["one-block", "row-blocks", "own-head"],
 )
-def test_the_backward_matches_central_finite_differences_for_every_weight(block_bytes: int) -> None:
-    model = Qwen3Numpy(TINY, lively_weights(TINY, 0), dtype=np.float64)
+def test_the_backward_matches_central_finite_differences_for_every_weight(
+    block_bytes: int, dims: Qwen3Dims
+) -> None:
+    model = Qwen3Numpy(dims, lively_weights(dims, 0), dtype=np.float64)
     model.attention_block_bytes = block_bytes  # 1: attention runs one query row at a time
     rng = np.random.default_rng(2)
     # lengths differ, so the padded batch is part of what is checked

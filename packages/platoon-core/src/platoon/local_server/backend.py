@@ -12,13 +12,13 @@ import json
 import math
 import os
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from platoon.local_server import losses, qwen3_numpy
+from platoon.local_server import losses, pretrained, qwen3_numpy
 from platoon.local_server.engines import DEFAULT_ENGINE, AdamParams, Engine, ModelShape, build_engine
 from platoon.local_server.sampling import SamplingParams, decode, log_softmax
 from platoon.renderers.tokenizers import get_tokenizer
@@ -44,10 +44,10 @@ ADAM_DEFAULTS: dict[str, float] = {
     "grad_clip_norm": 0.0,
 }
 
-LORA_NOTE = (
-    "platoon local server: a tiny randomly initialised model; LoRA settings are recorded but every weight is "
-    "trained (no adapters)"
-)
+#: what `get_info` says the model is; LoRA settings are recorded but every weight trains (no adapters)
+TOY_NOTE = "platoon local server: a tiny randomly initialised model"
+CHECKPOINT_NOTE = "platoon local server: the Qwen3 checkpoint in {directory}"
+FULL_TRAINING_NOTE = "; LoRA settings are recorded but every weight is trained (no adapters)"
 
 #: the weights under transformers' Qwen3ForCausalLM names, which every engine reads
 WEIGHTS_FILE = "model.safetensors"
@@ -115,18 +115,31 @@ class ModelBackend:
         shape: ModelShape | None = None,
         engine: str = DEFAULT_ENGINE,
     ) -> ModelBackend:
-        """A fresh model for `base_model` on the engine named `engine`: its tokenizer's vocabulary, weights seeded
-        from the name (the same on every engine).
+        """A fresh model for `base_model` on the engine named `engine`: a Hugging Face Qwen3 checkpoint's weights
+        when `base_model` is its directory (`pretrained`), else the toy model of `shape` over the tokenizer's
+        vocabulary, with weights seeded from the name (the same on every engine).
 
         `seed` (the LoRA seed of `create_model`) is recorded only: the base weights must not depend on it, so a
         training client and a base-model sampler of one name start from the same weights.
         """
-        shape = shape or ModelShape()
+        directory = pretrained.checkpoint_directory(base_model)
+        # the checkpoint before the tokenizer: transformers' loader also reads its config, less clearly
+        checkpoint = pretrained.load_checkpoint(directory) if directory is not None else None
         tokenizer = get_tokenizer(base_model)
-        dims = qwen3_numpy.Qwen3Dims.from_shape(
-            shape, len(tokenizer), pad_token_id=getattr(tokenizer, "pad_token_id", None)
-        )
-        weights = qwen3_numpy.initial_weights(dims, base_seed(base_model))
+        if checkpoint is not None:
+            dims, weights = checkpoint
+            if len(tokenizer) > dims.vocab_size:
+                raise pretrained.CheckpointError(
+                    f"{directory}: its tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary "
+                    f"of {dims.vocab_size}"
+                )
+            shape = ModelShape(**{field.name: getattr(dims, field.name) for field in fields(ModelShape)})
+        else:
+            shape = shape or ModelShape()
+            dims = qwen3_numpy.Qwen3Dims.from_shape(
+                shape, len(tokenizer), pad_token_id=getattr(tokenizer, "pad_token_id", None)
+            )
+            weights = qwen3_numpy.initial_weights(dims, base_seed(base_model))
         built = build_engine(engine, dims, weights)
         return cls(base_model, built, tokenizer, lora_rank=lora_rank, seed=seed, shape=shape)
 
@@ -152,8 +165,14 @@ class ModelBackend:
             "tokenizer_id": self.tokenizer_dir,
             "is_lora": self.lora_rank is not None,
             "lora_rank": self.lora_rank,
-            "note": LORA_NOTE,
+            "note": self.note,
         }
+
+    @property
+    def note(self) -> str:
+        directory = pretrained.checkpoint_directory(self.base_model)
+        what = TOY_NOTE if directory is None else CHECKPOINT_NOTE.format(directory=directory)
+        return what + FULL_TRAINING_NOTE
 
     @property
     def vocab_size(self) -> int:

@@ -1,8 +1,8 @@
 """transformers' Qwen3 decoder in numpy: forward, a hand-written backward, KV-cache decoding and AdamW.
 
 The local server's numpy engine trains its toy model with this module, so the default environment needs no torch.
-It computes what `transformers.Qwen3ForCausalLM` computes (tied embeddings, RMSNorm, q/k norms per head before
-RoPE, grouped-query causal attention, SwiGLU, no biases) with the same weight names and shapes, so a state dict
+It computes what `transformers.Qwen3ForCausalLM` computes (the head tied to the embedding or its own, RMSNorm, q/k
+norms per head before RoPE, grouped-query causal attention, SwiGLU, no biases) with the same weight names and shapes, so a state dict
 moves between the two unchanged. Everything is float32 (float64 only for gradient checks), every matrix product
 goes through BLAS via `@` with BLAS's own thread count, tokens are never looped over in Python, and heads are
 batched. Attention runs a block of query rows at a time and keeps only each row's logsumexp for the backward,
@@ -27,8 +27,8 @@ DEFAULT_ROPE_THETA = 10000.0
 #: `Qwen3Config.initializer_range`: the standard deviation of initial embedding and linear weights
 INITIALIZER_RANGE = 0.02
 
-#: transformers' `state_dict()` of a tied model also lists the head under this name (the embedding's tensor)
-TIED_HEAD = "lm_head.weight"
+#: the output head's weight; transformers' `state_dict()` of a tied model lists the embedding's tensor under it too
+HEAD = "lm_head.weight"
 EMBEDDING = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 
@@ -57,7 +57,8 @@ class Qwen3Dims:
     """The sizes and constants of a Qwen3 model, as in `Qwen3Config`.
 
     `pad_token_id` is the embedding's `padding_idx` in transformers: that row starts at zero and gets no gradient
-    from the input lookup (the tied head still trains it). None: no such row.
+    from the input lookup (a tied head still trains it). None: no such row. `tie_word_embeddings` False gives the
+    model its own output head, `lm_head.weight` (Qwen3 from 8B up; the toy model and the small ones tie it).
     """
 
     vocab_size: int
@@ -71,6 +72,7 @@ class Qwen3Dims:
     rope_theta: float = DEFAULT_ROPE_THETA
     max_position_embeddings: int = 32768
     pad_token_id: int | None = None
+    tie_word_embeddings: bool = True
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -101,13 +103,19 @@ class Qwen3Dims:
         )
 
     @property
+    def head(self) -> str:
+        """The name of the weight the output head multiplies by: the embedding's when tied."""
+        return EMBEDDING if self.tie_word_embeddings else HEAD
+
+    @property
     def groups(self) -> int:
         """Query heads per key-value head."""
         return self.num_attention_heads // self.num_key_value_heads
 
 
 def weight_shapes(dims: Qwen3Dims) -> dict[str, tuple[int, ...]]:
-    """Every weight's name and shape, in the order of `Qwen3ForCausalLM.state_dict()` (without `lm_head.weight`)."""
+    """Every weight's name and shape, in the order of `Qwen3ForCausalLM.state_dict()` (`lm_head.weight` only
+    when the head is untied)."""
     hidden, head = dims.hidden_size, dims.head_dim
     shapes: dict[str, tuple[int, ...]] = {EMBEDDING: (dims.vocab_size, hidden)}
     for i in range(dims.num_hidden_layers):
@@ -126,6 +134,8 @@ def weight_shapes(dims: Qwen3Dims) -> dict[str, tuple[int, ...]]:
             prefix + "post_attention_layernorm.weight": (hidden,),
         }
     shapes[FINAL_NORM] = (hidden,)
+    if not dims.tie_word_embeddings:
+        shapes[HEAD] = (dims.vocab_size, hidden)
     return shapes
 
 
@@ -284,7 +294,7 @@ class KVCache:
 
 
 class Qwen3Numpy:
-    """A Qwen3ForCausalLM with tied embeddings over a dict of numpy weights, with gradients.
+    """A Qwen3ForCausalLM over a dict of numpy weights, with gradients.
 
     `weights` holds the caller's arrays (converted only where the dtype differs), so an optimizer that updates them
     in place updates the model (training needs them writable). `dtype` float64 is for gradient checks; the server
@@ -320,7 +330,7 @@ class Qwen3Numpy:
         """Per sequence, the log-probability of its target token at every position; no gradient is kept."""
         tokens, target_batch, lengths = self._batch(sequences, targets)
         hidden, _ = self._forward(tokens, tape=False)
-        logits = hidden @ self.weights[EMBEDDING].T
+        logits = hidden @ self.weights[self.dims.head].T
         picked, _ = _target_logprobs(logits, target_batch.reshape(-1), keep_probs=False)
         rows = picked.reshape(tokens.shape)
         return [rows[i, :n].copy() for i, n in enumerate(lengths)]
@@ -337,8 +347,8 @@ class Qwen3Numpy:
         tokens, target_batch, lengths = self._batch(sequences, targets)
         hidden, tape = self._forward(tokens, tape=True)
         assert tape is not None
-        embedding = self.weights[EMBEDDING]
-        logits = hidden @ embedding.T
+        head = self.weights[self.dims.head]
+        logits = hidden @ head.T
         flat_targets = target_batch.reshape(-1)
         picked, probs = _target_logprobs(logits, flat_targets, keep_probs=True)
         del logits
@@ -360,8 +370,8 @@ class Qwen3Numpy:
         grad_logits = probs
         grad_logits *= -grad_picked[:, None]
         grad_logits[np.arange(flat_targets.size), flat_targets] += grad_picked
-        self.grads[EMBEDDING] += grad_logits.T @ tape.final_normed
-        grad_hidden = grad_logits @ embedding
+        self.grads[self.dims.head] += grad_logits.T @ tape.final_normed
+        grad_hidden = grad_logits @ head
         del grad_logits, probs
         self._backward(grad_hidden, tape)
         return logprobs
@@ -718,7 +728,7 @@ class Qwen3Numpy:
             x, _ = self._layer(i, x, batch, length, (cos, sin), cache, False)
         cache.length += length
         hidden, _, _ = _rms_norm(x, self.weights[FINAL_NORM], self.dims.rms_norm_eps)
-        logits: Array = (hidden @ self.weights[EMBEDDING].T).reshape(batch, length, -1)
+        logits: Array = (hidden @ self.weights[self.dims.head].T).reshape(batch, length, -1)
         return logits
 
 
@@ -738,7 +748,8 @@ def _target_logprobs(logits: Array, targets: Array, *, keep_probs: bool) -> tupl
 
 def checked_weights(dims: Qwen3Dims, weights: Mapping[str, Any], dtype: np.dtype[Any]) -> dict[str, Array]:
     """The weights as arrays of `dtype` (no copy when they already are), in `weight_shapes` order; a missing,
-    unexpected or misshapen key is a ValueError naming it. A tied `lm_head.weight` must equal the embedding.
+    unexpected or misshapen key is a ValueError naming it. Beside a tied head, `lm_head.weight` may be given if it
+    equals the embedding (as transformers' `state_dict()` lists it).
     """
     shapes = weight_shapes(dims)
     checked: dict[str, Array] = {}
@@ -750,13 +761,15 @@ def checked_weights(dims: Qwen3Dims, weights: Mapping[str, Any], dtype: np.dtype
             raise ValueError(f"weight {name!r} has shape {array.shape}, expected {shape}")
         checked[name] = array
     for name in weights:
-        if name == TIED_HEAD:
+        if name in shapes:
+            continue
+        if name == HEAD:  # and tied
             head = np.asarray(weights[name], dtype=dtype)
             if head.shape != shapes[EMBEDDING] or not np.array_equal(head, checked[EMBEDDING]):
                 raise ValueError(
-                    f"weight {TIED_HEAD!r} differs from {EMBEDDING!r}: this model ties the head to the embedding"
+                    f"weight {HEAD!r} differs from {EMBEDDING!r}: this model ties the head to the embedding"
                 )
-        elif name not in shapes:
+        else:
             raise ValueError(f"weight {name!r} is not a weight of this model")
     return checked
 

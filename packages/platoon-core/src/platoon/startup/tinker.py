@@ -15,6 +15,7 @@ from platoon.config.tinker import SDK_LOSS_FNS
 from platoon.gateway.tinker_sdk import installed_release
 from platoon.local_server.engines import engine_problem
 from platoon.local_server.losses import LOSS_NAMES
+from platoon.local_server.pretrained import checkpoint_problem
 from platoon.renderers.tokenizers import (
     cached_hub_tokenizers,
     registered_tokenizer_names,
@@ -122,12 +123,15 @@ def _hub_offline() -> bool:
 def local_model_problem(model: str, *, where: str = "train.model_name") -> str | None:
     """The refusal of a base model the local server cannot serve, with what it can; None when it can.
 
-    It serves a model whose tokenizer it can load: one registered with platoon, a model directory, a model whose
-    tokenizer is in the Hugging Face cache, or (the hub in reach) one the hub has. Only the hub's answer needs the
-    network, so a model the hub would be asked for is left to the start when the hub can be reached.
+    It serves a model whose tokenizer it can load: one registered with platoon, a model directory (a Qwen3
+    checkpoint's, if it holds weights), a model whose tokenizer is in the Hugging Face cache, or (the hub in reach)
+    one the hub has. Only the hub's answer needs the network, so a model the hub would be asked for is left to the
+    start when the hub can be reached.
     """
     if tokenizer_available_offline(model):
-        return None
+        # a checkpoint directory must also hold a model the local server computes
+        problem = checkpoint_problem(model)
+        return None if problem is None else f"{where}: {problem}"
     # A hub id is `name` or `owner/name`: anything else names a directory
     is_path = model.startswith(("/", ".", "~")) or model.count("/") > 1
     if not is_path and not _hub_offline():

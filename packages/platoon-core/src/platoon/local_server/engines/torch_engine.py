@@ -1,7 +1,8 @@
 """The torch engine: the local model as transformers' Qwen3ForCausalLM on torch (CPU, or a GPU when present).
 
 torch and transformers are imported when an engine is built (never with this module), and the model is built from
-the numpy initial weights every engine shares, so it computes what the numpy engine computes.
+the numpy weights every engine shares (the toy model's seeded ones, or a Hugging Face checkpoint's read by
+`platoon.local_server.pretrained`), so it computes what the numpy engine computes.
 """
 
 from __future__ import annotations
@@ -77,11 +78,11 @@ def build(dims: Qwen3Dims, weights: dict[str, np.ndarray]) -> TorchEngine:
         rms_norm_eps=dims.rms_norm_eps,
         max_position_embeddings=dims.max_position_embeddings,
         pad_token_id=dims.pad_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=dims.tie_word_embeddings,
         **rope,
     )
     config._attn_implementation = "sdpa"
-    # Its own random initialisation is overwritten at once by the shared initial weights.
+    # Its own random initialisation is overwritten at once by the weights given (the toy's or a checkpoint's).
     model = Qwen3ForCausalLM(config).float().to(_device(torch))
     engine = TorchEngine(dims, model)
     engine.load_weights(weights)
@@ -194,7 +195,7 @@ class TorchEngine:
         return TorchEngine(self.dims, model)
 
     def weights(self) -> dict[str, np.ndarray]:
-        # named_parameters lists a tied weight once (under embed_tokens), as the numpy engine keeps it.
+        # named_parameters lists a tied head once (under embed_tokens), as the numpy engine keeps it.
         return {name: _numpy(p.detach()) for name, p in self.model.named_parameters()}
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:

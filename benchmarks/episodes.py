@@ -314,6 +314,14 @@ def measure(
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(SORT).print_stats(40)
+        if os.environ.get("EPISODES_PROFILE_CALLERS"):
+            pstats.Stats(profiler, stream=out).sort_stats(SORT).print_callers(
+                os.environ["EPISODES_PROFILE_CALLERS"]
+            )
+        if os.environ.get("EPISODES_PROFILE_CALLEES"):
+            pstats.Stats(profiler, stream=out).sort_stats(SORT).print_callees(
+                os.environ["EPISODES_PROFILE_CALLEES"]
+            )
         result["profile"] = out.getvalue()
     return result
 

@@ -41,3 +41,30 @@ def test_under_the_command_what_is_alive_is_frozen_and_garbage_is_collected_firs
 
 def test_a_caller_may_ask_for_the_freeze():
     assert freeze_loaded_heap("a benchmark", force=True) > 0
+
+
+EPISODES = (
+    "import gc\n"
+    "from platoon.testing import run_episode\n"
+    "from platoon.testing.number_search import react_binary_search\n"
+    "def episode():\n"
+    "    run_episode('train:0', service='python://platoon.envs.number_search.env:NumberSearchEnvironment',\n"
+    "                harness='platoon-react', policy=react_binary_search)\n"
+    "episode(); first = gc.get_freeze_count()\n"
+    "gc.unfreeze(); episode()\n"
+    "print(first, gc.get_freeze_count())\n"
+)
+
+
+def test_run_episode_freezes_once_per_process_after_its_first_episode(run_python):
+    done = run_python(EPISODES)
+    assert done.returncode == 0, done.stderr
+    first, second = map(int, done.stdout.split())
+    assert first > 100_000  # the loaded stack: the SDKs, the tokenizer, the renderer, the environment
+    assert second < 1_000  # a second episode leaves the collector alone (the interpreter keeps a few hundred)
+
+
+def test_platoon_freeze_heap_0_keeps_run_episode_off_the_collector(run_python):
+    done = run_python(EPISODES, env={"PLATOON_FREEZE_HEAP": "0"})
+    assert done.returncode == 0, done.stderr
+    assert all(int(count) < 1_000 for count in done.stdout.split())

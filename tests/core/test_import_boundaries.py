@@ -116,3 +116,19 @@ def test_version_agrees_everywhere(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == platoon.__version__ == "0.2.0"
     assert json.dumps(platoon.__version__)
+
+
+def test_a_scripted_episode_loads_neither_the_tinker_sdk_nor_torch(run_python):
+    # The episode samples a scripted policy, not a Tinker client: the gateway hands it plain types, and neither the
+    # SDK (seconds to import) nor torch (which the SDK imports where it is installed) is loaded.
+    code = (
+        "from platoon.testing import run_episode\n"
+        "from platoon.testing.number_search import react_binary_search\n"
+        "run = run_episode('train:0', service='python://platoon.envs.number_search.env:NumberSearchEnvironment',\n"
+        "                  harness='platoon-react', policy=react_binary_search)\n"
+        "assert run.reward == 1.0, run.reward\n"
+    )
+    loaded = _top_level(_loaded_after(run_python, code))
+    assert {"tinker", "torch", "transformers"}.isdisjoint(loaded), sorted(loaded & {"tinker", "torch"})
+    # the episode did run its environment and its gateway
+    assert {"openreward", "tokenizers", "starlette"} <= loaded

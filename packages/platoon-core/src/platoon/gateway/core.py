@@ -30,6 +30,12 @@ from platoon.gateway.measure import (
     request_chars,
     token_span,
 )
+from platoon.gateway.plain_sampling import (
+    PlainChunk,
+    PlainPrompt,
+    PlainSamplingParams,
+    loaded_tinker,
+)
 from platoon.gateway.records import AgentRecord, CallRecord, Interaction
 from platoon.harness.agent import ChatReply
 from platoon.renderers.base import RendererError
@@ -109,19 +115,21 @@ _IGNORED_PARAMS = frozenset(
     )
 )
 
-_tinker_module: Any = None
 
+def _sampling_request(prompt: list[int], sampling: dict[str, Any]) -> tuple[Any, Any]:
+    """The prompt and settings of one sample: the Tinker SDK's types when the SDK is loaded (the sampler may be one
+    of its clients), else `plain_sampling`'s, so that a sampler of platoon's own never imports the SDK.
 
-def _tinker() -> Any:
-    """The Tinker SDK, imported once: by `ModelGateway.warm_up` (a server imports it in a thread before it serves),
-    else by the first sampled call, in a thread too (importing platoon must stay light, and the import takes
-    seconds that the event loop must not wait)."""
-    global _tinker_module
-    if _tinker_module is None:
-        import tinker
-
-        _tinker_module = tinker
-    return _tinker_module
+    Built without validation: the values are checked before, and validating a long token list costs more than the
+    rest of the gateway's work on a call.
+    """
+    tinker = loaded_tinker()
+    if tinker is None:
+        return PlainPrompt([PlainChunk(prompt)]), PlainSamplingParams(**sampling)
+    model_input = tinker.ModelInput.model_construct(
+        chunks=[tinker.EncodedTextChunk.model_construct(tokens=prompt, type="encoded_text")]
+    )
+    return model_input, tinker.SamplingParams.model_construct(**sampling)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -623,24 +631,21 @@ class ModelGateway:
                 raise PromptTooLong(len(prompt), limit)
 
             # 5. Sample once under the sample timeout.
-            tinker = _tinker_module if _tinker_module is not None else await asyncio.to_thread(_tinker)
+            model_input, sampling_params = _sampling_request(
+                prompt,
+                {
+                    "max_tokens": max_tokens,
+                    "seed": params["seed"],
+                    "stop": self._stop_ids if stop is None else stop,
+                    "temperature": params["temperature"],
+                    "top_k": params["top_k"],
+                    "top_p": params["top_p"],
+                },
+            )
         except BaseException:
             if cap is not None:
                 cap.used -= 1
             raise
-        # Built without validation: the values are checked above, and validating a long token list costs more
-        # than the rest of the gateway's work on a call.
-        model_input = tinker.ModelInput.model_construct(
-            chunks=[tinker.EncodedTextChunk.model_construct(tokens=prompt, type="encoded_text")]
-        )
-        sampling_params = tinker.SamplingParams.model_construct(
-            max_tokens=max_tokens,
-            seed=params["seed"],
-            stop=self._stop_ids if stop is None else stop,
-            temperature=params["temperature"],
-            top_k=params["top_k"],
-            top_p=params["top_p"],
-        )
         sampled = False
         started = time.perf_counter()
         try:
@@ -756,9 +761,9 @@ class ModelGateway:
         return 0 if span is None else prompt_token_floor(messages, span)
 
     def warm_up(self) -> None:
-        """The one-time loads a first call would otherwise pay: the Tinker SDK, and the tokenizer's table for the
-        context-window bound. Blocking and thread-safe: `GatewayServer` runs it in a thread before it serves."""
-        _tinker()
+        """The one-time load a first call would otherwise pay: the tokenizer's table for the context-window bound.
+        Blocking and thread-safe: `GatewayServer` runs it in a thread before it serves. (The Tinker SDK is not
+        imported: a sampler that is one of its clients was made by a process that has imported it.)"""
         if self.context_window_length is not None:
             token_span(getattr(self.renderer, "tokenizer", None))
 

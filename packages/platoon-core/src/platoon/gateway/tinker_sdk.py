@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -79,9 +80,8 @@ def made(value: Any) -> Any:
 async def sample(sampler: Any, *args: Any, **kwargs: Any) -> Any:
     """One `sample` of the SDK's `SamplingClient`, or of a platoon sampler (anything else with `sample_async`:
     the followed, watched and scripted samplers, which hand the call on to an SDK client in turn)."""
-    import tinker
-
-    if isinstance(sampler, tinker.SamplingClient):
+    tinker = sys.modules.get("tinker")  # not loaded: no SDK client exists in this process
+    if tinker is not None and isinstance(sampler, tinker.SamplingClient):
         return await call(sampler, "sample", *args, **kwargs)
     return await sampler.sample_async(*args, **kwargs)
 

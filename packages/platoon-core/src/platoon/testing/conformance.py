@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import tinker
 
     from platoon.gateway.core import ModelGateway, RolloutRecorder
+    from platoon.gateway.plain_sampling import PlainSample
     from platoon.gateway.records import AgentRecord
 
 __all__ = [
@@ -546,7 +547,7 @@ class TurnPolicy(ScriptedPolicy):
         sampling_params: Any = None,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
-    ) -> tinker.SampleResponse:
+    ) -> tinker.SampleResponse | PlainSample:
         response = await super().sample_async(prompt, num_samples, sampling_params)
         if not self._text_stop:
             return response

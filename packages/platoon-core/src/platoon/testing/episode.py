@@ -30,6 +30,7 @@ from platoon.episode.rollout import Route, process_rewards, recorded_rollout
 from platoon.errors import ConfigError
 from platoon.gateway.core import ModelGateway
 from platoon.gateway.http.server import GatewayServer
+from platoon.heap import freeze_after_first_episode
 from platoon.task import Task
 from platoon.testing.gateway import make_gateway
 
@@ -397,6 +398,7 @@ async def arun_episode(
     finally:
         await server.astop()
     (out / COLLECTION_FILE).write_text(indented_json(collection.to_dict()) + "\n", encoding="utf-8")
+    freeze_after_first_episode()  # once per process: later episodes' collections skip the loaded stack
     # Applied as training applies it: to every trajectory but the untrainable ones, after the files are written.
     scores = process_rewards(reward_processor, collection) if reward_processor is not None else {}
     return EpisodeRun(

@@ -1,7 +1,8 @@
 """The scripted policy: a Tinker sampler that answers from a script instead of a model.
 
 A script is a sequence of completions consumed in order, or a function of the decoded prompt; each answer is
-encoded with the policy's tokenizer and returned as a real Tinker `SampleResponse`.
+encoded with the policy's tokenizer and returned as a real Tinker `SampleResponse` when the Tinker SDK is loaded,
+else as `platoon.gateway.plain_sampling.PlainSample` (the same fields): a scripted episode never imports the SDK.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from platoon.gateway.plain_sampling import PlainSample, PlainSampledSequence, loaded_tinker
 from platoon.renderers.toy import toy_tokenizer
 
 if TYPE_CHECKING:
@@ -116,17 +118,24 @@ def sample_response(
     stop_reason: str = "stop",
     routing_id: str | None = None,
     logprob: float | None = -0.25,
-) -> tinker.SampleResponse:
-    """A Tinker `SampleResponse` with one sequence of `tokens`, each with log-probability `logprob`.
+) -> tinker.SampleResponse | PlainSample:
+    """A Tinker `SampleResponse` with one sequence of `tokens`, each with log-probability `logprob` (a
+    `PlainSample` when the Tinker SDK is not loaded: see the module docstring).
 
     The SDK's sequence model drops unknown fields, so a routing id is attached as an attribute (and kept as a
     field where workers patched the model to allow extras).
     """
-    import tinker
-    from pydantic import BaseModel
-
     ids = [int(t) for t in tokens]
     logprobs = None if logprob is None else [float(logprob)] * len(ids)
+    tinker = loaded_tinker()
+    if tinker is None:
+        sequence_id = f"scripted-{uuid.uuid4().hex}"
+        plain = PlainSampledSequence(
+            stop_reason, ids, logprobs, sequence_id=sequence_id, routing_id=routing_id
+        )
+        return PlainSample([plain])
+    from pydantic import BaseModel
+
     sequence_type: Any = tinker.SampledSequence  # its fields depend on the SDK
     if issubclass(sequence_type, BaseModel):  # 0.16: a pydantic model of lists
         sequence = sequence_type(
@@ -150,7 +159,7 @@ def sample_response(
 
 
 class ScriptedPolicy:
-    """A Tinker sampler that answers from a script (`sample_async`, and a blocking `sample`).
+    """A sampler that answers from a script (`sample_async`, and a blocking `sample`), in the Tinker SDK's shape.
 
     The script is a sequence of str/`Completion` consumed in order, or a function of the decoded prompt returning
     one. A completion that stops on `stop` gets the stop token appended (the tokenizer's EOS unless `stop_token`, an
@@ -221,7 +230,7 @@ class ScriptedPolicy:
         sampling_params: Any = None,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
-    ) -> tinker.SampleResponse:
+    ) -> tinker.SampleResponse | PlainSample:
         """Answer the next scripted completion for `prompt` (a `ModelInput` or token ids)."""
         completion, response = self._answer(prompt, num_samples, sampling_params)
         if completion.delay:
@@ -235,7 +244,7 @@ class ScriptedPolicy:
         sampling_params: Any = None,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
-    ) -> tinker.SampleResponse:
+    ) -> tinker.SampleResponse | PlainSample:
         """The blocking form of `sample_async` (the delay is slept in this thread)."""
         completion, response = self._answer(prompt, num_samples, sampling_params)
         if completion.delay:
@@ -244,7 +253,7 @@ class ScriptedPolicy:
 
     def _answer(
         self, prompt: Any, num_samples: int, sampling_params: Any
-    ) -> tuple[Completion, tinker.SampleResponse]:
+    ) -> tuple[Completion, tinker.SampleResponse | PlainSample]:
         if num_samples != 1:
             raise ValueError(f"ScriptedPolicy samples one sequence per call; got num_samples={num_samples}")
         prompt_tokens = _prompt_ids(prompt)

@@ -19,10 +19,9 @@ binds a rollout to its in-flight sampling client), which is how each rollout's o
 
 The timed phase is the rollout phase only: from the first group's start to the last group's end (the trainer's
 `_run_group`, wrapped here to note both), in a fresh process per configuration (this file run with `--worker`), so
-one configuration's heap does not tilt the next. The step's training on the local server comes after it: every
-episode is solved, so every group's advantages are 0 and the step sends nothing to train; the run then saves its
-final checkpoint. The garbage collector is left as `platoon train` leaves it (it freezes the loaded heap once the
-session opened).
+one configuration's heap does not tilt the next. The step's training on the local server and the final checkpoint
+come after it, untimed. The garbage collector is left as `platoon train` leaves it (it freezes the loaded heap once
+the session opened, before the phase); `gc` shows what its collections cost in the phase.
 
 The policy knows each task's answer (from the task's range; the few ranges two tasks share are told apart by the
 feedback) and plays the game to the end in exactly `--calls` guesses: until the last, the binary search's midpoint of
@@ -47,15 +46,24 @@ Columns (one row per harness and concurrency):
   policy's own (it decodes each prompt and encodes each answer, work a remote sampler does), over the model calls;
   `tok/call`: the part of it spent tokenizing text the model did not write (the renderer's `_encode`: prompts,
   environment replies, templates; sampled tokens are never re-tokenized); `pol/call`: the policy's own.
-- `MB/rollout`: (the peak resident memory of the trainer process during the phase - its resident memory before it)
-  / concurrency. For `platoon-bash`, `agent MB` is each agent process's resident memory (the peak of their sum over
-  the most alive at once, sampled every 0.25 s by this file's parent process; pages shared between them, such as
-  the interpreter's, are counted in each) and `agent cpu/call` their CPU time over the model calls.
-- `lag p99`: the event loop's lag, the 99th percentile of how late a probe task that sleeps 10 ms in a loop wakes.
+- `MB/rollout`: (the peak resident memory of the trainer process during the phase, sampled every 10 ms - its
+  resident memory before it) / concurrency. A `platoon-bash` row ends with its agent processes: the most alive at
+  once, the memory of each (their proportional set size, PSS: a page shared by n processes counts 1/n in each; the
+  peak of their sum over that count, sampled from /proc by this file's parent process every 0.25 s or more) and
+  their CPU time per model call (`getrusage(RUSAGE_CHILDREN)` over the phase). A configuration whose agents would
+  need more than half the memory available (13 MB each) is not run, and its row says so.
+- `gc`: the seconds the garbage collector's collections took during the phase (`gc.callbacks`); they are part of
+  `cpu/call` too.
+- `lag-p99`: the event loop's lag, the 99th percentile of how late a probe task that sleeps 10 ms in a loop wakes
+  (a loop that is always busy wakes it seldom: few samples, each late).
 - `done`: rollouts that finished scored / rollouts started (every rollout is expected to finish).
 
-`--profile` runs cProfile over the phase in each configuration's process and prints its top functions (the
-profiler slows the process down: the row's figures are then not comparable). `--json` prints each configuration's
+What the benchmark adds to the trainer's process: the probe (100 wake-ups a second) and timing wrappers around the
+renderer's `_encode` and the policy (about 3 us per model call together).
+
+`--profile` runs cProfile over the phase in each configuration's process and prints its top 30 functions by own
+time (`SCALE_PROFILE_SORT=cumulative` for the callers' view; the profiler doubles the CPU time, so the row's figures
+are then not comparable). `--json` prints each configuration's
 figures as one JSON line instead of the table. The targets (issue 42, 2-core machine, 1 s per call): 90 % of the ideal
 at 1,024 number-search rollouts and at 256 `platoon-bash` rollouts; CPU per model call at most 0.5 ms for number
 search excluding tokenization; at most 2 MB per in-flight in-process rollout.
@@ -66,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import io
 import json
 import math
@@ -262,6 +271,10 @@ class Phase:
             self.profiler = cProfile.Profile()
         self._probe: asyncio.Task[None] | None = None
         self._running = False
+        #: the garbage collector's pauses over the phase: their seconds, and how many were full collections
+        self.gc_seconds = 0.0
+        self.gc_full = 0
+        self._gc_started = 0.0
         self.encode_cpu = 0.0
         self.policy_cpu_before = 0.0
 
@@ -275,6 +288,7 @@ class Phase:
         self.children_cpu_before = _children_cpu()
         self._probe = asyncio.get_running_loop().create_task(self._lag_probe())
         self.encode_cpu = 0.0
+        gc.callbacks.append(self._gc_pause)
         self.cpu_before = time.process_time()
         self.started = time.perf_counter()
         if self.profiler is not None:
@@ -295,11 +309,19 @@ class Phase:
         if self.profiler is not None:
             self.profiler.disable()
         self._running = False
+        gc.callbacks.remove(self._gc_pause)
         self.children_cpu = _children_cpu() - self.children_cpu_before
         if self._probe is not None:
             self._probe.cancel()
         self.rss_peak = max(self.rss_peak, rss_bytes())
         print("\n@phase-end", flush=True)
+
+    def _gc_pause(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        self.gc_seconds += time.perf_counter() - self._gc_started
+        self.gc_full += info["generation"] == 2
 
     async def _lag_probe(self) -> None:
         while True:
@@ -427,6 +449,8 @@ def figures(options: dict[str, Any], phase: Phase, policy: Any) -> dict[str, Any
         "rss_before_mb": phase.rss_before / 2**20,
         "rss_peak_mb": phase.rss_peak / 2**20,
         "mb_per_rollout": (phase.rss_peak - phase.rss_before) / 2**20 / options["concurrency"],
+        "gc_s": phase.gc_seconds,
+        "gc_full": phase.gc_full,
         "lag_p99_ms": 1000 * lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else float("nan"),
         "lag_max_ms": 1000 * lags[-1] if lags else float("nan"),
         "lag_samples": len(lags),
@@ -582,6 +606,7 @@ COLUMNS = (
     ("tok/call", 9, "{tokenize_ms_per_call:.2f}ms"),
     ("pol/call", 9, "{policy_ms_per_call:.2f}ms"),
     ("MB/rollout", 10, "{mb_per_rollout:.2f}"),
+    ("gc", 6, "{gc_s:.1f}s"),
     ("lag-p99", 8, "{lag_p99_ms:.1f}ms"),
     ("done", 10, "{finished}/{concurrency}"),
 )

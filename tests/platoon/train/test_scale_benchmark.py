@@ -50,7 +50,13 @@ def test_the_smallest_size_runs_every_harness_to_the_end_and_prints_each_figure(
         assert isinstance(result["target_met"], bool)
         assert result["phase_s"] > 0 and result["floor_s"] == pytest.approx(0.05 * 3, abs=0.051)
         assert result["unbound_calls_s"] == 0  # every call was made by a rollout the gateway opened
-        for key in ("cpu_ms_per_call", "tokenize_ms_per_call", "policy_ms_per_call", "mb_per_rollout"):
+        for key in (
+            "cpu_ms_per_call",
+            "tokenize_ms_per_call",
+            "policy_ms_per_call",
+            "mb_per_rollout",
+            "gc_s",
+        ):
             assert math.isfinite(result[key]) and result[key] >= 0, key
         assert result["tokenize_ms_per_call"] < result["cpu_ms_per_call"]
         assert result["rss_peak_mb"] >= result["rss_before_mb"] > 0

@@ -23,13 +23,15 @@ one configuration's heap does not tilt the next. The step's training on the loca
 come after it, untimed. The garbage collector is left as `platoon train` leaves it (it freezes the loaded heap once
 the session opened, before the phase); `gc` shows what its collections cost in the phase.
 
-The policy knows each task's answer (from the task's range; the few ranges two tasks share are told apart by the
-feedback) and plays the game to the end in exactly `--calls` guesses: until the last, the binary search's midpoint of
-the range still open, moved off the answer when it falls on it; the last guess is the answer. So every episode takes
-the same number of calls, and a batch of them can reach the sampling-bound throughput a steady stream of episodes
-would (with plain binary search the episodes take 1-11 calls and one batch ends with its longest). `platoon-bash`
-runs its agent script as a process per rollout on the host, which reaches the gateway over HTTP and the
-environment's tools over MCP; `platoon-codeact` runs each agent's cells in an IPython shell on a thread of its own.
+The policy knows each task's answer (from the task's range; where two tasks share a range, a guess between their
+answers tells them apart, and of two answers next to each other the first is tried a call early) and plays the game
+to the end in `--calls` guesses: until the last, the binary search's midpoint of the range still open, moved off the
+answer when it falls on it; the last guess is the answer. So every episode takes the same number of calls (27 of
+the 50,000 train tasks one fewer), and a batch of them can reach the sampling-bound throughput a steady stream of
+episodes would (with plain binary search the episodes take 1-11 calls and one batch ends with its longest).
+`platoon-bash` runs its agent script as a process per rollout on the host, which reaches the gateway over HTTP and
+the environment's tools over MCP; `platoon-codeact` runs each agent's cells in an IPython shell on a thread of its
+own.
 
 Latency per model call: `fixed` sleeps `--latency-s` on every call; `longtail` draws each call's sleep from a
 lognormal distribution with mean `--latency-s` and sigma 1 (median 0.61x the mean, p90 2.2x, p99 6.2x, capped at 20x).
@@ -173,10 +175,16 @@ class PacedPlayer:
         # a guess outside the range the answer is known to be in narrows nothing: max/min, not assignment
         for guess, word in zip(guesses, _FEEDBACK.findall(prompt, found.end()), strict=False):
             low, high = (max(low, guess + 1), high) if word == "low" else (low, min(high, guess - 1))
-        candidates = [
+        candidates = sorted(
             t for t in self.answers.get((int(found.group(1)), int(found.group(2))), []) if low <= t <= high
-        ]
+        )
         if len(guesses) + 1 >= self.calls and candidates:
+            guess = candidates[0]
+        elif len(candidates) > 1 and candidates[0] + 1 not in candidates:
+            # two tasks share this range: a guess between their answers tells them apart before the last call
+            guess = candidates[0] + 1
+        elif len(candidates) > 1 and len(guesses) + 2 >= self.calls:
+            # answers next to each other: the first is tried a call early (a shorter episode ends no batch later)
             guess = candidates[0]
         else:
             guess = (low + high) // 2

@@ -70,25 +70,25 @@ figures as one JSON line instead of the table. The targets (issue 42, 2-core mac
 at 1,024 number-search rollouts and at 256 `platoon-bash` rollouts; CPU per model call at most 0.5 ms for number
 search excluding tokenization; at most 2 MB per in-flight in-process rollout.
 
-Measured (2026-12-07, main at 8c5217f, 2 cores shared with other work, load average 4.6 before and 5.4 after;
+Measured (2026-12-07, main at 9fdf49d, 2 cores shared with other work, load average 3.1 before and 5.1 after;
 `--concurrency 64,256,1024`, fixed 1 s per call):
 
     harness          conc  ep/s  ideal  ratio  cpu/call  tok/call  MB/rollout  gc     lag-p99
-    platoon-react      64   7.7    8.0   0.96   1.50 ms   0.05 ms        0.26  0.1 s    18 ms
-    platoon-react     256  29.1   32.0   0.91   1.36 ms   0.03 ms        0.26  0.6 s    58 ms
-    platoon-react    1024  64.6  127.9   0.51   1.48 ms   0.03 ms        0.25  3.6 s   730 ms
-    platoon-bash       64   4.7    8.0   0.59   5.35 ms   0.05 ms        0.48  0.4 s    98 ms
-    platoon-bash      256   6.1   32.0   0.19   6.40 ms   0.08 ms        0.46  5.6 s  1249 ms
-    platoon-codeact    64   6.5    8.0   0.81   4.81 ms   0.06 ms        0.49  0.4 s    44 ms
-    platoon-codeact   256  17.9   32.0   0.56   4.21 ms   0.04 ms        0.38  2.4 s   170 ms
-    platoon-codeact  1024  21.5  127.9   0.17   4.19 ms   0.06 ms        0.39 14.2 s  1791 ms
+    platoon-react      64   7.6    8.0   0.96   2.03 ms   0.04 ms        0.26  0.0 s    16 ms
+    platoon-react     256  28.8   32.0   0.90   1.57 ms   0.04 ms        0.26  0.5 s    63 ms
+    platoon-react    1024  72.0  128.1   0.56   1.36 ms   0.03 ms        0.24  3.1 s   660 ms
+    platoon-bash       64   4.7    8.0   0.59   5.24 ms   0.05 ms        0.48  0.5 s    98 ms
+    platoon-bash      256   8.0   32.0   0.25   5.24 ms   0.05 ms        0.46  3.4 s   584 ms
+    platoon-codeact    64   7.0    8.0   0.88   4.04 ms   0.05 ms        0.48  0.3 s    13 ms
+    platoon-codeact   256  20.4   32.1   0.64   3.50 ms   0.03 ms        0.40  1.6 s    63 ms
+    platoon-codeact  1024  27.4  128.8   0.21   4.28 ms   0.04 ms        0.38  9.9 s  1429 ms
 
-`platoon-bash`'s agents took 12.8 MB (PSS) and 17 ms of CPU per model call each at 64, 12.7 MB and 20 ms at 256; at
-1,024 it was not run (13 GB of agents). At 1,024 number-search rollouts the trainer's one thread needs about 1.5 ms x
-1,024 calls a second, more than the core it runs on: the phase is CPU-bound, a quarter of it in the garbage collector
-(the heap grows by 255 MB of rollout state over the phase). `platoon-bash`'s agents cost 17-20 ms of CPU per call
+`platoon-bash`'s agents took 12.8 MB (PSS) and 17 ms of CPU per model call each at 64, 12.7 MB and 16 ms at 256; at
+1,024 it was not run (13 GB of agents). At 1,024 number-search rollouts the trainer's one thread needs about 1.4 ms x
+1,024 calls a second, more than the core it runs on: the phase is CPU-bound, a fifth of it in the garbage collector
+(the heap grows by 250 MB of rollout state over the phase). `platoon-bash`'s agents cost 16-17 ms of CPU per call
 (about 75 ms to start each: `urllib.request`, `subprocess`, `argparse`), and the trainer's loop blocks in
-`fork_exec` for each agent it starts (51 ms each, 13 s of the 45 s phase at 256, under cProfile).
+`_posixsubprocess.fork_exec` for each agent it starts (50 ms each under this load, 12.9 s of a 37 s phase at 256).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ binds a rollout to its in-flight sampling client), which is how each rollout's o
 The timed phase is the rollout phase only: from the first group's start to the last group's end (the trainer's
 `_run_group`, wrapped here to note both), in a fresh process per configuration (this file run with `--worker`), so
 one configuration's heap does not tilt the next. The step's training on the local server and the final checkpoint
-come after it, untimed. The garbage collector is left as `platoon train` leaves it (it freezes the loaded heap once
-the session opened, before the phase); `gc` shows what its collections cost in the phase.
+come after it, untimed. The worker's process is the run's, as under the console script (`owned_by_the_command`), so
+`platoon train` treats the garbage collector as it does there (platoon.heap: the loaded stack frozen once the session
+opened, before the phase, and the training thresholds); `gc` shows what its collections cost in the phase.
 
 The policy knows each task's answer (from the task's range; where two tasks share a range, a guess between their
 answers tells them apart, and of two answers next to each other the first is tried a call early) and plays the game
@@ -406,6 +407,7 @@ def run_configuration(options: dict[str, Any]) -> dict[str, Any]:
         os.environ.pop(variable, None)
     harness, concurrency = options["harness"], options["concurrency"]
     from platoon.cli import main as platoon
+    from platoon.heap import owned_by_the_command
     from platoon.testing import serve_policy
 
     player = PacedPlayer(options["calls"], "cell" if harness == "platoon-codeact" else "tool")
@@ -430,7 +432,9 @@ def run_configuration(options: dict[str, Any]) -> dict[str, Any]:
     ]
     if harness in HARNESS_OPTIONS:
         argv.append(f"environments.0.harness_options={HARNESS_OPTIONS[harness]}")
-    with serve_policy(policy), contextlib.redirect_stderr(io.StringIO()) as err:
+    # This process is the run's, as the console script's is: `platoon train` then treats its heap as it does there
+    # (platoon.heap: the loaded stack frozen, the training thresholds, a collection at each step's end).
+    with serve_policy(policy), contextlib.redirect_stderr(io.StringIO()) as err, owned_by_the_command():
         status = platoon(argv)
     phase.end()  # a run that lost groups never reached the last one
     if status != 0:

@@ -68,3 +68,40 @@ def test_platoon_freeze_heap_0_keeps_run_episode_off_the_collector(run_python):
     done = run_python(EPISODES, env={"PLATOON_FREEZE_HEAP": "0"})
     assert done.returncode == 0, done.stderr
     assert all(int(count) < 1_000 for count in done.stdout.split())
+
+
+@pytest.fixture
+def thresholds():
+    before = gc.get_threshold()
+    yield before
+    gc.set_threshold(*before)
+
+
+def test_training_raises_the_thresholds_while_the_command_runs_and_restores_them(thresholds):
+    from platoon.heap import RUN_THRESHOLDS, use_training_thresholds
+
+    assert (
+        use_training_thresholds() is False and gc.get_threshold() == thresholds
+    )  # a library call: untouched
+    with owned_by_the_command():
+        assert use_training_thresholds() is True
+        assert gc.get_threshold() == RUN_THRESHOLDS
+    assert gc.get_threshold() == thresholds
+
+
+def test_a_step_end_collects_the_cycles_the_step_left_once_the_thresholds_are_raised(thresholds):
+    from platoon.heap import collect_at_step_end, use_training_thresholds
+
+    class Cycle:
+        pass
+
+    assert collect_at_step_end() == 0.0  # CPython's thresholds: its own collections do the work
+    with owned_by_the_command():
+        use_training_thresholds()
+        garbage = Cycle()
+        garbage.self = garbage  # type: ignore[attr-defined]
+        gone = weakref.ref(garbage)
+        del garbage
+        assert gone() is not None  # a cycle: reference counting cannot free it
+        assert collect_at_step_end() > 0.0
+        assert gone() is None

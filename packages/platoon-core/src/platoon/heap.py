@@ -8,6 +8,15 @@ once the stack is ready; later collections walk only what the run made since. Re
 frozen objects; only a cycle among them is never collected, which is why this is done once, on what a start
 loads to keep.
 
+Then the rollouts in flight are the heap: with a thousand of them, a quarter of a megabyte each, the default
+thresholds (700, 10, 10) promote their live state into the old generation within a few calls, and a full
+collection, walking all of it, comes every time that generation grew by a quarter: a quarter of the CPU of
+`benchmarks/scale.py`'s 1,024 number-search rollouts went to it. So training also sets `RUN_THRESHOLDS`
+(`use_training_thresholds`): a young collection every 50,000 allocations, by when most of a model call's objects
+are gone, and full collections far rarer; and it collects fully at each step's end (`collect_at_step_end`), so the
+cycles a step's rollouts leave (a few hundred objects an episode) are freed within a step. Evaluations and
+`run_episode` loops have no step to collect at, and keep CPython's thresholds.
+
 A run under the console script freezes (`owned_by_the_command`); a run started by calling platoon in process (a
 test, a notebook) leaves the caller's collector as it is, unless the caller asks (`freeze_loaded_heap(force=True)`).
 The one exception is `platoon.testing.run_episode`, which users call in loops of thousands (0.2.0's way to roll out
@@ -25,12 +34,25 @@ import os
 import time
 from collections.abc import Iterator
 
-__all__ = ["FREEZE_SWITCH", "freeze_after_first_episode", "freeze_loaded_heap", "owned_by_the_command"]
+__all__ = [
+    "FREEZE_SWITCH",
+    "RUN_THRESHOLDS",
+    "collect_at_step_end",
+    "freeze_after_first_episode",
+    "freeze_loaded_heap",
+    "owned_by_the_command",
+    "use_training_thresholds",
+]
 
 log = logging.getLogger(__name__)
 
 _owned = False
 _episode_froze = False
+#: the thresholds `use_training_thresholds` replaced, restored when the command ends; None while CPython's stand
+_replaced_thresholds: tuple[int, int, int] | None = None
+
+#: the collector's thresholds while a training run's rollouts are the heap (CPython's defaults: 700, 10, 10)
+RUN_THRESHOLDS = (50_000, 20, 100)
 
 #: `0` keeps `run_episode` from freezing the caller's heap
 FREEZE_SWITCH = "PLATOON_FREEZE_HEAP"
@@ -38,13 +60,18 @@ FREEZE_SWITCH = "PLATOON_FREEZE_HEAP"
 
 @contextlib.contextmanager
 def owned_by_the_command() -> Iterator[None]:
-    """While the `platoon` console script runs its command: the process and its heap are the command's."""
-    global _owned
+    """While the `platoon` console script runs its command: the process and its heap are the command's. When it
+    ends, the collector's thresholds are what they were (a command run in process leaves the caller's as it found
+    them)."""
+    global _owned, _replaced_thresholds
     _owned = True
     try:
         yield
     finally:
         _owned = False
+        if _replaced_thresholds is not None:
+            gc.set_threshold(*_replaced_thresholds)
+            _replaced_thresholds = None
 
 
 _episode_froze = False
@@ -78,3 +105,27 @@ def freeze_after_first_episode() -> int:
         return 0
     _episode_froze = True
     return freeze_loaded_heap("the first episode of run_episode", force=True)
+
+
+def use_training_thresholds(*, force: bool = False) -> bool:
+    """Set `RUN_THRESHOLDS` for a training run under the console script, until the command ends (or anywhere with
+    `force`, where the caller restores them); True when set. The trainer then calls `collect_at_step_end` at each
+    step's end."""
+    global _replaced_thresholds
+    if not (_owned or force):
+        return False
+    if _replaced_thresholds is None:
+        _replaced_thresholds = gc.get_threshold()
+    gc.set_threshold(*RUN_THRESHOLDS)
+    return True
+
+
+def collect_at_step_end() -> float:
+    """A full collection at a training step's end, where the thresholds were raised (`RUN_THRESHOLDS`): cycles
+    the step's rollouts left are freed within a step however rare the automatic full collections are. Returns its
+    seconds (0.0 when the thresholds are CPython's own)."""
+    if _replaced_thresholds is None:
+        return 0.0
+    started = time.perf_counter()
+    gc.collect()
+    return time.perf_counter() - started

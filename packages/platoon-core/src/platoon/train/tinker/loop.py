@@ -30,7 +30,7 @@ from platoon.gateway import tinker_sdk
 from platoon.gateway.core import ModelGateway
 from platoon.gateway.default import default_policy
 from platoon.gateway.tinker_service import close_session
-from platoon.heap import freeze_loaded_heap
+from platoon.heap import collect_at_step_end, freeze_loaded_heap, use_training_thresholds
 from platoon.rollouts.inflight import InflightSampler, recording_samples
 from platoon.rollouts.one_rollout import FileWriter, MemberOutcome, MemberRequest, run_member
 from platoon.rollouts.workers import RolloutWorkers
@@ -481,8 +481,10 @@ class Trainer:
                 )
             )
             self._warn_overlap()
-        # The stack is loaded: full garbage collections from here on walk only what training makes.
+        # The stack is loaded: full garbage collections from here on walk only what training makes, and come rarely
+        # (the rollouts in flight are most of the heap), with one at each step's end.
         freeze_loaded_heap("training opened")
+        use_training_thresholds()
 
     def _open_attempts(self) -> None:
         """Settle the attempt log for this start and plan which groups it feeds besides its own batches."""
@@ -841,6 +843,7 @@ class Trainer:
                     return await self._stop(step)
                 except _EvaluationFailed as failed:  # step 0's evaluation, which the first update waits for
                     return await self._evaluation_failed(step, failed)
+                collect_at_step_end()
                 if self._eval_failed is not None:  # the next step boundary after an evaluation raised
                     return await self._evaluation_failed(step + 1, self._eval_failed)
                 if self._failing.steps >= FAILED_STEPS_LIMIT:

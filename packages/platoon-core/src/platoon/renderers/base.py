@@ -641,20 +641,27 @@ class Renderer(ABC):
         render_id: int | None = None
         last = len(messages) - 1
         for idx, message in enumerate(messages):
-            if memo is None:
-                rendered = self.render_message(message, self._context(messages, idx, last_user))
-            else:
+            memoized = None
+            if memo is not None:
                 # A render is keyed on everything its context holds, the message before by its render id (None
                 # before the first message; a message before without one leaves this render uncached too).
                 previous, render_id = render_id, memo.render_id(message)
-                if render_id is None or (idx and previous is None):
-                    rendered = self.render_message(message, self._context(messages, idx, last_user))
-                else:
+                if render_id is not None and (previous is not None or not idx):
                     entry = (render_id, previous, idx, idx == last, last_user)
-                    rendered = memo.renders.get(entry)
-                    if rendered is None:
+                    memoized = memo.renders.get(entry)
+                    if memoized is None:
                         rendered = self.render_message(message, self._context(messages, idx, last_user))
-                        memo.renders[entry] = rendered
+                        memoized = memo.renders[entry] = (
+                            tuple(rendered.header or ()),
+                            tuple(tuple(chunk) for chunk in rendered.output if chunk),
+                        )
+            if memoized is not None:
+                header, output = memoized
+                if header:
+                    chunks.append(list(header))
+                chunks.extend(list(chunk) for chunk in output)
+                continue
+            rendered = self.render_message(message, self._context(messages, idx, last_user))
             if rendered.header:
                 chunks.append(list(rendered.header))
             # Empty chunks are dropped: the service answers 400 to an empty encoded-text chunk.

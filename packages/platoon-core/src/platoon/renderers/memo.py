@@ -92,14 +92,17 @@ class RenderMemo:
     - `ids`: a message's content key -> a small int standing for that content. A call hashes and compares each
       message's key once, here; everything else is keyed by these ints. Ids come from one counter and are never
       reused, so an entry made under an id that was since forgotten can never be met by other content.
-    - `converted`: an OpenAI message's id -> the renderer message converted from it and the render id of that
-      message. A converted message is the one object the memo hands out for that content, and nothing changes it
-      (renderers only read their messages), so the memo knows it again by identity (`canonical`, which holds it,
-      so that its address cannot be reused while it is listed).
+    - `converted`: an OpenAI message's id -> the renderer message converted from it. A converted message is the one
+      object the memo hands out for that content, and nothing changes it (renderers only read their messages), so
+      the memo knows it again by identity: `canonical` maps its address to its render id. Every object listed
+      there is held by `converted` or `prefixes` and they are emptied together, so no other object can have a
+      listed address.
     - `prefixes`: (the tools' id, the leading system message's render id) -> the messages the renderer puts in
       their place (`Renderer.apply_tools`), each adopted like a converted message.
-    - `renders`: (render id, render id of the message before, idx, is_last, last user index) -> `RenderedMessage`;
-      `suffixes`: (role, render id of the last message, its index + 1, last user index) -> the generation suffix.
+    - `renders`: (render id, render id of the message before, idx, is_last, last user index) -> the render as
+      (header tokens, non-empty output chunks); `suffixes`: (role, render id of the last message, its index + 1,
+      last user index) -> the generation suffix. Tuples of ints only: the garbage collector stops tracking them,
+      so an agent's memo adds next to nothing to what a full collection walks.
     - `request`: the ids of the OpenAI messages of the call being rendered, made once by the gateway for its own
       digests and read here for the conversion.
     """
@@ -120,11 +123,13 @@ class RenderMemo:
 
     def __init__(self, limit: int = RENDER_MEMO_ENTRIES) -> None:
         self.ids: dict[Hashable, int] = {}
-        self.renders: dict[tuple[int, int | None, int, bool, int], Any] = {}
+        self.renders: dict[
+            tuple[int, int | None, int, bool, int], tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
+        ] = {}
         self.suffixes: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
-        self.converted: dict[int, tuple[Any, int]] = {}
+        self.converted: dict[int, Any] = {}
         self.prefixes: dict[tuple[int, int | None], list[Any]] = {}
-        self.canonical: dict[int, tuple[Any, int]] = {}
+        self.canonical: dict[int, int] = {}
         self.request: tuple[Sequence[Any], list[int | None]] | None = None
         self.limit = limit
         self.renderer: Any = None
@@ -172,9 +177,9 @@ class RenderMemo:
                 continue
             found = self.converted.get(content_id)
             if found is None:
-                message = convert(raw)
-                found = self.converted[content_id] = self.canonical[id(message)] = (message, next(self._next))
-            out.append(found[0])
+                found = self.converted[content_id] = convert(raw)
+                self.canonical[id(found)] = next(self._next)
+            out.append(found)
         return out
 
     def adopt(self, messages: list[Any]) -> list[Any]:
@@ -182,15 +187,15 @@ class RenderMemo:
         its id): for messages the renderer made itself and nothing else holds."""
         for message in messages:
             if self.render_id(message, content=False) is None:
-                self.canonical[id(message)] = (message, next(self._next))
+                self.canonical[id(message)] = next(self._next)
         return messages
 
     def render_id(self, message: Any, *, content: bool = True) -> int | None:
         """The id a renderer message is rendered under: its own for a message converted here, else its content's
         (None when it has no content key). The two never meet: every id is drawn once from one counter."""
         found = self.canonical.get(id(message))
-        if found is not None and found[0] is message:
-            return found[1]
+        if found is not None:
+            return found
         return self.content_ids((message,))[0] if content else None
 
 

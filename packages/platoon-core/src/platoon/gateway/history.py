@@ -22,7 +22,10 @@ differently once the new messages follow (thinking dropped after a new user turn
 reasoning. A renderer opts out with the renderer attribute `token_in_history = False` (`renderer_kwargs`).
 
 This runs on every model call, over the whole conversation: each turn keeps its plain render (compared with the new
-render's prefix directly, no hashing of long token lists), and the digests of messages already seen are remembered.
+render's prefix directly, no hashing of long token lists). The agent's `RenderMemo` (platoon.renderers.memo) names
+each message's exact content by an int once per call; the digests of messages already seen are remembered by those
+ints, and the renderer reuses its conversions and renders of them, so a call hashes, converts and renders only the
+messages it has not seen.
 """
 
 from __future__ import annotations
@@ -289,8 +292,8 @@ def _chain(
     chain = [digest]
     for index, message in enumerate(messages):
         content_id = None if memo is None or ids is None else ids[index]
-        if content_id is not None:
-            known = memo.get((digest, content_id))  # type: ignore[union-attr]
+        if content_id is not None and memo is not None:
+            known = memo.get((digest, content_id))
             if known is not None:
                 digest = known
                 chain.append(digest)

@@ -1,17 +1,20 @@
-"""Exact content keys, and the memo of one conversation's message renders.
+"""Exact content keys, and the memo of one conversation's conversions and renders.
 
-A harness sends its whole conversation on every model call, so the gateway would render every earlier message
-again on every call (O(n) per call, O(n^2) per episode). A message's render is a function of the message, of its
-`RenderContext` (its index, whether it is last, the message before it, the index of the last user message) and of
-the renderer's settings. The gateway therefore gives each agent a `RenderMemo` (`platoon.gateway.history`) and
-makes it the active one while it renders that agent's prompt (`RENDER_MEMO`); `Renderer.generation_prompt_chunks`
-looks each message up by exactly those inputs and renders only what it has not seen.
+A harness sends its whole conversation on every model call, so the gateway would convert and render every earlier
+message again on every call (O(n) per call, O(n^2) per episode). A message's render is a function of the message, of
+its `RenderContext` (its index, whether it is last, the message before it, the index of the last user message) and
+of the renderer's settings. The gateway therefore gives each agent a `RenderMemo` (`platoon.gateway.history`) and
+makes it the active one while it renders that agent's prompt (`RENDER_MEMO`); `Renderer.render_prompt` and
+`Renderer.generation_prompt_chunks` look each message up by exactly those inputs and convert and render only what
+they have not seen.
 
 Keys are made of content, never of object identity: `content_key` writes a message as nested tuples that keep every
 type apart (`1`, `1.0` and `True` differ, `-0.0` differs from `0.0`, dict order counts), so two messages with one
 key render alike under every renderer. A value it cannot key (an object of a type it does not know) makes the
-message uncached, never wrong. A memo is dropped when its renderer's settings change (any attribute set on it), and
-is bounded (`RENDER_MEMO_ENTRIES`, emptied when full). Only renderer classes that declare `memoize_renders` use it.
+message uncached, never wrong. Each content key is hashed once per call and named by an int; the tables are keyed
+by those ints. A memo forgets its renders when its renderer's settings change (any attribute set on it), is bounded
+(`RENDER_MEMO_ENTRIES`, emptied when full), and goes with its agent. Only renderer classes that declare
+`memoize_renders` use it.
 """
 
 from __future__ import annotations

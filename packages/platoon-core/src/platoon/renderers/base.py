@@ -583,7 +583,16 @@ class Renderer(ABC):
 
     def _single_token(self, text: str) -> int:
         """The id of a control string the family needs to be one token in this tokenizer."""
-        return self._only_token(text, self._encode(text))
+        # Asked several times on every call (stops, parsing, token-in history): kept per settings version, in the
+        # instance dict directly (a version bump must not follow from the cache itself).
+        version = self.__dict__.get("_settings_version", 0)
+        known = self.__dict__.get("_single_tokens")
+        if known is None or known[0] != version:
+            known = self.__dict__["_single_tokens"] = (version, {})
+        token = known[1].get(text)
+        if token is None:
+            token = known[1][text] = self._only_token(text, self._encode(text))
+        return token
 
     def _only_token(self, text: str, tokens: list[int]) -> int:
         if len(tokens) != 1:
@@ -924,9 +933,15 @@ class Renderer(ABC):
         segments append it instead). Nothing the model wrote makes this raise: a parser failure makes the whole
         text one unparsed call.
         """
-        tokens = [int(t) for t in tokens]
-        stops = set(self.stop_token_ids())
-        cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+        tokens = list(map(int, tokens))
+        # The first stop token, each looked for by `list.index` (a scan in C), not token by token in Python.
+        cut = None
+        for stop in set(self.stop_token_ids()):
+            try:
+                found = tokens.index(stop, 0, len(tokens) if cut is None else cut)
+            except ValueError:
+                continue
+            cut = found
         if cut is not None:
             tokens = tokens[
                 : cut + 1

@@ -586,7 +586,7 @@ class Renderer(ABC):
         # Asked several times on every call (stops, parsing, token-in history): kept per settings version, in the
         # instance dict directly (a version bump must not follow from the cache itself).
         version = self.__dict__.get("_settings_version", 0)
-        known = self.__dict__.get("_single_tokens")
+        known: tuple[int, dict[str, int]] | None = self.__dict__.get("_single_tokens")
         if known is None or known[0] != version:
             known = self.__dict__["_single_tokens"] = (version, {})
         token = known[1].get(text)

@@ -687,7 +687,8 @@ class ModelGateway:
         message, generation = self._parse(tokens, stop_reason, stop, prompt=prompt, tools=tools)
 
         # 7. Record, only while the agent is open (a closed agent's late reply is returned, not recorded).
-        call_id = CALL_ID_PREFIX + uuid.uuid4().hex
+        # 128 random bits as 32 hex digits, as a uuid4's hex, without building a UUID object on every call.
+        call_id = CALL_ID_PREFIX + os.urandom(16).hex()
         if not agent.closed:
             prompt_tokens = tuple(prompt)
             rollout.interactions[call_id] = Interaction(

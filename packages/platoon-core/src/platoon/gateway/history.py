@@ -22,7 +22,10 @@ differently once the new messages follow (thinking dropped after a new user turn
 reasoning. A renderer opts out with the renderer attribute `token_in_history = False` (`renderer_kwargs`).
 
 This runs on every model call, over the whole conversation: each turn keeps its plain render (compared with the new
-render's prefix directly, no hashing of long token lists), and the digests of messages already seen are remembered.
+render's prefix directly, no hashing of long token lists). The agent's `RenderMemo` (platoon.renderers.memo) names
+each message's exact content by an int once per call; the digests of messages already seen are remembered by those
+ints, and the renderer reuses its conversions and renders of them, so a call hashes, converts and renders only the
+messages it has not seen.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from platoon.renderers.memo import RENDER_MEMO, RenderMemo
 
 __all__ = ["SEGMENT_REASONS", "AgentHistory", "PromptBuild", "Turn", "build_prompt"]
 
@@ -100,9 +105,12 @@ class AgentHistory:
 
     turns: dict[tuple[bytes, bytes], Turn] = field(default_factory=dict)
     calls: int = 0
-    #: (chain digest, role, content) -> the chain digest after that plain text message: a conversation sends its
-    #: earlier messages again on every call, and their digests do not change
-    digests: dict[tuple[bytes, str, str], bytes] = field(default_factory=dict)
+    #: (chain digest, the message's content id) -> the chain digest after that message: a conversation sends its
+    #: earlier messages again on every call, and their digests do not change (bounded: `DIGEST_MEMO_ENTRIES`)
+    digests: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
+    #: the content ids, conversions and renders of this agent's messages (platoon.renderers.memo): only new
+    #: messages are hashed, converted and rendered on a call
+    renders: RenderMemo = field(default_factory=RenderMemo)
 
     def record(
         self,
@@ -159,8 +167,18 @@ def build_prompt(
     render_kwargs: Mapping[str, Any],
 ) -> PromptBuild:
     """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them."""
-    rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
-    chain = _chain(messages, tools, render_kwargs, history.digests)
+    # The messages' content keys are made once: for the digests here, and for the renderer's memo of this
+    # agent's conversions and renders (platoon.renderers.memo), active while it renders.
+    memo = history.renders
+    ids = memo.content_ids(messages)
+    memo.request = (messages, ids)
+    active = RENDER_MEMO.set(memo)
+    try:
+        rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
+    finally:
+        RENDER_MEMO.reset(active)
+        memo.request = None
+    chain = _chain(messages, tools, render_kwargs, history.digests, ids)
     ends = _end_ids(renderer)
     head = next((i + 1 for i in range(len(rendered) - 1, -1, -1) if rendered[i] in ends), 0)
     plain = PromptBuild(
@@ -253,34 +271,39 @@ def _segment(build: PromptBuild, reason: str, turn: Turn | None = None) -> Promp
 
 # ---- digests ------------------------------------------------------------------------------------------------
 
+#: The most message digests one agent remembers before the memo is emptied: far more than a conversation holds.
+DIGEST_MEMO_ENTRIES = 4096
+
 
 def _chain(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     render_kwargs: Mapping[str, Any],
-    memo: dict[tuple[bytes, str, str], bytes] | None = None,
+    memo: dict[tuple[bytes, int], bytes] | None = None,
+    ids: Sequence[int | None] | None = None,
 ) -> list[bytes]:
     """`chain[i]` = the digest of the tools, the render kwargs and `messages[:i]` (len(messages) + 1 entries).
 
-    `memo` remembers the digest after each plain text message (a dict of a string role and string content only,
-    whose form is exactly those two) by the digest before it: only the new messages of a conversation are hashed.
+    `memo` remembers the digest after each message by the digest before it and the id of the message's exact
+    content (`ids`, from the agent's `RenderMemo.content_ids`: equal ids are equal content): only the new
+    messages of a conversation are hashed. A message without an id is hashed on every call.
     """
     digest = _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
     chain = [digest]
-    for message in messages:
-        key: tuple[bytes, str, str] | None = None
-        if memo is not None and type(message) is dict and len(message) == 2:
-            role, content = message.get("role"), message.get("content")
-            if type(role) is str and type(content) is str:
-                key = (digest, role, content)
-                known = memo.get(key)
-                if known is not None:
-                    digest = known
-                    chain.append(digest)
-                    continue
+    for index, message in enumerate(messages):
+        content_id = None if memo is None or ids is None else ids[index]
+        if content_id is not None and memo is not None:
+            known = memo.get((digest, content_id))
+            if known is not None:
+                digest = known
+                chain.append(digest)
+                continue
+        previous = digest
         digest = _digest(digest, _message_form(message))
-        if key is not None and memo is not None:
-            memo[key] = digest
+        if content_id is not None and memo is not None:
+            if len(memo) >= DIGEST_MEMO_ENTRIES:
+                memo.clear()
+            memo[(previous, content_id)] = digest
         chain.append(digest)
     return chain
 

@@ -43,18 +43,23 @@ def request_chars(
     """Characters of text in the request: message content (strings and text parts), reasoning, tool-call
     arguments, then the tools' JSON. Counting stops once `enough` is reached (the answer is then >= `enough`)."""
     total = 0
+    # Runs twice on every model call over the whole conversation: plain dicts and strings are recognised by their
+    # exact type first, since an `isinstance` check against `Mapping` costs an ABC lookup each time.
     for message in messages:
-        if not isinstance(message, Mapping):
+        if type(message) is not dict and not isinstance(message, Mapping):
             continue
-        total += _content_chars(message.get("content"))
+        content = message.get("content")
+        total += len(content) if type(content) is str else _content_chars(content)
         reasoning = message.get("reasoning_content")
         if isinstance(reasoning, str):
             total += len(reasoning)
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
-                function = call.get("function") if isinstance(call, Mapping) else None
-                arguments = function.get("arguments") if isinstance(function, Mapping) else None
+                function = call.get("function") if type(call) is dict or isinstance(call, Mapping) else None
+                if type(function) is not dict and not isinstance(function, Mapping):
+                    continue
+                arguments = function.get("arguments")
                 if isinstance(arguments, str):
                     total += len(arguments)
         if total >= enough:
@@ -73,7 +78,7 @@ def _content_chars(content: Any) -> int:
         for part in content:
             if isinstance(part, str):
                 total += len(part)
-            elif isinstance(part, Mapping):
+            elif type(part) is dict or isinstance(part, Mapping):
                 for key in ("text", "thinking", "refusal"):
                     value = part.get(key)
                     if isinstance(value, str):

@@ -6,6 +6,7 @@ gateway-facing adapter (`render_prompt`, `stop_token_ids`, `parse_completion`) o
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import itertools
@@ -21,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from platoon.errors import ConfigError
+from platoon.renderers.memo import RENDER_MEMO, RenderMemo, content_key, register_key_type
 from platoon.renderers.tokenizers import encode_long
 
 if TYPE_CHECKING:
@@ -114,6 +116,16 @@ class UnparsedToolCall:
 
     def to_dict(self) -> dict[str, Any]:
         return {"raw_text": self.raw_text, "error": self.error}
+
+
+# Renders are memoized by content (platoon.renderers.memo): the call classes are written field by field, the raw
+# text included, although it is not part of their equality.
+register_key_type(FunctionBody, lambda body: (content_key(body.name), content_key(body.arguments)))
+register_key_type(
+    ToolCall,
+    lambda call: tuple(content_key(v) for v in (call.function, call.id, call.type, call.raw_text)),
+)
+register_key_type(UnparsedToolCall, lambda call: (content_key(call.raw_text), content_key(call.error)))
 
 
 def message_to_jsonable(message: Message) -> dict[str, Any]:
@@ -520,9 +532,18 @@ class Renderer(ABC):
     #: whether the gateway reuses the exact tokens of an agent's earlier calls in its next prompt (token-in
     #: history, platoon.gateway.history); `renderer_kwargs: {token_in_history: false}` renders every prompt whole
     token_in_history: bool = True
+    #: whether `generation_prompt_chunks` may reuse a message's render from the active `RenderMemo` (the gateway
+    #: keeps one per agent; platoon.renderers.memo): true for a family whose `render_message` depends only on the
+    #: message, its `RenderContext` and the renderer's attributes, and has no effect other than its result
+    memoize_renders: bool = False
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        # Renders memoized under the earlier settings no longer hold (`_memo_renders` compares the version).
+        self.__dict__["_settings_version"] = self.__dict__.get("_settings_version", 0) + 1
 
     # ---- what a family implements --------------------------------------------------------------------------
 
@@ -562,7 +583,16 @@ class Renderer(ABC):
 
     def _single_token(self, text: str) -> int:
         """The id of a control string the family needs to be one token in this tokenizer."""
-        return self._only_token(text, self._encode(text))
+        # Asked several times on every call (stops, parsing, token-in history): kept per settings version, in the
+        # instance dict directly (a version bump must not follow from the cache itself).
+        version = self.__dict__.get("_settings_version", 0)
+        known: tuple[int, dict[str, int]] | None = self.__dict__.get("_single_tokens")
+        if known is None or known[0] != version:
+            known = self.__dict__["_single_tokens"] = (version, {})
+        token = known[1].get(text)
+        if token is None:
+            token = known[1][text] = self._only_token(text, self._encode(text))
+        return token
 
     def _only_token(self, text: str, tokens: list[int]) -> int:
         if len(tokens) != 1:
@@ -616,20 +646,68 @@ class Renderer(ABC):
         if self._bos_tokens:
             chunks.append(list(self._bos_tokens))
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        memo = self._active_memo()
+        render_id: int | None = None
+        last = len(messages) - 1
         for idx, message in enumerate(messages):
-            ctx = RenderContext(idx, idx == len(messages) - 1, messages[idx - 1] if idx else None, last_user)
-            rendered = self.render_message(message, ctx)
+            memoized = None
+            if memo is not None:
+                # A render is keyed on everything its context holds, the message before by its render id (None
+                # before the first message; a message before without one leaves this render uncached too).
+                previous, render_id = render_id, memo.render_id(message)
+                if render_id is not None and (previous is not None or not idx):
+                    entry = (render_id, previous, idx, idx == last, last_user)
+                    memoized = memo.renders.get(entry)
+                    if memoized is None:
+                        rendered = self.render_message(message, self._context(messages, idx, last_user))
+                        memoized = memo.renders[entry] = (
+                            tuple(rendered.header or ()),
+                            tuple(tuple(chunk) for chunk in rendered.output if chunk),
+                        )
+            if memoized is not None:
+                header, output = memoized
+                if header:
+                    chunks.append(list(header))
+                chunks.extend(list(chunk) for chunk in output)
+                continue
+            rendered = self.render_message(message, self._context(messages, idx, last_user))
             if rendered.header:
                 chunks.append(list(rendered.header))
             # Empty chunks are dropped: the service answers 400 to an empty encoded-text chunk.
             chunks.extend(list(chunk) for chunk in rendered.output if chunk)
         suffix_ctx = RenderContext(len(messages), True, messages[-1] if messages else None, last_user)
-        suffix = self._get_generation_suffix(role, suffix_ctx)
+        if (
+            memo is None
+            or render_id is None
+            or type(self)._get_generation_suffix is not Renderer._get_generation_suffix
+        ):
+            suffix = self._get_generation_suffix(role, suffix_ctx)
+        else:
+            # The suffix is the header of an empty message of `role` after the last one: keyed as its render is.
+            opening = (role, render_id, len(messages), last_user)
+            known = memo.suffixes.get(opening)
+            if known is None:
+                known = memo.suffixes[opening] = tuple(self._get_generation_suffix(role, suffix_ctx))
+            suffix = list(known)
         if suffix:
             chunks.append(suffix)
         if prefill:
             chunks.append(self._encode(prefill))
         return chunks
+
+    @staticmethod
+    def _context(messages: Sequence[Message], idx: int, last_user: int) -> RenderContext:
+        return RenderContext(idx, idx == len(messages) - 1, messages[idx - 1] if idx else None, last_user)
+
+    def _active_memo(self) -> RenderMemo | None:
+        """The memo of the conversation being rendered, holding this renderer's renders at its current settings;
+        None when nothing is memoized."""
+        if not self.memoize_renders:
+            return None
+        memo = RENDER_MEMO.get()
+        if memo is not None:
+            memo.bind(self, self.__dict__.get("_settings_version", 0))
+        return memo
 
     def build_generation_prompt(
         self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
@@ -738,37 +816,41 @@ class Renderer(ABC):
         (JSON-string arguments) become `ToolCall`s; empty tool-call lists are dropped; a tool message keeps its
         `tool_call_id` and `name`. OpenAI's `developer` role is the system role.
         """
-        out: list[Message] = []
-        for raw in openai_messages:
-            if not isinstance(raw, Mapping):
-                raise RendererError(f"a message must be an object; got {raw!r}")
-            role = raw.get("role")
-            if not isinstance(role, str):
-                raise RendererError(f"a message needs a role; got {raw!r}")
-            if role == "developer":
-                role = "system"
-            content = _content_from_openai(raw.get("content"))
-            message: Message = {"role": role, "content": content}
-            reasoning = raw.get("reasoning_content")
-            if reasoning is None:
-                reasoning = raw.get("reasoning")  # the newer OpenAI-compatible spelling
-            if role == "assistant" and isinstance(reasoning, str) and reasoning:
-                parts: list[ContentPart] = [{"type": "thinking", "thinking": reasoning}]
-                if isinstance(content, str):
-                    if content:
-                        parts.append({"type": "text", "text": content})
-                else:
-                    parts.extend(content)
-                message["content"] = parts
-            tool_calls = raw.get("tool_calls")
-            if tool_calls:
-                message["tool_calls"] = [ToolCall.from_obj(call) for call in tool_calls]
-            if role == "tool":
-                for key in ("tool_call_id", "name"):
-                    if raw.get(key) is not None:
-                        message[key] = raw[key]
-            out.append(message)
-        return out
+        return [self._to_renderer_message(raw) for raw in openai_messages]
+
+    def _to_renderer_message(self, raw: Any) -> Message:
+        """One OpenAI message in this renderer's message form (`to_renderer_messages`), from it alone: a render
+        memo converts each message content once."""
+        if not isinstance(raw, Mapping):
+            raise RendererError(f"a message must be an object; got {raw!r}")
+        role = raw.get("role")
+        if not isinstance(role, str):
+            raise RendererError(f"a message needs a role; got {raw!r}")
+        if role == "developer":
+            role = "system"
+        content = _content_from_openai(raw.get("content"))
+        message: Message = {"role": role, "content": content}
+        reasoning = raw.get("reasoning_content")
+        if reasoning is None:
+            reasoning = raw.get("reasoning")  # the newer OpenAI-compatible spelling
+        if role == "assistant" and isinstance(reasoning, str) and reasoning:
+            parts: list[ContentPart] = [{"type": "thinking", "thinking": reasoning}]
+            if isinstance(content, str):
+                if content:
+                    parts.append({"type": "text", "text": content})
+            else:
+                parts.extend(content)
+            message["content"] = parts
+        tool_calls = raw.get("tool_calls")
+        if tool_calls:
+            message["tool_calls"] = [ToolCall.from_obj(call) for call in tool_calls]
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                value = raw.get(key)
+                if value is not None:
+                    # A render memo keeps the message for later calls: a value the caller could change is copied.
+                    message[key] = value if isinstance(value, str) else copy.deepcopy(value)
+        return message
 
     def apply_tools(
         self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
@@ -796,8 +878,34 @@ class Renderer(ABC):
         self, openai_messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> list[int]:
         """The generation prompt's token ids for OpenAI messages and OpenAI function tools."""
-        messages = self.apply_tools(self.to_renderer_messages(openai_messages), tools)
+        memo = self._active_memo()
+        if memo is None or type(self).to_renderer_messages is not Renderer.to_renderer_messages:
+            messages = self.to_renderer_messages(openai_messages)
+        else:
+            messages = memo.converted_messages(openai_messages, self._to_renderer_message)
+        if memo is None or type(self).apply_tools is not Renderer.apply_tools:
+            messages = self.apply_tools(messages, tools)
+        else:
+            messages = self._apply_tools_memoized(memo, messages, tools)
         return list(itertools.chain.from_iterable(self.generation_prompt_chunks(messages)))
+
+    def _apply_tools_memoized(
+        self, memo: RenderMemo, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
+    ) -> list[Message]:
+        """`apply_tools`, with the messages that replace a leading system message (or go first) made once per
+        content of the tools and of that message: they depend on nothing else."""
+        if not tools:
+            return messages
+        system = messages[0] if messages and messages[0]["role"] == "system" else None
+        tools_id = memo.content_ids((tools,))[0]
+        system_id = None if system is None else memo.render_id(system)
+        if tools_id is None or (system is not None and system_id is None):
+            return self.apply_tools(messages, tools)
+        prefix = memo.prefixes.get((tools_id, system_id))
+        if prefix is None:
+            head = [] if system is None else [system]
+            prefix = memo.prefixes[(tools_id, system_id)] = memo.adopt(self.apply_tools(head, tools))
+        return [*prefix, *messages[1:]] if system is not None else [*prefix, *messages]
 
     def completion_parts(self, tokens: list[int]) -> tuple[CompletionParts, bool]:
         """Read a completion (already cut after its first stop token) into content, reasoning and tool calls.
@@ -825,9 +933,15 @@ class Renderer(ABC):
         segments append it instead). Nothing the model wrote makes this raise: a parser failure makes the whole
         text one unparsed call.
         """
-        tokens = [int(t) for t in tokens]
-        stops = set(self.stop_token_ids())
-        cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+        tokens = list(map(int, tokens))
+        # The first stop token, each looked for by `list.index` (a scan in C), not token by token in Python.
+        cut = None
+        for stop in set(self.stop_token_ids()):
+            try:
+                found = tokens.index(stop, 0, len(tokens) if cut is None else cut)
+            except ValueError:
+                continue
+            cut = found
         if cut is not None:
             tokens = tokens[
                 : cut + 1

@@ -77,6 +77,8 @@ class _DeepSeekV3Renderer(Renderer):
 
     # The cookbook's is True; platoon has no streaming parse (as for qwen3), so it says False.
     supports_streaming = False
+    #: a message's render is a function of the message, its context and the renderer's attributes
+    memoize_renders = True
 
     def __init__(
         self,

@@ -131,6 +131,10 @@ class GptOssRenderer(Renderer):
     `current_date` (today when None), is put before every conversation.
     """
 
+    #: a message's render is a function of the message, its context and the renderer's attributes (the
+    #: date of a system prompt dated today is in the message it renders)
+    memoize_renders = True
+
     def __init__(
         self,
         tokenizer: Tokenizer,

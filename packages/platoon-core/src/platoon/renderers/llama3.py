@@ -18,6 +18,9 @@ from platoon.renderers.role_colon import ensure_text
 class Llama3Renderer(Renderer):
     """Llama 3 Instruct; every message keeps its content, so it has the extension property."""
 
+    #: a message's render is a function of the message, its context and the renderer's attributes
+    memoize_renders = True
+
     @property
     def has_extension_property(self) -> bool:
         return True

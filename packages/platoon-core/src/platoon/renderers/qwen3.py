@@ -82,6 +82,8 @@ class Qwen3Renderer(Renderer):
     """
 
     supports_streaming = False
+    #: a message's render is a function of the message, its context and the renderer's attributes
+    memoize_renders = True
 
     def __init__(self, tokenizer: Tokenizer, strip_thinking_from_history: bool = True) -> None:
         super().__init__(tokenizer)

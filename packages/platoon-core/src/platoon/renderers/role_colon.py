@@ -39,6 +39,9 @@ def ensure_text(content: str | list[ContentPart]) -> str:
 class RoleColonRenderer(Renderer):
     """`User: ...\\n\\nAssistant: ...\\n\\n` (the DeepSeek R1-Zero style); tool calls are not rendered."""
 
+    #: a message's render is a function of the message, its context and the renderer's attributes
+    memoize_renders = True
+
     @property
     def has_extension_property(self) -> bool:
         return True

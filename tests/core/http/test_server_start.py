@@ -75,3 +75,29 @@ def socket_left_by_a_dead_server(path) -> bool:
     left.bind(str(path))
     left.close()
     return path.is_socket()
+
+
+def test_a_server_on_demand_starts_only_when_its_endpoint_is_asked_for():
+    import asyncio
+
+    import httpx
+
+    from platoon.gateway.http.server import GatewayServer, serving
+    from platoon.testing import make_gateway
+
+    async def main() -> None:
+        # run_episode's way: an episode whose harness only calls ctx.chat never starts a server
+        idle = make_gateway(())
+        never = GatewayServer(idle).serve_on_demand()
+        await never.astop()
+        assert serving(idle) is None and never.port == 0  # never bound a socket
+
+        gateway = make_gateway(())
+        server = GatewayServer(gateway).serve_on_demand()
+        assert serving(gateway) is server  # asked for: started now, its URL known at once
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{server.base_url}/healthz")).status_code == 200
+        await server.astop()
+        assert serving(gateway) is None
+
+    asyncio.run(main())

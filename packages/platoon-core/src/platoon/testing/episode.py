@@ -387,10 +387,10 @@ async def arun_episode(
     else:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-    # The gateway is served over HTTP for the episode (`ctx.endpoint`, command-line harnesses); `ctx.chat` stays in
-    # process. On this loop, so HTTP and in-process calls share the gateway's single-threaded state.
-    server = GatewayServer(gateway)
-    await server.astart()
+    # The gateway is served over HTTP for the episode (`ctx.endpoint`, command-line harnesses) from the first time
+    # the endpoint is asked for; `ctx.chat` stays in process. On this loop, so HTTP and in-process calls share the
+    # gateway's single-threaded state.
+    server = GatewayServer(gateway).serve_on_demand()
     try:
         collection, recorder = await recorded_rollout(
             task, service=session_service, route=route, config=config, gateway=gateway, output_dir=out

@@ -71,11 +71,19 @@ _KIND_HEADER = CALL_KIND_HEADER.lower()
 
 #: gateway -> the server serving it, so `ctx.endpoint` can find its URL (weak: a server does not keep a gateway)
 _SERVING: weakref.WeakKeyDictionary[Any, GatewayServer] = weakref.WeakKeyDictionary()
+#: gateway -> a server that starts when `serving` is first asked for it (`GatewayServer.serve_on_demand`)
+_ON_DEMAND: weakref.WeakKeyDictionary[Any, GatewayServer] = weakref.WeakKeyDictionary()
 
 
 def serving(gateway: Any) -> GatewayServer | None:
-    """The started server serving `gateway`, or None (then `ctx.endpoint` is unavailable)."""
-    return _SERVING.get(gateway)
+    """The server serving `gateway`, started now if it waited to be asked for; None when there is none (then
+    `ctx.endpoint` is unavailable)."""
+    server = _SERVING.get(gateway)
+    if server is None:
+        waiting = _ON_DEMAND.pop(gateway, None)
+        if waiting is not None:
+            server = waiting._start_on_this_loop()
+    return server
 
 
 class ChatBackend(Protocol):
@@ -524,8 +532,34 @@ class GatewayServer:
             _SERVING[self.gateway] = self
         return self
 
+    def serve_on_demand(self) -> GatewayServer:
+        """Serve on the running loop from the first time `serving(gateway)` is asked (`ctx.endpoint`, a
+        command-line harness), not before: an episode whose harness only calls `ctx.chat` never starts a server.
+        The start is synchronous (the socket is bound and listening at once; uvicorn begins accepting on the loop's
+        next turns), so the endpoint's URL is known when it is asked for. `astop` stops it, started or not. As with
+        `astart`, the gateway's latest server is the one `serving` answers with."""
+        if self._server is not None:
+            raise RuntimeError("the gateway server is already started")
+        asyncio.get_running_loop()  # its start needs this loop
+        _ON_DEMAND[self.gateway] = self
+        return self
+
+    def _start_on_this_loop(self) -> GatewayServer:
+        sock = self._bind() if self.unix_socket is None else self._bind_unix(self.unix_socket)
+        server = self._make_server()
+        server.exit_event = asyncio.Event()
+        self._server = server
+        self._task = asyncio.get_running_loop().create_task(
+            server.serve(sockets=[sock]), name=f"platoon-gateway-{self.port}"
+        )
+        if self.unix_socket is None:
+            _SERVING[self.gateway] = self
+        return self
+
     async def astop(self) -> None:
         """Stop serving: in-flight requests get up to 2 s, then are cancelled."""
+        if _ON_DEMAND.get(self.gateway) is self:  # never asked for: nothing was started
+            del _ON_DEMAND[self.gateway]
         server, task = self._server, self._task
         if server is None or task is None:
             return

@@ -172,6 +172,8 @@ def _call_id(misc: Mapping[str, Any]) -> str | None:
 
 def _flatten_prompt(prompt: Any) -> tuple[list[Any], bool]:
     """Prompt tokens as a list: ints, and non-text chunks kept whole as opaque elements; and whether any is."""
+    if type(prompt) is tuple:  # an Interaction's prompt_tokens: the gateway records them as Python ints
+        return list(prompt), False
     chunks = getattr(prompt, "chunks", None)
     if chunks is None:
         return list(map(int, prompt)), False

@@ -218,9 +218,10 @@ def test_a_local_agent_submits_through_mcp_and_its_final_message_and_exact_token
     assert list(interaction.prompt_tokens) == list(calls[0].prompt_tokens)
     assert list(interaction.sampled_tokens) == list(calls[0].tokens)
     assert "What is six times seven?" in calls[0].prompt
-    # the state dir is gone
+    # its state dir is gone (named as its log; other tests' agents may be running beside it)
     state_root = Path(os.environ.get("TMPDIR", "/tmp")) / f"platoon-harness-{os.getuid()}"
-    assert not any(p.name.startswith("acme-test-agent-") for p in state_root.glob("*"))
+    slug = Path(harness["logs_path"]).stem
+    assert slug.startswith("acme-test-agent-") and not (state_root / slug).exists()
 
 
 def test_a_local_agent_sees_only_allowlisted_host_variables(tmp_path, monkeypatch):
@@ -542,3 +543,70 @@ def test_a_toolchain_is_staged_and_bound_at_its_build_path(tmp_path, provider_na
     if provider_name == "docker":
         [mount] = service.needs[0].mounts
         assert mount.target == str(toolchain) and mount.read_only and mount.source != str(toolchain)
+
+
+def test_an_agent_cancelled_while_it_starts_is_ended_before_the_cancellation_goes_on():
+    import asyncio
+    import subprocess
+    import threading
+
+    from platoon_harnesses.spec_runner import host_process
+    from platoon_harnesses.spec_runner.kill import end_local
+
+    ended: list[tuple[int, int | None]] = []
+
+    async def end(process: Any) -> None:
+        await end_local(process, "-", 1.0)
+        ended.append((process.pid, process.returncode))
+
+    async def main() -> None:
+        # every starter thread busy: the start waits its turn, so the cancellation lands while it starts
+        release = threading.Event()
+        pool = host_process._starter_pool()
+        for _ in range(host_process.STARTER_THREADS):
+            pool.submit(release.wait)
+        task = asyncio.ensure_future(
+            host_process.start(
+                ["sleep", "60"], on_cancel=end, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        )
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        assert not task.done()  # the cancellation waits for the start
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    [(pid, code)] = ended
+    assert code == -15 and not alive(pid)  # SIGTERMed by the cleanup, not left running
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "thread"])
+def test_a_host_process_is_awaited_to_its_exit_code_through_a_timed_out_wait(monkeypatch, pidfd):
+    import asyncio
+    import subprocess
+
+    from platoon_harnesses.spec_runner import host_process
+
+    if not pidfd:  # a kernel or seccomp policy without pidfds: a thread waits instead
+
+        def refused(pid: int, flags: int = 0) -> int:
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr(host_process.os, "pidfd_open", refused)
+
+    async def main() -> tuple[int, int, int | None]:
+        async def end(process: Any) -> None:
+            raise AssertionError("not cancelled")
+
+        quick = await host_process.start(["sh", "-c", "exit 7"], on_cancel=end, stdin=subprocess.DEVNULL)
+        slow = await host_process.start(
+            ["sh", "-c", "sleep 0.5; exit 3"], on_cancel=end, stdin=subprocess.DEVNULL
+        )
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(slow.wait(), 0.01)
+        return await quick.wait(), await slow.wait(), slow.returncode
+
+    assert asyncio.run(main()) == (7, 3, 3)

@@ -6,6 +6,7 @@ get TERM, then KILL after the grace, and the state dir is deleted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.harness.spec import HarnessSetupError
 from platoon.host_env import allowed_host_env
+from platoon_harnesses.spec_runner import host_process
 from platoon_harnesses.spec_runner.kill import end_local, uncancellable
 from platoon_harnesses.spec_runner.launch import (
     LOCAL_ENV_EXTRA,
@@ -123,8 +125,10 @@ async def launch(
     with open(log_path, "ab") as log:
         offset = log.tell()
         try:
-            process = await asyncio.create_subprocess_exec(
-                *launch_plan.argv,
+            # Off the loop: on a loaded machine a start waits tens of ms for the child to reach exec.
+            process = await host_process.start(
+                list(launch_plan.argv),
+                on_cancel=functools.partial(end_local, marker=marker, grace_s=grace_s),
                 cwd=state / "work",
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -187,6 +187,7 @@ async def run_agent(
     python: str = sys.executable,
     extra: Sequence[str] = (),
     started: Any = None,
+    env_extra: dict[str, str] | None = None,
 ) -> Ran:
     """Launch the agent as a runner would (its own state dir, `work/` as cwd, a small environment) and wait for
     it; `started(process, state)` is awaited once it runs."""
@@ -200,6 +201,7 @@ async def run_agent(
         "PLATOON_API_KEY": key,
         "NO_PROXY": "127.0.0.1,localhost,::1",
         "no_proxy": "127.0.0.1,localhost,::1",
+        **(env_extra or {}),
     }
     process = await asyncio.create_subprocess_exec(
         *argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -292,7 +294,7 @@ def test_the_spec_loads_is_registered_and_ships_the_script(tmp_path):
     assert harness.exit_meaning(2) == "error" and harness.exit_meaning(4) == "error"
     argv = launch_argv(tmp_path, "http://gw", "http://gw/mcp", 50, "python3")
     assert argv == [
-        "python3", f"{tmp_path}/platoon_bash.py", "--base-url", "http://gw/v1", "--model", "policy",
+        "python3", "-S", f"{tmp_path}/platoon_bash.py", "--base-url", "http://gw/v1", "--model", "policy",
         "--instruction-file", f"{tmp_path}/instruction.md", "--final-message-file", f"{tmp_path}/final_message.txt",
         "--max-turns", "50", "--mcp-url", "http://gw/mcp",
     ]  # fmt: skip
@@ -458,6 +460,100 @@ def test_arguments_that_are_not_a_json_object_reach_no_tool():
     )
     assert module.parse_arguments("") == {} and module.parse_arguments(None) == {}
     assert module.parse_arguments({"a": 1}) == {"a": 1}
+
+
+def test_the_launched_command_line_is_read_as_argparse_reads_it(tmp_path):
+    module = script_module()
+    argv = launch_argv(tmp_path, "http://gw", "http://gw/mcp", 7, "python3")[3:]
+    quick = module.quick_args(argv)
+    assert quick is not None  # what the runner launches skips argparse
+    # the `--option=value` form is argparse's alone
+    joined = [f"{option}={value}" for option, value in zip(argv[::2], argv[1::2], strict=True)]
+    assert module.quick_args(joined) is None
+    assert vars(quick) == vars(module.parse_args(joined))
+    assert vars(quick) == {
+        "base_url": "http://gw/v1",
+        "model": "policy",
+        "instruction_file": f"{tmp_path}/instruction.md",
+        "final_message_file": f"{tmp_path}/final_message.txt",
+        "max_turns": 7,
+        "mcp_url": "http://gw/mcp",
+        "command_timeout": 120.0,
+    }
+    for unusual in (argv[:-1], [*argv, "--max-turns", "3"], [*argv[:8], "--max-turns", "x"], ["--help"]):
+        assert module.quick_args(unusual) is None
+
+
+def test_an_http_proxy_in_the_environment_is_used_unless_no_proxy_covers_the_host(tmp_path):
+    async def main() -> None:
+        async with served(["done"]) as s:
+            proxy = {"http_proxy": f"http://127.0.0.1:{closed_port()}"}
+            ran = await run_agent(tmp_path, s.server.base_url, s.agent.secret, env_extra=proxy)
+            assert ran.code == 0 and ran.final == "done", ran.stderr  # loopback is in NO_PROXY
+            bypass_off = {**proxy, "NO_PROXY": "", "no_proxy": ""}
+            ran = await run_agent(tmp_path, s.server.base_url, s.agent.secret, env_extra=bypass_off)
+            assert ran.code == 2 and "cannot connect" in ran.stderr  # it went to the (closed) proxy
+            assert s.policy.remaining == 0 and len(s.agent.calls) == 1
+
+    asyncio.run(main())
+
+
+def test_requests_share_a_kept_alive_connection_and_one_the_server_closed_is_replaced(monkeypatch):
+    import http.server
+    import threading
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    module = script_module()
+    connections: list[Any] = []
+    closed = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            connections.append(self.client_address)
+
+        def do_POST(self) -> None:
+            sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            reply = json.dumps({"path": self.path, "sent": sent}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+            self.close_connection = self.path == "/last"  # closed without a `Connection: close`
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        def shutdown_request(self, request: Any) -> None:
+            super().shutdown_request(request)
+            closed.set()
+
+    server = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def post(path: str, value: int) -> Any:
+        response = module._post_json(base + path, {"n": value}, {}, 30)
+        try:
+            return json.loads(response.read())
+        finally:
+            response.close()
+
+    try:
+        assert post("/a", 1) == {"path": "/a", "sent": {"n": 1}}
+        assert post("/last", 2) == {"path": "/last", "sent": {"n": 2}}
+        assert len(connections) == 1
+        assert closed.wait(30)
+        assert post("/b", 3) == {"path": "/b", "sent": {"n": 3}}
+        assert len(connections) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_command_timeout_kills_its_process_group(tmp_path):

@@ -15,17 +15,18 @@ unavailable or its transport failed; 1 a bad invocation.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
-import subprocess
+import socket
 import sys
-import threading
-import urllib.error
-import urllib.request
-import uuid
-from typing import Any
+import time
+
+# Imported where first needed: `subprocess` and `threading` (bash commands), `urllib.request` (a proxy or https),
+# `argparse` (an unusual command line) and `uuid`. An agent starts per rollout, and imports were most of its start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 EXIT_FINAL = 0
 EXIT_USAGE = 1
@@ -42,6 +43,8 @@ OUTPUT_CHARS = 16000
 OUTPUT_BYTES = 4 * OUTPUT_CHARS
 #: how long to keep reading a command's output after it exits while a process it left behind holds the pipe
 DRAIN_AFTER_EXIT_S = 0.5
+#: a kept-alive connection idle longer than this is not reused (servers close idle ones, uvicorn after 5 s)
+KEEP_ALIVE_IDLE_S = 2.0
 MCP_PROTOCOL = "2025-06-18"
 CLIENT_INFO = {"name": "platoon-bash", "version": "1"}
 
@@ -88,6 +91,8 @@ class _Tail:
     """Reads a pipe to its end in a thread, keeping only the last OUTPUT_BYTES bytes."""
 
     def __init__(self, stream: Any) -> None:
+        import threading
+
         self.data = bytearray()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
@@ -133,6 +138,8 @@ def run_bash(command: str, timeout_s: float) -> str:
     it started in the background still runs returns at once (the background process keeps the pipe open, so the
     wait is for the command itself, not for the end of its output).
     """
+    import subprocess
+
     global _STARTING
     _STARTING = True
     try:
@@ -170,27 +177,256 @@ def kill_commands() -> None:
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
-def _post_json(url: str, body: Any, headers: dict[str, str], timeout: float) -> Any:
-    """POST JSON and return the urllib response (the caller reads and closes it)."""
+class HttpError(Exception):
+    """A reply with status 400 or more."""
+
+    def __init__(self, status: int, reason: str, body: bytes) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+class CannotConnect(Exception):
+    """No connection to the server (refused, unresolvable, unreachable)."""
+
+
+class _Body:
+    """A reply's body as its framing delimits it (Content-Length, chunked, or until the server closes)."""
+
+    def __init__(self, stream: Any, length: int | None, chunked: bool) -> None:
+        self.stream = stream
+        self.left = length
+        self.chunked = chunked
+        self.done = length == 0 and not chunked
+        self.pending = b""
+
+    def _piece(self) -> bytes:
+        """The body's next bytes; b"" at its end."""
+        if self.done:
+            return b""
+        if self.chunked:
+            size = int(self.stream.readline(65537).split(b";", 1)[0].strip(), 16)  # ValueError when cut off
+            if size == 0:
+                while self.stream.readline(65537).strip():
+                    pass  # trailer fields, up to the blank line
+                self.done = True
+                return b""
+            data = self.stream.read(size)
+            if len(data) < size or self.stream.readline(65537).strip():
+                raise ConnectionError("the server closed the connection inside a chunked reply")
+            return data
+        if self.left is None:  # HTTP/1.0 style: the body ends when the server closes
+            data = self.stream.read1(65536)
+            self.done = not data
+            return data
+        data = self.stream.read1(min(65536, self.left))
+        if not data:
+            raise ConnectionError("the server closed the connection inside its reply")
+        self.left -= len(data)
+        self.done = self.left == 0
+        return data
+
+    def read(self) -> bytes:
+        parts = [self.pending]
+        self.pending = b""
+        while True:
+            piece = self._piece()
+            if not piece:
+                return b"".join(parts)
+            parts.append(piece)
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.pending:
+            piece = self._piece()
+            if not piece:
+                line, self.pending = self.pending, b""
+                return line
+            self.pending += piece
+        line, _, self.pending = self.pending.partition(b"\n")
+        return line + b"\n"
+
+
+class Response:
+    """A reply: `headers` (lower-case names), `read()` the body, iterate it line by line, `close()`."""
+
+    def __init__(self, headers: dict[str, str], body: Any, release: Any) -> None:
+        self.headers = headers
+        self.body = body
+        self.release = release  # called once with whether the body was read to its end
+
+    def read(self) -> bytes:
+        return bytes(self.body.read())
+
+    def __iter__(self) -> Any:
+        while True:
+            line = self.body.readline()
+            if not line:
+                return
+            yield line
+
+    def close(self) -> None:
+        if self.release is not None:
+            release, self.release = self.release, None
+            release(getattr(self.body, "done", False))
+
+
+#: kept-alive connections by (host, port): (socket, its reader, when it went idle)
+_IDLE: dict[tuple[str, int], tuple[Any, Any, float]] = {}
+
+
+def _split_url(url: str) -> tuple[str, str, int, str] | None:
+    """(host:port as written, host, port, path) of a plain `http://` URL, or None for anything else."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "http":
+        return None
+    authority, _, path = rest.partition("/")
+    if "@" in authority or "?" in authority or "#" in authority or not authority:
+        return None
+    if authority.startswith("["):  # [IPv6]:port
+        host, _, port = authority[1:].partition("]")
+        port = port[1:] if port.startswith(":") else (None if port else "")
+    else:
+        host, _, port = authority.partition(":")
+    if port is None or not (port == "" or port.isdigit()):
+        return None
+    return authority, host, int(port) if port else 80, "/" + path.partition("#")[0]
+
+
+def _proxied(authority: str) -> bool:
+    """Whether an http_proxy (or all_proxy) in the environment applies to this host, as urllib decides."""
+    if not any(os.environ.get(name) for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")):
+        return False
+    import urllib.request
+
+    return "http" in urllib.request.getproxies() and not urllib.request.proxy_bypass(authority)
+
+
+def _still_open(sock: Any) -> bool:
+    """Whether an idle kept-alive connection is still open (the server has not closed it, nor sent anything)."""
+    try:
+        sock.settimeout(0)
+        sock.recv(1, socket.MSG_PEEK)  # b"": the server closed it; data: sent out of turn
+    except BlockingIOError:
+        return True  # nothing to read: open and quiet
+    except OSError:
+        pass
+    return False
+
+
+def _connection(host: str, port: int, timeout: float) -> tuple[Any, Any]:
+    held = _IDLE.pop((host, port), None)
+    if held is not None:
+        sock, reader, since = held
+        if time.monotonic() - since < KEEP_ALIVE_IDLE_S and _still_open(sock):
+            sock.settimeout(timeout)
+            return sock, reader
+        sock.close()
+    try:
+        sock = socket.create_connection((host, port), timeout)
+    except OSError as exc:
+        raise CannotConnect(str(exc)) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock, sock.makefile("rb")
+
+
+def _reply_head(reader: Any) -> tuple[int, str, str, dict[str, str]]:
+    """(status, reason, version, headers) of a reply."""
+    line = reader.readline(65537)
+    if not line:
+        raise ConnectionError("the server closed the connection without a reply")
+    parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ConnectionError(f"not an HTTP reply: {line[:80]!r}")
+    headers: dict[str, str] = {}
+    while True:
+        field = reader.readline(65537)
+        if not field.strip():
+            break
+        name, _, value = field.decode("latin-1").partition(":")
+        name, value = name.strip().lower(), value.strip()
+        headers[name] = headers[name] + ", " + value if name in headers else value
+    return int(parts[1]), parts[2] if len(parts) > 2 else "", parts[0], headers
+
+
+def _send(method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float) -> Response:
+    """One request on a kept-alive connection (a plain http URL without a proxy), else through urllib.
+
+    Raises HttpError (status >= 400), CannotConnect, OSError or ValueError.
+    """
+    split = _split_url(url)
+    if split is None or _proxied(split[0]):
+        return _send_by_urllib(method, url, data, headers, timeout)
+    authority, host, port, path = split
+    sock, reader = _connection(host, port, timeout)
+    try:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {authority}", "User-Agent: platoon-bash/1"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if data is not None:
+            lines.append(f"Content-Length: {len(data)}")
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (data or b""))
+        status, reason, version, reply = _reply_head(reader)
+        bodiless = method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        chunked = not bodiless and "chunked" in reply.get("transfer-encoding", "").lower()
+        length = 0 if bodiless else None if chunked else reply.get("content-length")
+        body = _Body(reader, int(length) if length is not None else None, chunked)
+    except BaseException:
+        sock.close()
+        raise
+    keep = version == "HTTP/1.1" and "close" not in reply.get("connection", "").lower()
+    keep = keep and (chunked or body.left is not None)
+
+    def release(read_to_end: bool) -> None:
+        if keep and read_to_end:
+            _IDLE[(host, port)] = (sock, reader, time.monotonic())
+        else:
+            sock.close()
+
+    response = Response(reply, body, release)
+    if status >= 400:
+        try:
+            text = body.read()
+        finally:
+            response.close()
+        raise HttpError(status, reason, text)
+    return response
+
+
+def _send_by_urllib(
+    method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float
+) -> Response:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=data, method=method)
+    for name, value in headers.items():
+        request.add_header(name, value)
+    try:
+        reply = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        try:
+            text = exc.read()
+        except Exception:
+            text = b""
+        raise HttpError(exc.code, str(exc.reason), text) from None
+    except urllib.error.URLError as exc:
+        raise CannotConnect(str(exc.reason)) from None
+    return Response({k.lower(): v for k, v in reply.headers.items()}, reply, lambda _: reply.close())
+
+
+def _post_json(url: str, body: Any, headers: dict[str, str], timeout: float) -> Response:
+    """POST JSON and return the response (the caller reads and closes it)."""
     data = json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method="POST")
-    request.add_header("Content-Type", "application/json")
-    for key, value in headers.items():
-        request.add_header(key, value)
-    return urllib.request.urlopen(request, timeout=timeout)
+    return _send("POST", url, data, {"Content-Type": "application/json", **headers}, timeout)
 
 
 def _error_text(exc: BaseException) -> str:
     """One line for an HTTP or network failure (with the start of an HTTP error's body)."""
-    if isinstance(exc, urllib.error.HTTPError):
-        try:
-            body = exc.read().decode("utf-8", errors="replace")
-        except Exception:
-            body = ""
-        body = " ".join(body.split())[:500]
-        return f"HTTP {exc.code} {exc.reason}" + (": " + body if body else "")
-    if isinstance(exc, urllib.error.URLError):
-        return f"cannot connect: {exc.reason}"
+    if isinstance(exc, HttpError):
+        body = " ".join(exc.body.decode("utf-8", errors="replace").split())[:500]
+        return f"HTTP {exc.status} {exc.reason}" + (": " + body if body else "")
+    if isinstance(exc, CannotConnect):
+        return f"cannot connect: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -204,7 +440,7 @@ def chat(base_url: str, api_key: str, model: str, messages: list[Any], tools: li
             reply = json.loads(response.read().decode("utf-8"))
         finally:
             response.close()
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # HTTPError is a URLError
+    except (HttpError, CannotConnect, OSError, ValueError) as exc:
         raise ModelError(f"the model request to {url} failed: {_error_text(exc)}") from None
     try:
         message = reply["choices"][0]["message"]
@@ -241,10 +477,10 @@ class McpClient:
     def _post(self, message: dict[str, Any]) -> Any:
         try:
             response = _post_json(self.url, message, self._headers(), MCP_TIMEOUT_S)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (HttpError, CannotConnect, OSError, ValueError) as exc:
             method = message["method"]
             raise McpError(f"{method} to {self.url} failed: {_error_text(exc)}") from None
-        session = response.headers.get("Mcp-Session-Id")
+        session = response.headers.get("mcp-session-id")
         if session:
             self.session_id = session
         return response
@@ -259,7 +495,7 @@ class McpClient:
         request_id = self.next_id
         response = self._post({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
         try:
-            kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            kind = (response.headers.get("content-type") or "").split(";")[0].strip().lower()
             if kind == "text/event-stream":
                 reply = self._from_events(response, request_id)
             else:
@@ -323,12 +559,9 @@ class McpClient:
         """End the server's session, if it gave one (DELETE with the session id; failures do not matter)."""
         if not self.session_id:
             return
-        request = urllib.request.Request(self.url, method="DELETE")
-        for key, value in self._headers().items():
-            request.add_header(key, value)
         try:
-            urllib.request.urlopen(request, timeout=10).close()
-        except (urllib.error.URLError, OSError, ValueError):
+            _send("DELETE", self.url, None, self._headers(), 10).close()
+        except (HttpError, CannotConnect, OSError, ValueError):
             pass
         self.session_id = None
 
@@ -400,13 +633,19 @@ def parse_arguments(raw: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _new_call_id() -> str:
+    import uuid
+
+    return "call_" + uuid.uuid4().hex[:12]
+
+
 def one_line(text: str, limit: int = 300) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class Agent:
-    def __init__(self, args: argparse.Namespace, api_key: str, mcp: McpClient | None) -> None:
+    def __init__(self, args: Any, api_key: str, mcp: McpClient | None) -> None:
         self.args = args
         self.api_key = api_key
         self.mcp = mcp
@@ -489,7 +728,7 @@ class Agent:
                 messages.append(
                     {
                         "role": "tool",
-                        "tool_call_id": call_id or "call_" + uuid.uuid4().hex[:12],
+                        "tool_call_id": call_id or _new_call_id(),
                         "content": output,
                     }
                 )
@@ -497,15 +736,65 @@ class Agent:
         return EXIT_TURN_LIMIT, None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # a bad invocation exits 1: 2 means a failed model request
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+class Args:
+    """The command line's values, as argparse's Namespace holds them."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="platoon_bash.py", description="platoon's small bash agent (key: $PLATOON_API_KEY)")
+#: option -> attribute; the first four are required
+OPTIONS = {
+    "--base-url": "base_url",
+    "--model": "model",
+    "--instruction-file": "instruction_file",
+    "--final-message-file": "final_message_file",
+    "--max-turns": "max_turns",
+    "--mcp-url": "mcp_url",
+    "--command-timeout": "command_timeout",
+}
+REQUIRED = ("base_url", "model", "instruction_file", "final_message_file")
+
+
+def quick_args(argv: list[str]) -> Args | None:
+    """The usual command line (`--option value` pairs, each option once, the required ones present, valid
+    numbers) without argparse, whose import and set-up were a quarter of the agent's start; None for anything
+    else, which argparse then parses (or refuses) as it always did."""
+    if len(argv) % 2:
+        return None
+    values: dict[str, Any] = {}
+    for option, value in zip(argv[::2], argv[1::2]):
+        name = OPTIONS.get(option)
+        if name is None or name in values or value.startswith("-"):
+            return None
+        values[name] = value
+    if any(name not in values for name in REQUIRED):
+        return None
+    try:
+        max_turns = int(values.pop("max_turns", 50))
+        command_timeout = float(values.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT_S))
+    except ValueError:
+        return None
+    if max_turns < 1 or not command_timeout > 0:
+        return None
+    values.setdefault("mcp_url", None)
+    return Args(max_turns=max_turns, command_timeout=command_timeout, **values)
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    quick = quick_args(argv)
+    if quick is not None:
+        return quick
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # a bad invocation exits 1: 2 means a failed model request
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+
+    parser = Parser(prog="platoon_bash.py", description="platoon's small bash agent (key: $PLATOON_API_KEY)")
     parser.add_argument("--base-url", required=True, help="an OpenAI-compatible base URL (ending /v1)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--instruction-file", required=True)

@@ -517,6 +517,14 @@ def test_requests_share_a_kept_alive_connection_and_one_the_server_closed_is_rep
 
         def do_POST(self) -> None:
             sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/sse":  # an MCP reply as one SSE event, the stream's end in the same write
+                event = f"event: message\ndata: {json.dumps({'jsonrpc': '2.0', 'id': sent['id'], 'result': {}})}\n\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(f"{len(event):x}\r\n{event}\r\n0\r\n\r\n".encode())
+                return
             reply = json.dumps({"path": self.path, "sent": sent}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -546,6 +554,7 @@ def test_requests_share_a_kept_alive_connection_and_one_the_server_closed_is_rep
 
     try:
         assert post("/a", 1) == {"path": "/a", "sent": {"n": 1}}
+        assert module.McpClient(base + "/sse", "").request("tools/list", {}) == {}
         assert post("/last", 2) == {"path": "/last", "sent": {"n": 2}}
         assert len(connections) == 1
         assert closed.wait(30)

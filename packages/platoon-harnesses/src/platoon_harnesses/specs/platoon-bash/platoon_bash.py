@@ -200,12 +200,14 @@ class _Body:
         self.chunked = chunked
         self.done = length == 0 and not chunked
         self.pending = b""
+        self.at_boundary = True  # no chunk read in part (a failed read leaves it False)
 
     def _piece(self) -> bytes:
         """The body's next bytes; b"" at its end."""
         if self.done:
             return b""
         if self.chunked:
+            self.at_boundary = False
             size = int(self.stream.readline(65537).split(b";", 1)[0].strip(), 16)  # ValueError when cut off
             if size == 0:
                 while self.stream.readline(65537).strip():
@@ -215,6 +217,7 @@ class _Body:
             data = self.stream.read(size)
             if len(data) < size or self.stream.readline(65537).strip():
                 raise ConnectionError("the server closed the connection inside a chunked reply")
+            self.at_boundary = True
             return data
         if self.left is None:  # HTTP/1.0 style: the body ends when the server closes
             data = self.stream.read1(65536)
@@ -268,11 +271,13 @@ class Response:
     def close(self) -> None:
         if self.release is not None:
             release, self.release = self.release, None
-            release(getattr(self.body, "done", False))
+            release(self.body)
 
 
-#: kept-alive connections by (host, port): (socket, its reader, when it went idle)
-_IDLE: dict[tuple[str, int], tuple[Any, Any, float]] = {}
+#: kept-alive connections by (host, port): (socket, its reader, when it went idle, whether the last reply's
+#: chunked body still owes its last chunk: an SSE reply is left once it gave the reply the client waited for)
+_IDLE: dict[tuple[str, int], tuple[Any, Any, float, bool]] = {}
+LAST_CHUNK = b"0\r\n\r\n"
 
 
 def _split_url(url: str) -> tuple[str, str, int, str] | None:
@@ -314,11 +319,24 @@ def _still_open(sock: Any) -> bool:
     return False
 
 
+def _took_last_chunk(sock: Any, reader: Any) -> bool:
+    """Whether exactly the last chunk (no trailers) has arrived of a body left before its end; it is then read."""
+    try:
+        sock.settimeout(0)  # peek never waits: the bytes are there or the connection is not reused
+        if reader.peek(len(LAST_CHUNK)) != LAST_CHUNK:
+            return False
+        reader.read(len(LAST_CHUNK))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _connection(host: str, port: int, timeout: float) -> tuple[Any, Any]:
     held = _IDLE.pop((host, port), None)
     if held is not None:
-        sock, reader, since = held
-        if time.monotonic() - since < KEEP_ALIVE_IDLE_S and _still_open(sock):
+        sock, reader, since, owes_last_chunk = held
+        fresh = time.monotonic() - since < KEEP_ALIVE_IDLE_S
+        if fresh and (not owes_last_chunk or _took_last_chunk(sock, reader)) and _still_open(sock):
             sock.settimeout(timeout)
             return sock, reader
         sock.close()
@@ -376,9 +394,11 @@ def _send(method: str, url: str, data: bytes | None, headers: dict[str, str], ti
     keep = version == "HTTP/1.1" and "close" not in reply.get("connection", "").lower()
     keep = keep and (chunked or body.left is not None)
 
-    def release(read_to_end: bool) -> None:
-        if keep and read_to_end:
-            _IDLE[(host, port)] = (sock, reader, time.monotonic())
+    def release(body: _Body) -> None:
+        # a chunked body left at a chunk's end (nothing of the next one read) may be followed by its last chunk
+        left_at_boundary = body.chunked and not body.done and not body.pending and body.at_boundary
+        if keep and (body.done or left_at_boundary):
+            _IDLE[(host, port)] = (sock, reader, time.monotonic(), not body.done)
         else:
             sock.close()
 
@@ -411,7 +431,7 @@ def _send_by_urllib(
         raise HttpError(exc.code, str(exc.reason), text) from None
     except urllib.error.URLError as exc:
         raise CannotConnect(str(exc.reason)) from None
-    return Response({k.lower(): v for k, v in reply.headers.items()}, reply, lambda _: reply.close())
+    return Response({k.lower(): v for k, v in reply.headers.items()}, reply, lambda _body: reply.close())
 
 
 def _post_json(url: str, body: Any, headers: dict[str, str], timeout: float) -> Response:

@@ -39,7 +39,7 @@ def _starter_pool() -> ThreadPoolExecutor:
 class HostProcess:
     """A started child: `pid`, `returncode` (None while it runs) and `await wait()`, as asyncio's `Process`."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[Any]) -> None:
         self.popen = popen
         self.pid = popen.pid
         self._exited: asyncio.Future[None] | None = None

@@ -289,11 +289,13 @@ def _split_url(url: str) -> tuple[str, str, int, str] | None:
     if "@" in authority or "?" in authority or "#" in authority or not authority:
         return None
     if authority.startswith("["):  # [IPv6]:port
-        host, _, port = authority[1:].partition("]")
-        port = port[1:] if port.startswith(":") else (None if port else "")
+        host, _, after = authority[1:].partition("]")
+        if after and not after.startswith(":"):
+            return None
+        port = after[1:]
     else:
         host, _, port = authority.partition(":")
-    if port is None or not (port == "" or port.isdigit()):
+    if port and not port.isdigit():
         return None
     return authority, host, int(port) if port else 80, "/" + path.partition("#")[0]
 
@@ -331,6 +333,11 @@ def _took_last_chunk(sock: Any, reader: Any) -> bool:
     return True
 
 
+def _close(sock: Any, reader: Any) -> None:
+    reader.close()  # the socket's file descriptor stays open while its reader is
+    sock.close()
+
+
 def _connection(host: str, port: int, timeout: float) -> tuple[Any, Any]:
     held = _IDLE.pop((host, port), None)
     if held is not None:
@@ -339,7 +346,7 @@ def _connection(host: str, port: int, timeout: float) -> tuple[Any, Any]:
         if fresh and (not owes_last_chunk or _took_last_chunk(sock, reader)) and _still_open(sock):
             sock.settimeout(timeout)
             return sock, reader
-        sock.close()
+        _close(sock, reader)
     try:
         sock = socket.create_connection((host, port), timeout)
     except OSError as exc:
@@ -389,7 +396,7 @@ def _send(method: str, url: str, data: bytes | None, headers: dict[str, str], ti
         length = 0 if bodiless else None if chunked else reply.get("content-length")
         body = _Body(reader, int(length) if length is not None else None, chunked)
     except BaseException:
-        sock.close()
+        _close(sock, reader)
         raise
     keep = version == "HTTP/1.1" and "close" not in reply.get("connection", "").lower()
     keep = keep and (chunked or body.left is not None)
@@ -400,7 +407,7 @@ def _send(method: str, url: str, data: bytes | None, headers: dict[str, str], ti
         if keep and (body.done or left_at_boundary):
             _IDLE[(host, port)] = (sock, reader, time.monotonic(), not body.done)
         else:
-            sock.close()
+            _close(sock, reader)
 
     response = Response(reply, body, release)
     if status >= 400:

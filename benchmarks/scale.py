@@ -54,7 +54,7 @@ Columns (one row per harness and concurrency):
   once, the memory of each (their proportional set size, PSS: a page shared by n processes counts 1/n in each; the
   peak of their sum over that count, sampled from /proc by this file's parent process every 0.25 s or more) and
   their CPU time per model call (`getrusage(RUSAGE_CHILDREN)` over the phase). A configuration whose agents would
-  need more than half the memory available (13 MB each) is not run, and its row says so.
+  need more than half the memory available (7 MB each, as measured) is not run, and its row says so.
 - `gc`: the seconds the garbage collector's collections took during the phase (`gc.callbacks`); they are part of
   `cpu/call` too.
 - `lag-p99`: the event loop's lag, the 99th percentile of how late a probe task that sleeps 10 ms in a loop wakes
@@ -132,7 +132,7 @@ LONGTAIL_CAP = 20.0
 RATIO_TARGET = 0.9
 #: a command-line agent's proportional memory, about (platoon-bash's script measured 12.8 MB PSS each here): a
 #: configuration whose agents would take more than half the memory available is not run
-AGENT_PSS_MB = 13
+AGENT_PSS_MB = 7
 EXIT_USAGE = 64
 
 # ---------------------------------------------------------------------------------------------- the policy

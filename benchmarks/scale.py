@@ -71,25 +71,25 @@ figures as one JSON line instead of the table. The targets (issue 42, 2-core mac
 at 1,024 number-search rollouts and at 256 `platoon-bash` rollouts; CPU per model call at most 0.5 ms for number
 search excluding tokenization; at most 2 MB per in-flight in-process rollout.
 
-Measured (2026-12-07, main at 9fdf49d, 2 cores shared with other work, load average 3.1 before and 5.1 after;
+Measured (2026-12-07, main at 2db4b18, 2 cores shared with other work, load average 3.0 before and 3.4 after;
 `--concurrency 64,256,1024`, fixed 1 s per call):
 
     harness          conc  ep/s  ideal  ratio  cpu/call  tok/call  MB/rollout  gc     lag-p99
-    platoon-react      64   7.6    8.0   0.96   2.03 ms   0.04 ms        0.26  0.0 s    16 ms
-    platoon-react     256  28.8   32.0   0.90   1.57 ms   0.04 ms        0.26  0.5 s    63 ms
-    platoon-react    1024  72.0  128.1   0.56   1.36 ms   0.03 ms        0.24  3.1 s   660 ms
-    platoon-bash       64   4.7    8.0   0.59   5.24 ms   0.05 ms        0.48  0.5 s    98 ms
-    platoon-bash      256   8.0   32.0   0.25   5.24 ms   0.05 ms        0.46  3.4 s   584 ms
-    platoon-codeact    64   7.0    8.0   0.88   4.04 ms   0.05 ms        0.48  0.3 s    13 ms
-    platoon-codeact   256  20.4   32.1   0.64   3.50 ms   0.03 ms        0.40  1.6 s    63 ms
-    platoon-codeact  1024  27.4  128.8   0.21   4.28 ms   0.04 ms        0.38  9.9 s  1429 ms
+    platoon-react      64   7.8    8.0   0.98   1.32 ms   0.02 ms        0.30  0.0 s     7 ms
+    platoon-react     256  30.1   32.0   0.94   0.92 ms   0.01 ms        0.30  0.1 s    25 ms
+    platoon-react    1024 105.0  128.1   0.82   0.83 ms   0.01 ms        0.30  0.6 s   141 ms
+    platoon-bash       64   6.5    8.0   0.81   3.54 ms   0.02 ms        0.53  0.0 s    53 ms
+    platoon-bash      256  17.0   32.0   0.53   3.29 ms   0.02 ms        0.51  0.4 s   255 ms
+    platoon-codeact    64   7.2    8.0   0.90   3.23 ms   0.03 ms        0.56  0.0 s    11 ms
+    platoon-codeact   256  23.0   32.1   0.72   3.16 ms   0.03 ms        0.49  0.2 s    79 ms
+    platoon-codeact  1024  39.0  128.8   0.30   2.94 ms   0.05 ms        0.47  1.8 s   543 ms
 
-`platoon-bash`'s agents took 12.8 MB (PSS) and 17 ms of CPU per model call each at 64, 12.7 MB and 16 ms at 256; at
-1,024 it was not run (13 GB of agents). At 1,024 number-search rollouts the trainer's one thread needs about 1.4 ms x
-1,024 calls a second, more than the core it runs on: the phase is CPU-bound, a fifth of it in the garbage collector
-(the heap grows by 250 MB of rollout state over the phase). `platoon-bash`'s agents cost 16-17 ms of CPU per call
-(about 75 ms to start each: `urllib.request`, `subprocess`, `argparse`), and the trainer's loop blocks in
-`_posixsubprocess.fork_exec` for each agent it starts (50 ms each under this load, 12.9 s of a 37 s phase at 256).
+`platoon-bash`'s agents took 7.0 MB (PSS) and 5.7 ms of CPU per model call each at 64, 6.9 MB and 5.5 ms at 256; at
+1,024 it was not run (the guard then assumed 13 MB an agent). At 1,024 number-search rollouts the trainer's one
+thread needs about 1 ms (platoon's 0.83 and the stand-in policy's 0.18) x 1,024 calls a second: the core it runs on.
+At 256 `platoon-bash` rollouts the agents' and the trainer's CPU together (5.5 + 3.3 ms x 256 calls a second) are
+more than the machine's two cores. docs/performance.md sets these against issue 42's targets; the first run of this
+benchmark (main at 9fdf49d) gave 0.56 at 1,024 number-search rollouts and 0.25 at 256 `platoon-bash` ones.
 """
 
 from __future__ import annotations

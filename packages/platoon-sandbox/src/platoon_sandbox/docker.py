@@ -69,7 +69,7 @@ from platoon.sandbox import (
 from platoon_sandbox import egress
 from platoon_sandbox.engine import POOL, engine_client, run_in_container, written_bytes
 from platoon_sandbox.inside import KILL_ALL, LIST_OWN, OwnProcesses
-from platoon_sandbox.output import DRAIN_S, CappedOutput
+from platoon_sandbox.output import CappedOutput, drain
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import SCRIPT as FORWARDER_SCRIPT
 from platoon_sandbox.routes import ContainerForwarders
@@ -533,10 +533,8 @@ class DockerSandbox(Sandbox):
             for task in (*readers, feeder):
                 task.cancel()
             raise
-        # The pipes get DRAIN_S to drain; a background child still holding them is ignored.
-        _done, pending = await asyncio.wait([*readers, feeder], timeout=DRAIN_S)
-        for task in pending:
-            task.cancel()
+        # The pipes drain to their end, or until DRAIN_S pass with nothing read (a background child holding them).
+        await drain([*readers, feeder], [out, err])
         code = proc.returncode if proc.returncode is not None else -9
         if code != 0 and not timed_out:
             await self._raise_if_gone()

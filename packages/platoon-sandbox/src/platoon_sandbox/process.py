@@ -36,7 +36,7 @@ from platoon.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, 
 from platoon_sandbox import egress, netns, procs
 from platoon_sandbox.confine import CONFINE_MODES, Bind, Confinement, root_layout
 from platoon_sandbox.confine import unavailable as confinement_unavailable
-from platoon_sandbox.output import DRAIN_S, CappedOutput
+from platoon_sandbox.output import CappedOutput, drain
 from platoon_sandbox.registry import Registration, class_path, merge_labels, registry
 from platoon_sandbox.routes import FIRST_PORT, Forwarder, find_python
 
@@ -626,7 +626,7 @@ class ProcessSandbox(Sandbox):
             ]  # nsenter execs the command in place: same pid, group, markers
         data = stdin.encode() if isinstance(stdin, str) else stdin
         # Our own pipes, not asyncio's: its wait() also waits for the pipes to close, which a background child
-        # holding them would put off forever; here wait() is the exit, and the pipes get DRAIN_S after it.
+        # holding them would put off forever; here wait() is the exit, and the pipes drain after it (`drain`).
         out, err = _Capture(), _Capture()
         out_fd, err_fd = out.open(), err.open()
         try:
@@ -674,9 +674,9 @@ class ProcessSandbox(Sandbox):
                 killed = self._kill_tree(proc.pid, exec_marker)
                 await asyncio.shield(proc.wait())
                 await asyncio.shield(asyncio.to_thread(procs.wait_gone, killed, KILL_WAIT_S))
-        _, pending = await asyncio.wait(readers, timeout=DRAIN_S)
-        for reader in pending:
-            reader.cancel()  # a background child holds the pipe: what it writes from now on is not this result's
+        # To the pipes' end, or until DRAIN_S pass with nothing read: a background child holding a pipe is not
+        # waited for (what it writes from then on is not this result's).
+        await drain(readers, [out, err])
         out.close()
         err.close()
         code = (

@@ -130,7 +130,7 @@ AGENT_SAMPLE_S = 0.25
 LONGTAIL_SIGMA = 1.0
 LONGTAIL_CAP = 20.0
 RATIO_TARGET = 0.9
-#: a command-line agent's proportional memory, about (platoon-bash's script measured 12.8 MB PSS each here): a
+#: a command-line agent's proportional memory, about (platoon-bash's script measured 6.9-7.0 MB PSS each here): a
 #: configuration whose agents would take more than half the memory available is not run
 AGENT_PSS_MB = 7
 EXIT_USAGE = 64

@@ -23,11 +23,15 @@ def searcher(seed: int):
     rng = random.Random(seed)
 
     def next_guess(prompt: str) -> str:
-        """Half the turns a binary-search guess (from the feedback the prompt shows), half a random one in range:
-        rewards differ within a group, so every step applies an update."""
-        low, high = open_range(prompt, react_guesses(prompt))
-        guess = (low + high) // 2 if rng.random() < 0.5 else rng.randint(low, high)
-        return "\n" + tool_call("guess", {"number": guess})
+        """On a rollout's first turn, give up half the time (an answer with no guess: reward 0); otherwise the
+        binary-search guess from the feedback the prompt shows, which finds the number within the 11 turns allowed
+        (reward 1). A group of 8 then has both rewards, and its step trains, unless all 8 pick alike: both groups of a
+        step do so with odds of 1 in 16,384."""
+        guesses = react_guesses(prompt)
+        if not guesses and rng.random() < 0.5:
+            return "\nI give up."
+        low, high = open_range(prompt, guesses)
+        return "\n" + tool_call("guess", {"number": (low + high) // 2})
 
     return next_guess
 
@@ -49,9 +53,9 @@ def test_two_training_steps_of_number_search_with_platoon_bash(tmp_path: Path, m
         str(QUICKSTART),
         f"log_path={logs}",
         "train.batch_size=2",
-        "train.workflow_config.group_size=4",
+        "train.workflow_config.group_size=8",
         "train.max_training_steps=2",
-        "train.workflow_config.rollout_config.max_steps=8",
+        "train.workflow_config.rollout_config.max_steps=11",  # 0..1024 in 11 halvings
         "environments.0.harness=platoon-bash",
     ]
     with serve_policy(searcher(7)):
@@ -73,7 +77,7 @@ def test_two_training_steps_of_number_search_with_platoon_bash(tmp_path: Path, m
         for record in read_events(sorted((run / "rollouts" / "train").glob("*/events/*.jsonl")))
         if record["type"] == "trajectory_finished"
     ]
-    assert len(finished) == 2 * 2 * 4  # two steps of two groups of four, one agent each
+    assert len(finished) == 2 * 2 * 8  # two steps of two groups of eight, one agent each
     for record in finished:
         harness = record["misc"]["harness"]
         assert harness["spec"] == "platoon-bash@1" and harness["placement"] == "local"

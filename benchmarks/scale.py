@@ -492,6 +492,8 @@ def figures(options: dict[str, Any], phase: Phase, policy: Any) -> dict[str, Any
 
         text = io.StringIO()
         stats = pstats.Stats(phase.profiler, stream=text)
+        if os.environ.get("SCALE_PROFILE_DUMP"):  # the whole profile, for pstats' callers and callees views
+            stats.dump_stats(os.environ["SCALE_PROFILE_DUMP"])
         stats.sort_stats(os.environ.get("SCALE_PROFILE_SORT", "tottime")).print_stats(30)
         result["profile"] = text.getvalue()
     return result

@@ -64,9 +64,13 @@ Columns (one row per harness and concurrency):
 What the benchmark adds to the trainer's process: the probe (100 wake-ups a second) and timing wrappers around the
 renderer's `_encode` and the policy (about 3 us per model call together).
 
-`--profile` runs cProfile over the phase in each configuration's process and prints its top 30 functions by own
-time (`SCALE_PROFILE_SORT=cumulative` for the callers' view; the profiler doubles the CPU time, so the row's figures
-are then not comparable). `--json` prints each configuration's
+`--profile` runs cProfile over the phase in each configuration's process (the event loop's thread, where platoon's
+per-call work runs) and prints its top 30 functions by own time (`SCALE_PROFILE_SORT=cumulative` for the callers'
+view; `SCALE_PROFILE_DUMP=FILE` keeps the whole profile), then where that thread's CPU went by part of platoon: the
+renderer, the gateway, the environment, the harness, the episode, the trainer's accounting, the event loop and the
+stand-in policy (`cpu_by_part`: each function's own time, a built-in's or library function's charged to the platoon
+code that called it; time blocked in the loop's poll is left out). The profiler doubles the CPU time, so the row's
+figures are then not comparable: read the parts' shares. `--json` prints each configuration's
 figures as one JSON line instead of the table. The targets (issue 42, 2-core machine, 1 s per call): 90 % of the ideal
 at 1,024 number-search rollouts and at 256 `platoon-bash` rollouts; CPU per model call at most 0.5 ms for number
 search excluding tokenization; at most 2 MB per in-flight in-process rollout.
@@ -278,6 +282,87 @@ def rss_bytes(pid: int | str = "self") -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
         return 0
+
+
+#: Where a function's own time is charged, by the path of its file (the first match wins). A function in no listed
+#: file (a built-in, the standard library's json or dataclasses, pydantic, the tokenizer's bindings) is charged to its
+#: callers, in proportion to the time each call site spent in it, up to the first caller in a listed file.
+PARTS: tuple[tuple[str, str], ...] = (
+    ("/platoon/gateway/", "gateway (prompt history, request, record)"),
+    ("/platoon/renderers/", "renderer (render prompt, parse completion)"),
+    ("/platoon/envs/", "environment (tool calls, gate, grading)"),
+    ("/openreward/", "environment (tool calls, gate, grading)"),
+    ("/platoon_harnesses/", "harness"),
+    ("/platoon/episode/", "episode and rollout (program, context, deadlines)"),
+    ("/platoon/programs/", "episode and rollout (program, context, deadlines)"),
+    ("/platoon/rollouts/", "episode and rollout (program, context, deadlines)"),
+    ("/platoon/train/", "trainer accounting (groups, datums, events)"),
+    ("/platoon/trajectory_events.py", "trainer accounting (groups, datums, events)"),
+    ("/platoon/testing/", "stand-in policy (not counted in cpu/call)"),
+    ("/benchmarks/scale.py", "stand-in policy (not counted in cpu/call)"),
+    ("/asyncio/", "event loop (asyncio scheduling, timers)"),
+    ("/selectors.py", "event loop (asyncio scheduling, timers)"),
+    ("/platoon/", "platoon, other"),
+    ("<frozen importlib", "imports (a module's first use)"),
+)
+
+
+#: Built-ins whose time under the profiler is time the thread spent blocked (the event loop's poll, a lock).
+WAITS = frozenset(
+    {"<method 'poll' of 'select.epoll' objects>", "<method 'acquire' of '_thread.lock' objects>"}
+)
+
+
+def cpu_by_part(stats: Any) -> list[tuple[str, float]]:
+    """The profiled thread's CPU time by part of platoon (`PARTS`), largest first: each function's own time, and that
+    of the unlisted functions it calls. Shares are what to read: the profiler's overhead inflates every figure."""
+    table = stats.stats  # (file, line, name) -> (primitive calls, calls, own time, cumulative time, callers)
+    resolved: dict[Any, dict[str, float]] = {}
+    in_progress: set[Any] = set()  # a call cycle (recursion) is cut where it closes
+
+    def part_of(function: Any) -> str | None:
+        return next((part for needle, part in PARTS if needle in function[0]), None)
+
+    def shares(function: Any) -> dict[str, float]:
+        """What fraction of `function`'s own time each part owns."""
+        if function in resolved:
+            return resolved[function]
+        part = part_of(function)
+        if part is not None:
+            return {part: 1.0}
+        in_progress.add(function)
+        callers = table.get(function, (0, 0, 0.0, 0.0, {}))[4]
+        weights = {caller: timing[2] for caller, timing in callers.items() if caller not in in_progress}
+        total = sum(weights.values())
+        if weights and not total:  # calls too short to time: count each call site alike
+            weights, total = dict.fromkeys(weights, 1.0), float(len(weights))
+        result: dict[str, float] = {} if total else {"other (not traced to a listed caller)": 1.0}
+        for caller, weight in weights.items():
+            for caller_part, fraction in shares(caller).items():
+                result[caller_part] = result.get(caller_part, 0.0) + fraction * weight / total
+        in_progress.discard(function)
+        resolved[function] = result
+        return result
+
+    seconds: dict[str, float] = {}
+    for function, (_primitive, _calls, own, _cumulative, _callers) in table.items():
+        if function[2] in WAITS:  # the thread blocked, not computing
+            continue
+        for part, fraction in shares(function).items():
+            seconds[part] = seconds.get(part, 0.0) + own * fraction
+    return sorted(seconds.items(), key=lambda item: -item[1])
+
+
+def parts_text(parts: list[tuple[str, float]], calls: int) -> str:
+    """`cpu_by_part`'s table: the share of the profiled thread's CPU and its (profiled) microseconds per model call."""
+    total = sum(seconds for _part, seconds in parts) or 1.0
+    lines = [
+        "where the trainer's event-loop thread spent its CPU (cProfile own time, built-ins charged to callers):"
+    ]
+    for part, seconds in parts:
+        per_call = 1e6 * seconds / calls if calls else float("nan")
+        lines.append(f"  {100 * seconds / total:5.1f} %  {per_call:7.1f} us/call (profiled)  {part}")
+    return "\n".join(lines)
 
 
 class Phase:
@@ -495,7 +580,7 @@ def figures(options: dict[str, Any], phase: Phase, policy: Any) -> dict[str, Any
         if os.environ.get("SCALE_PROFILE_DUMP"):  # the whole profile, for pstats' callers and callees views
             stats.dump_stats(os.environ["SCALE_PROFILE_DUMP"])
         stats.sort_stats(os.environ.get("SCALE_PROFILE_SORT", "tottime")).print_stats(30)
-        result["profile"] = text.getvalue()
+        result["profile"] = text.getvalue() + parts_text(cpu_by_part(stats), calls) + "\n"
     return result
 
 

@@ -294,3 +294,19 @@ def test_an_evaluation_on_the_torch_engine_without_torch_is_refused_by_validate(
     assert main(["config", "validate", evaluation, "local_server.engine=torch"]) == 78
     assert [line.strip() for line in capsys.readouterr().out.splitlines()[1:]] == [TORCH_ENGINE_MISSING]
     assert main(["config", "validate", evaluation, "local_server.engine=numpy"]) == 0
+
+
+def test_an_evaluation_of_a_model_the_local_server_cannot_serve_is_refused_by_validate_and_eval_alike(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    evaluation = str(EXAMPLES / "bandit" / "eval.yaml")
+    line = (
+        "inference.model_name: the local server cannot serve './no-such-model': no such model directory; it serves "
+        "platoon/toy, a model directory, or a Hugging Face model whose tokenizer `platoon prepare CONFIG` fetched"
+    )
+    assert main(["config", "validate", evaluation, "inference.model_name=./no-such-model"]) == 78
+    assert [row.strip() for row in capsys.readouterr().out.splitlines()[1:]] == [line]
+    assert main(["eval", evaluation, "inference.model_name=./no-such-model"]) == 78
+    assert capsys.readouterr().err.splitlines()[-1] == f"platoon: {line}"
+    assert not (tmp_path / "runs").exists()  # refused before anything was written

@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
 from platoon.eval.evaluator import choose_output_dir
-from platoon.eval.policy import PolicySpec, check_policy_key, sample_timeout_line
+from platoon.eval.policy import TINKER, PolicySpec, check_policy_key, sample_timeout_line
 from platoon.eval.tasks import list_tasks
+from platoon.gateway.tinker_service import uses_local_server
 from platoon.naming import split_ref
 from platoon.rollouts.eval_records import provenance_mismatch
 from platoon.rollouts.records import RunDirInUse, check_run_dir_free, writable_dir_problem
 from platoon.startup.capabilities import policy_problems
 from platoon.startup.checks import component_problems, run_problems
+from platoon.startup.tinker import local_model_problem
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -31,6 +33,7 @@ __all__ = [
     "evaluation_problems",
     "ignored_output_dir_lines",
     "judges_problems",
+    "local_model_problems",
     "preflight_problems",
 ]
 
@@ -49,6 +52,15 @@ def evaluation_problems(config: Any, *, training: bool = False) -> list[str]:
     if not training:
         problems += judges_problems(config)
     return problems
+
+
+def local_model_problems(spec: PolicySpec, *, where: str = "inference.model_name") -> list[str]:
+    """The refusal of a base model the local Tinker-compatible server cannot serve, when the policy samples there
+    (a typo or a missing directory is named before the server starts, not reported by its first sampler)."""
+    if spec.backend != TINKER or not uses_local_server(spec.base_url):
+        return []
+    problem = local_model_problem(spec.model, where=where)
+    return [] if problem is None else [problem]
 
 
 def judges_problems(config: Any) -> list[str]:
@@ -129,7 +141,7 @@ async def preflight_problems(config: PlatoonEvalConfig, loaded: LoadedConfig) ->
             problems += exc.problems
         if (refusal := provenance_mismatch(choice.path, spec.provenance())) is not None:
             problems.append(refusal)
-    config_problems = evaluation_problems(config)
+    config_problems = evaluation_problems(config) + local_model_problems(spec)
     problems += config_problems
     if not config_problems:
         try:

@@ -20,7 +20,12 @@ from platoon.eval.tasks import list_tasks
 from platoon.rollouts.eval_records import provenance_mismatch
 from platoon.rollouts.records import writable_dir_problem
 from platoon.startup.capabilities import policy_problems
-from platoon.startup.evaluation import check_output_dir_free, evaluation_problems, ignored_output_dir_lines
+from platoon.startup.evaluation import (
+    check_output_dir_free,
+    evaluation_problems,
+    ignored_output_dir_lines,
+    local_model_problems,
+)
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -54,7 +59,7 @@ async def start_evaluation(
         refusal = provenance_mismatch(choice.path, spec.provenance())
         if refusal is not None:
             raise ConfigError(refusal)
-    problems = evaluation_problems(config)
+    problems = evaluation_problems(config) + local_model_problems(spec)
     if not problems:
         problems = await policy_problems(spec)  # what the Tinker service says it can do, before any rollout
     if problems:

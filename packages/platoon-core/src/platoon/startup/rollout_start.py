@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from platoon.errors import ConfigError
 from platoon.eval.one_task import WRONG_KIND, RolloutOptions, is_training, policy_of, roll_out, run_dir_for
-from platoon.eval.policy import TINKER, PolicySpec, check_policy_key, sample_timeout_line
+from platoon.eval.policy import PolicySpec, check_policy_key, sample_timeout_line
 from platoon.eval.tasks import resolve_task
-from platoon.gateway.tinker_service import uses_local_server
 from platoon.renderers import renderer_names
 from platoon.rollouts.records import writable_dir_problem
-from platoon.startup.evaluation import check_output_dir_free, evaluation_problems
-from platoon.startup.tinker import local_model_problem
+from platoon.startup.evaluation import check_output_dir_free, evaluation_problems, local_model_problems
 
 if TYPE_CHECKING:
     from platoon.config.loader import LoadedConfig
@@ -41,12 +39,9 @@ def _renderer_problem(spec: PolicySpec) -> str | None:
     return f"--renderer: unknown renderer {spec.renderer!r}{hint}"
 
 
-def _local_model_problem(spec: PolicySpec, options: RolloutOptions, *, training: bool) -> str | None:
-    """A base model the local server (when the policy samples it) cannot serve: refused before it starts."""
-    if spec.backend != TINKER or not uses_local_server(spec.base_url):
-        return None
-    where = "--model" if options.model else ("train.model_name" if training else "inference.model_name")
-    return local_model_problem(spec.model, where=where)
+def _local_model_where(options: RolloutOptions, *, training: bool) -> str:
+    """The setting a refused local base model is named by: the command line's, else the config's."""
+    return "--model" if options.model else ("train.model_name" if training else "inference.model_name")
 
 
 async def start_adhoc_rollout(
@@ -64,9 +59,9 @@ async def start_adhoc_rollout(
     if line is not None:
         say(line)
     problems = evaluation_problems(config, training=training)
-    for problem in (_renderer_problem(spec), _local_model_problem(spec, options, training=training)):
-        if problem is not None:
-            problems.append(problem)
+    if (renderer := _renderer_problem(spec)) is not None:
+        problems.append(renderer)
+    problems += local_model_problems(spec, where=_local_model_where(options, training=training))
     if problems:
         raise ConfigError(problems)
     run_dir = run_dir_for(loaded, options, now=now)

@@ -101,12 +101,12 @@ def test_llama3_remap(monkeypatch: pytest.MonkeyPatch):
         return name
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_from_pretrained)
-    tokenizer_module._load_hf_tokenizer.cache_clear()
+    tokenizer_module._load_hf_tokenizer_once.cache_clear()
     try:
         assert get_tokenizer("meta-llama/Llama-3.1-8B-Instruct") == tokenizer_module.LLAMA3_TOKENIZER
         assert get_tokenizer("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
     finally:
-        tokenizer_module._load_hf_tokenizer.cache_clear()
+        tokenizer_module._load_hf_tokenizer_once.cache_clear()
     assert loaded == [
         (tokenizer_module.LLAMA3_TOKENIZER, {"use_fast": True}),
         ("Qwen/Qwen3-8B", {"use_fast": True}),
@@ -124,3 +124,24 @@ def test_im_end_must_be_one_token():
     renderer = get_renderer("qwen3", TokenizersTokenizer(plain, name_or_path="plain"))
     with pytest.raises(RendererError, match=re.escape("<|im_end|> to be one token in 'plain'")):
         renderer.get_stop_sequences()
+
+
+def test_a_hugging_face_tokenizer_loads_from_several_threads_at_once_in_a_fresh_process(qwen3_tokenizer_dir):
+    """transformers imports its tokenizer modules lazily, and two threads importing them at once made the second
+    fail with "cannot import name 'AutoTokenizer'": the local server builds base models on worker threads."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, concurrent.futures as futures\n"
+        "from platoon.renderers.tokenizers import get_tokenizer\n"
+        "with futures.ThreadPoolExecutor(4) as pool:\n"
+        "    loaded = list(pool.map(lambda _: get_tokenizer(sys.argv[1]), range(4)))\n"
+        "print(len({id(tokenizer) for tokenizer in loaded}), loaded[0].encode('hello world', add_special_tokens=False))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(qwen3_tokenizer_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "1"  # one load, shared by the four threads
+    assert done.stdout.strip().endswith("[14990, 1879]")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,11 @@ TokenizerFactory = Callable[[], Any]
 LONG_TEXT_CHARS = 8192
 
 _REGISTRY: dict[str, TokenizerFactory] = {}
+
+#: One Hugging Face tokenizer load at a time: transformers' lazily imported modules are not safe to import from two
+#: threads at once (the second thread gets "cannot import name 'AutoTokenizer'" while the first is still importing),
+#: and the local server builds base models on worker threads.
+_HF_LOAD_LOCK = threading.Lock()
 
 LLAMA3_PREFIX = "meta-llama/Llama-3"
 LLAMA3_TOKENIZER = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
@@ -102,8 +108,13 @@ def get_tokenizer(name: str) -> Any:
     return _load_hf_tokenizer(name)
 
 
-@functools.cache
 def _load_hf_tokenizer(name: str) -> Any:
+    with _HF_LOAD_LOCK:
+        return _load_hf_tokenizer_once(name)
+
+
+@functools.cache
+def _load_hf_tokenizer_once(name: str) -> Any:
     from transformers import AutoTokenizer
 
     if os.path.isdir(name):

@@ -256,6 +256,27 @@ def test_evaluation_runs_at_the_configured_steps_and_never_twice_across_a_resume
         r"platoon: evaluation of step 4: reward \d\.\d{3} over 4 rollouts; \d+\.\d s", said[0]
     )
 
+    # A start stopped after its final checkpoint, before the final evaluation's row (what a SIGKILL then leaves):
+    # the next start evaluates the last step and trains nothing.
+    evaluations = (run / "evaluations.jsonl").read_text().splitlines(keepends=True)
+    (run / "evaluations.jsonl").write_text("".join(evaluations[:-1]))
+    checkpoints = _rows(run / "checkpoints.jsonl")
+    assert main(_small(site, "train.max_training_steps=4", *overrides)) == 0
+    err = capsys.readouterr().err
+    assert (
+        "nothing to train" not in err
+        and "evaluating it, which the start that trained it did not finish" in err
+    )
+    assert [row["step"] for row in _rows(run / "evaluations.jsonl")] == [0, 2, 4]
+    assert [row["step"] for row in _rows(run / "metrics.jsonl") if "train/step" in row] == [1, 2, 3, 4]
+    assert [row["name"] for row in _rows(run / "checkpoints.jsonl")][: len(checkpoints)] == [
+        row["name"] for row in checkpoints
+    ]
+    assert "final" not in [row["name"] for row in _rows(run / "checkpoints.jsonl")][len(checkpoints) :]
+    # and then the run is done
+    assert main(_small(site, "train.max_training_steps=4", *overrides)) == 0
+    assert "nothing to train" in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_an_evaluation_that_raises_stops_the_run_at_the_next_step_in_one_line(site, capsys, monkeypatch):

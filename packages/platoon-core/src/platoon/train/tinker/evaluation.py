@@ -41,6 +41,7 @@ __all__ = [
     "eval_due",
     "evaluate",
     "evaluated_steps",
+    "final_evaluation_due",
     "list_eval_tasks",
     "record_evaluation",
 ]
@@ -71,6 +72,16 @@ def eval_due(step: int, *, every: int, at_start: bool, done: set[int] | frozense
     if step == 0:
         return at_start
     return step % every == 0
+
+
+def final_evaluation_due(
+    config: Any, run_dir: str | os.PathLike[str], end_step: int, *, has_tasks: bool
+) -> bool:
+    """Whether a run that reached its last step still owes that step's evaluation: the start that trained it was
+    stopped (killed, or the machine lost) after the final checkpoint and before the evaluation's row."""
+    return has_tasks and eval_due(
+        end_step, every=config.eval.every or 0, at_start=config.eval.at_start, done=evaluated_steps(run_dir)
+    )
 
 
 def evaluated_steps(run_dir: str | os.PathLike[str]) -> set[int]:

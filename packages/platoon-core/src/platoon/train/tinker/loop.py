@@ -833,6 +833,8 @@ class Trainer:
         try:
             progress.begin(
                 f"training {train.model_name} for steps {self.start_batch + 1}..{self.end_batch} in {self.run_dir}"
+                if self.start_batch < self.end_batch
+                else f"evaluating {train.model_name} at step {self.end_batch} in {self.run_dir}"
             )
             for step in range(self.start_batch, self.end_batch):
                 if stop_requested():  # asked between two steps (or while the service opened): no new step
@@ -858,7 +860,8 @@ class Trainer:
                 # A start that trained nothing and ended on failing groups did not succeed: no final checkpoint
                 # marks the run done, so the same command trains these steps again once the cause is fixed.
                 return await self._groups_failed(self.end_batch)
-            await self._save("final", self.end_batch)
+            if self.start_batch < self.end_batch:  # else the resumed checkpoint is the final one
+                await self._save("final", self.end_batch)
             if evaluating:
                 try:
                     await self._wait_for_evaluation(self.end_batch)

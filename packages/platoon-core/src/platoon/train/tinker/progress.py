@@ -238,6 +238,8 @@ class TrainingProgress:
             )
         else:
             reward = "no scored rollout"
+        if self.done <= self.first_step:  # a start that only evaluated the last step
+            return f"done: evaluated step {self.done} in {took}; checkpoints in {checkpoints}"
         return (
             f"done: steps {self.first_step + 1}..{self.done} in {took} ({self.updated} with an update); {reward}; "
             f"checkpoints in {checkpoints}"

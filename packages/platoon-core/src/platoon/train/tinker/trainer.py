@@ -25,6 +25,7 @@ from platoon.renderers import get_renderer, get_tokenizer
 from platoon.rollouts import records
 from platoon.rollouts.workers import ipc
 from platoon.sandbox_runs import reap_run, set_run_label
+from platoon.train.tinker.evaluation import final_evaluation_due
 from platoon.train.tinker.heartbeat import doing, say
 from platoon.train.tinker.loop import Trainer, stopped_before_training
 from platoon.train.tinker.supervisor import hold_for_trainer, stop_requested
@@ -152,9 +153,14 @@ async def run_training(
         # built or started (renderer, services, the local server), and its records stay as its last start left them.
         end_batch, per_epoch = total_steps(config, order.total_tasks)
         if resume is not None and resume.start_batch >= end_batch:
-            say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
-            say(_how_to_go_on(config, end_batch, per_epoch))
-            return 0
+            if not final_evaluation_due(config, run_dir, end_batch, has_tasks=bool(checked.eval_tasks)):
+                say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
+                say(_how_to_go_on(config, end_batch, per_epoch))
+                return 0
+            say(
+                f"{run_dir} already reached step {end_batch} of {end_batch}; evaluating it, which the start that "
+                "trained it did not finish"
+            )
         _write_records(run_dir, config, loaded)
         doing("loading the renderer")
         renderer = await _renderer(config)

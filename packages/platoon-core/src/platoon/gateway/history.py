@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from platoon.renderers.memo import RENDER_MEMO, RenderMemo
+from platoon.gateway.measure import request_chars
+from platoon.renderers.memo import RENDER_MEMO, RenderMemo, key_or_none
 
 __all__ = ["SEGMENT_REASONS", "AgentHistory", "PromptBuild", "Turn", "build_prompt"]
 
@@ -111,6 +112,24 @@ class AgentHistory:
     #: the content ids, conversions and renders of this agent's messages (platoon.renderers.memo): only new
     #: messages are hashed, converted and rendered on a call
     renders: RenderMemo = field(default_factory=RenderMemo)
+    #: (the tools' content id, the render kwargs' content key) -> the digest the request chain starts from, and
+    #: the tools' content id -> the characters of their JSON: an agent sends the same tools on every call, and
+    #: dumping them as JSON cost more than the rest of the chain (bounded: `TOOLS_MEMO_ENTRIES`)
+    heads: dict[tuple[int, Hashable], bytes] = field(default_factory=dict)
+    tool_sizes: dict[int, int] = field(default_factory=dict)
+
+    def tools_id(self, tools: Sequence[Any]) -> int | None:
+        """The id of the tools' exact content in this agent's memo (None: they have no content key)."""
+        return self.renders.content_ids((tools,))[0]
+
+    def tools_chars(self, tools: Sequence[Any], tools_id: int) -> int:
+        """`request_chars` of the tools alone (`tools_id`: their id from `tools_id`, made on this call)."""
+        size = self.tool_sizes.get(tools_id)
+        if size is None:
+            if len(self.tool_sizes) >= TOOLS_MEMO_ENTRIES:
+                self.tool_sizes.clear()
+            size = self.tool_sizes[tools_id] = request_chars((), tools)
+        return size
 
     def record(
         self,
@@ -165,24 +184,32 @@ def build_prompt(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     render_kwargs: Mapping[str, Any],
+    *,
+    tools_id: int | None = None,
 ) -> PromptBuild:
-    """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them."""
-    # The messages' content keys are made once: for the digests here, and for the renderer's memo of this
-    # agent's conversions and renders (platoon.renderers.memo), active while it renders.
+    """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them.
+
+    `tools_id`: the tools' content id (`AgentHistory.tools_id`) when the caller made it on this call, with nothing
+    run since that could change them; None: made here."""
+    # The messages' (and the tools') content keys are made once: for the digests here, and for the renderer's
+    # memo of this agent's conversions and renders (platoon.renderers.memo), active while it renders.
     memo = history.renders
     ids = memo.content_ids(messages)
-    memo.request = (messages, ids)
+    if tools and tools_id is None:
+        tools_id = history.tools_id(tools)
+    memo.request = (messages, ids, tools, tools_id)
     active = RENDER_MEMO.set(memo)
     try:
         rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
     finally:
         RENDER_MEMO.reset(active)
         memo.request = None
-    chain = _chain(messages, tools, render_kwargs, history.digests, ids)
+    chain = _chain(messages, _head(history, tools, tools_id, render_kwargs), history.digests, ids)
     ends = _end_ids(renderer)
     head = next((i + 1 for i in range(len(rendered) - 1, -1, -1) if rendered[i] in ends), 0)
+    request_digest, opening_length = chain[-1], len(rendered) - head
     plain = PromptBuild(
-        rendered, request_digest=chain[-1], rendered=rendered, opening_length=len(rendered) - head
+        rendered, request_digest=request_digest, rendered=rendered, opening_length=opening_length
     )
     if history.calls == 0:
         return _segment(plain, "first_call")
@@ -200,7 +227,13 @@ def build_prompt(
         "reused_tokens": len(turn.prompt) + len(turn.sampled),
         "segment": None,
     }
-    return replace(plain, tokens=tokens, history=history_record)
+    return PromptBuild(
+        tokens,
+        history_record,
+        request_digest=request_digest,
+        rendered=rendered,
+        opening_length=opening_length,
+    )
 
 
 def _end_ids(renderer: Any) -> set[int]:
@@ -273,22 +306,51 @@ def _segment(build: PromptBuild, reason: str, turn: Turn | None = None) -> Promp
 
 #: The most message digests one agent remembers before the memo is emptied: far more than a conversation holds.
 DIGEST_MEMO_ENTRIES = 4096
+#: The most (tools, render kwargs) heads and tool sizes one agent remembers: an agent sends one or a few tool sets.
+TOOLS_MEMO_ENTRIES = 64
+
+#: the `heads` key part that stands for no tools (content ids are never negative)
+_NO_TOOLS = -1
+
+
+def _head(
+    history: AgentHistory,
+    tools: Sequence[Mapping[str, Any]] | None,
+    tools_id: int | None,
+    render_kwargs: Mapping[str, Any],
+) -> bytes:
+    """The digest of the tools and the render kwargs, the start of the request chain: remembered by the tools'
+    content id (`tools_id`, None when they have none) and the kwargs' content key, the same content by definition."""
+    kwargs_key = key_or_none(dict(render_kwargs))
+    if kwargs_key is None or (tools and tools_id is None):
+        return _head_digest(tools, render_kwargs)
+    key = (tools_id if tools and tools_id is not None else _NO_TOOLS, kwargs_key)
+    digest = history.heads.get(key)
+    if digest is None:
+        if len(history.heads) >= TOOLS_MEMO_ENTRIES:
+            history.heads.clear()
+        digest = history.heads[key] = _head_digest(tools, render_kwargs)
+    return digest
+
+
+def _head_digest(tools: Sequence[Mapping[str, Any]] | None, render_kwargs: Mapping[str, Any]) -> bytes:
+    return _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
 
 
 def _chain(
     messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None,
-    render_kwargs: Mapping[str, Any],
+    head: bytes,
     memo: dict[tuple[bytes, int], bytes] | None = None,
     ids: Sequence[int | None] | None = None,
 ) -> list[bytes]:
-    """`chain[i]` = the digest of the tools, the render kwargs and `messages[:i]` (len(messages) + 1 entries).
+    """`chain[i]` = the digest of the tools and the render kwargs (`head`) and `messages[:i]` (len(messages) + 1
+    entries).
 
     `memo` remembers the digest after each message by the digest before it and the id of the message's exact
     content (`ids`, from the agent's `RenderMemo.content_ids`: equal ids are equal content): only the new
     messages of a conversation are hashed. A message without an id is hashed on every call.
     """
-    digest = _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
+    digest = head
     chain = [digest]
     for index, message in enumerate(messages):
         content_id = None if memo is None or ids is None else ids[index]

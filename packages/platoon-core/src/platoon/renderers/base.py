@@ -897,7 +897,7 @@ class Renderer(ABC):
         if not tools:
             return messages
         system = messages[0] if messages and messages[0]["role"] == "system" else None
-        tools_id = memo.content_ids((tools,))[0]
+        tools_id = memo.tools_id(tools)
         system_id = None if system is None else memo.render_id(system)
         if tools_id is None or (system is not None and system_id is None):
             return self.apply_tools(messages, tools)

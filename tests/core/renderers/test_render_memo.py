@@ -16,7 +16,7 @@ import pytest
 
 from platoon.gateway.history import AgentHistory, build_prompt
 from platoon.renderers import RenderContext, RendererError, get_renderer
-from platoon.renderers.memo import RenderMemo, Unkeyable, content_key, key_or_none
+from platoon.renderers.memo import RENDER_MEMO, RenderMemo, Unkeyable, content_key, key_or_none
 from platoon.renderers.qwen3 import Qwen3InstructRenderer
 from platoon.testing import toy_tokenizer
 
@@ -93,6 +93,26 @@ def test_a_message_edited_in_place_between_calls_renders_as_it_reads_now() -> No
     second = _memoized(renderer, history, messages, None)
     assert second == _plain(renderer, messages, None)
     assert second != first
+
+
+def test_prompts_and_chunks_handed_out_are_the_callers_own() -> None:
+    # The memo's renders are shared with every later call: what a caller does to its prompt must not reach them.
+    renderer = _qwen3()
+    history = AgentHistory()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    first = build_prompt(renderer, history, messages, None, {})
+    first.tokens[:] = [0] * len(first.tokens)
+    assert build_prompt(renderer, history, messages, None, {}).tokens == _plain(renderer, messages, None)
+    converted = renderer.to_renderer_messages(messages)
+    expected = renderer.generation_prompt_chunks(converted)
+    active = RENDER_MEMO.set(history.renders)
+    try:
+        for chunk in renderer.generation_prompt_chunks(converted):
+            chunk[:] = [0] * len(chunk)
+        again = renderer.generation_prompt_chunks(converted)
+    finally:
+        RENDER_MEMO.reset(active)
+    assert again == expected
 
 
 @pytest.mark.parametrize(

@@ -641,10 +641,17 @@ class Renderer(ABC):
         self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
     ) -> list[list[int]]:
         """The generation prompt as token chunks (the chunks of `build_generation_prompt`'s ModelInput)."""
+        return [list(piece) for piece in self._prompt_pieces(messages, role, prefill)]
+
+    def _prompt_pieces(
+        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
+    ) -> list[Sequence[int]]:
+        """`generation_prompt_chunks` with the memo's own tuples in it, not copied: for callers that only read
+        them (`render_prompt` joins them into one list, and a copy of each first would double its work)."""
         messages = list(messages)
-        chunks: list[list[int]] = []
+        chunks: list[Sequence[int]] = []
         if self._bos_tokens:
-            chunks.append(list(self._bos_tokens))
+            chunks.append(self._bos_tokens)
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
         memo = self._active_memo()
         render_id: int | None = None
@@ -667,15 +674,16 @@ class Renderer(ABC):
             if memoized is not None:
                 header, output = memoized
                 if header:
-                    chunks.append(list(header))
-                chunks.extend(list(chunk) for chunk in output)
+                    chunks.append(header)
+                chunks.extend(output)  # the memo keeps only non-empty chunks
                 continue
             rendered = self.render_message(message, self._context(messages, idx, last_user))
             if rendered.header:
-                chunks.append(list(rendered.header))
+                chunks.append(rendered.header)
             # Empty chunks are dropped: the service answers 400 to an empty encoded-text chunk.
-            chunks.extend(list(chunk) for chunk in rendered.output if chunk)
+            chunks.extend(chunk for chunk in rendered.output if chunk)
         suffix_ctx = RenderContext(len(messages), True, messages[-1] if messages else None, last_user)
+        suffix: Sequence[int]
         if (
             memo is None
             or render_id is None
@@ -688,7 +696,7 @@ class Renderer(ABC):
             known = memo.suffixes.get(opening)
             if known is None:
                 known = memo.suffixes[opening] = tuple(self._get_generation_suffix(role, suffix_ctx))
-            suffix = list(known)
+            suffix = known
         if suffix:
             chunks.append(suffix)
         if prefill:
@@ -887,7 +895,12 @@ class Renderer(ABC):
             messages = self.apply_tools(messages, tools)
         else:
             messages = self._apply_tools_memoized(memo, messages, tools)
-        return list(itertools.chain.from_iterable(self.generation_prompt_chunks(messages)))
+        if type(self).generation_prompt_chunks is not Renderer.generation_prompt_chunks:
+            return list(itertools.chain.from_iterable(self.generation_prompt_chunks(messages)))
+        tokens: list[int] = []
+        for piece in self._prompt_pieces(messages):
+            tokens += piece
+        return tokens
 
     def _apply_tools_memoized(
         self, memo: RenderMemo, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None

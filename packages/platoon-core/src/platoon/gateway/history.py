@@ -117,6 +117,9 @@ class AgentHistory:
     #: dumping them as JSON cost more than the rest of the chain (bounded: `TOOLS_MEMO_ENTRIES`)
     heads: dict[tuple[int, Hashable], bytes] = field(default_factory=dict)
     tool_sizes: dict[int, int] = field(default_factory=dict)
+    #: a recorded reply's `_reply_signature` -> its reply digest: a harness sends the reply back as it came, and
+    #: the digest parses and dumps its arguments again (bounded: `DIGEST_MEMO_ENTRIES`)
+    reply_digests: dict[tuple[str, ...], bytes] = field(default_factory=dict)
 
     def tools_id(self, tools: Sequence[Any]) -> int | None:
         """The id of the tools' exact content in this agent's memo (None: they have no content key)."""
@@ -146,7 +149,13 @@ class AgentHistory:
         self.calls += 1
         if not build.request_digest:
             return
-        key = (build.request_digest, _reply_digest(reply))
+        digest = _reply_digest(reply)
+        signature = _reply_signature(reply)
+        if signature is not None:
+            if len(self.reply_digests) >= DIGEST_MEMO_ENTRIES:
+                self.reply_digests.clear()
+            self.reply_digests[signature] = digest
+        key = (build.request_digest, digest)
         self.turns[key] = Turn(
             call_id=call_id,
             prompt=tuple(build.tokens) if prompt is None else prompt,
@@ -167,7 +176,9 @@ class AgentHistory:
             message = messages[j]
             if not isinstance(message, Mapping) or message.get("role") != "assistant":
                 continue
-            turn = self.turns.get((chain[j], _reply_digest(message)))
+            signature = _reply_signature(message)
+            digest = None if signature is None else self.reply_digests.get(signature)
+            turn = self.turns.get((chain[j], _reply_digest(message) if digest is None else digest))
             if turn is None:
                 continue
             # A client may drop the reasoning it was given, but one that sends other reasoning wrote a new turn.
@@ -384,6 +395,18 @@ def _reply_digest(message: Mapping[str, Any]) -> bytes:
     """
     calls = [[_call_name(call), _arguments(call)] for call in message.get("tool_calls") or ()]
     return _digest(b"", [_text(message.get("content")).strip(), calls])
+
+
+def _reply_signature(message: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """What `_reply_digest` is made of, unparsed: the stripped text, then each call's name and arguments text
+    (None when an argument is not a string). Equal signatures have equal digests, and one costs far less."""
+    signature = [_text(message.get("content")).strip()]
+    for call in message.get("tool_calls") or ():
+        arguments = _call_field(_call_function(call), "arguments")
+        if type(arguments) is not str:
+            return None
+        signature += (_call_name(call), arguments)
+    return tuple(signature)
 
 
 def _message_form(message: Any) -> Any:

@@ -207,6 +207,34 @@ def test_a_growing_conversation_renders_only_its_new_messages() -> None:
     assert max(per_call[1:]) <= 4
 
 
+class EncodeCountingRenderer(Qwen3InstructRenderer):
+    """qwen3_instruct, counting its encodes (two a message render: the header and the text) and leaving its
+    rendering methods as they are, so that its renders are memoized on the little they read (`_turn_memo`)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.__dict__["encoded"] = 0
+
+    def _encode(self, text: str) -> list[int]:
+        self.__dict__["encoded"] += 1
+        return super()._encode(text)
+
+
+def test_a_qwen3_conversation_renders_each_new_message_once() -> None:
+    renderer = EncodeCountingRenderer(toy_tokenizer())
+    assert renderer._turn_memo() and not CountingRenderer(toy_tokenizer())._turn_memo()
+    plain = Qwen3InstructRenderer(toy_tokenizer())
+    history = AgentHistory()
+    per_call = []
+    for turns in range(1, 30):
+        messages = _react_conversation(turns)
+        before = renderer.encoded
+        assert _memoized(renderer, history, messages, TOOLS) == _plain(plain, messages, TOOLS)
+        per_call.append((renderer.encoded - before) / 2)
+    # The new assistant turn and tool result only: the message that was last and the suffix keep their renders.
+    assert per_call[1:] == [2] * 28
+
+
 def test_a_full_memo_is_emptied_and_renders_stay_right() -> None:
     renderer = _qwen3()
     history = AgentHistory(renders=RenderMemo(limit=8))

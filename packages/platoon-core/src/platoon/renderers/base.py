@@ -654,16 +654,22 @@ class Renderer(ABC):
             chunks.append(self._bos_tokens)
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
         memo = self._active_memo()
+        turn_only = memo is not None and self._turn_memo()
         render_id: int | None = None
         last = len(messages) - 1
         for idx, message in enumerate(messages):
             memoized = None
             if memo is not None:
                 # A render is keyed on everything its context holds, the message before by its render id (None
-                # before the first message; a message before without one leaves this render uncached too).
+                # before the first message; a message before without one leaves this render uncached too), or on
+                # the little of it the family reads (`_turn_memo`).
                 previous, render_id = render_id, memo.render_id(message)
-                if render_id is not None and (previous is not None or not idx):
+                entry: tuple[Any, ...] | None = None
+                if render_id is not None and turn_only:
+                    entry = (render_id, idx > 0, idx == last and message["role"] == "assistant")
+                elif render_id is not None and (previous is not None or not idx):
                     entry = (render_id, previous, idx, idx == last, last_user)
+                if entry is not None:
                     memoized = memo.renders.get(entry)
                     if memoized is None:
                         rendered = self.render_message(message, self._context(messages, idx, last_user))
@@ -686,13 +692,13 @@ class Renderer(ABC):
         suffix: Sequence[int]
         if (
             memo is None
-            or render_id is None
+            or (render_id is None and not turn_only)
             or type(self)._get_generation_suffix is not Renderer._get_generation_suffix
         ):
             suffix = self._get_generation_suffix(role, suffix_ctx)
         else:
             # The suffix is the header of an empty message of `role` after the last one: keyed as its render is.
-            opening = (role, render_id, len(messages), last_user)
+            opening = (role, bool(messages)) if turn_only else (role, render_id, len(messages), last_user)
             known = memo.suffixes.get(opening)
             if known is None:
                 known = memo.suffixes[opening] = tuple(self._get_generation_suffix(role, suffix_ctx))
@@ -702,6 +708,14 @@ class Renderer(ABC):
         if prefill:
             chunks.append(self._encode(prefill))
         return chunks
+
+    def _turn_memo(self) -> bool:
+        """Whether `render_message` reads of its context only whether the message is the first and, for an
+        assistant message, whether it is the last (and the generation suffix only the role and whether a message
+        precedes it). Its renders are then memoized on those alone: a message keeps its render as the conversation
+        grows past it, and the suffix is rendered once. A family says so of the methods it wrote, never of a
+        subclass's overrides (those are keyed on the whole context)."""
+        return False
 
     @staticmethod
     def _context(messages: Sequence[Message], idx: int, last_user: int) -> RenderContext:

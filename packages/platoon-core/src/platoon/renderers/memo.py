@@ -109,8 +109,10 @@ class RenderMemo:
       their place (`Renderer.apply_tools`), each adopted like a converted message.
     - `renders`: (render id, render id of the message before, idx, is_last, last user index) -> the render as
       (header tokens, non-empty output chunks); `suffixes`: (role, render id of the last message, its index + 1,
-      last user index) -> the generation suffix. Tuples of ints only: the garbage collector stops tracking them,
-      so an agent's memo adds next to nothing to what a full collection walks.
+      last user index) -> the generation suffix. For a family whose renders read less of their context
+      (`Renderer._turn_memo`): (render id, idx > 0, is the last message and an assistant one) and (role, whether a
+      message precedes it). Tuples of ints only: the garbage collector stops tracking them, so an agent's memo adds
+      next to nothing to what a full collection walks.
     - `request`: the OpenAI messages of the call being rendered and their ids, then its tools and their id (None
       for none), made once by the gateway for its own digests and read here for the conversion and the tools.
     """
@@ -131,10 +133,8 @@ class RenderMemo:
 
     def __init__(self, limit: int = RENDER_MEMO_ENTRIES) -> None:
         self.ids: dict[Hashable, int] = {}
-        self.renders: dict[
-            tuple[int, int | None, int, bool, int], tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
-        ] = {}
-        self.suffixes: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
+        self.renders: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = {}
+        self.suffixes: dict[tuple[Any, ...], tuple[int, ...]] = {}
         self.converted: dict[int, Any] = {}
         self.prefixes: dict[tuple[int, int | None], list[Any]] = {}
         self.canonical: dict[int, int] = {}

@@ -119,6 +119,8 @@ def test_tools_grown_in_place_past_the_threshold_render_off_the_event_loop():
 
 
 def test_a_message_edited_in_place_after_it_was_sent_is_not_matched():
+    # The reply's calls are the recorded reply's own objects (only its top level is copied for the harness): the
+    # turn must be known by what the reply held when it was recorded.
     def edit(tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
         messages[1]["tool_calls"][0]["function"]["arguments"] = '{"number": 51}'
 

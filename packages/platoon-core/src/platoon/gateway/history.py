@@ -25,7 +25,9 @@ This runs on every model call, over the whole conversation: each turn keeps its 
 render's prefix directly, no hashing of long token lists). The agent's `RenderMemo` (platoon.renderers.memo) names
 each message's exact content by an int once per call; the digests of messages already seen are remembered by those
 ints, and the renderer reuses its conversions and renders of them, so a call hashes, converts and renders only the
-messages it has not seen.
+messages it has not seen. The tools are named the same way, and the digest the chain starts from is remembered by
+their id and the render kwargs; a reply sent back as it came is known by its text and arguments text
+(`_reply_signature`), without parsing its arguments or hashing it.
 """
 
 from __future__ import annotations
@@ -94,17 +96,29 @@ class Turn:
     tool_names: tuple[str, ...]
     #: whether sampling stopped on its own (a stop token or a stop string) rather than at the completion budget
     stopped: bool = True
+    #: the reply's `_reply_signature`; its reply digest is made from it only when a request needs it (made at once
+    #: for a reply without a signature)
+    signature: tuple[str, ...] | None = None
+    digest: bytes | None = None
 
     @property
     def rendered_length(self) -> int:
         return len(self.rendered)
 
+    @property
+    def reply_digest(self) -> bytes:
+        if self.digest is not None:
+            return self.digest
+        assert self.signature is not None  # one of the two is set when the turn is recorded
+        return _signature_digest(self.signature)
+
 
 @dataclass
 class AgentHistory:
-    """An agent's recorded calls, keyed by (request digest, reply digest)."""
+    """An agent's recorded calls, by their request digest (latest last): a later request repeats one of them
+    when its messages up to an assistant turn have that digest and the turn that reply's digest."""
 
-    turns: dict[tuple[bytes, bytes], Turn] = field(default_factory=dict)
+    turns: dict[bytes, list[Turn]] = field(default_factory=dict)
     calls: int = 0
     #: (chain digest, the message's content id) -> the chain digest after that message: a conversation sends its
     #: earlier messages again on every call, and their digests do not change (bounded: `DIGEST_MEMO_ENTRIES`)
@@ -117,9 +131,6 @@ class AgentHistory:
     #: dumping them as JSON cost more than the rest of the chain (bounded: `TOOLS_MEMO_ENTRIES`)
     heads: dict[tuple[int, Hashable], bytes] = field(default_factory=dict)
     tool_sizes: dict[int, int] = field(default_factory=dict)
-    #: a recorded reply's `_reply_signature` -> its reply digest: a harness sends the reply back as it came, and
-    #: the digest parses and dumps its arguments again (bounded: `DIGEST_MEMO_ENTRIES`)
-    reply_digests: dict[tuple[str, ...], bytes] = field(default_factory=dict)
 
     def tools_id(self, tools: Sequence[Any]) -> int | None:
         """The id of the tools' exact content in this agent's memo (None: they have no content key)."""
@@ -149,23 +160,23 @@ class AgentHistory:
         self.calls += 1
         if not build.request_digest:
             return
-        digest = _reply_digest(reply)
+        # The signature holds the reply's strings as they are now: a harness that later edits the reply's calls
+        # in place does not change what this turn was.
         signature = _reply_signature(reply)
-        if signature is not None:
-            if len(self.reply_digests) >= DIGEST_MEMO_ENTRIES:
-                self.reply_digests.clear()
-            self.reply_digests[signature] = digest
-        key = (build.request_digest, digest)
-        self.turns[key] = Turn(
-            call_id=call_id,
-            prompt=tuple(build.tokens) if prompt is None else prompt,
-            sampled=tuple(sampled),
-            rendered=build.rendered,
-            opening_length=build.opening_length,
-            content=_text(reply.get("content")).strip(),
-            reasoning=_reasoning(reply).strip(),
-            tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
-            stopped=stop_reason != "length",
+        self.turns.setdefault(build.request_digest, []).append(
+            Turn(
+                call_id=call_id,
+                prompt=tuple(build.tokens) if prompt is None else prompt,
+                sampled=tuple(sampled),
+                rendered=build.rendered,
+                opening_length=build.opening_length,
+                content=_text(reply.get("content")).strip(),
+                reasoning=_reasoning(reply).strip(),
+                tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
+                stopped=stop_reason != "length",
+                signature=signature,
+                digest=_reply_digest(reply) if signature is None else None,
+            )
         )
 
     def match(self, chain: list[bytes], messages: Sequence[Mapping[str, Any]]) -> Turn | None:
@@ -176,9 +187,10 @@ class AgentHistory:
             message = messages[j]
             if not isinstance(message, Mapping) or message.get("role") != "assistant":
                 continue
-            signature = _reply_signature(message)
-            digest = None if signature is None else self.reply_digests.get(signature)
-            turn = self.turns.get((chain[j], _reply_digest(message) if digest is None else digest))
+            recorded = self.turns.get(chain[j])
+            if not recorded:
+                continue
+            turn = _latest_with_reply(recorded, message)
             if turn is None:
                 continue
             # A client may drop the reasoning it was given, but one that sends other reasoning wrote a new turn.
@@ -397,6 +409,22 @@ def _reply_digest(message: Mapping[str, Any]) -> bytes:
     return _digest(b"", [_text(message.get("content")).strip(), calls])
 
 
+def _latest_with_reply(recorded: list[Turn], message: Mapping[str, Any]) -> Turn | None:
+    """The latest of `recorded` whose reply has the reply digest of `message`. A reply sent back as it came has
+    the latest turn's signature, and no digest is made then."""
+    signature = _reply_signature(message)
+    if signature is not None and recorded[-1].signature == signature:
+        return recorded[-1]
+    digest = _reply_digest(message)
+    return next((turn for turn in reversed(recorded) if turn.reply_digest == digest), None)
+
+
+def _signature_digest(signature: tuple[str, ...]) -> bytes:
+    """`_reply_digest` of a reply with this `_reply_signature`."""
+    calls = [[signature[i], _json_value(signature[i + 1])] for i in range(1, len(signature), 2)]
+    return _digest(b"", [signature[0], calls])
+
+
 def _reply_signature(message: Mapping[str, Any]) -> tuple[str, ...] | None:
     """What `_reply_digest` is made of, unparsed: the stripped text, then each call's name and arguments text
     (None when an argument is not a string). Equal signatures have equal digests, and one costs far less."""
@@ -469,9 +497,12 @@ def _call_name(call: Any) -> str:
 def _arguments(call: Any) -> Any:
     """The call's arguments as a JSON value (a client may re-serialise the JSON text it was given)."""
     arguments = _call_field(_call_function(call), "arguments")
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
+    return _json_value(arguments) if isinstance(arguments, str) else arguments
+
+
+def _json_value(text: str) -> Any:
+    """`text` read as JSON, or `text` itself when it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

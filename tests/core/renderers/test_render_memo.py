@@ -16,7 +16,7 @@ import pytest
 
 from platoon.gateway.history import AgentHistory, build_prompt
 from platoon.renderers import RenderContext, RendererError, get_renderer
-from platoon.renderers.memo import RenderMemo, Unkeyable, content_key, key_or_none
+from platoon.renderers.memo import RENDER_MEMO, RenderMemo, Unkeyable, content_key, key_or_none
 from platoon.renderers.qwen3 import Qwen3InstructRenderer
 from platoon.testing import toy_tokenizer
 
@@ -93,6 +93,26 @@ def test_a_message_edited_in_place_between_calls_renders_as_it_reads_now() -> No
     second = _memoized(renderer, history, messages, None)
     assert second == _plain(renderer, messages, None)
     assert second != first
+
+
+def test_prompts_and_chunks_handed_out_are_the_callers_own() -> None:
+    # The memo's renders are shared with every later call: what a caller does to its prompt must not reach them.
+    renderer = _qwen3()
+    history = AgentHistory()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    first = build_prompt(renderer, history, messages, None, {})
+    first.tokens[:] = [0] * len(first.tokens)
+    assert build_prompt(renderer, history, messages, None, {}).tokens == _plain(renderer, messages, None)
+    converted = renderer.to_renderer_messages(messages)
+    expected = renderer.generation_prompt_chunks(converted)
+    active = RENDER_MEMO.set(history.renders)
+    try:
+        for chunk in renderer.generation_prompt_chunks(converted):
+            chunk[:] = [0] * len(chunk)
+        again = renderer.generation_prompt_chunks(converted)
+    finally:
+        RENDER_MEMO.reset(active)
+    assert again == expected
 
 
 @pytest.mark.parametrize(
@@ -185,6 +205,34 @@ def test_a_growing_conversation_renders_only_its_new_messages() -> None:
         per_call.append(renderer.rendered - before - (len(messages) + 1))  # less the plain render's own
     # The new assistant turn and tool result, the message that was last before, and the generation suffix.
     assert max(per_call[1:]) <= 4
+
+
+class EncodeCountingRenderer(Qwen3InstructRenderer):
+    """qwen3_instruct, counting its encodes (two a message render: the header and the text) and leaving its
+    rendering methods as they are, so that its renders are memoized on the little they read (`_turn_memo`)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.__dict__["encoded"] = 0
+
+    def _encode(self, text: str) -> list[int]:
+        self.__dict__["encoded"] += 1
+        return super()._encode(text)
+
+
+def test_a_qwen3_conversation_renders_each_new_message_once() -> None:
+    renderer = EncodeCountingRenderer(toy_tokenizer())
+    assert renderer._turn_memo() and not CountingRenderer(toy_tokenizer())._turn_memo()
+    plain = Qwen3InstructRenderer(toy_tokenizer())
+    history = AgentHistory()
+    per_call = []
+    for turns in range(1, 30):
+        messages = _react_conversation(turns)
+        before = renderer.encoded
+        assert _memoized(renderer, history, messages, TOOLS) == _plain(plain, messages, TOOLS)
+        per_call.append((renderer.encoded - before) / 2)
+    # The new assistant turn and tool result only: the message that was last and the suffix keep their renders.
+    assert per_call[1:] == [2] * 28
 
 
 def test_a_full_memo_is_emptied_and_renders_stay_right() -> None:

@@ -127,6 +127,19 @@ def test_decode_examples_including_invalid_utf8(example: dict[str, Any]):
     )
 
 
+def test_decode_takes_token_ids_in_any_form_int_takes():
+    # A plain list of ints goes to the backend as it is; other forms are read as `int()` reads them.
+    tok = toy_tokenizer()
+    ids = tok.encode("Guess 42, then 17.")
+    text = tok.decode(ids)
+    assert text == "Guess 42, then 17."
+    for form in (tuple(ids), [float(i) for i in ids], [str(i) for i in ids], iter(ids)):
+        assert tok.decode(form) == text
+    assert tok.decode(ids[0]) == tok.decode(ids[:1])
+    with pytest.raises(OverflowError):
+        tok.decode([*ids, -1])
+
+
 def test_loads_with_tokenizers_from_file():
     from tokenizers import Tokenizer
 

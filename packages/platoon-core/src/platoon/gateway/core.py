@@ -604,18 +604,21 @@ class ModelGateway:
             # before it renders.
             window = self.context_window_length
             limit = self.max_prompt_tokens
-            if window is not None and window <= limit:
-                floor = await self._token_floor(messages, window)
+            bounded = window is not None and window <= limit
+            bound = window if window is not None and bounded else limit + 1
+            # The messages' text is counted once, for both of its uses: this bound, and whether to render off the
+            # loop (counting stops past what either needs to know).
+            chars = request_chars(messages, None, enough=max(bound, OFF_LOOP_CHARS))
+            floor = await self._token_floor(messages, bound, chars)
+            if window is not None and bounded:
                 if floor >= window:
                     agent.context_overflows += 1
                     raise ContextWindowExceeded(floor, window, at_least=True)
-            else:
-                floor = await self._token_floor(messages, limit + 1)
-                if floor > limit:
-                    raise PromptTooLong(floor, limit, at_least=True)
+            elif floor > limit:
+                raise PromptTooLong(floor, limit, at_least=True)
 
             # 3. Render (reusing the exact tokens of this agent's earlier calls where the conversation repeats them).
-            built = await self._render(agent, messages, tools, render_kwargs)
+            built = await self._render(agent, messages, tools, render_kwargs, chars)
             prompt = built.tokens
 
             # 4. Fit to the context window.
@@ -731,14 +734,30 @@ class ModelGateway:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         render_kwargs: dict[str, Any],
+        message_chars: int | None = None,
     ) -> PromptBuild:
         """The prompt of one call. A large request renders in a worker thread: tokenizing megabytes takes
         seconds, and the event loop serves every other agent (and `/healthz`) meanwhile; a small one renders here,
         where it costs less than the thread hop (`OFF_LOOP_CHARS`). A renderer's refusal of a message is the
-        caller's error (`InvalidRequest`, 400), not the gateway's."""
+        caller's error (`InvalidRequest`, 400), not the gateway's. `message_chars`: `request_chars` of the
+        messages alone, when the caller counted them already (up to at least `OFF_LOOP_CHARS`)."""
         try:
-            if request_chars(messages, tools) < OFF_LOOP_CHARS:
-                return self._render_now(agent, messages, tools, render_kwargs)
+            if message_chars is None:
+                message_chars = request_chars(messages, None)
+            # The tools are the same on most calls of an agent: their id and size are looked up, not measured again
+            # (the id goes to the render, which needs it too; nothing can change them before it runs here).
+            rollout = self._rollouts.get(agent.rollout_id)
+            settings = None if rollout is None else rollout._settings.get(agent.agent_id)
+            tools_id = None if settings is None or not tools else settings.history.tools_id(tools)
+            chars = message_chars
+            if chars < OFF_LOOP_CHARS and tools:
+                chars += (
+                    request_chars((), tools)
+                    if settings is None or tools_id is None
+                    else settings.history.tools_chars(tools, tools_id)
+                )
+            if chars < OFF_LOOP_CHARS:
+                return self._render_now(agent, messages, tools, render_kwargs, tools_id)
             try:
                 return await asyncio.to_thread(self._render_now, agent, messages, tools, render_kwargs)
             except KeyError:
@@ -748,12 +767,13 @@ class ModelGateway:
         except RendererError as exc:
             raise InvalidRequest(f"the messages cannot be rendered: {exc}") from exc
 
-    async def _token_floor(self, messages: list[dict[str, Any]], window: int) -> int:
+    async def _token_floor(self, messages: list[dict[str, Any]], window: int, chars: int) -> int:
         """A lower bound on the prompt's token count (`platoon.gateway.measure.prompt_token_floor`); 0 when the
-        request is too short to matter or the tokenizer's vocabulary cannot be read."""
+        request is too short to matter or the tokenizer's vocabulary cannot be read. `chars`: `request_chars` of
+        the messages, counted up to at least `window`."""
         # A character is at most 4 UTF-8 bytes and a token at least one byte: fewer than window / 4 characters
         # cannot reach the window, and most requests stop here.
-        if 4 * request_chars(messages, None, enough=window) < window:
+        if 4 * chars < window:
             return 0
         tokenizer = getattr(self.renderer, "tokenizer", None)
         known, span = known_token_span(tokenizer)
@@ -788,11 +808,13 @@ class ModelGateway:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         render_kwargs: dict[str, Any],
+        tools_id: int | None = None,
     ) -> PromptBuild:
-        """The prompt of one call, rendered synchronously: token-in history over the agent's recorded calls."""
+        """The prompt of one call, rendered synchronously: token-in history over the agent's recorded calls
+        (`tools_id`: the tools' content id, made just before on this thread; None: made here)."""
         rollout = self._rollouts[agent.rollout_id]
         history = rollout._settings[agent.agent_id].history
-        return build_prompt(self.renderer, history, messages, tools, render_kwargs)
+        return build_prompt(self.renderer, history, messages, tools, render_kwargs, tools_id=tools_id)
 
     def restrict_to_policy(self, agent: AgentRecord) -> None:
         """Mark `agent` policy-only from now on (its children inherit it): its key is about to be placed where

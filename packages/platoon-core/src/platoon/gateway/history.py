@@ -25,18 +25,21 @@ This runs on every model call, over the whole conversation: each turn keeps its 
 render's prefix directly, no hashing of long token lists). The agent's `RenderMemo` (platoon.renderers.memo) names
 each message's exact content by an int once per call; the digests of messages already seen are remembered by those
 ints, and the renderer reuses its conversions and renders of them, so a call hashes, converts and renders only the
-messages it has not seen.
+messages it has not seen. The tools are named the same way, and the digest the chain starts from is remembered by
+their id and the render kwargs; a reply sent back as it came is known by its text and arguments text
+(`_reply_signature`), without parsing its arguments or hashing it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from platoon.renderers.memo import RENDER_MEMO, RenderMemo
+from platoon.gateway.measure import request_chars
+from platoon.renderers.memo import RENDER_MEMO, RenderMemo, key_or_none
 
 __all__ = ["SEGMENT_REASONS", "AgentHistory", "PromptBuild", "Turn", "build_prompt"]
 
@@ -93,17 +96,29 @@ class Turn:
     tool_names: tuple[str, ...]
     #: whether sampling stopped on its own (a stop token or a stop string) rather than at the completion budget
     stopped: bool = True
+    #: the reply's `_reply_signature`; its reply digest is made from it only when a request needs it (made at once
+    #: for a reply without a signature)
+    signature: tuple[str, ...] | None = None
+    digest: bytes | None = None
 
     @property
     def rendered_length(self) -> int:
         return len(self.rendered)
 
+    @property
+    def reply_digest(self) -> bytes:
+        if self.digest is not None:
+            return self.digest
+        assert self.signature is not None  # one of the two is set when the turn is recorded
+        return _signature_digest(self.signature)
+
 
 @dataclass
 class AgentHistory:
-    """An agent's recorded calls, keyed by (request digest, reply digest)."""
+    """An agent's recorded calls, by their request digest (latest last): a later request repeats one of them
+    when its messages up to an assistant turn have that digest and the turn that reply's digest."""
 
-    turns: dict[tuple[bytes, bytes], Turn] = field(default_factory=dict)
+    turns: dict[bytes, list[Turn]] = field(default_factory=dict)
     calls: int = 0
     #: (chain digest, the message's content id) -> the chain digest after that message: a conversation sends its
     #: earlier messages again on every call, and their digests do not change (bounded: `DIGEST_MEMO_ENTRIES`)
@@ -111,6 +126,24 @@ class AgentHistory:
     #: the content ids, conversions and renders of this agent's messages (platoon.renderers.memo): only new
     #: messages are hashed, converted and rendered on a call
     renders: RenderMemo = field(default_factory=RenderMemo)
+    #: (the tools' content id, the render kwargs' content key) -> the digest the request chain starts from, and
+    #: the tools' content id -> the characters of their JSON: an agent sends the same tools on every call, and
+    #: dumping them as JSON cost more than the rest of the chain (bounded: `TOOLS_MEMO_ENTRIES`)
+    heads: dict[tuple[int, Hashable], bytes] = field(default_factory=dict)
+    tool_sizes: dict[int, int] = field(default_factory=dict)
+
+    def tools_id(self, tools: Sequence[Any]) -> int | None:
+        """The id of the tools' exact content in this agent's memo (None: they have no content key)."""
+        return self.renders.content_ids((tools,))[0]
+
+    def tools_chars(self, tools: Sequence[Any], tools_id: int) -> int:
+        """`request_chars` of the tools alone (`tools_id`: their id from `tools_id`, made on this call)."""
+        size = self.tool_sizes.get(tools_id)
+        if size is None:
+            if len(self.tool_sizes) >= TOOLS_MEMO_ENTRIES:
+                self.tool_sizes.clear()
+            size = self.tool_sizes[tools_id] = request_chars((), tools)
+        return size
 
     def record(
         self,
@@ -127,17 +160,23 @@ class AgentHistory:
         self.calls += 1
         if not build.request_digest:
             return
-        key = (build.request_digest, _reply_digest(reply))
-        self.turns[key] = Turn(
-            call_id=call_id,
-            prompt=tuple(build.tokens) if prompt is None else prompt,
-            sampled=tuple(sampled),
-            rendered=build.rendered,
-            opening_length=build.opening_length,
-            content=_text(reply.get("content")).strip(),
-            reasoning=_reasoning(reply).strip(),
-            tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
-            stopped=stop_reason != "length",
+        # The signature holds the reply's strings as they are now: a harness that later edits the reply's calls
+        # in place does not change what this turn was.
+        signature = _reply_signature(reply)
+        self.turns.setdefault(build.request_digest, []).append(
+            Turn(
+                call_id=call_id,
+                prompt=tuple(build.tokens) if prompt is None else prompt,
+                sampled=tuple(sampled),
+                rendered=build.rendered,
+                opening_length=build.opening_length,
+                content=_text(reply.get("content")).strip(),
+                reasoning=_reasoning(reply).strip(),
+                tool_names=tuple(_call_name(call) for call in reply.get("tool_calls") or ()),
+                stopped=stop_reason != "length",
+                signature=signature,
+                digest=_reply_digest(reply) if signature is None else None,
+            )
         )
 
     def match(self, chain: list[bytes], messages: Sequence[Mapping[str, Any]]) -> Turn | None:
@@ -148,7 +187,10 @@ class AgentHistory:
             message = messages[j]
             if not isinstance(message, Mapping) or message.get("role") != "assistant":
                 continue
-            turn = self.turns.get((chain[j], _reply_digest(message)))
+            recorded = self.turns.get(chain[j])
+            if not recorded:
+                continue
+            turn = _latest_with_reply(recorded, message)
             if turn is None:
                 continue
             # A client may drop the reasoning it was given, but one that sends other reasoning wrote a new turn.
@@ -165,24 +207,32 @@ def build_prompt(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     render_kwargs: Mapping[str, Any],
+    *,
+    tools_id: int | None = None,
 ) -> PromptBuild:
-    """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them."""
-    # The messages' content keys are made once: for the digests here, and for the renderer's memo of this
-    # agent's conversions and renders (platoon.renderers.memo), active while it renders.
+    """The prompt of a call: the plain render, or an earlier call's exact tokens and the render after them.
+
+    `tools_id`: the tools' content id (`AgentHistory.tools_id`) when the caller made it on this call, with nothing
+    run since that could change them; None: made here."""
+    # The messages' (and the tools') content keys are made once: for the digests here, and for the renderer's
+    # memo of this agent's conversions and renders (platoon.renderers.memo), active while it renders.
     memo = history.renders
     ids = memo.content_ids(messages)
-    memo.request = (messages, ids)
+    if tools and tools_id is None:
+        tools_id = history.tools_id(tools)
+    memo.request = (messages, ids, tools, tools_id)
     active = RENDER_MEMO.set(memo)
     try:
         rendered = list(renderer.render_prompt(messages, tools=tools or None, **render_kwargs))
     finally:
         RENDER_MEMO.reset(active)
         memo.request = None
-    chain = _chain(messages, tools, render_kwargs, history.digests, ids)
+    chain = _chain(messages, _head(history, tools, tools_id, render_kwargs), history.digests, ids)
     ends = _end_ids(renderer)
     head = next((i + 1 for i in range(len(rendered) - 1, -1, -1) if rendered[i] in ends), 0)
+    request_digest, opening_length = chain[-1], len(rendered) - head
     plain = PromptBuild(
-        rendered, request_digest=chain[-1], rendered=rendered, opening_length=len(rendered) - head
+        rendered, request_digest=request_digest, rendered=rendered, opening_length=opening_length
     )
     if history.calls == 0:
         return _segment(plain, "first_call")
@@ -200,7 +250,13 @@ def build_prompt(
         "reused_tokens": len(turn.prompt) + len(turn.sampled),
         "segment": None,
     }
-    return replace(plain, tokens=tokens, history=history_record)
+    return PromptBuild(
+        tokens,
+        history_record,
+        request_digest=request_digest,
+        rendered=rendered,
+        opening_length=opening_length,
+    )
 
 
 def _end_ids(renderer: Any) -> set[int]:
@@ -273,22 +329,51 @@ def _segment(build: PromptBuild, reason: str, turn: Turn | None = None) -> Promp
 
 #: The most message digests one agent remembers before the memo is emptied: far more than a conversation holds.
 DIGEST_MEMO_ENTRIES = 4096
+#: The most (tools, render kwargs) heads and tool sizes one agent remembers: an agent sends one or a few tool sets.
+TOOLS_MEMO_ENTRIES = 64
+
+#: the `heads` key part that stands for no tools (content ids are never negative)
+_NO_TOOLS = -1
+
+
+def _head(
+    history: AgentHistory,
+    tools: Sequence[Mapping[str, Any]] | None,
+    tools_id: int | None,
+    render_kwargs: Mapping[str, Any],
+) -> bytes:
+    """The digest of the tools and the render kwargs, the start of the request chain: remembered by the tools'
+    content id (`tools_id`, None when they have none) and the kwargs' content key, the same content by definition."""
+    kwargs_key = key_or_none(dict(render_kwargs))
+    if kwargs_key is None or (tools and tools_id is None):
+        return _head_digest(tools, render_kwargs)
+    key = (tools_id if tools and tools_id is not None else _NO_TOOLS, kwargs_key)
+    digest = history.heads.get(key)
+    if digest is None:
+        if len(history.heads) >= TOOLS_MEMO_ENTRIES:
+            history.heads.clear()
+        digest = history.heads[key] = _head_digest(tools, render_kwargs)
+    return digest
+
+
+def _head_digest(tools: Sequence[Mapping[str, Any]] | None, render_kwargs: Mapping[str, Any]) -> bytes:
+    return _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
 
 
 def _chain(
     messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None,
-    render_kwargs: Mapping[str, Any],
+    head: bytes,
     memo: dict[tuple[bytes, int], bytes] | None = None,
     ids: Sequence[int | None] | None = None,
 ) -> list[bytes]:
-    """`chain[i]` = the digest of the tools, the render kwargs and `messages[:i]` (len(messages) + 1 entries).
+    """`chain[i]` = the digest of the tools and the render kwargs (`head`) and `messages[:i]` (len(messages) + 1
+    entries).
 
     `memo` remembers the digest after each message by the digest before it and the id of the message's exact
     content (`ids`, from the agent's `RenderMemo.content_ids`: equal ids are equal content): only the new
     messages of a conversation are hashed. A message without an id is hashed on every call.
     """
-    digest = _digest(b"", [_canonical(tools or []), _canonical(dict(render_kwargs))])
+    digest = head
     chain = [digest]
     for index, message in enumerate(messages):
         content_id = None if memo is None or ids is None else ids[index]
@@ -322,6 +407,34 @@ def _reply_digest(message: Mapping[str, Any]) -> bytes:
     """
     calls = [[_call_name(call), _arguments(call)] for call in message.get("tool_calls") or ()]
     return _digest(b"", [_text(message.get("content")).strip(), calls])
+
+
+def _latest_with_reply(recorded: list[Turn], message: Mapping[str, Any]) -> Turn | None:
+    """The latest of `recorded` whose reply has the reply digest of `message`. A reply sent back as it came has
+    the latest turn's signature, and no digest is made then."""
+    signature = _reply_signature(message)
+    if signature is not None and recorded[-1].signature == signature:
+        return recorded[-1]
+    digest = _reply_digest(message)
+    return next((turn for turn in reversed(recorded) if turn.reply_digest == digest), None)
+
+
+def _signature_digest(signature: tuple[str, ...]) -> bytes:
+    """`_reply_digest` of a reply with this `_reply_signature`."""
+    calls = [[signature[i], _json_value(signature[i + 1])] for i in range(1, len(signature), 2)]
+    return _digest(b"", [signature[0], calls])
+
+
+def _reply_signature(message: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """What `_reply_digest` is made of, unparsed: the stripped text, then each call's name and arguments text
+    (None when an argument is not a string). Equal signatures have equal digests, and one costs far less."""
+    signature = [_text(message.get("content")).strip()]
+    for call in message.get("tool_calls") or ():
+        arguments = _call_field(_call_function(call), "arguments")
+        if type(arguments) is not str:
+            return None
+        signature += (_call_name(call), arguments)
+    return tuple(signature)
 
 
 def _message_form(message: Any) -> Any:
@@ -384,9 +497,12 @@ def _call_name(call: Any) -> str:
 def _arguments(call: Any) -> Any:
     """The call's arguments as a JSON value (a client may re-serialise the JSON text it was given)."""
     arguments = _call_field(_call_function(call), "arguments")
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
+    return _json_value(arguments) if isinstance(arguments, str) else arguments
+
+
+def _json_value(text: str) -> Any:
+    """`text` read as JSON, or `text` itself when it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

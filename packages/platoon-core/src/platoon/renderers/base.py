@@ -641,22 +641,35 @@ class Renderer(ABC):
         self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
     ) -> list[list[int]]:
         """The generation prompt as token chunks (the chunks of `build_generation_prompt`'s ModelInput)."""
+        return [list(piece) for piece in self._prompt_pieces(messages, role, prefill)]
+
+    def _prompt_pieces(
+        self, messages: Sequence[Message], role: str = "assistant", prefill: str | None = None
+    ) -> list[Sequence[int]]:
+        """`generation_prompt_chunks` with the memo's own tuples in it, not copied: for callers that only read
+        them (`render_prompt` joins them into one list, and a copy of each first would double its work)."""
         messages = list(messages)
-        chunks: list[list[int]] = []
+        chunks: list[Sequence[int]] = []
         if self._bos_tokens:
-            chunks.append(list(self._bos_tokens))
+            chunks.append(self._bos_tokens)
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
         memo = self._active_memo()
+        turn_only = memo is not None and self._turn_memo()
         render_id: int | None = None
         last = len(messages) - 1
         for idx, message in enumerate(messages):
             memoized = None
             if memo is not None:
                 # A render is keyed on everything its context holds, the message before by its render id (None
-                # before the first message; a message before without one leaves this render uncached too).
+                # before the first message; a message before without one leaves this render uncached too), or on
+                # the little of it the family reads (`_turn_memo`).
                 previous, render_id = render_id, memo.render_id(message)
-                if render_id is not None and (previous is not None or not idx):
+                entry: tuple[Any, ...] | None = None
+                if render_id is not None and turn_only:
+                    entry = (render_id, idx > 0, idx == last and message["role"] == "assistant")
+                elif render_id is not None and (previous is not None or not idx):
                     entry = (render_id, previous, idx, idx == last, last_user)
+                if entry is not None:
                     memoized = memo.renders.get(entry)
                     if memoized is None:
                         rendered = self.render_message(message, self._context(messages, idx, last_user))
@@ -667,33 +680,42 @@ class Renderer(ABC):
             if memoized is not None:
                 header, output = memoized
                 if header:
-                    chunks.append(list(header))
-                chunks.extend(list(chunk) for chunk in output)
+                    chunks.append(header)
+                chunks.extend(output)  # the memo keeps only non-empty chunks
                 continue
             rendered = self.render_message(message, self._context(messages, idx, last_user))
             if rendered.header:
-                chunks.append(list(rendered.header))
+                chunks.append(rendered.header)
             # Empty chunks are dropped: the service answers 400 to an empty encoded-text chunk.
-            chunks.extend(list(chunk) for chunk in rendered.output if chunk)
+            chunks.extend(chunk for chunk in rendered.output if chunk)
         suffix_ctx = RenderContext(len(messages), True, messages[-1] if messages else None, last_user)
+        suffix: Sequence[int]
         if (
             memo is None
-            or render_id is None
+            or (render_id is None and not turn_only)
             or type(self)._get_generation_suffix is not Renderer._get_generation_suffix
         ):
             suffix = self._get_generation_suffix(role, suffix_ctx)
         else:
             # The suffix is the header of an empty message of `role` after the last one: keyed as its render is.
-            opening = (role, render_id, len(messages), last_user)
+            opening = (role, bool(messages)) if turn_only else (role, render_id, len(messages), last_user)
             known = memo.suffixes.get(opening)
             if known is None:
                 known = memo.suffixes[opening] = tuple(self._get_generation_suffix(role, suffix_ctx))
-            suffix = list(known)
+            suffix = known
         if suffix:
             chunks.append(suffix)
         if prefill:
             chunks.append(self._encode(prefill))
         return chunks
+
+    def _turn_memo(self) -> bool:
+        """Whether `render_message` reads of its context only whether the message is the first and, for an
+        assistant message, whether it is the last (and the generation suffix only the role and whether a message
+        precedes it). Its renders are then memoized on those alone: a message keeps its render as the conversation
+        grows past it, and the suffix is rendered once. A family says so of the methods it wrote, never of a
+        subclass's overrides (those are keyed on the whole context)."""
+        return False
 
     @staticmethod
     def _context(messages: Sequence[Message], idx: int, last_user: int) -> RenderContext:
@@ -887,7 +909,12 @@ class Renderer(ABC):
             messages = self.apply_tools(messages, tools)
         else:
             messages = self._apply_tools_memoized(memo, messages, tools)
-        return list(itertools.chain.from_iterable(self.generation_prompt_chunks(messages)))
+        if type(self).generation_prompt_chunks is not Renderer.generation_prompt_chunks:
+            return list(itertools.chain.from_iterable(self.generation_prompt_chunks(messages)))
+        tokens: list[int] = []
+        for piece in self._prompt_pieces(messages):
+            tokens += piece
+        return tokens
 
     def _apply_tools_memoized(
         self, memo: RenderMemo, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
@@ -897,7 +924,7 @@ class Renderer(ABC):
         if not tools:
             return messages
         system = messages[0] if messages and messages[0]["role"] == "system" else None
-        tools_id = memo.content_ids((tools,))[0]
+        tools_id = memo.tools_id(tools)
         system_id = None if system is None else memo.render_id(system)
         if tools_id is None or (system is not None and system_id is None):
             return self.apply_tools(messages, tools)

@@ -52,6 +52,10 @@ def register_key_type(cls: type, key: Callable[[Any], tuple[Any, ...]]) -> None:
     _KEY_TYPES[cls] = key
 
 
+#: `content_key(None)`
+_NONE_KEY = (type(None), None)
+
+
 def content_key(value: Any) -> Hashable:
     """`value` as a hashable key equal to another value's key only when the two are the same content.
 
@@ -66,7 +70,8 @@ def content_key(value: Any) -> Hashable:
         out: list[Any] = [dict]
         for key, item in value.items():
             out.append(key if type(key) is str else content_key(key))
-            out.append(item if type(item) is str else content_key(item))
+            # Strings and None are most of a message's values: written here rather than by a call each.
+            out.append(item if type(item) is str else _NONE_KEY if item is None else content_key(item))
         return tuple(out)
     if kind is list or kind is tuple:
         return (kind, *[item if type(item) is str else content_key(item) for item in value])
@@ -104,10 +109,12 @@ class RenderMemo:
       their place (`Renderer.apply_tools`), each adopted like a converted message.
     - `renders`: (render id, render id of the message before, idx, is_last, last user index) -> the render as
       (header tokens, non-empty output chunks); `suffixes`: (role, render id of the last message, its index + 1,
-      last user index) -> the generation suffix. Tuples of ints only: the garbage collector stops tracking them,
-      so an agent's memo adds next to nothing to what a full collection walks.
-    - `request`: the ids of the OpenAI messages of the call being rendered, made once by the gateway for its own
-      digests and read here for the conversion.
+      last user index) -> the generation suffix. For a family whose renders read less of their context
+      (`Renderer._turn_memo`): (render id, idx > 0, is the last message and an assistant one) and (role, whether a
+      message precedes it). Tuples of ints only: the garbage collector stops tracking them, so an agent's memo adds
+      next to nothing to what a full collection walks.
+    - `request`: the OpenAI messages of the call being rendered and their ids, then its tools and their id (None
+      for none), made once by the gateway for its own digests and read here for the conversion and the tools.
     """
 
     __slots__ = (
@@ -126,14 +133,12 @@ class RenderMemo:
 
     def __init__(self, limit: int = RENDER_MEMO_ENTRIES) -> None:
         self.ids: dict[Hashable, int] = {}
-        self.renders: dict[
-            tuple[int, int | None, int, bool, int], tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
-        ] = {}
-        self.suffixes: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
+        self.renders: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = {}
+        self.suffixes: dict[tuple[Any, ...], tuple[int, ...]] = {}
         self.converted: dict[int, Any] = {}
         self.prefixes: dict[tuple[int, int | None], list[Any]] = {}
         self.canonical: dict[int, int] = {}
-        self.request: tuple[Sequence[Any], list[int | None]] | None = None
+        self.request: tuple[Sequence[Any], list[int | None], Any, int | None] | None = None
         self.limit = limit
         self.renderer: Any = None
         self.version = -1
@@ -155,6 +160,13 @@ class RenderMemo:
                 found = ids[key] = next(self._next)
             out.append(found)
         return out
+
+    def tools_id(self, tools: Any) -> int | None:
+        """The id of the tools' content: the gateway's for the call being rendered, else made here."""
+        request = self.request
+        if request is not None and request[2] is tools:
+            return request[3]
+        return self.content_ids((tools,))[0]
 
     def bind(self, renderer: Any, version: int) -> None:
         """Keep the conversions and renders made by `renderer` at settings `version`; forget them when either

@@ -95,6 +95,17 @@ class Qwen3Renderer(Renderer):
 
     # ---- rendering -----------------------------------------------------------------------------------------
 
+    def _turn_memo(self) -> bool:
+        # The methods written in this module read only `ctx.idx > 0` (the newline before the header) and, for an
+        # assistant message, `ctx.is_last` (thinking stripped from history; the empty think block); an override
+        # elsewhere may read more.
+        cls = type(self)
+        return (
+            cls.render_message in _TURN_RENDERS
+            and cls._content_text in _TURN_CONTENT
+            and cls._get_generation_suffix is Renderer._get_generation_suffix
+        )
+
     def _content_text(self, message: Message, ctx: RenderContext) -> str:
         content = message["content"]
         if isinstance(content, str):
@@ -262,3 +273,8 @@ class Qwen3VLInstructRenderer(Qwen3VLRenderer):
 
 def _is_image(part: ContentPart) -> bool:
     return part.get("type") == "image"
+
+
+#: the methods `Qwen3Renderer._turn_memo` vouches for
+_TURN_RENDERS = (Qwen3Renderer.render_message, Qwen3DisableThinkingRenderer.render_message)
+_TURN_CONTENT = (Qwen3Renderer._content_text, Qwen3VLRenderer._content_text)

@@ -184,6 +184,13 @@ class TokenizersTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, token_ids: int | Iterable[int], skip_special_tokens: bool = False, **_: Any) -> str:
+        if type(token_ids) is list:
+            # A list (what the gateway passes, several times a call) goes as it is; the backend takes each item
+            # as `int()` would, and one it refuses (a float, a numeric string) is converted below instead.
+            try:
+                return str(self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+            except TypeError:
+                pass
         ids = [token_ids] if isinstance(token_ids, int) else [int(t) for t in token_ids]
         return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 

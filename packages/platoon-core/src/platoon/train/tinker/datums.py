@@ -398,7 +398,11 @@ def _data(datum: tinker.Datum, key: str) -> list[float]:
 
 
 def _action_tokens(datum: tinker.Datum) -> int:
-    return int(sum(1 for m in _data(datum, "mask") if m > 0))
+    """The positions that train (mask > 0), counted on the SDK's array: no list of floats per position."""
+    import numpy as np
+
+    tensor = datum.loss_fn_inputs.get("mask")
+    return 0 if tensor is None else int(np.count_nonzero(tensor.to_numpy() > 0))
 
 
 def _replace(
@@ -519,7 +523,7 @@ def collection_datums(
             interactions,
             float(advantages.get(tid, 0.0)),
             checkpoint_version=checkpoint_version,
-            depth=depth,
+            depth=depth if depth_tags else None,  # without depth weighting the datums never carry the tags
             error_ids=errors,
             message_ids=messages,
             stats=stats,
@@ -554,8 +558,6 @@ def collection_datums(
         stats.empty_datums += len(datums) - len(trained)
         if depth_tags:
             trained = _mark_start(trained)
-        else:
-            trained = [_replace(d, {}, drop=("traj_depth", "traj_start")) for d in trained]
         stats.retained_datums += len(trained)
         batch.datums.extend(trained)
     batch.metrics = {**stats.as_metrics(), **sampling}

@@ -288,6 +288,8 @@ class Gate:
 
     def _schedule(self) -> None:
         """Grant every waiter that may start now, in shared-queue order."""
+        if not self._queue:
+            return  # nobody waits (every waiting caller's first call is in the shared queue)
         progress = True
         while progress and not self._closed:
             progress = False

@@ -203,6 +203,27 @@ def test_an_admitted_operation_runs_to_completion_when_its_caller_gives_up():
     run(main())
 
 
+def test_an_operation_that_never_waits_ends_within_its_call_and_gives_its_turn_back():
+    async def main() -> None:
+        gate = Gate(queue_timeout_s=5)  # a grant never given back fails the exclusive call below with EnvBusy
+
+        async def answer() -> int:
+            return 42
+
+        async def broken() -> int:
+            raise ValueError("the tool failed")
+
+        assert await gate.run(answer, "serial", caller="a") == 42
+        assert gate.in_flight == 0 and await gate.drain(0)
+        with pytest.raises(ValueError, match="the tool failed"):
+            await gate.run(broken, "concurrent", caller="a")
+        assert gate.in_flight == 0
+        # An exclusive turn needs nothing in flight: it is admitted, so both grants were given back.
+        assert await gate.run(answer, "exclusive", caller="b") == 42
+
+    run(main())
+
+
 def test_closing_fails_waiters_and_later_calls_with_gate_closed():
     async def main() -> None:
         gate, rec = Gate(), Recorder()

@@ -128,9 +128,13 @@ def write_events(
     return path
 
 
+#: `json.dumps(record, default=str)`, without building an encoder per record (it keeps no state between calls)
+_ENCODE = json.JSONEncoder(default=str).encode
+
+
 def events_text(collection: TrajectoryCollection, context: Mapping[str, Any] | None = None) -> str:
     """`collection`'s event records as JSONL text, one record a line."""
-    return "".join(json.dumps(event, default=str) + "\n" for event in events_of(collection, context=context))
+    return "".join(_ENCODE(event) + "\n" for event in events_of(collection, context=context))
 
 
 def scope_event_file(output_dir: str | os.PathLike[str], scope: str, key: str | int) -> Path:

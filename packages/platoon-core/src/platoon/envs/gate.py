@@ -151,8 +151,12 @@ class Gate:
         Raises `EnvBusy` when not admitted within `queue_timeout_s` (the operation never ran), `GateClosed` when
         the gate closes first, and `RuntimeError` when called from inside an operation this gate admitted.
         """
-        waiter = await self._admit(op_class, caller, what)
-        task = asyncio.ensure_future(self._granted(fn, waiter))
+        granted = await self._admit(op_class, caller, what)
+        # Started eagerly: an operation that ends without waiting (most in-process tool calls) is done here, with
+        # no hand-off through the event loop; one that waits runs on as its own task.
+        task = asyncio.Task(self._granted(fn, granted), loop=asyncio.get_running_loop(), eager_start=True)
+        if task.done():
+            return task.result()
         self._tasks.add(task)
         task.add_done_callback(self._op_done)
         # The shield keeps an admitted operation running when the caller is cancelled; its grant is released
@@ -197,7 +201,8 @@ class Gate:
 
     # -- admission ---------------------------------------------------------------------------------------------
 
-    async def _admit(self, op_class: str, caller: Hashable | None, what: str) -> _Waiter:
+    async def _admit(self, op_class: str, caller: Hashable | None, what: str) -> str:
+        """Wait for a turn of `op_class`; returns the class granted (what `_release` gives back)."""
         if op_class not in OP_CLASSES:
             raise ValueError(f"operation class must be one of {', '.join(OP_CLASSES)}; got {op_class!r}")
         if self.holds():
@@ -207,6 +212,13 @@ class Gate:
             )
         if self._closed:
             raise GateClosed(f"{self.name} is closed: the operation was not run")
+        if not self._queue and self._may_start(op_class):
+            # Nobody waits and nothing running holds this class back: `_schedule` would grant it at once, so
+            # grant it without a queue entry, a future or a timer (the common case: one agent per environment).
+            next(self._seq)
+            self._running[op_class] += 1
+            self._idle.clear()
+            return op_class
         loop = asyncio.get_running_loop()
         key: Hashable = object() if caller is None else caller
         waiter = _Waiter(next(self._seq), op_class, key, what, loop.create_future(), time.monotonic())
@@ -222,11 +234,20 @@ class Gate:
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 # Granted in the same instant the caller gave up: the operation will not run, so give the turn back.
-                self._release(waiter)
+                self._release(waiter.op_class)
             else:
                 self._withdraw(waiter)
             raise
-        return waiter
+        return waiter.op_class
+
+    def _may_start(self, op_class: str) -> bool:
+        """Whether an operation of `op_class` may start beside what runs now (with nobody waiting before it)."""
+        running = self._running
+        if op_class == "exclusive":
+            return not self.in_flight
+        if running["exclusive"]:
+            return False
+        return op_class == "concurrent" or not running["serial"]
 
     def _expire(self, waiter: _Waiter) -> None:
         if waiter.future.done():
@@ -267,6 +288,8 @@ class Gate:
 
     def _schedule(self) -> None:
         """Grant every waiter that may start now, in shared-queue order."""
+        if not self._queue:
+            return  # nobody waits (every waiting caller's first call is in the shared queue)
         progress = True
         while progress and not self._closed:
             progress = False
@@ -309,18 +332,18 @@ class Gate:
         self._idle.clear()
         waiter.future.set_result(None)
 
-    def _release(self, waiter: _Waiter) -> None:
-        self._running[waiter.op_class] -= 1
+    def _release(self, op_class: str) -> None:
+        self._running[op_class] -= 1
         if not self.in_flight:
             self._idle.set()
         self._schedule()
 
-    async def _granted(self, fn: Callable[[], Awaitable[T]], waiter: _Waiter) -> T:
+    async def _granted(self, fn: Callable[[], Awaitable[T]], op_class: str) -> T:
         _HELD.set(_HELD.get() | {id(self)})
         try:
             return await fn()
         finally:
-            self._release(waiter)
+            self._release(op_class)
 
     def _op_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

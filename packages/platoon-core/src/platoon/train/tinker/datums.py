@@ -7,10 +7,11 @@ Nothing is re-tokenized: prompts and sampled tokens come from the gateway's inte
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from platoon import hooks
@@ -204,14 +205,14 @@ def _routing_handle(routing_id: Any) -> int | None:
 
 
 class _Accumulator:
-    """The running merged sequence: items (ints or opaque chunks) and per-position arrays."""
+    """The running merged sequence: items (ints or opaque chunks), their logprobs, and the spans of positions that
+    share an advantage, a mask and an error flag (a call's prompt delta, its sampled tokens)."""
 
     def __init__(self) -> None:
         self.items: list[Any] = []
         self.logprobs: list[float] = []
-        self.advantages: list[float] = []
-        self.mask: list[float] = []
-        self.errors: list[bool] = []
+        #: (width, advantage, mask, error) per span, in order: arrays of constants built once, in `datum`
+        self.spans: list[tuple[int, float, float, bool]] = []
         self.routing: int | None = None
         #: whether any item is an opaque (non-text) chunk; without one every item is a token (the fast paths)
         self.opaque = False
@@ -229,9 +230,7 @@ class _Accumulator:
         self.opaque = self.opaque or opaque
         self.items.extend(items)
         self.logprobs.extend([0.0] * width)
-        self.advantages.extend([0.0] * width)
-        self.mask.extend([0.0] * width)
-        self.errors.extend([False] * width)
+        self.spans.append((width, 0.0, 0.0, False))
 
     def action(
         self,
@@ -247,9 +246,8 @@ class _Accumulator:
         self._provenance(Run(True, sequence_id, 0, len(tokens)) if sequence_id else None)
         self.items.extend(map(int, tokens))
         self.logprobs.extend(map(float, logprobs))
-        self.advantages.extend([advantage if trained else 0.0] * len(tokens))
-        self.mask.extend([1.0 if trained else 0.0] * len(tokens))
-        self.errors.extend([error and trained] * len(tokens))
+        trains = 1.0 if trained else 0.0
+        self.spans.append((len(tokens), advantage if trained else 0.0, trains, error and trained))
 
     def _provenance(self, run: Run | None) -> None:
         if self.runs is None:
@@ -286,14 +284,17 @@ class _Accumulator:
             if run:
                 chunks.append(EncodedTextChunk(tokens=run))
         length = len(targets) - 1
-        arrays: dict[str, tuple[list[Any], Dtype]] = {
+        per_position = _per_position_arrays if is_dataclass(TensorData) else _per_position_lists
+        widths = [span[0] for span in self.spans]
+        arrays: dict[str, tuple[Any, Dtype]] = {
             "target_tokens": (targets[1:], "int64"),
             "logprobs": (self.logprobs[1:], "float32"),
-            "advantages": (self.advantages[1:], "float32"),
-            "mask": (self.mask[1:], "float32"),
+            "advantages": (per_position(widths, [span[1] for span in self.spans]), "float32"),
+            "mask": (per_position(widths, [span[2] for span in self.spans]), "float32"),
         }
-        if any(self.errors):
-            arrays[ERROR_MASK] = ([1.0 if e else 0.0 for e in self.errors[1:]], "float32")
+        if any(span[3] and span[0] for span in self.spans):
+            errors = [1.0 if span[3] else 0.0 for span in self.spans]
+            arrays[ERROR_MASK] = (per_position(widths, errors), "float32")
         inputs: dict[str, Any] = {}
         for key, (data, dtype) in arrays.items():
             if len(data) != length:
@@ -310,6 +311,21 @@ class _Accumulator:
             if self.runs and hasattr(datum, "with_provenance")
             else datum
         )
+
+
+def _per_position_arrays(widths: list[int], values: list[float]) -> Any:
+    """Each value repeated over its span's width, all but the first position, as float32: an SDK whose
+    `TensorData` keeps a numpy array (0.38) takes it as it is, with no list of floats to convert."""
+    import numpy as np
+
+    return np.repeat(np.array(values, dtype=np.float32), widths)[1:]
+
+
+def _per_position_lists(widths: list[int], values: list[float]) -> list[float]:
+    """`_per_position_arrays` as a list, for SDKs whose `TensorData` holds a list."""
+    return list(
+        itertools.chain.from_iterable(itertools.repeat(v, w) for w, v in zip(widths, values, strict=True))
+    )[1:]
 
 
 def trajectory_datums(
@@ -398,7 +414,11 @@ def _data(datum: tinker.Datum, key: str) -> list[float]:
 
 
 def _action_tokens(datum: tinker.Datum) -> int:
-    return int(sum(1 for m in _data(datum, "mask") if m > 0))
+    """The positions that train (mask > 0), counted on the SDK's array: no list of floats per position."""
+    import numpy as np
+
+    tensor = datum.loss_fn_inputs.get("mask")
+    return 0 if tensor is None else int(np.count_nonzero(tensor.to_numpy() > 0))
 
 
 def _replace(
@@ -519,7 +539,7 @@ def collection_datums(
             interactions,
             float(advantages.get(tid, 0.0)),
             checkpoint_version=checkpoint_version,
-            depth=depth,
+            depth=depth if depth_tags else None,  # without depth weighting the datums never carry the tags
             error_ids=errors,
             message_ids=messages,
             stats=stats,
@@ -554,8 +574,6 @@ def collection_datums(
         stats.empty_datums += len(datums) - len(trained)
         if depth_tags:
             trained = _mark_start(trained)
-        else:
-            trained = [_replace(d, {}, drop=("traj_depth", "traj_start")) for d in trained]
         stats.retained_datums += len(trained)
         batch.datums.extend(trained)
     batch.metrics = {**stats.as_metrics(), **sampling}

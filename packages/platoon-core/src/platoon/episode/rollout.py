@@ -262,7 +262,7 @@ async def recorded_rollout(
     )
     spec_rollout: SpecRollout | None = None
     try:
-        spec = _route_harness(route)
+        spec = route_harness = _route_harness(route)
         if isinstance(spec, HarnessSpec):
             logs_dir = _logs_dir(output_dir, config)
             spec_rollout = open_spec_rollout(
@@ -303,6 +303,7 @@ async def recorded_rollout(
                 rollout=rollout,
                 spec_rollout=spec_rollout,
                 logs_dir=logs_dir,
+                route_harness=route_harness,
             )
             outcome = await run_program(program, episode)
             if deadline is not None and deadline.expired is not None:

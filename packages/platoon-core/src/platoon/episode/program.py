@@ -112,6 +112,10 @@ class Episode:
         self.behavior_judge: Any = None
         self.tool_transform: Any = None
 
+    def release(self) -> None:
+        """Break the episode's reference cycles once it has ended (`EpisodeState.release`)."""
+        self.state.release()
+
     # ---- EpisodeContext members
 
     @property

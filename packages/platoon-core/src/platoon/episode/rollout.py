@@ -293,6 +293,7 @@ async def recorded_rollout(
             root.misc["harness"] = _harness_misc(spec, route, program)
             return build_collection(rollout, outcome), rollout
         deadline = await step_deadline_for(getattr(config, "step_timeout", None), service, session, task.id)
+        episode: Episode | None = None
         try:
             episode = Episode(
                 task=task,
@@ -332,6 +333,8 @@ async def recorded_rollout(
             return collection, rollout
         finally:
             await _close_session(session)
+            if episode is not None:
+                episode.release()
     finally:
         if spec_rollout is not None:
             # The per-rollout gateway servers and socket dirs go, whatever happened (shielded from cancellation).

@@ -17,7 +17,9 @@ NUMBER_SEARCH = {
 
 
 def test_dropping_the_run_frees_the_episode_without_the_garbage_collector(tmp_path):
-    run_episode("train:0", **NUMBER_SEARCH, policy=ScriptedPolicy(react_binary_search), output_dir=tmp_path / "0")
+    run_episode(
+        "train:0", **NUMBER_SEARCH, policy=ScriptedPolicy(react_binary_search), output_dir=tmp_path / "0"
+    )
     gc.collect()
     gc.disable()
     try:

@@ -7,12 +7,14 @@ the harness, the recording gateway: render -> sample -> parse -> record exact to
 * `--path run_episode` (default): each episode through `platoon.testing.run_episode` with a scripted policy of its
   own, as a user's test calls it: the task resolved by id, the gateway served over HTTP, the collection written to
   the episode's output directory. `--baseline-python` runs the same episodes under another installation (platoon
-  0.2.0's `run_episode` takes the same arguments) in the same run, for a ratio.
+  0.2.0's `run_episode` takes the same arguments) in the same run, for a ratio; `--before-python` a third
+  installation beside them (this tree before a change), for a before/after in the same run.
 * `--path rollout`: `harness_rollout` directly with one shared gateway and no HTTP server, the path training's
   rollout workers take (this installation only).
 
     uv run --frozen python benchmarks/episodes.py [--episodes 128] [--concurrency 32] [--profile]
     uv run --frozen python benchmarks/episodes.py --baseline-python /tmp/p020/bin/python
+    uv run --frozen python benchmarks/episodes.py --baseline-python /tmp/p020/bin/python --before-python PATH
     uv run --frozen python benchmarks/episodes.py --remote [--path rollout]
 
 `--remote` measures number search three ways in the same run: in process (`python://`), on one local ORS server
@@ -642,7 +644,13 @@ def main() -> None:
         metavar="PATH",
         help="also run the run_episode path under this Python's platoon (e.g. a venv with platoon==0.2.0)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON line: {ours, baseline?}")
+    parser.add_argument(
+        "--before-python",
+        metavar="PATH",
+        help="also run the run_episode path under this Python's platoon as it was before a change (a checkout of "
+        "main put first on its PYTHONPATH), for a before/after beside the baseline in one run",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line: {ours, baseline?, before?}")
     parser.add_argument(
         "--remote", action="store_true", help="in process beside one and two local ORS servers (ors+http://)"
     )
@@ -702,6 +710,10 @@ def main() -> None:
         results["baseline"] = in_fresh_process(
             args.baseline_python, args.path, args.episodes, args.concurrency, args.repeats
         )
+    if args.before_python and args.path == "run_episode":
+        results["before"] = in_fresh_process(
+            args.before_python, args.path, args.episodes, args.concurrency, args.repeats
+        )
     for result in results.values():
         result["episodes_per_s"] = args.episodes / result["seconds"]
     if args.json:
@@ -713,6 +725,13 @@ def main() -> None:
         base = results["baseline"]
         report(f"baseline (platoon {base['version']})", base, args.episodes)
         print(f"ratio: {base['seconds'] / ours['seconds']:.2f}x the baseline's episodes/s (target >= 4x)")
+    if "before" in results:
+        before = results["before"]
+        report(f"before (platoon {before['version']})", before, args.episodes)
+        if "baseline" in results:
+            print(
+                f"ratio before: {results['baseline']['seconds'] / before['seconds']:.2f}x the baseline's episodes/s"
+            )
     if ours.get("profile"):
         print(ours["profile"])
 

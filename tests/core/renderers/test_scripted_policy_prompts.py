@@ -98,3 +98,45 @@ def test_clean_up_of_the_decoded_text_turns_the_reuse_off():
     tokenizer = CountingTokenizer()
     tokenizer.clean_up_tokenization_spaces = True  # type: ignore[attr-defined]
     assert not _concatenates(tokenizer)
+
+
+SYSTEM = "<|im_start|>system\nFind the number. Tools: guess(number) — héllo 日本語 🚀<|im_end|>\n<|im_start|>user\n"
+# tails that part from each other inside a character too: é and è share their first byte
+TAILS = ["é is low", "è is high", "plain 42", "日本", "🚀 up", "", "e"]
+
+
+def _first_prompts(rng: random.Random, count: int) -> list[list[int]]:
+    """First prompts of separate episodes: a long shared start (sometimes cut short, sometimes another one), then
+    a tail of their own."""
+    tokenizer = toy_tokenizer()
+    start = tokenizer.encode(SYSTEM)
+    other = tokenizer.encode("<|im_start|>system\nAnother game entirely, with its own long system prompt.\n")
+    prompts = []
+    for _ in range(count):
+        head = other if rng.random() < 0.2 else start
+        if rng.random() < 0.2:
+            head = head[: rng.randint(1, len(head))]  # cut anywhere, inside a character too
+        prompts.append(head + tokenizer.encode(rng.choice(TAILS) + rng.choice(TAILS)))
+    return prompts
+
+
+def test_first_prompts_of_new_policies_are_each_the_whole_prompt_decoded():
+    rng = random.Random(11)
+    whole = toy_tokenizer()
+    for ids in _first_prompts(rng, 300):
+        policy = ScriptedPolicy(lambda prompt: "ok")  # an episode's own policy: no earlier call to extend
+        policy.sample(ids)
+        assert policy.prompts == [whole.decode(ids)]
+
+
+def test_a_first_prompt_sharing_the_start_of_earlier_episodes_decodes_only_its_own_tail():
+    tokenizer = CountingTokenizer()
+    start = tokenizer.encode(SYSTEM)
+    tails = [tokenizer.encode(f"Guess between 1 and {n}.") for n in (10, 200, 3000)]
+    for tail in tails[:2]:
+        ScriptedPolicy(lambda prompt: "ok", tokenizer=tokenizer).sample(start + tail)
+    decoded = tokenizer.decoded
+    policy = ScriptedPolicy(lambda prompt: "ok", tokenizer=tokenizer)
+    policy.sample(start + tails[2])
+    assert policy.prompts == [toy_tokenizer().decode(start + tails[2])]
+    assert tokenizer.decoded - decoded < len(start)

@@ -74,12 +74,6 @@ def owned_by_the_command() -> Iterator[None]:
             _replaced_thresholds = None
 
 
-_episode_froze = False
-
-#: `0` keeps `run_episode` from freezing the caller's heap
-FREEZE_SWITCH = "PLATOON_FREEZE_HEAP"
-
-
 def freeze_loaded_heap(what: str, *, force: bool = False) -> int:
     """Collect, then freeze what is alive now; returns how many objects were frozen (0 when not done).
 

@@ -129,6 +129,12 @@ class BudgetTracker:
     def get(self, agent_id: str) -> AgentBudget:
         return self._nodes[agent_id]
 
+    def forget_nodes(self) -> None:
+        """Forget the nodes once the episode has ended: each node points back at the tracker, a cycle that would
+        otherwise wait for a full garbage collection."""
+        with self._lock:
+            self._nodes.clear()
+
     # ---- accounting (call with the lock held)
 
     def _used(self, node: AgentBudget) -> int:

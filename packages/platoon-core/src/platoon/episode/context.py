@@ -74,6 +74,13 @@ class EpisodeState:
     def agents_config(self) -> Any:
         return self.route.agents
 
+    def release(self) -> None:
+        """Once the episode has ended: drop the registries whose entries point back here (each `Agent` holds this
+        state). Otherwise the episode's gateway, recorder and records, a few hundred objects, stay alive in that
+        cycle until a full garbage collection, which in a loop of episodes walks them all."""
+        self.agents.clear()
+        self.tracker.forget_nodes()
+
 
 class Agent:
     """One running agent: implements `AgentContext` over its gateway record, session and budget node."""

@@ -71,6 +71,7 @@ class Episode:
         rollout: Any,
         spec_rollout: SpecRollout | None = None,
         logs_dir: Any = None,
+        route_harness: FunctionHarness | HarnessSpec | None = None,
     ) -> None:
         agents = route.agents
         self._task = task
@@ -104,10 +105,16 @@ class Episode:
         #: the spec runner's handle when the root runs a TOML spec (prepared before the session opened, or here)
         self.spec_rollout = spec_rollout
         self._logs_dir = logs_dir
+        #: the route's harness as the rollout resolved it (None: not resolved), so `run` need not look it up again
+        self._route_harness = route_harness
         #: the infra outcome of a spec run whose runner failed (setup, spec, unexpected): it decides the grade
         self._spec_failure: Outcome | None = None
         self.behavior_judge: Any = None
         self.tool_transform: Any = None
+
+    def release(self) -> None:
+        """Break the episode's reference cycles once it has ended (`EpisodeState.release`)."""
+        self.state.release()
 
     # ---- EpisodeContext members
 
@@ -154,7 +161,12 @@ class Episode:
         chosen = harness if harness is not None else self._route.harness
         if chosen is None:
             raise ValueError("no harness to run: the environment entry names none and run() was given none")
-        record = resolve_harness(chosen)
+        # the route's own harness was resolved when the rollout began (a registry lookup through the plugins)
+        record = (
+            self._route_harness
+            if harness is None and self._route_harness is not None
+            else resolve_harness(chosen)
+        )
         self._ran = True
         self.harness = record
         root = self.root_record

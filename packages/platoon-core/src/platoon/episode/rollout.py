@@ -262,7 +262,7 @@ async def recorded_rollout(
     )
     spec_rollout: SpecRollout | None = None
     try:
-        spec = _route_harness(route)
+        spec = route_harness = _route_harness(route)
         if isinstance(spec, HarnessSpec):
             logs_dir = _logs_dir(output_dir, config)
             spec_rollout = open_spec_rollout(
@@ -293,6 +293,7 @@ async def recorded_rollout(
             root.misc["harness"] = _harness_misc(spec, route, program)
             return build_collection(rollout, outcome), rollout
         deadline = await step_deadline_for(getattr(config, "step_timeout", None), service, session, task.id)
+        episode: Episode | None = None
         try:
             episode = Episode(
                 task=task,
@@ -303,6 +304,7 @@ async def recorded_rollout(
                 rollout=rollout,
                 spec_rollout=spec_rollout,
                 logs_dir=logs_dir,
+                route_harness=route_harness,
             )
             outcome = await run_program(program, episode)
             if deadline is not None and deadline.expired is not None:
@@ -331,6 +333,8 @@ async def recorded_rollout(
             return collection, rollout
         finally:
             await _close_session(session)
+            if episode is not None:
+                episode.release()
     finally:
         if spec_rollout is not None:
             # The per-rollout gateway servers and socket dirs go, whatever happened (shielded from cancellation).

@@ -175,11 +175,13 @@ class _EpisodeToAwait(Coroutine[Any, Any, EpisodeRun]):
 
 
 def indented_json(value: Any) -> str:
-    """`json.dumps(value, indent=2)`, character for character, in about half the time.
+    """`json.dumps(value, indent=2)`, character for character, in about a third of the time.
 
     With `indent`, the json module encodes in pure Python, through a generator per nesting level; writing an
     episode's collection that way was a tenth of the episode's cost. Here each string and number is still encoded
-    by the json module's own functions; only the walk and the layout are done directly.
+    by the json module's own functions; only the walk and the layout are done directly, and a scalar inside a
+    container is written with its key or separator in one piece, without a call of its own (most of a
+    collection's values are scalars).
     """
     parts: list[str] = []
     write = parts.append
@@ -194,44 +196,67 @@ def indented_json(value: Any) -> str:
         raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
 
     def encode(o: Any, indent: str) -> None:
-        if isinstance(o, str):
-            write(_encode_string(o))
-        elif o is None or o is True or o is False:
-            write("null" if o is None else "true" if o else "false")
-        elif isinstance(o, (int, float)):
-            write(_encode_number(o))
-        elif isinstance(o, dict):
+        if isinstance(o, dict):
             if not o:
                 write("{}")
                 return
             inner = indent + "  "
-            write("{\n" + inner)
-            for i, (k, v) in enumerate(o.items()):
-                if i:
-                    write(",\n" + inner)
-                # a string key and value, the commonest item, in one piece without a call per value
-                if type(k) is str and type(v) is str:
-                    write(_encode_string(k) + ": " + _encode_string(v))
-                    continue
-                write(key(k) + ": ")
-                encode(v, inner)
+            separator = ",\n" + inner
+            lead = "{\n" + inner
+            for k, v in o.items():
+                name = (_encode_string(k) if type(k) is str else key(k)) + ": "
+                scalar = _scalar_text(v)
+                if scalar is not None:
+                    write(lead + name + scalar)
+                else:
+                    write(lead + name)
+                    encode(v, inner)
+                lead = separator
             write("\n" + indent + "}")
         elif isinstance(o, (list, tuple)):
             if not o:
                 write("[]")
                 return
             inner = indent + "  "
-            write("[\n" + inner)
-            for i, v in enumerate(o):
-                if i:
-                    write(",\n" + inner)
-                encode(v, inner)
+            separator = ",\n" + inner
+            lead = "[\n" + inner
+            for v in o:
+                scalar = _scalar_text(v)
+                if scalar is not None:
+                    write(lead + scalar)
+                else:
+                    write(lead)
+                    encode(v, inner)
+                lead = separator
             write("\n" + indent + "]")
         else:
-            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+            scalar = _scalar_text(o)
+            if scalar is None:
+                raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+            write(scalar)
 
     encode(value, "")
     return "".join(parts)
+
+
+def _scalar_text(value: Any) -> str | None:
+    """A string, number, bool or None as JSON; None for anything else (a container, or what JSON refuses)."""
+    kind = type(value)
+    if kind is str:
+        return _encode_string(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if kind is int:
+        return int.__repr__(value)
+    if isinstance(value, str):  # a subclass: json encodes its text
+        return _encode_string(value)
+    if isinstance(value, (int, float)):
+        return _encode_number(value)
+    return None
 
 
 def _encode_number(value: int | float) -> str:

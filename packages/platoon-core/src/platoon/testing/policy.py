@@ -11,11 +11,13 @@ import asyncio
 import json
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from platoon.gateway.plain_sampling import PlainSample, PlainSampledSequence, loaded_tinker
+from platoon.renderers.tokenizers import TokenizersTokenizer
 from platoon.renderers.toy import toy_tokenizer
 
 if TYPE_CHECKING:
@@ -277,23 +279,27 @@ class ScriptedPolicy:
 
     def _decode_prompt(self, ids: list[int]) -> str:
         """The prompt's text. A turn's prompt extends an earlier call's prompt (the same conversation, longer by a
-        reply and a tool result): with a byte-level tokenizer, whose text is the concatenation of its tokens'
-        bytes, only the new tokens are decoded, and the text is what decoding the whole prompt gives. Otherwise
-        (another decoder, or an earlier text ending in a cut character) the whole prompt is decoded."""
-        if self._concatenation[0] is not self.tokenizer:
-            self._concatenation = (self.tokenizer, _concatenates(self.tokenizer))
-        if self._concatenation[1]:
-            for call in reversed(self.calls[-_REUSE_WINDOW:]):
-                known = call.prompt_tokens
-                size = len(known)
-                if (
-                    0 < size <= len(ids)
-                    and ids[size - 1] == known[-1]
-                    and ids[:size] == known
-                    and not call.prompt.endswith("\ufffd")
-                ):
-                    return call.prompt + str(self.tokenizer.decode(ids[size:]))
-        return str(self.tokenizer.decode(ids))
+        reply and a tool result), and an episode's first prompt shares its start (the system prompt, the tools)
+        with other episodes' first prompts: with a byte-level tokenizer, whose text is the concatenation of its
+        tokens' bytes, only the new tokens are decoded, and the text is what decoding the whole prompt gives.
+        Otherwise (another decoder, or an earlier text ending in a cut character) the whole prompt is decoded."""
+        tokenizer = self.tokenizer
+        if self._concatenation[0] is not tokenizer:
+            self._concatenation = (tokenizer, _concatenates(tokenizer))
+        if not self._concatenation[1]:
+            return str(tokenizer.decode(ids))
+        decode = _plain_decode(tokenizer)
+        for call in reversed(self.calls[-_REUSE_WINDOW:]):
+            known = call.prompt_tokens
+            size = len(known)
+            if (
+                0 < size <= len(ids)
+                and ids[size - 1] == known[-1]
+                and ids[:size] == known
+                and not call.prompt.endswith("\ufffd")
+            ):
+                return call.prompt + decode(ids[size:])
+        return _decode_from_shared_start(tokenizer, ids, decode)
 
     def _completion_for(self, prompt: str) -> Completion:
         call_number = len(self.calls) + 1
@@ -321,6 +327,69 @@ def _as_completion(value: Any, what: str) -> Completion:
 
 #: how many earlier calls a prompt is compared with for a prefix (concurrent episodes on one policy interleave)
 _REUSE_WINDOW = 64
+
+
+def _plain_decode(tokenizer: Any) -> Callable[[list[int]], str]:
+    """`tokenizer.decode` for a list of ints. platoon's own tokenizer is called past its wrapper, which converts
+    every id with `int()` again (a tenth of a microsecond a token: a first prompt's thousand cost more than the
+    decode); its decode is the backend's with special tokens kept, which this calls the same way."""
+    if type(tokenizer) is TokenizersTokenizer:
+        backend = tokenizer.backend_tokenizer.decode
+        return lambda ids: str(backend(ids, skip_special_tokens=False))
+    return lambda ids: str(tokenizer.decode(ids))
+
+
+#: id(tokenizer) -> (a weak reference to it, the start its policies' first prompts share, that start's text, the
+#: last prompt decoded whole): each episode's policy is new, so an episode's first prompt has no earlier call of its
+#: own to extend, but its start (system prompt, tool listing) is the previous episode's
+_shared_starts: dict[int, tuple[Any, list[int], str, list[int]]] = {}
+
+#: a shared start shorter than this is not worth its extra decodes (the chat template's first tokens alone)
+_SHARED_START_MIN_TOKENS = 32
+
+#: how many tokenizers keep a shared start before the table is emptied (a process uses one or two)
+_SHARED_STARTS_KEPT = 8
+
+
+def _decode_from_shared_start(tokenizer: Any, ids: list[int], decode: Callable[[list[int]], str]) -> str:
+    """`decode(ids)` of a concatenating tokenizer, reusing the text of the start that recent prompts shared.
+
+    On a miss the whole prompt is decoded, and its common start with the last such prompt becomes the shared start
+    when it is long enough, cut between whole characters, and its text plus the rest's is the whole text."""
+    try:
+        entry = _shared_starts.get(id(tokenizer))
+        if entry is not None and entry[0]() is not tokenizer:
+            entry = None  # a tokenizer gone, its id reused
+        reference = entry[0] if entry is not None else weakref.ref(tokenizer)
+    except TypeError:  # a tokenizer without weak references: nothing kept
+        return decode(ids)
+    start, start_text, last = (entry[1], entry[2], entry[3]) if entry is not None else ([], "", [])
+    size = len(start)
+    if 0 < size <= len(ids) and ids[size - 1] == start[-1] and ids[:size] == start:
+        return start_text + decode(ids[size:])
+    text = decode(ids)
+    common = _common_start(ids, last)
+    if common >= _SHARED_START_MIN_TOKENS:
+        candidate = ids[:common]
+        candidate_text = decode(candidate)
+        if not candidate_text.endswith("\ufffd") and candidate_text + decode(ids[common:]) == text:
+            start, start_text = candidate, candidate_text
+    if len(_shared_starts) >= _SHARED_STARTS_KEPT and id(tokenizer) not in _shared_starts:
+        _shared_starts.clear()
+    _shared_starts[id(tokenizer)] = (reference, start, start_text, list(ids))
+    return text
+
+
+def _common_start(a: list[int], b: list[int]) -> int:
+    """The length of the longest common start of two lists (a binary search over slice comparisons, in C)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _concatenates(tokenizer: Any) -> bool:

@@ -23,7 +23,7 @@ from eval_support import (
 )
 
 from platoon.cli import main
-from platoon.testing import serve_policy
+from platoon.testing import Completion, serve_policy
 
 
 def guesses_to_find(task_id: str) -> int:
@@ -447,8 +447,14 @@ def test_timeouts_are_errors_unless_counted_as_failures_and_fail_fast_stops(work
     data = number_search_eval(workflow={"num_rollouts_per_task": 1})
     data["environments"][0]["eval_dataset_kwargs"]["limit"] = 1
     config = write_config(data)
-    too_short = "inference.workflow.rollout_config.timeout=0.000001"  # the root's time limit
-    with serve_policy(binary_search):
+    # the root's time limit, shorter than the policy's first answer takes: a rollout that never waits (an instant
+    # policy, an environment answering in process) gives asyncio's timeout no moment to end it
+    too_short = "inference.workflow.rollout_config.timeout=0.01"
+
+    def slow_binary_search(prompt: str) -> Completion:
+        return Completion(binary_search(prompt), delay=0.5)
+
+    with serve_policy(slow_binary_search):
         status, out, err = run(["eval", str(config), too_short], capsys)
         assert status == 0, err
         summary = json.loads(out)

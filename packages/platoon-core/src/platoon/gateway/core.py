@@ -7,6 +7,7 @@ and `ModelGateway.agent_for_key`. The hot path avoids deep copies and logging: i
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -1020,12 +1021,36 @@ class ModelGateway:
 # Helpers
 
 
+def _parameters(fn: Any) -> tuple[inspect.Parameter, ...] | None:
+    """`fn`'s parameters as `inspect.signature` lists them (None where it has none); a bound method's are read once
+    per function, since every gateway asks about its renderer's methods."""
+    function, bound_to = getattr(fn, "__func__", None), getattr(fn, "__self__", None)
+    if function is None or bound_to is None or not inspect.isfunction(function):
+        return _signature_parameters(fn)
+    listed = _function_parameters(function)
+    if not listed or listed[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return _signature_parameters(fn)  # inspect's own answer for what binding does not simply shorten
+    return listed[1:]  # the bound `self` (or `cls`) is given
+
+
+@functools.lru_cache(maxsize=64)
+def _function_parameters(function: Any) -> tuple[inspect.Parameter, ...] | None:
+    return _signature_parameters(function)
+
+
+def _signature_parameters(fn: Any) -> tuple[inspect.Parameter, ...] | None:
+    try:
+        return tuple(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
 def _takes_keywords(fn: Any, *names: str) -> bool:
     """Whether `fn` can be called with these keyword arguments."""
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
+    listed = _parameters(fn)
+    if listed is None:
         return False
+    parameters = {param.name: param for param in listed}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return True
     return all(
@@ -1037,9 +1062,8 @@ def _takes_keywords(fn: Any, *names: str) -> bool:
 
 def _accepted_kwargs(fn: Any) -> frozenset[str] | None:
     """The keyword names `fn` takes beyond messages and tools; None when it takes any (`**kwargs`)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+    parameters = _parameters(fn)
+    if parameters is None:
         return frozenset()
     names = set()
     for position, param in enumerate(parameters):

@@ -67,33 +67,37 @@ renderer's `_encode` and the policy (about 3 us per model call together).
 `--profile` runs cProfile over the phase in each configuration's process (the event loop's thread, where platoon's
 per-call work runs) and prints its top 30 functions by own time (`SCALE_PROFILE_SORT=cumulative` for the callers'
 view; `SCALE_PROFILE_DUMP=FILE` keeps the whole profile), then where that thread's CPU went by part of platoon: the
-renderer, the gateway, the environment, the harness, the episode, the trainer's accounting, the event loop and the
-stand-in policy (`cpu_by_part`: each function's own time, a built-in's or library function's charged to the platoon
+renderer, the gateway, the HTTP and MCP serving a command-line agent's calls go through, the environment, the
+harness, the episode, the trainer's accounting, the event loop and the stand-in policy (`cpu_by_part`: each function's own time, a built-in's or library function's charged to the platoon
 code that called it; time blocked in the loop's poll is left out). The profiler doubles the CPU time, so the row's
 figures are then not comparable: read the parts' shares. `--json` prints each configuration's
 figures as one JSON line instead of the table. The targets (issue 42, 2-core machine, 1 s per call): 90 % of the ideal
 at 1,024 number-search rollouts and at 256 `platoon-bash` rollouts; CPU per model call at most 0.5 ms for number
 search excluding tokenization; at most 2 MB per in-flight in-process rollout.
 
-Measured (2026-12-07, main at 2db4b18, 2 cores shared with other work, load average 3.0 before and 3.4 after;
-`--concurrency 64,256,1024`, fixed 1 s per call):
+Measured (2026-12-07 evening, main at 8819619, 2 cores shared with other work, load average 1.1-2.6;
+`--concurrency 64,256,1024`, then `--harness platoon-bash --concurrency 64,256` and `--harness platoon-codeact
+--concurrency 256,1024`, fixed 1 s per call):
 
     harness          conc  ep/s  ideal  ratio  cpu/call  tok/call  MB/rollout  gc     lag-p99
-    platoon-react      64   7.8    8.0   0.98   1.32 ms   0.02 ms        0.30  0.0 s     7 ms
-    platoon-react     256  30.1   32.0   0.94   0.92 ms   0.01 ms        0.30  0.1 s    25 ms
-    platoon-react    1024 105.0  128.1   0.82   0.83 ms   0.01 ms        0.30  0.6 s   141 ms
-    platoon-bash       64   6.5    8.0   0.81   3.54 ms   0.02 ms        0.53  0.0 s    53 ms
-    platoon-bash      256  17.0   32.0   0.53   3.29 ms   0.02 ms        0.51  0.4 s   255 ms
-    platoon-codeact    64   7.2    8.0   0.90   3.23 ms   0.03 ms        0.56  0.0 s    11 ms
-    platoon-codeact   256  23.0   32.1   0.72   3.16 ms   0.03 ms        0.49  0.2 s    79 ms
-    platoon-codeact  1024  39.0  128.8   0.30   2.94 ms   0.05 ms        0.47  1.8 s   543 ms
+    platoon-react      64   7.7    8.0   0.97   1.50 ms   0.02 ms        0.25  0.0 s    18 ms
+    platoon-react     256  30.0   32.0   0.94   0.98 ms   0.01 ms        0.24  0.0 s    52 ms
+    platoon-react    1024 107.3  128.1   0.84   0.81 ms   0.01 ms        0.24  0.5 s   171 ms
+    platoon-bash       64   6.5    8.0   0.81   3.75 ms   0.02 ms        0.48  0.0 s    37 ms
+    platoon-bash      256  16.7   32.0   0.52   3.49 ms   0.05 ms        0.44  0.4 s   326 ms
+    platoon-codeact   256  23.2   32.1   0.72   3.11 ms   0.02 ms        0.43  0.1 s    58 ms
+    platoon-codeact  1024  38.5  128.8   0.30   3.13 ms   0.01 ms        0.41  1.6 s  1000 ms
 
-`platoon-bash`'s agents took 7.0 MB (PSS) and 5.7 ms of CPU per model call each at 64, 6.9 MB and 5.5 ms at 256; at
-1,024 it was not run (the guard then assumed 13 MB an agent). At 1,024 number-search rollouts the trainer's one
-thread needs about 1 ms (platoon's 0.83 and the stand-in policy's 0.18) x 1,024 calls a second: the core it runs on.
-At 256 `platoon-bash` rollouts the agents' and the trainer's CPU together (5.5 + 3.3 ms x 256 calls a second) are
-more than the machine's two cores. docs/performance.md sets these against issue 42's targets; the first run of this
-benchmark (main at 9fdf49d) gave 0.56 at 1,024 number-search rollouts and 0.25 at 256 `platoon-bash` ones.
+The machine's speed drifts over a day (the stand-in policy's own CPU, the same work in every run, read 0.17 ms a
+call that afternoon and 0.19-0.24 ms that evening): compare a change with the tree before it in one sitting. The
+tree before the last round of work (3eb859b), alternated with this one at 1,024 number-search rollouts: 0.75 and
+0.79 against 0.84 and 0.84, 0.98 and 0.93 ms of CPU per call against 0.81 and 0.78. `platoon-bash`'s agents took
+7.0 MB (PSS) and 5.8 ms of CPU per model call each. At 1,024 number-search rollouts the trainer's one thread needs
+about 1 ms (platoon's 0.8 and the stand-in policy's 0.2) x 1,024 calls a second: the core it runs on. At 256
+`platoon-bash` rollouts the agents' and the trainer's CPU together (5.8 + 3.5 ms x 256 calls a second) are more than
+the machine's two cores. docs/performance.md sets these against issue 42's targets, with `--profile`'s parts; the
+first run of this benchmark (main at 9fdf49d) gave 0.56 at 1,024 number-search rollouts and 0.25 at 256
+`platoon-bash` ones.
 """
 
 from __future__ import annotations
@@ -288,11 +292,19 @@ def rss_bytes(pid: int | str = "self") -> int:
 #: file (a built-in, the standard library's json or dataclasses, pydantic, the tokenizer's bindings) is charged to its
 #: callers, in proportion to the time each call site spent in it, up to the first caller in a listed file.
 PARTS: tuple[tuple[str, str], ...] = (
+    ("/platoon/gateway/http/", "HTTP and MCP serving (a command-line agent's requests)"),
+    ("/platoon/gateway/mcp.py", "HTTP and MCP serving (a command-line agent's requests)"),
+    ("/uvicorn/", "HTTP and MCP serving (a command-line agent's requests)"),
+    ("/h11/", "HTTP and MCP serving (a command-line agent's requests)"),
+    ("/starlette/", "HTTP and MCP serving (a command-line agent's requests)"),
+    ("/mcp/", "HTTP and MCP serving (a command-line agent's requests)"),
+    ("/anyio/", "HTTP and MCP serving (a command-line agent's requests)"),
     ("/platoon/gateway/", "gateway (prompt history, request, record)"),
     ("/platoon/renderers/", "renderer (render prompt, parse completion)"),
     ("/platoon/envs/", "environment (tool calls, gate, grading)"),
     ("/openreward/", "environment (tool calls, gate, grading)"),
     ("/platoon_harnesses/", "harness"),
+    ("/platoon/harness/", "harness"),
     ("/platoon/episode/", "episode and rollout (program, context, deadlines)"),
     ("/platoon/programs/", "episode and rollout (program, context, deadlines)"),
     ("/platoon/rollouts/", "episode and rollout (program, context, deadlines)"),

@@ -19,10 +19,10 @@ from platoon.rollouts.records import check_identity
 from platoon.startup.training import config_problems, machine_problems, run_dir_of
 from platoon.train.tinker import task_order
 from platoon.train.tinker.checkpoints import CheckpointLog
-from platoon.train.tinker.evaluation import final_evaluation_due, list_eval_tasks
+from platoon.train.tinker.evaluation import list_eval_tasks
 from platoon.train.tinker.heartbeat import say
 from platoon.train.tinker.task_order import ORDER_STATE_KEY, TaskOrder
-from platoon.train.tinker.trainer import Preflight, total_steps
+from platoon.train.tinker.trainer import Preflight
 
 if TYPE_CHECKING:
     from platoon.config.training import PlatoonTinkerRLTrainerConfig
@@ -162,14 +162,8 @@ async def relist_if_stale(
 
 
 def finished(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) -> bool:
-    """Whether the run already reached its last step and evaluated it where that was due (a start that says
-    "nothing to train")."""
-    if checked.resume is None:
-        return False
-    end_step = total_steps(config, checked.order.total_tasks)[0]
-    if checked.resume.start_batch < end_step:
-        return False
-    return not final_evaluation_due(config, checked.run_dir, end_step, has_tasks=bool(checked.eval_tasks))
+    """Whether the run already reached its last step (`Preflight.finished`: a start that says "nothing to train")."""
+    return checked.finished(config)
 
 
 def resume_problems(config: PlatoonTinkerRLTrainerConfig, checked: Preflight) -> list[str]:

@@ -77,6 +77,16 @@ class Preflight:
     #: the eval split's `(label, task)`s when the config evaluates during training (`eval.every` >= 1), else None
     eval_tasks: list[tuple[str, Any]] | None
 
+    def finished(self, config: PlatoonTinkerRLTrainerConfig) -> bool:
+        """Whether the run already reached its last step and evaluated it where that was due (a start that says
+        "nothing to train")."""
+        if self.resume is None:
+            return False
+        end_step = total_steps(config, self.order.total_tasks)[0]
+        if self.resume.start_batch < end_step:
+            return False
+        return not final_evaluation_due(config, self.run_dir, end_step, has_tasks=bool(self.eval_tasks))
+
 
 def start_local_server(config: PlatoonTinkerRLTrainerConfig) -> LocalServerChild:
     """The local Tinker-compatible server's child for the run's model, started now."""
@@ -152,11 +162,12 @@ async def run_training(
         # Known from the listing and the checkpoint log alone: a finished run says so before anything is loaded,
         # built or started (renderer, services, the local server), and its records stay as its last start left them.
         end_batch, per_epoch = total_steps(config, order.total_tasks)
-        if resume is not None and resume.start_batch >= end_batch:
-            if not final_evaluation_due(config, run_dir, end_batch, has_tasks=bool(checked.eval_tasks)):
-                say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
-                say(_how_to_go_on(config, end_batch, per_epoch))
-                return 0
+        if checked.finished(config):
+            assert resume is not None  # a finished run has a resume point
+            say(f"nothing to train: {run_dir} already reached step {resume.start_batch} of {end_batch}")
+            say(_how_to_go_on(config, end_batch, per_epoch))
+            return 0
+        if resume is not None and resume.start_batch >= end_batch:  # only the last step's evaluation is owed
             say(
                 f"{run_dir} already reached step {end_batch} of {end_batch}; evaluating it, which the start that "
                 "trained it did not finish"
